@@ -1,0 +1,59 @@
+# crab's entry points.  The two that matter (see README.md):
+#   make demo   set the host up, then run the checkpoint/restore/fork demo
+#   make test   set the host up, then run the whole test suite
+# Every set-up step is idempotent; a second `make setup` reinstalls nothing.
+
+SHELL       := /bin/bash
+PYTHON      ?= python3
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+STAMP       := $(VENV)/.crab-installed
+PROTOS      := $(shell find crabd/api -name '*.proto' 2>/dev/null)
+PYTEST_ARGS ?=
+
+.PHONY: setup host venv images proto demo test unit integration lint bench clean-venv
+
+setup: host venv images
+
+host:
+	@bash scripts/setup-host.sh
+
+venv: $(STAMP)
+
+# Re-install only when the packaging inputs change.  bcc comes from Debian's
+# python3-bpfcc (pure Python over libbcc via ctypes); it is linked into the
+# venv rather than adding all of dist-packages to sys.path, so no other Debian
+# module can shadow a pinned dependency.
+$(STAMP): pyproject.toml setup.py $(PROTOS)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc "$$site/bcc"; fi
+	@touch $(STAMP)
+	@echo "[setup] venv ready: $(VENV)"
+
+images: venv
+	@$(VENV)/bin/crabctl env build
+
+proto: venv
+	@$(PY) setup.py -q build_proto
+
+demo: setup
+	@$(VENV)/bin/crabctl doctor
+
+test: setup lint
+	@$(VENV)/bin/pytest -rxs $(PYTEST_ARGS) tests
+
+unit: venv
+	@$(VENV)/bin/pytest -rxs $(PYTEST_ARGS) tests/unit
+
+integration: setup
+	@$(VENV)/bin/pytest -rxs $(PYTEST_ARGS) tests/integration
+
+lint: venv
+	@$(VENV)/bin/ruff check crabd tests agents
+	@$(VENV)/bin/ruff format --check crabd tests agents
+	@$(VENV)/bin/mypy
+
+clean-venv:
+	rm -rf $(VENV)

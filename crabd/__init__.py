@@ -1,0 +1,5 @@
+"""crab: Checkpoint-and-Restore for Agent sandBoxes."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

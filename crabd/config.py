@@ -1,0 +1,87 @@
+"""crabd's configuration: pydantic models read from one TOML file.
+
+The file is ``/etc/crab/crabd.toml`` unless ``--config`` or ``$CRAB_CONFIG``
+names another.  A missing file means "all defaults".  Unknown keys are an
+error (``extra="forbid"``), so a typo never silently falls back to a
+default.  Every default is documented in ``docs/config.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from crabd.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/crab/crabd.toml")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PathsConfig(_Model):
+    """Where crabd keeps its socket, state and logs."""
+
+    socket: Path = Field(Path("/run/crab/crabd.sock"), description="gRPC unix socket")
+    state_dir: Path = Field(Path("/var/lib/crab"), description="registry, checkpoints, blobs")
+    log_dir: Path = Field(Path("/var/log/crab"), description="crabd and helper logs")
+
+
+class DockerConfig(_Model):
+    """How crabd reaches the Docker engine."""
+
+    host: str | None = Field(None, description="Docker endpoint; None means $DOCKER_HOST or the default socket")
+    timeout_s: float = Field(60.0, gt=0, description="per-request timeout towards dockerd")
+
+
+class DoctorConfig(_Model):
+    """Thresholds used by `crabctl doctor`."""
+
+    min_free_gib: float = Field(2.0, ge=0, description="fail below this much free space in state_dir")
+    warn_free_gib: float = Field(10.0, ge=0, description="warn below this much free space in state_dir")
+
+
+class CrabConfig(_Model):
+    """The whole configuration file."""
+
+    paths: PathsConfig = PathsConfig()
+    docker: DockerConfig = DockerConfig()
+    doctor: DoctorConfig = DoctorConfig()
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The config file in force: ``explicit``, else ``$CRAB_CONFIG``, else the default."""
+    if explicit is not None:
+        return Path(explicit)
+    env = os.environ.get("CRAB_CONFIG")
+    return Path(env) if env else DEFAULT_CONFIG_PATH
+
+
+def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[str, Any] | None = None) -> CrabConfig:
+    """Read and validate the configuration.
+
+    ``overrides`` is a nested dict merged over the file (used by command-line
+    flags such as ``--state-dir``).
+    """
+    p = config_path(path)
+    data: dict[str, Any] = {}
+    if p.exists():
+        try:
+            with p.open("rb") as fh:
+                data = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read {p}: {exc}", path=str(p)) from exc
+    elif path is not None:
+        raise ConfigError(f"config file {p} does not exist", path=str(p), hint="Create it or drop --config.")
+    for section, values in (overrides or {}).items():
+        data.setdefault(section, {}).update(values)
+    try:
+        return CrabConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in exc.errors())
+        raise ConfigError(f"invalid configuration in {p}: {problems}", path=str(p)) from exc

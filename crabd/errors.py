@@ -1,0 +1,146 @@
+"""Every error crab raises, in one place.
+
+All of them derive from :class:`CrabError`.  Each subclass stands for one
+failure domain and carries its data as attributes, so callers can act on
+them without parsing messages.  Foreign exceptions (Docker, CRIU, bcc, gRPC,
+OS errors) are translated into these at the boundary where they occur, with
+``raise ... from exc`` so the original stays attached.
+
+Every error has a ``hint``: one sentence telling the user what to do next.
+Across gRPC an error travels as a status code plus ``(kind, message, hint,
+attrs)`` details, and the SDK re-raises the same class (see
+:func:`error_class` and ``crabd.api.errors``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class CrabError(Exception):
+    """Base class of every error crab raises on purpose."""
+
+    #: gRPC status code name used when this error crosses the wire.
+    grpc_code: ClassVar[str] = "INTERNAL"
+    #: Default advice; instances may override it.
+    default_hint: ClassVar[str] = "Run `crabctl doctor` and check the crabd log."
+
+    def __init__(self, message: str, *, hint: str | None = None, **attrs: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+        self.attrs: dict[str, Any] = attrs
+        for key, value in attrs.items():
+            setattr(self, key, value)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def describe(self) -> str:
+        """The message plus the hint, as shown to a person."""
+        return f"{self.message}\nhint: {self.hint}" if self.hint else self.message
+
+
+# --- configuration and host ---------------------------------------------------
+
+
+class ConfigError(CrabError):
+    """The configuration file or a setting is invalid."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    default_hint = "Fix the named setting in crabd.toml (see docs/config.md)."
+
+
+class HostError(CrabError):
+    """The host lacks a capability crab needs (root, kernel feature, tool)."""
+
+    grpc_code = "FAILED_PRECONDITION"
+    default_hint = "Run `make setup` as root, then `crabctl doctor` to see what is missing."
+
+
+class CommandError(CrabError):
+    """A host subprocess failed or timed out.
+
+    Attributes: ``argv``, ``exit_code`` (None on timeout), ``stderr`` (tail).
+    """
+
+    argv: tuple[str, ...]
+    exit_code: int | None
+    stderr: str
+
+    default_hint = "Read the stderr excerpt above; the command is shown exactly as crab ran it."
+
+
+class CommandTimeout(CommandError):
+    """A host subprocess did not finish within its timeout."""
+
+    grpc_code = "DEADLINE_EXCEEDED"
+
+
+# --- Docker --------------------------------------------------------------------
+
+
+class DockerError(CrabError):
+    """The Docker engine refused or failed a request."""
+
+    grpc_code = "UNAVAILABLE"
+    default_hint = "Check that dockerd runs (`docker info`) and see its log."
+
+
+class ImageError(CrabError):
+    """A sandbox image is missing or could not be built.  Attribute: ``env``."""
+
+    env: str
+
+    grpc_code = "NOT_FOUND"
+    default_hint = "Build the env images with `make images` (or `crabctl env build`)."
+
+
+# --- CRIU ----------------------------------------------------------------------
+
+
+class CriuError(CrabError):
+    """CRIU failed.  Attributes: ``log_path`` and ``log_excerpt`` when known."""
+
+    log_path: str | None
+    log_excerpt: str
+
+    default_hint = "Read the CRIU log named above; `crabctl doctor` checks the CRIU install."
+
+
+# --- eBPF ----------------------------------------------------------------------
+
+
+class BpfError(CrabError):
+    """bcc could not compile, load or attach a probe."""
+
+    grpc_code = "FAILED_PRECONDITION"
+    default_hint = "Check kernel headers and tracefs with `crabctl doctor`."
+
+
+_ALL: dict[str, type[CrabError]] = {}
+
+
+def register(cls: type[CrabError]) -> type[CrabError]:
+    """Make ``cls`` known to :func:`error_class` (for re-raising across gRPC)."""
+    _ALL[cls.__name__] = cls
+    return cls
+
+
+def error_class(name: str) -> type[CrabError]:
+    """The error class called ``name``, or :class:`CrabError` if unknown."""
+    return _ALL.get(name, CrabError)
+
+
+for _cls in (
+    CrabError,
+    ConfigError,
+    HostError,
+    CommandError,
+    CommandTimeout,
+    DockerError,
+    ImageError,
+    CriuError,
+    BpfError,
+):
+    register(_cls)

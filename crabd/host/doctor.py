@@ -1,0 +1,400 @@
+"""`crabctl doctor`: check every host capability crab needs.
+
+Each check returns a :class:`Check` with a status (ok / warn / fail), what
+it found, and, unless ok, a concrete fix.  The checks only observe; the one
+that needs a container (overlay upper dirs) removes what it creates.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import psutil
+import requests
+
+from crabd.config import CrabConfig
+from crabd.errors import CommandError
+from crabd.host import images
+from crabd.util import proc
+
+CRIU_MIN = (4, 2)
+SETUP_FIX = "run `make setup` as root in the crab checkout (scripts/setup-host.sh)"
+
+
+class Status(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    summary: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+
+def _ok(name: str, summary: str) -> Check:
+    return Check(name, Status.OK, summary)
+
+
+def _warn(name: str, summary: str, fix: str) -> Check:
+    return Check(name, Status.WARN, summary, fix)
+
+
+def _fail(name: str, summary: str, fix: str) -> Check:
+    return Check(name, Status.FAIL, summary, fix)
+
+
+# --- root ----------------------------------------------------------------------
+
+
+def check_root() -> Check:
+    if os.geteuid() == 0:
+        return _ok("root", "running as root")
+    return _fail("root", f"running as uid {os.geteuid()}", "run crabd and `crabctl doctor` as root (sudo)")
+
+
+# --- kernel --------------------------------------------------------------------
+
+# Features crab needs, by kernel config symbol, with the reason.
+KERNEL_NEEDS: dict[str, str] = {
+    "CONFIG_BPF_SYSCALL": "eBPF inspector",
+    "CONFIG_FTRACE_SYSCALLS": "syscall tracepoints for the inspector",
+    "CONFIG_CHECKPOINT_RESTORE": "CRIU process dumps",
+    "CONFIG_OVERLAY_FS": "Docker overlay2 upper dirs",
+    "CONFIG_CGROUP_FREEZER": "freezing a sandbox for a consistent cut",
+    "CONFIG_NAMESPACES": "sandbox isolation",
+}
+
+
+def read_kernel_config() -> dict[str, str] | None:
+    """The running kernel's config, from /proc/config.gz or /boot, if exposed."""
+    candidates = [Path("/proc/config.gz"), Path(f"/boot/config-{os.uname().release}")]
+    for path in candidates:
+        try:
+            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        except OSError:
+            continue
+        config: dict[str, str] = {}
+        for line in raw.decode("utf-8", "replace").splitlines():
+            if line.startswith("CONFIG_") and "=" in line:
+                key, _, value = line.partition("=")
+                config[key] = value
+        return config
+    return None
+
+
+def check_kernel(config: dict[str, str] | None = None) -> Check:
+    release = os.uname().release
+    cfg = config if config is not None else read_kernel_config()
+    if cfg is None:
+        # No config exposed: fall back to what the running kernel shows.
+        probes = {
+            "CONFIG_BPF_SYSCALL": Path("/sys/fs/bpf").exists() or Path("/sys/kernel/btf/vmlinux").exists(),
+            "CONFIG_CHECKPOINT_RESTORE": Path("/proc/self/map_files").exists(),
+            "CONFIG_OVERLAY_FS": "overlay" in Path("/proc/filesystems").read_text(),
+            "CONFIG_NAMESPACES": Path("/proc/self/ns/pid").exists(),
+        }
+        missing = [k for k, ok in probes.items() if not ok]
+        if missing:
+            return _fail("kernel", f"{release}: missing {', '.join(missing)}", "use a kernel built with these options")
+        return _warn(
+            "kernel",
+            f"{release}: no kernel config exposed; basic features present",
+            "expose /proc/config.gz (CONFIG_IKCONFIG_PROC) so every feature can be checked",
+        )
+    missing = [f"{k} ({why})" for k, why in KERNEL_NEEDS.items() if cfg.get(k) not in ("y", "m")]
+    if missing:
+        return _fail("kernel", f"{release}: missing {'; '.join(missing)}", "use a kernel built with these options")
+    notes = []
+    if cfg.get("CONFIG_MEM_SOFT_DIRTY") != "y":
+        notes.append("no soft-dirty tracking (crab de-duplicates pages itself)")
+    if cfg.get("CONFIG_KPROBES") != "y":
+        notes.append("no kprobes (crab uses tracepoints only)")
+    extra = f"; {'; '.join(notes)}" if notes else ""
+    return _ok("kernel", f"{release}: BPF, syscall tracepoints, checkpoint/restore, overlayfs, freezer{extra}")
+
+
+def check_tracefs() -> Check:
+    events = Path("/sys/kernel/tracing/events/syscalls")
+    if events.is_dir():
+        return _ok("tracefs", "mounted at /sys/kernel/tracing with syscall tracepoints")
+    if Path("/sys/kernel/debug/tracing/events/syscalls").is_dir():
+        return _ok("tracefs", "available under /sys/kernel/debug/tracing")
+    return _fail(
+        "tracefs", "tracefs is not mounted", "mount -t tracefs none /sys/kernel/tracing (or " + SETUP_FIX + ")"
+    )
+
+
+# --- Docker --------------------------------------------------------------------
+
+
+def _docker_client(cfg: CrabConfig) -> docker.DockerClient:
+    if cfg.docker.host:
+        return docker.DockerClient(base_url=cfg.docker.host, timeout=10)
+    return docker.from_env(timeout=10)
+
+
+def check_docker(cfg: CrabConfig) -> Check:
+    where = cfg.docker.host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        client = _docker_client(cfg)
+        try:
+            info: dict[str, Any] = client.info()
+        finally:
+            client.close()
+    except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+        return _fail(
+            "docker",
+            f"dockerd is not reachable at {where}: {exc}",
+            f"start the engine with `dockerd --experimental` or {SETUP_FIX}; check DOCKER_HOST",
+        )
+    version = info.get("ServerVersion", "?")
+    if not info.get("ExperimentalBuild"):
+        return _fail(
+            "docker",
+            f"dockerd {version} at {where} is not in experimental mode",
+            'set "experimental": true in /etc/docker/daemon.json and restart dockerd',
+        )
+    return _ok("docker", f"dockerd {version} at {where}, experimental, driver {info.get('Driver')}")
+
+
+# --- CRIU ----------------------------------------------------------------------
+
+
+def parse_criu_version(text: str) -> tuple[int, ...] | None:
+    m = re.search(r"Version:\s*([0-9]+(?:\.[0-9]+)*)", text)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else None
+
+
+def _criu_status(path: str) -> tuple[tuple[int, ...] | None, str | None]:
+    """(version, problem) for the criu at ``path``."""
+    try:
+        ver = parse_criu_version(proc.run([path, "--version"], timeout=20).out)
+    except CommandError as exc:
+        return None, f"{path} --version failed: {exc.message}"
+    if ver is None:
+        return None, f"{path} --version printed no version"
+    if ver < CRIU_MIN:
+        return ver, (
+            f"{path} is CRIU {'.'.join(map(str, ver))}; crab needs >= {'.'.join(map(str, CRIU_MIN))} "
+            "(older CRIU cannot dump TCP sockets on kernels >= 6.16)"
+        )
+    try:
+        proc.run([path, "check"], timeout=60)
+    except CommandError as exc:
+        return ver, f"`{path} check` failed: {exc.stderr or exc.message}"
+    return ver, None
+
+
+def check_criu() -> Check:
+    path = shutil.which("criu")
+    if path is None:
+        return _fail(
+            "criu",
+            f"criu is not on PATH ({os.environ.get('PATH', '')})",
+            f"{SETUP_FIX}; it installs CRIU >= 4.2 as /usr/local/sbin/criu",
+        )
+    ver, problem = _criu_status(path)
+    if problem:
+        return _fail("criu", problem, SETUP_FIX)
+    assert ver is not None
+    return _ok("criu", f"CRIU {'.'.join(map(str, ver))} at {path}; `criu check` passes")
+
+
+def _dockerd_path() -> tuple[int, str] | None:
+    """(pid, PATH) of a local dockerd, read from /proc (root only)."""
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] == "dockerd":
+            try:
+                return p.pid, p.environ().get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            except (psutil.AccessDenied, psutil.NoSuchProcess):
+                return None
+    return None
+
+
+def check_runc_criu() -> Check:
+    found = _dockerd_path()
+    if found is None:
+        return _warn(
+            "runc-criu",
+            "no local dockerd whose environment can be read",
+            "run doctor as root on the Docker host so it can see which criu runc will exec",
+        )
+    pid, path_env = found
+    # runc is started by containerd-shim with dockerd's environment and execs
+    # "criu" by name from that PATH.
+    criu = shutil.which("criu", path=path_env)
+    if criu is None:
+        return _fail(
+            "runc-criu",
+            f"dockerd (pid {pid}) runs with PATH={path_env}, where runc finds no criu",
+            "put /usr/local/sbin on dockerd's PATH (systemd: Environment=PATH=...) and restart it",
+        )
+    runc = shutil.which("runc", path=path_env)
+    ver, problem = _criu_status(criu)
+    if problem:
+        return _fail(
+            "runc-criu",
+            f"runc (via dockerd pid {pid}) would exec {criu}: {problem}",
+            "put a CRIU >= 4.2 first on dockerd's PATH: " + SETUP_FIX,
+        )
+    assert ver is not None
+    return _ok("runc-criu", f"runc ({runc or 'not on PATH?'}) finds CRIU {'.'.join(map(str, ver))} at {criu}")
+
+
+# --- bcc -----------------------------------------------------------------------
+
+_BCC_PROBE = r"""
+import sys
+sys.path.append("/usr/lib/python3/dist-packages")
+from bcc import BPF
+b = BPF(text='TRACEPOINT_PROBE(syscalls, sys_enter_openat) { return 0; }')
+n = b.num_open_tracepoints()
+b.cleanup()
+print("attached", n)
+"""
+
+
+def check_bcc() -> Check:
+    try:
+        done = proc.run([sys.executable, "-c", _BCC_PROBE], timeout=120)
+    except CommandError as exc:
+        hint = SETUP_FIX + " (installs python3-bpfcc and links kernel headers into /lib/modules/$(uname -r))"
+        first = (exc.stderr or exc.message).strip().splitlines()
+        return _fail("bcc", "bcc cannot compile/attach a syscall tracepoint: " + (first[-1] if first else "?"), hint)
+    if "attached 1" not in done.out:
+        return _fail("bcc", f"tracepoint did not attach: {done.out.strip()}", "check tracefs and BPF permissions")
+    return _ok("bcc", "compiled and attached syscalls:sys_enter_openat")
+
+
+# --- overlay upper dirs --------------------------------------------------------
+
+
+def check_overlay(cfg: CrabConfig) -> Check:
+    try:
+        client = _docker_client(cfg)
+    except docker.errors.DockerException as exc:
+        return _fail("overlay", f"cannot reach dockerd: {exc}", SETUP_FIX)
+    try:
+        info = client.info()
+        if info.get("Driver") != "overlay2":
+            return _fail(
+                "overlay",
+                f"Docker storage driver is {info.get('Driver')}, not overlay2",
+                'set "storage-driver": "overlay2" in /etc/docker/daemon.json',
+            )
+        refs = [r.image_ref for r in images.list_recipes() if images.image_exists(r.image_ref)]
+        if not refs:
+            return _warn(
+                "overlay",
+                "overlay2 in use, but no crab env image to probe an upper dir with",
+                "build the env images: `make images`",
+            )
+        container = client.containers.create(refs[0], command=["true"], labels={"dev.crab.doctor": "1"})
+        try:
+            upper = Path(container.attrs["GraphDriver"]["Data"]["UpperDir"])
+            if not upper.is_dir() or not os.access(upper, os.R_OK | os.X_OK):
+                return _fail(
+                    "overlay",
+                    f"upper dir {upper} is not readable from the host",
+                    "run crabd on the Docker host itself, as root",
+                )
+        finally:
+            container.remove(force=True)
+        return _ok("overlay", f"overlay2 upper dirs readable (probed {refs[0]})")
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        return _fail("overlay", f"probing an upper dir failed: {exc}", SETUP_FIX)
+    finally:
+        client.close()
+
+
+# --- cgroups -------------------------------------------------------------------
+
+
+def cgroup_layout(root: Path = Path("/sys/fs/cgroup")) -> str:
+    if (root / "cgroup.controllers").exists():
+        return "unified"
+    if (root / "unified" / "cgroup.procs").exists():
+        return "hybrid"
+    return "legacy"
+
+
+def check_cgroups(root: Path = Path("/sys/fs/cgroup")) -> Check:
+    layout = cgroup_layout(root)
+    if layout == "unified":
+        return _ok("cgroups", "cgroup v2 (unified): freezing via cgroup.freeze, ids for BPF from the v2 tree")
+    freezer = (root / "freezer").is_dir()
+    if not freezer:
+        return _fail(
+            "cgroups",
+            f"cgroup {layout} layout without a v1 freezer hierarchy",
+            "mount the freezer controller at /sys/fs/cgroup/freezer",
+        )
+    if layout == "legacy":
+        return _warn(
+            "cgroups",
+            "cgroup v1 only: no cgroup2 tree, so BPF cannot attribute events by cgroup id",
+            "mount cgroup2 at /sys/fs/cgroup/unified (hybrid layout)",
+        )
+    return _ok("cgroups", "hybrid: v1 freezer at /sys/fs/cgroup/freezer, cgroup2 at /sys/fs/cgroup/unified")
+
+
+# --- disk ----------------------------------------------------------------------
+
+
+def check_disk(cfg: CrabConfig) -> Check:
+    state = cfg.paths.state_dir
+    probe = state
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    usage = shutil.disk_usage(probe)
+    free_gib = usage.free / 2**30
+    where = f"{state}" + ("" if probe == state else f" (not created yet; measured at {probe})")
+    if free_gib < cfg.doctor.min_free_gib:
+        return _fail(
+            "disk",
+            f"{free_gib:.1f} GiB free for {where}",
+            f"free space or move [paths] state_dir; crab needs >= {cfg.doctor.min_free_gib:g} GiB",
+        )
+    if free_gib < cfg.doctor.warn_free_gib:
+        return _warn(
+            "disk",
+            f"{free_gib:.1f} GiB free for {where}",
+            f"checkpoints need room; keep >= {cfg.doctor.warn_free_gib:g} GiB free",
+        )
+    return _ok("disk", f"{free_gib:.1f} GiB free for {where}")
+
+
+def run_checks(cfg: CrabConfig) -> list[Check]:
+    checks: list[Callable[[], Check]] = [
+        check_root,
+        check_kernel,
+        check_tracefs,
+        lambda: check_docker(cfg),
+        check_criu,
+        check_runc_criu,
+        check_bcc,
+        lambda: check_overlay(cfg),
+        check_cgroups,
+        lambda: check_disk(cfg),
+    ]
+    return [c() for c in checks]

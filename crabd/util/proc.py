@@ -1,0 +1,96 @@
+"""The one way crab runs host subprocesses.
+
+Rules enforced here: argv lists only (never a shell), a timeout on every
+call, output captured with a bound, and stderr carried in the error.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from crabd.errors import CommandError, CommandTimeout
+
+#: Bytes of stderr kept in an error message.
+STDERR_TAIL = 4000
+
+
+@dataclass(frozen=True)
+class Completed:
+    """The result of a finished subprocess."""
+
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+
+def _tail(data: bytes | None) -> str:
+    if not data:
+        return ""
+    text = data.decode("utf-8", "replace").strip()
+    return text if len(text) <= STDERR_TAIL else "..." + text[-STDERR_TAIL:]
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    check: bool = True,
+    env: Mapping[str, str] | None = None,
+    input: bytes | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> Completed:
+    """Run ``argv`` and wait at most ``timeout`` seconds.
+
+    Raises :class:`CommandTimeout` on timeout (the process is killed), and
+    :class:`CommandError` on a non-zero exit when ``check`` is true, or when
+    the program cannot be started at all.
+    """
+    args = [os.fspath(a) for a in argv]
+    try:
+        proc = subprocess.run(
+            args,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise CommandTimeout(
+            f"{args[0]} did not finish within {timeout:g} s: {' '.join(args)}",
+            argv=tuple(args),
+            exit_code=None,
+            stderr=_tail(exc.stderr if isinstance(exc.stderr, bytes) else None),
+        ) from exc
+    except OSError as exc:
+        raise CommandError(
+            f"cannot run {args[0]}: {exc.strerror or exc}",
+            argv=tuple(args),
+            exit_code=None,
+            stderr="",
+            hint=f"Install {os.path.basename(args[0])} or fix PATH (`make setup` provisions crab's tools).",
+        ) from exc
+    done = Completed(tuple(args), proc.returncode, proc.stdout, proc.stderr)
+    if check and proc.returncode != 0:
+        tail = _tail(proc.stderr) or _tail(proc.stdout)
+        raise CommandError(
+            f"{' '.join(args)} exited with {proc.returncode}" + (f":\n{tail}" if tail else ""),
+            argv=tuple(args),
+            exit_code=proc.returncode,
+            stderr=tail,
+        )
+    return done
