@@ -10,6 +10,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.crab-installed
 PROTOS      := $(shell find crabd/api -name '*.proto' 2>/dev/null)
 PYTEST_ARGS ?=
+INIT_BIN    := crabd/runtime/init/crab-init
 
 .PHONY: setup host venv images proto demo test unit integration lint bench clean-venv
 
@@ -18,7 +19,11 @@ setup: host venv images
 host:
 	@bash scripts/setup-host.sh
 
-venv: $(STAMP)
+venv: $(STAMP) $(INIT_BIN)
+
+# crab's in-sandbox init: static, so it runs in any image (even busybox).
+$(INIT_BIN): crabd/runtime/init/crab-init.c
+	@gcc -static -O2 -Wall -Wextra -Werror -o $@ $<
 
 # Re-install only when the packaging inputs change.  bcc comes from Debian's
 # python3-bpfcc (pure Python over libbcc via ctypes); it is linked into the
@@ -51,8 +56,8 @@ integration: setup
 	@$(VENV)/bin/pytest -rxs $(PYTEST_ARGS) tests/integration
 
 lint: venv
-	@$(VENV)/bin/ruff check crabd tests agents
-	@$(VENV)/bin/ruff format --check crabd tests agents
+	@$(VENV)/bin/ruff check crabd tests agents bench
+	@$(VENV)/bin/ruff format --check crabd tests agents bench
 	@$(VENV)/bin/mypy
 
 clean-venv:

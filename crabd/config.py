@@ -46,12 +46,25 @@ class DoctorConfig(_Model):
     warn_free_gib: float = Field(10.0, ge=0, description="warn below this much free space in state_dir")
 
 
+class LimitsConfig(_Model):
+    """Bounds on what one request may ask of crabd."""
+
+    max_command_bytes: int = Field(1 << 20, gt=0, description="argv+env of an exec, or a session command's text")
+    max_stdin_bytes: int = Field(8 << 20, ge=0, description="stdin attached to one exec")
+    default_timeout_s: float = Field(600.0, gt=0, description="command timeout when the request gives none")
+    max_timeout_s: float = Field(86400.0, gt=0, description="largest timeout a request may ask for")
+    default_max_output_bytes: int = Field(1 << 20, gt=0, description="kept per stream when the request gives none")
+    max_output_bytes: int = Field(64 << 20, gt=0, description="largest per-stream output a request may keep")
+    stop_timeout_s: float = Field(10.0, ge=0, description="grace before SIGKILL when stopping a sandbox")
+
+
 class CrabConfig(_Model):
     """The whole configuration file."""
 
     paths: PathsConfig = PathsConfig()
     docker: DockerConfig = DockerConfig()
     doctor: DoctorConfig = DoctorConfig()
+    limits: LimitsConfig = LimitsConfig()
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

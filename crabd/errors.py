@@ -77,6 +77,114 @@ class CommandTimeout(CommandError):
     grpc_code = "DEADLINE_EXCEEDED"
 
 
+# --- requests and sandboxes ---------------------------------------------------
+
+
+class InvalidRequest(CrabError):
+    """A request is malformed or names something that does not exist in its kind."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    default_hint = "Fix the request; nothing was changed."
+
+
+class RequestTooLarge(InvalidRequest):
+    """A command, input or setting exceeds a configured limit.  Attributes: ``limit``, ``size``."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    limit: int
+    size: int
+    default_hint = "Send less (e.g. write big inputs to a file in the sandbox), or raise the limit in crabd.toml."
+
+
+class NotFound(CrabError):
+    """An id or name does not exist (or is not visible to the caller)."""
+
+    grpc_code = "NOT_FOUND"
+    default_hint = "List what exists with `crabctl ps`; nothing was changed."
+
+
+class SandboxNotFound(NotFound):
+    """No sandbox with this id or name.  Attribute: ``sandbox``."""
+
+    sandbox: str
+
+
+class AlreadyExists(CrabError):
+    """A name is already taken.  Attribute: ``name``."""
+
+    grpc_code = "ALREADY_EXISTS"
+    name: str
+    default_hint = "Pick another name, or remove the existing one first."
+
+
+class PermissionDenied(CrabError):
+    """The caller may not act on this object.  Attributes: ``uid``, ``sandbox``."""
+
+    grpc_code = "PERMISSION_DENIED"
+    default_hint = "Only the sandbox's owner and root may use it; run as that user."
+
+
+class SandboxDead(CrabError):
+    """The sandbox's container is no longer running.
+
+    Attributes: ``sandbox``, ``container_id``, ``exit_code``, ``oom_killed``, ``reason``.
+    """
+
+    grpc_code = "FAILED_PRECONDITION"
+    sandbox: str
+    container_id: str
+    exit_code: int | None
+    oom_killed: bool
+    reason: str
+    default_hint = "Inspect it with `crabctl ps`; remove it with `crabctl rm`, or recover it from a checkpoint."
+
+
+class SandboxBusy(CrabError):
+    """The sandbox (or its session) is busy with another operation.  Attribute: ``sandbox``."""
+
+    grpc_code = "FAILED_PRECONDITION"
+    default_hint = "Wait for the running command to finish; one session runs one command at a time."
+
+
+class InitUnavailable(CrabError):
+    """crab's init inside the sandbox cannot be reached.  Attribute: ``sandbox``."""
+
+    grpc_code = "UNAVAILABLE"
+    default_hint = "The sandbox's init may have died; check `crabctl ps` and recreate or recover the sandbox."
+
+
+class InitProtocolError(CrabError):
+    """crab's init sent something that breaks the protocol."""
+
+    default_hint = "The sandbox's init may be corrupted or replaced; recreate or recover the sandbox."
+
+
+class InitSpawnError(CrabError):
+    """crab's init refused a request.  Attributes: ``errno``, ``init_message``."""
+
+    grpc_code = "FAILED_PRECONDITION"
+    errno: int
+    init_message: str
+    default_hint = "Check the program path, working directory and user."
+
+
+class SessionCommandError(InvalidRequest):
+    """A session command cannot be sent as given (e.g. it contains NUL)."""
+
+
+class SessionStateError(InvalidRequest):
+    """A session state capture or document is malformed."""
+
+    default_hint = "Pass a state obtained from session.state() / GetSessionState, unmodified."
+
+
+class DaemonUnavailable(CrabError):
+    """The SDK cannot reach crabd.  Attribute: ``socket``."""
+
+    grpc_code = "UNAVAILABLE"
+    default_hint = "Start crabd (`systemctl start crabd`) or check the socket path and your membership of group crab."
+
+
 # --- Docker --------------------------------------------------------------------
 
 
@@ -142,5 +250,19 @@ for _cls in (
     ImageError,
     CriuError,
     BpfError,
+    InvalidRequest,
+    RequestTooLarge,
+    NotFound,
+    SandboxNotFound,
+    AlreadyExists,
+    PermissionDenied,
+    SandboxDead,
+    SandboxBusy,
+    InitUnavailable,
+    InitProtocolError,
+    InitSpawnError,
+    SessionCommandError,
+    SessionStateError,
+    DaemonUnavailable,
 ):
     register(_cls)

@@ -194,7 +194,19 @@ ensure_dockerd() {
     die "dockerd did not answer within 60 s; see $CRAB_LOG_DIR/dockerd.log"
 }
 
+# --- 6. the crab group (who may use crabd's socket) --------------------------------
+ensure_group() {
+    if getent group crab >/dev/null; then
+        log "group crab: present"
+        return
+    fi
+    # systemd-sysusers does this from systemd/crab.sysusers on a packaged install.
+    groupadd --system crab
+    log "group crab: created"
+}
+
 ensure_apt_packages
+ensure_group
 ensure_criu
 ensure_kernel_headers
 ensure_tracefs

@@ -7,49 +7,21 @@ tracebacks appear only with ``--debug``.
 
 from __future__ import annotations
 
-import json
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from crabd.cli import sandboxes  # noqa: F401  (registers its commands)
+from crabd.cli.common import JsonOpt, app, emit_json, err, out, state
 from crabd.config import load_config
 from crabd.errors import CrabError
 from crabd.host import doctor as doctor_mod
 from crabd.host import images
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Operate crab: sandboxes, checkpoints, the host.")
 env_app = typer.Typer(no_args_is_help=True, help="Sandbox env images.")
 app.add_typer(env_app, name="env")
-
-out = Console()
-err = Console(stderr=True)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-
-
-class _State:
-    debug = False
-    config: str | None = None
-
-
-state = _State()
-
-
-@app.callback()
-def _global(
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
-    config: Annotated[str | None, typer.Option("--config", help="crabd.toml to use.")] = None,
-) -> None:
-    state.debug = debug
-    state.config = config
-
-
-def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
 

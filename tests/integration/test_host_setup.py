@@ -134,6 +134,6 @@ def test_setup_host_second_run_installs_nothing() -> None:
     )
     assert done.returncode == 0, done.stderr
     log = done.stderr
-    for word in ("installing", "provisioning", "unpacking", "starting dockerd"):
+    for word in ("installing", "provisioning", "unpacking", "starting dockerd", "created"):
         assert word not in log, log
     assert "host ready" in log

@@ -1,0 +1,165 @@
+"""Sandboxes as Docker containers, through docker-py.
+
+Every Docker failure is translated into :class:`DockerError` (or a more
+specific CrabError) here, at the boundary.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import docker.types
+import requests
+
+from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus
+from crabd.errors import DockerError, ImageError
+from crabd.models import SandboxSpec
+
+#: Default pids limit when the spec leaves it at 0: a fork bomb in a sandbox
+#: must not exhaust the host's pid space.
+DEFAULT_PIDS_LIMIT = 4096
+
+_HOSTNAME_OK = re.compile(r"[^a-zA-Z0-9-]")
+
+
+def _status(attrs: dict[str, Any]) -> ContainerStatus:
+    state = attrs.get("State") or {}
+    config = attrs.get("Config") or {}
+    net = attrs.get("NetworkSettings") or {}
+    ip = net.get("IPAddress") or ""
+    if not ip:
+        for n in (net.get("Networks") or {}).values():
+            ip = (n or {}).get("IPAddress") or ip
+    # Docker reports Running=true for a paused (frozen) container too.
+    running = bool(state.get("Running"))
+    return ContainerStatus(
+        exists=True,
+        running=running,
+        pid=int(state.get("Pid") or 0),
+        exit_code=None if running else int(state.get("ExitCode") or 0),
+        oom_killed=bool(state.get("OOMKilled")),
+        error=str(state.get("Error") or ""),
+        ip_address=ip,
+        env=tuple(config.get("Env") or ()),
+        labels=dict(config.get("Labels") or {}),
+    )
+
+
+class DockerSandboxBackend:
+    """:class:`~crabd.backends.sandbox.SandboxBackend` over a Docker engine."""
+
+    def __init__(self, host: str | None = None, timeout_s: float = 60.0) -> None:
+        try:
+            if host:
+                self._client = docker.DockerClient(base_url=host, timeout=int(timeout_s))
+            else:
+                self._client = docker.from_env(timeout=int(timeout_s))
+        except docker.errors.DockerException as exc:
+            raise DockerError(f"cannot reach dockerd ({host or 'default socket'}): {exc}") from exc
+        self._api = self._client.api
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except docker.errors.ImageNotFound as exc:
+            raise ImageError(f"{what}: image not found: {exc.explanation}", env="") from exc
+        except docker.errors.APIError as exc:
+            raise DockerError(f"{what}: {exc.explanation or exc}", status=exc.status_code) from exc
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise DockerError(f"{what}: {exc}") from exc
+
+    def server_version(self) -> str:
+        info = self._call("docker version", self._api.version)
+        return str(info.get("Version", "?"))
+
+    def image_exists(self, image: str) -> bool:
+        inspect: Any = self._api.inspect_image  # untyped in types-docker
+        try:
+            inspect(image)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise DockerError(f"inspect image {image}: {exc}") from exc
+
+    def create(self, sandbox_id: str, spec: SandboxSpec, image: str, init_binary: Path, labels: dict[str, str]) -> str:
+        host_config = self._api.create_host_config(
+            binds={str(init_binary): {"bind": INIT_PATH_IN_SANDBOX, "mode": "ro"}},
+            network_mode="bridge" if spec.network else "none",
+            nano_cpus=int(spec.cpus * 1e9) if spec.cpus > 0 else None,
+            mem_limit=spec.memory_bytes if spec.memory_bytes > 0 else None,
+            # Same as mem_limit: no swap beyond the memory limit.
+            memswap_limit=spec.memory_bytes if spec.memory_bytes > 0 else None,
+            pids_limit=spec.pids if spec.pids > 0 else DEFAULT_PIDS_LIMIT,
+            # Recovery is crab's job; Docker restarting a container behind
+            # crab's back would bring it up without its processes.
+            restart_policy={"Name": "no"},
+            # PID 1's own stdout carries nothing (commands talk to init over
+            # a socket); keep Docker's log of it tiny.
+            log_config=docker.types.LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+        )
+        hostname = _HOSTNAME_OK.sub("-", spec.name)[:63].strip("-") or sandbox_id[:12]
+        env = [f"{k}={v}" for k, v in spec.env_vars.items()]
+        created = self._call(
+            "create container",
+            self._api.create_container,
+            image=image,
+            name=f"crab-{sandbox_id}",
+            hostname=hostname,
+            entrypoint=[INIT_PATH_IN_SANDBOX],
+            command=[],
+            environment=env,
+            working_dir=spec.workdir or "/",
+            labels=labels,
+            host_config=host_config,
+            network_disabled=not spec.network,
+            stdin_open=False,
+            tty=False,
+        )
+        return str(created["Id"])
+
+    def start(self, container_id: str) -> None:
+        self._call("start container", self._api.start, container_id)
+
+    def status(self, container_id: str) -> ContainerStatus:
+        try:
+            attrs = self._api.inspect_container(container_id)
+        except docker.errors.NotFound:
+            return ContainerStatus(exists=False)
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise DockerError(f"inspect container {container_id[:12]}: {exc}") from exc
+        return _status(attrs)
+
+    def stop(self, container_id: str, timeout_s: float) -> None:
+        self._call("stop container", self._api.stop, container_id, timeout=max(0, int(timeout_s)))
+
+    def remove(self, container_id: str) -> None:
+        try:
+            self._api.remove_container(container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409 and "already in progress" in str(exc.explanation):
+                return
+            raise DockerError(f"remove container {container_id[:12]}: {exc.explanation or exc}") from exc
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise DockerError(f"remove container {container_id[:12]}: {exc}") from exc
+
+    def list_instance(self, instance: str) -> dict[str, ContainerStatus]:
+        found = self._call(
+            "list containers", self._api.containers, all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}
+        )
+        out: dict[str, ContainerStatus] = {}
+        for c in found:
+            cid = str(c["Id"])
+            st = self.status(cid)
+            if st.exists:
+                out[cid] = st
+        return out

@@ -1,0 +1,58 @@
+"""The sandbox backend interface: what crab needs from a container engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from crabd.models import SandboxSpec
+
+#: Label keys every crab container carries.
+LABEL_SANDBOX = "dev.crab.sandbox"
+LABEL_INSTANCE = "dev.crab.instance"
+LABEL_OWNER = "dev.crab.owner"
+
+#: Where crab's init is bind-mounted inside every sandbox.
+INIT_PATH_IN_SANDBOX = "/.crab/init"
+
+
+@dataclass(frozen=True)
+class ContainerStatus:
+    exists: bool
+    running: bool = False
+    pid: int = 0
+    exit_code: int | None = None
+    oom_killed: bool = False
+    error: str = ""
+    ip_address: str = ""
+    env: tuple[str, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class SandboxBackend(Protocol):
+    """A container engine that runs sandboxes.  Blocking calls; callers offload them."""
+
+    def create(self, sandbox_id: str, spec: SandboxSpec, image: str, init_binary: Path, labels: dict[str, str]) -> str:
+        """Create (not start) the container; return its id."""
+        ...
+
+    def start(self, container_id: str) -> None: ...
+
+    def status(self, container_id: str) -> ContainerStatus: ...
+
+    def stop(self, container_id: str, timeout_s: float) -> None: ...
+
+    def remove(self, container_id: str) -> None:
+        """Remove the container, running or not; a missing container is not an error."""
+        ...
+
+    def list_instance(self, instance: str) -> dict[str, ContainerStatus]:
+        """All containers labelled with ``instance``, by container id."""
+        ...
+
+    def image_exists(self, image: str) -> bool: ...
+
+    def server_version(self) -> str: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,247 @@
+"""crabctl commands for sandboxes, commands, turns and the daemon."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from crabd.cli.common import JsonOpt, app, client, emit_json, err, fmt_time, out
+from crabd.errors import InvalidRequest
+from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo
+
+daemon_app = typer.Typer(no_args_is_help=True, help="The crabd daemon.")
+app.add_typer(daemon_app, name="daemon")
+
+
+def _info_dict(info: SandboxInfo) -> dict[str, object]:
+    return asdict(info)
+
+
+def _sandbox_table(infos: list[SandboxInfo]) -> Table:
+    table = Table("id", "name", "env", "state", "owner", "turn", "ip", "created")
+    for i in infos:
+        state = i.state if i.state != "dead" else f"dead ({i.dead_reason})" if i.dead_reason else "dead"
+        table.add_row(
+            i.id,
+            i.name,
+            i.env,
+            state,
+            str(i.owner_uid),
+            f"{i.turn}{' (open)' if i.turn_open else ''}",
+            i.ip_address or "-",
+            fmt_time(i.created_at),
+        )
+    return table
+
+
+@app.command()
+def ps(as_json: JsonOpt = False) -> None:
+    """List sandboxes (yours; root sees all)."""
+    with client() as c:
+        infos = [s.info for s in c.list()]
+    if as_json:
+        emit_json([_info_dict(i) for i in infos])
+    else:
+        out.print(_sandbox_table(infos))
+
+
+def _parse_env(pairs: list[str] | None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in pairs or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidRequest(f"--env-var {item!r} must look like KEY=VALUE")
+        env[key] = value
+    return env
+
+
+@app.command()
+def create(
+    env: Annotated[str, typer.Option("--env", help="Env image name (see `crabctl env ls`).")],
+    name: Annotated[str, typer.Option("--name", help="Sandbox name (default: generated).")] = "",
+    cpus: Annotated[float, typer.Option("--cpus", help="CPU limit (0 = none).")] = 0.0,
+    memory: Annotated[str, typer.Option("--memory", help="Memory limit, e.g. 512m, 2g (0 = none).")] = "0",
+    pids: Annotated[int, typer.Option("--pids", help="Process limit (0 = crab's default).")] = 0,
+    network: Annotated[bool, typer.Option("--network/--no-network", help="Give the sandbox a network.")] = False,
+    env_var: Annotated[list[str] | None, typer.Option("--env-var", "-e", help="KEY=VALUE (repeatable).")] = None,
+    workdir: Annotated[str, typer.Option("--workdir", "-w", help="Working directory.")] = "/",
+    as_json: JsonOpt = False,
+) -> None:
+    """Create and start a sandbox."""
+    with client() as c:
+        sb = c.create(
+            env,
+            name=name,
+            cpus=cpus,
+            memory=memory,
+            pids=pids,
+            network=network,
+            env_vars=_parse_env(env_var),
+            workdir=workdir,
+        )
+    if as_json:
+        emit_json(_info_dict(sb.info))
+    else:
+        out.print(f"{sb.info.id} {sb.info.name}")
+
+
+@app.command()
+def inspect(sandbox: str, as_json: JsonOpt = False) -> None:
+    """Show one sandbox in full."""
+    with client() as c:
+        info = c.get(sandbox).info
+    if as_json:
+        emit_json(_info_dict(info))
+        return
+    table = Table("field", "value", show_header=False)
+    for key, value in _info_dict(info).items():
+        table.add_row(key, str(value))
+    out.print(table)
+
+
+def _print_result(result: ExecResult, as_json: bool, streamed: bool) -> None:
+    if as_json:
+        emit_json(
+            {
+                "exit_code": result.exit_code,
+                "timed_out": result.timed_out,
+                "stdout": result.stdout.decode("utf-8", "replace"),
+                "stderr": result.stderr.decode("utf-8", "replace"),
+                "stdout_dropped": result.stdout_dropped,
+                "stderr_dropped": result.stderr_dropped,
+                "duration_s": result.duration_s,
+                "turn": result.turn,
+                "seq": result.seq,
+                "session_ended": result.session_ended,
+            }
+        )
+        return
+    if not streamed:
+        sys.stdout.buffer.write(result.stdout)
+        sys.stderr.buffer.write(result.stderr)
+    if result.timed_out:
+        err.print(f"[yellow]crab: command timed out after {result.duration_s:.1f} s[/yellow]")
+
+
+def _run_and_exit(items: Iterator[OutputChunk | ExecResult], as_json: bool) -> None:
+    result: ExecResult | None = None
+    streamed = False
+    for item in items:
+        if isinstance(item, OutputChunk) and not as_json:
+            stream = sys.stdout if item.stream == "stdout" else sys.stderr
+            stream.buffer.write(item.data)
+            stream.flush()
+            streamed = True
+        elif isinstance(item, ExecResult):
+            result = item
+    assert result is not None
+    # Output that never streamed (e.g. "cannot execute") is in the result only.
+    _print_result(result, as_json, streamed=streamed)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command(name="exec", context_settings={"allow_interspersed_args": False})
+def exec_(
+    sandbox: str,
+    command: Annotated[list[str], typer.Argument(help="Program and arguments (after --).")],
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds (0 = daemon default).")] = 0.0,
+    workdir: Annotated[str, typer.Option("--workdir", "-w")] = "",
+    user: Annotated[str, typer.Option("--user", "-u", help="uid or uid:gid inside the sandbox.")] = "",
+    env_var: Annotated[list[str] | None, typer.Option("--env-var", "-e", help="KEY=VALUE (repeatable).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run one command in a sandbox; exits with the command's exit code."""
+    if command and command[0] == "--":
+        command = command[1:]
+    with client() as c:
+        sb = c.get(sandbox)
+        items = sb.stream(command, timeout=timeout, workdir=workdir, user=user, env=_parse_env(env_var))
+        _run_and_exit(items, as_json)
+
+
+@app.command(name="sh")
+def sh(
+    sandbox: str,
+    command: Annotated[str, typer.Argument(help="bash text to run in the sandbox's persistent session.")],
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds (0 = daemon default).")] = 0.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a command in the sandbox's persistent shell session (cd/export persist)."""
+    with client() as c:
+        _run_and_exit(c.get(sandbox).session.stream(command, timeout=timeout), as_json)
+
+
+@app.command()
+def log(
+    sandbox: str,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Last N turns.")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a sandbox's turns and the commands run in each."""
+    with client() as c:
+        turns = c.get(sandbox).turns(limit)
+    if as_json:
+        emit_json([asdict(t) for t in turns])
+        return
+    table = Table("turn", "started", "duration", "cmd", "kind", "exit", "time", "command")
+    for t in turns:
+        dur = f"{(t.ended_at or 0) - t.started_at:.2f}s" if t.ended_at else "open"
+        label = f"{t.number}{' (implicit)' if t.implicit else ''}"
+        if not t.commands:
+            table.add_row(label, fmt_time(t.started_at), dur, "-", "", "", "", "")
+        for i, cmd in enumerate(t.commands):
+            exit_text = "timeout" if cmd.timed_out else str(cmd.exit_code)
+            table.add_row(
+                label if i == 0 else "",
+                fmt_time(t.started_at) if i == 0 else "",
+                dur if i == 0 else "",
+                str(cmd.seq),
+                cmd.kind,
+                exit_text,
+                f"{cmd.duration_s:.3f}s",
+                cmd.command[:80],
+            )
+    out.print(table)
+
+
+@app.command()
+def stop(sandbox: str, timeout: Annotated[float, typer.Option("--timeout")] = 0.0, as_json: JsonOpt = False) -> None:
+    """Stop a sandbox's container (it can then only be removed)."""
+    with client() as c:
+        info = c.get(sandbox).stop(timeout)
+    emit_json(_info_dict(info)) if as_json else out.print(f"{info.id} {info.state}")
+
+
+@app.command()
+def rm(
+    sandboxes: Annotated[list[str], typer.Argument(help="Sandbox ids or names.")],
+    force: Annotated[bool, typer.Option("--force", "-f", help="Remove even if running.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove sandboxes (their containers and records)."""
+    removed = []
+    with client() as c:
+        for ref in sandboxes:
+            sb = c.get(ref)
+            sb.remove(force=force)
+            removed.append(sb.id)
+    emit_json({"removed": removed}) if as_json else out.print("\n".join(removed))
+
+
+@daemon_app.command("status")
+def daemon_status(as_json: JsonOpt = False) -> None:
+    """Is crabd up, and what is it serving?"""
+    with client() as c:
+        st = c.status()
+    if as_json:
+        emit_json(asdict(st))
+        return
+    table = Table("field", "value", show_header=False)
+    for key, value in asdict(st).items():
+        table.add_row(key, fmt_time(value) if key == "started_at" else str(value))
+    out.print(table)

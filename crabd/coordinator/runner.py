@@ -1,0 +1,300 @@
+"""Running commands inside a sandbox, through crab's init (never `docker exec`).
+
+Two ways:
+
+* :func:`run_exec` — a one-shot process spawned by init, bound to one
+  connection; killed (whole process group) on timeout or if crabd goes away.
+* :class:`Session` — the sandbox's persistent bash, a *persistent* init child
+  named ``crab-session``.  Each command attaches, writes the framed command
+  (``session_proto.wrap_command``), reads until both done-markers, detaches.
+  The bash outlives crabd restarts; init buffers its output meanwhile.
+
+Output is bounded per stream; what is dropped is counted and a marker line
+is appended so nobody mistakes a truncated output for a complete one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno as errno_mod
+import signal
+import time
+from collections.abc import Awaitable, Callable
+
+from crabd.errors import InitSpawnError, InitUnavailable, InvalidRequest, SandboxBusy
+from crabd.models import ExecOutcome
+from crabd.runtime import session_proto, session_state
+from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
+
+#: Called with ("stdout" | "stderr", data) as output arrives (already bounded).
+ChunkSink = Callable[[str, bytes], Awaitable[None]]
+#: Opens a fresh connection to the sandbox's init.
+Connector = Callable[[], Awaitable[InitConnection]]
+
+SESSION_NAME = "crab-session"
+SESSION_ARGV = ["bash", "--noprofile", "--norc"]
+#: After a kill, how long to wait for the process to be reported gone.
+KILL_GRACE_S = 5.0
+
+
+def truncation_marker(stream: str, dropped: int) -> bytes:
+    return f"\n[crab: {stream} truncated, {dropped} more bytes dropped]\n".encode()
+
+
+class BoundedOutput:
+    """Keeps the first ``limit`` bytes of a stream and counts the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._parts: list[bytes] = []
+        self.kept = 0
+        self.dropped = 0
+
+    def add(self, data: bytes) -> bytes:
+        """Store ``data`` within the bound; return the part that was kept."""
+        room = self.limit - self.kept
+        keep = data[: max(room, 0)]
+        if keep:
+            self._parts.append(keep)
+            self.kept += len(keep)
+        self.dropped += len(data) - len(keep)
+        return keep
+
+    def value(self, stream: str) -> bytes:
+        out = b"".join(self._parts)
+        return out + truncation_marker(stream, self.dropped) if self.dropped else out
+
+
+def _spawn_failure_outcome(exc: InitSpawnError, argv0: str, started: float) -> ExecOutcome:
+    # Like a shell: 127 when the program does not exist, 126 when it cannot run.
+    code = 127 if exc.errno == errno_mod.ENOENT else 126
+    msg = f"crab: cannot execute {argv0!r}: {exc.message}\n".encode()
+    return ExecOutcome(code, False, b"", msg, 0, 0, time.monotonic() - started)
+
+
+async def run_exec(
+    connect: Connector,
+    spec: SpawnSpec,
+    *,
+    stdin: bytes,
+    timeout_s: float,
+    max_output: int,
+    sink: ChunkSink | None = None,
+) -> ExecOutcome:
+    started = time.monotonic()
+    out, err = BoundedOutput(max_output), BoundedOutput(max_output)
+    conn = await connect()
+    async with conn:
+        try:
+            await conn.spawn(spec)
+        except InitSpawnError as exc:
+            if "chdir" in exc.message or exc.errno in (errno_mod.ENOTDIR,):
+                raise InvalidRequest(
+                    f"cannot use workdir {spec.cwd!r} in the sandbox: {exc.message}",
+                    hint="Pass an existing directory as workdir.",
+                ) from exc
+            return _spawn_failure_outcome(exc, str(spec.argv[0]), started)
+        if stdin:
+            await conn.write_stdin(stdin)
+            await conn.close_stdin()
+        timed_out = False
+        deadline = started + timeout_s
+        exit_event: Exit | None = None
+        while exit_event is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and not timed_out:
+                timed_out = True
+                await conn.signal(signal.SIGKILL)
+                deadline = time.monotonic() + KILL_GRACE_S
+                continue
+            if remaining <= 0:
+                raise InitUnavailable("init did not report the killed command's exit", sandbox="")
+            try:
+                ev = await asyncio.wait_for(conn.next_event(), timeout=remaining)
+            except TimeoutError:
+                continue
+            if isinstance(ev, Stdout | Stderr):
+                name = "stdout" if isinstance(ev, Stdout) else "stderr"
+                kept = (out if name == "stdout" else err).add(ev.data)
+                if kept and sink is not None:
+                    await sink(name, kept)
+            elif isinstance(ev, Exit):
+                exit_event = ev
+    return ExecOutcome(
+        exit_code=exit_event.exit_code,
+        timed_out=timed_out,
+        stdout=out.value("stdout"),
+        stderr=err.value("stderr"),
+        stdout_dropped=out.dropped,
+        stderr_dropped=err.dropped,
+        duration_s=time.monotonic() - started,
+    )
+
+
+class Session:
+    """The persistent bash of one sandbox.  One command at a time."""
+
+    def __init__(self, connect: Connector, env: dict[str, str], workdir: str) -> None:
+        self._connect = connect
+        self._env = env
+        self._workdir = workdir
+        self._lock = asyncio.Lock()
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    async def _attach_or_spawn(self, conn: InitConnection) -> bool:
+        """Bind ``conn`` to the session, starting bash if there is none.  True if it was started now."""
+        try:
+            await conn.attach(SESSION_NAME)
+            return False
+        except InitSpawnError as exc:
+            if exc.errno == errno_mod.EBUSY:
+                raise SandboxBusy("the sandbox's session is in use by another client", sandbox="") from exc
+            if exc.errno != errno_mod.ENOENT:
+                raise InitUnavailable(f"attaching to the session failed: {exc.message}", sandbox="") from exc
+        try:
+            await conn.spawn(
+                SpawnSpec(argv=list(SESSION_ARGV), env=self._env, cwd=self._workdir, name=SESSION_NAME, persistent=True)
+            )
+        except InitSpawnError as exc:
+            if exc.errno == errno_mod.ENOENT and "exec" in exc.init_message:
+                raise InvalidRequest(
+                    "this sandbox's image has no bash; the persistent session needs bash",
+                    hint="Use an env with bash (e.g. bookworm), or run programs with exec.",
+                ) from exc
+            raise
+
+        await conn.write_stdin(session_proto.BOOTSTRAP)
+        return True
+
+    async def run(
+        self, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None = None
+    ) -> ExecOutcome:
+        if self._lock.locked():
+            raise SandboxBusy(
+                "the session is already running a command; one session runs one command at a time", sandbox=""
+            )
+        async with self._lock:
+            return await self._run_locked(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
+
+    async def _run_locked(
+        self, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None, keep_status: bool = False
+    ) -> ExecOutcome:
+        started = time.monotonic()
+        nonce = session_proto.new_nonce()
+        payload = session_proto.wrap_command(command, nonce, keep_status=keep_status)
+        scanner = session_proto.MarkerScanner(nonce, max_stdout=max_output, max_stderr=max_output)
+        conn = await self._connect()
+        async with conn:
+            await self._attach_or_spawn(conn)
+            await conn.write_stdin(payload)
+            timed_out = False
+            ended: Exit | None = None
+            deadline = started + timeout_s
+            while not scanner.done and ended is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    timed_out = True
+                    break
+                try:
+                    ev = await asyncio.wait_for(conn.next_event(), timeout=remaining)
+                except TimeoutError:
+                    continue
+                if isinstance(ev, Stdout):
+                    kept = scanner.feed("stdout", ev.data)
+                    if sink is not None and kept:
+                        await sink("stdout", kept)
+                elif isinstance(ev, Stderr):
+                    kept = scanner.feed("stderr", ev.data)
+                    if sink is not None and kept:
+                        await sink("stderr", kept)
+                elif isinstance(ev, Exit):
+                    ended = ev
+            if timed_out:
+                # A non-interactive bash cannot be interrupted back to a clean
+                # prompt reliably (a half-run heredoc, traps, SIGINT semantics),
+                # so the whole session is killed; the caller restarts it from
+                # the last captured state.
+                await conn.signal(signal.SIGKILL)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._drain_until_exit(conn), timeout=KILL_GRACE_S)
+                await conn.forget(SESSION_NAME)
+            elif ended is not None:
+                await conn.forget(SESSION_NAME)
+            else:
+                await conn.detach()
+        stdout, stderr = scanner.stdout, scanner.stderr
+        if scanner.dropped_stdout:
+            stdout += truncation_marker("stdout", scanner.dropped_stdout)
+        if scanner.dropped_stderr:
+            stderr += truncation_marker("stderr", scanner.dropped_stderr)
+        if timed_out:
+            code = 124
+        elif ended is not None:
+            code = ended.exit_code
+        else:
+            code = scanner.exit_code if scanner.exit_code is not None else 0
+        return ExecOutcome(
+            exit_code=code,
+            timed_out=timed_out,
+            stdout=stdout,
+            stderr=stderr,
+            stdout_dropped=scanner.dropped_stdout,
+            stderr_dropped=scanner.dropped_stderr,
+            duration_s=time.monotonic() - started,
+            session_ended=timed_out or ended is not None,
+        )
+
+    @staticmethod
+    async def _drain_until_exit(conn: InitConnection) -> None:
+        while not isinstance(await conn.next_event(), Exit):
+            pass
+
+    async def capture_state(self, *, timeout_s: float = 30.0) -> session_state.SessionState | None:
+        """The session's semantic state, or None when no session runs (nothing to capture)."""
+        async with self._lock:
+            conn = await self._connect()
+            async with conn:
+                if not any(p.name == SESSION_NAME and p.alive for p in await conn.list()):
+                    return None
+            outcome = await self._run_locked(
+                session_state.CAPTURE_COMMAND, timeout_s=timeout_s, max_output=64 << 20, sink=None, keep_status=True
+            )
+
+        if outcome.exit_code != 0 or outcome.session_ended:
+            raise InitUnavailable(
+                f"capturing the session state failed (exit {outcome.exit_code}): "
+                f"{outcome.stderr[-500:].decode('utf-8', 'replace')}",
+                sandbox="",
+            )
+        return session_state.parse_state(outcome.stdout)
+
+    async def restart(self, state: session_state.SessionState | None, *, timeout_s: float = 60.0) -> None:
+        """Replace the session's bash by a fresh one, with ``state`` applied if given."""
+        if self._lock.locked():
+            raise SandboxBusy("the session is running a command; cannot restart it now", sandbox="")
+        async with self._lock:
+            conn = await self._connect()
+            async with conn:
+                for p in await conn.list():
+                    if p.name != SESSION_NAME:
+                        continue
+                    if p.alive:
+                        await conn.attach(SESSION_NAME)
+                        await conn.signal(signal.SIGKILL)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._drain_until_exit(conn), timeout=KILL_GRACE_S)
+                    await conn.forget(SESSION_NAME)
+            if state is not None:
+                outcome = await self._run_locked(
+                    session_state.render_restore_script(state), timeout_s=timeout_s, max_output=1 << 20, sink=None
+                )
+                if outcome.session_ended:
+                    raise InitUnavailable(
+                        "the session died while its state was re-applied: "
+                        + outcome.stderr[-500:].decode("utf-8", "replace"),
+                        sandbox="",
+                    )

@@ -1,0 +1,401 @@
+"""Sandbox lifecycle: create, adopt after a restart, stop, remove; commands and turns.
+
+Crash safety of creation: the registry row is written (state ``creating``)
+before the container exists and flipped to ``running`` once init answers.
+On start-up :meth:`SandboxManager.adopt` therefore knows every container this
+daemon may have made: a ``creating`` row is rolled back (container removed,
+row deleted), a ``running`` row whose container is gone or exited is marked
+``dead`` with the exit code / OOM flag, and a container carrying this
+instance's label that no row knows is removed.  Running sandboxes keep
+running through a crabd restart; nothing is restarted or touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TypeVar
+
+from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus, SandboxBackend
+from crabd.config import CrabConfig
+from crabd.coordinator.runner import ChunkSink, Session, run_exec
+from crabd.coordinator.turns import TurnKeeper
+from crabd.errors import (
+    AlreadyExists,
+    CrabError,
+    ImageError,
+    InitUnavailable,
+    InvalidRequest,
+    SandboxDead,
+)
+from crabd.host import images
+from crabd.models import ExecOutcome, SandboxRecord, SandboxSpec, SandboxState, TurnRecord
+from crabd.runtime import session_state
+from crabd.runtime.initproto import InitConnection, SpawnSpec
+from crabd.runtime.session_state import SessionState
+from crabd.store.registry import Registry
+
+log = logging.getLogger("crabd.sandboxes")
+
+T = TypeVar("T")
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Docker refuses memory limits below this.
+MIN_MEMORY = 6 << 20
+INIT_READY_TIMEOUT_S = 10.0
+
+
+def validate_spec(spec: SandboxSpec) -> None:
+    if spec.name and not NAME_RE.match(spec.name):
+        raise InvalidRequest(f"invalid sandbox name {spec.name!r}: use 1-63 letters, digits, '_', '.', '-'")
+    if spec.cpus < 0 or spec.cpus > (os.cpu_count() or 1):
+        raise InvalidRequest(f"cpus={spec.cpus:g} is out of range (0 = unlimited, at most {os.cpu_count()})")
+    if spec.memory_bytes < 0 or 0 < spec.memory_bytes < MIN_MEMORY:
+        raise InvalidRequest(f"memory={spec.memory_bytes} bytes is too small (0 = unlimited, else >= 6 MiB)")
+    if spec.pids < 0:
+        raise InvalidRequest(f"pids={spec.pids} must be >= 0")
+    if not spec.workdir.startswith("/") or "\0" in spec.workdir:
+        raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
+    for key, value in spec.env_vars.items():
+        if not ENV_KEY_RE.match(key) or "\0" in value:
+            raise InvalidRequest(f"invalid environment variable {key!r}")
+
+
+def _env_dict(env: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if sep:
+            out[key] = value
+    out.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    out.setdefault("HOME", "/root")
+    return out
+
+
+class _Live:
+    """Per-sandbox runtime state held in memory (the registry holds the rest)."""
+
+    def __init__(self, manager: SandboxManager, sandbox_id: str) -> None:
+        self.manager = manager
+        self.sandbox_id = sandbox_id
+        self.session: Session | None = None
+
+
+class SandboxManager:
+    def __init__(
+        self, cfg: CrabConfig, registry: Registry, backend: SandboxBackend, init_binary: Path, instance: str
+    ) -> None:
+        self.cfg = cfg
+        self.registry = registry
+        self.backend = backend
+        self.init_binary = init_binary
+        self.instance = instance
+        self.turns = TurnKeeper(registry)
+        self._live: dict[str, _Live] = {}
+        self._create_lock = asyncio.Lock()
+
+    async def _io(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    # --- lookup and status ----------------------------------------------------
+
+    def get(self, ref: str) -> SandboxRecord | None:
+        return self.registry.get_sandbox(ref)
+
+    def list_sandboxes(self, owner_uid: int | None) -> list[SandboxRecord]:
+        return self.registry.list_sandboxes(owner_uid)
+
+    def _mark_dead(self, rec: SandboxRecord, st: ContainerStatus) -> SandboxRecord:
+        if not st.exists:
+            reason = "container vanished (removed outside crab, or the host lost it)"
+        elif st.oom_killed:
+            reason = (
+                f"container exited with code {st.exit_code} after the kernel's OOM killer acted in it "
+                "(memory limit reached)"
+            )
+        else:
+            reason = f"container exited with code {st.exit_code}" + (f": {st.error}" if st.error else "")
+        self.registry.update_sandbox(
+            rec.id, state=SandboxState.DEAD, exit_code=st.exit_code, oom_killed=st.oom_killed, dead_reason=reason
+        )
+        log.warning("sandbox dead", extra={"sandbox": rec.id, "reason": reason})
+        self._live.pop(rec.id, None)
+        return replace(
+            rec, state=SandboxState.DEAD, exit_code=st.exit_code, oom_killed=st.oom_killed, dead_reason=reason
+        )
+
+    async def refresh(self, rec: SandboxRecord) -> tuple[SandboxRecord, ContainerStatus | None]:
+        """Re-read the container; a running sandbox whose container stopped becomes dead."""
+        if rec.state is not SandboxState.RUNNING or not rec.container_id:
+            return rec, None
+        st = await self._io(self.backend.status, rec.container_id)
+        if not st.exists or not st.running:
+            return self._mark_dead(rec, st), st
+        rec.ip_address = st.ip_address
+        return rec, st
+
+    async def _running(self, rec: SandboxRecord) -> ContainerStatus:
+        rec, st = await self.refresh(rec)
+        if rec.state is not SandboxState.RUNNING or st is None:
+            what = {SandboxState.STOPPED: "is stopped", SandboxState.CREATING: "is still being created"}.get(
+                rec.state, "is dead"
+            )
+            raise SandboxDead(
+                f"sandbox {rec.name} ({rec.id}) {what}" + (f": {rec.dead_reason}" if rec.dead_reason else ""),
+                sandbox=rec.id,
+                container_id=rec.container_id,
+                exit_code=rec.exit_code,
+                oom_killed=rec.oom_killed,
+                reason=rec.dead_reason or what,
+            )
+        return st
+
+    def _connector(self, rec: SandboxRecord, pid: int) -> Callable[[], Awaitable[InitConnection]]:
+        async def connect() -> InitConnection:
+            try:
+                return await InitConnection.open(netns=f"/proc/{pid}/ns/net")
+            except InitUnavailable as exc:
+                await self._running(rec)  # raises SandboxDead if that is why
+                raise InitUnavailable(f"sandbox {rec.name}: {exc.message}", sandbox=rec.id) from exc
+
+        return connect
+
+    def _live_for(self, rec: SandboxRecord) -> _Live:
+        live = self._live.get(rec.id)
+        if live is None:
+            live = self._live[rec.id] = _Live(self, rec.id)
+        return live
+
+    async def _session(self, rec: SandboxRecord) -> Session:
+        st = await self._running(rec)
+        live = self._live_for(rec)
+        # The container's pid changes only if it was restarted; rebind then.
+        connect = self._connector(rec, st.pid)
+        if live.session is None:
+            live.session = Session(connect, _env_dict(st.env), rec.spec.workdir)
+        else:
+            live.session._connect = connect
+        return live.session
+
+    # --- create / adopt / stop / remove ---------------------------------------
+
+    def resolve_image(self, env: str) -> str:
+        recipe = images.find_recipe(env)
+        if not self.backend.image_exists(recipe.image_ref):
+            raise ImageError(f"env {env!r} has no built image ({recipe.image_ref})", env=env)
+        return recipe.image_ref
+
+    async def create(self, owner_uid: int, spec: SandboxSpec) -> SandboxRecord:
+        validate_spec(spec)
+        image = await self._io(self.resolve_image, spec.env)
+        sandbox_id = secrets.token_hex(6)
+        async with self._create_lock:
+            name = spec.name or f"sb-{sandbox_id[:6]}"
+            if self.registry.name_taken(name):
+                raise AlreadyExists(f"a sandbox named {name!r} already exists", name=name)
+            spec = replace(spec, name=name)
+            rec = SandboxRecord(sandbox_id, name, owner_uid, spec, image, "", SandboxState.CREATING, time.time())
+            self.registry.insert_sandbox(rec)
+        labels = {LABEL_SANDBOX: sandbox_id, LABEL_INSTANCE: self.instance, LABEL_OWNER: str(owner_uid)}
+        try:
+            cid = await self._io(self.backend.create, sandbox_id, spec, image, self.init_binary, labels)
+            rec.container_id = cid
+            self.registry.update_sandbox(sandbox_id, container_id=cid)
+            await self._io(self.backend.start, cid)
+            st = await self._wait_init(rec)
+        except BaseException:
+            await self._rollback(rec)
+            raise
+        self.registry.update_sandbox(sandbox_id, state=SandboxState.RUNNING)
+        rec.state = SandboxState.RUNNING
+        rec.ip_address = st.ip_address
+        log.info(
+            "sandbox created",
+            extra={"sandbox": sandbox_id, "sandbox_name": name, "image": image, "owner_uid": owner_uid},
+        )
+        return rec
+
+    async def _wait_init(self, rec: SandboxRecord) -> ContainerStatus:
+        deadline = time.monotonic() + INIT_READY_TIMEOUT_S
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            st = await self._io(self.backend.status, rec.container_id)
+            if not st.exists or not st.running:
+                raise SandboxDead(
+                    f"sandbox {rec.name} exited during start (code {st.exit_code}): {st.error}",
+                    sandbox=rec.id,
+                    container_id=rec.container_id,
+                    exit_code=st.exit_code,
+                    oom_killed=st.oom_killed,
+                    reason=st.error or "exited during start",
+                )
+            try:
+                conn = await InitConnection.open(netns=f"/proc/{st.pid}/ns/net")
+                async with conn:
+                    await conn.hello()
+                return st
+            except CrabError as exc:
+                last = exc
+                await asyncio.sleep(0.02)
+        raise InitUnavailable(
+            f"crab's init in sandbox {rec.name} did not answer within {INIT_READY_TIMEOUT_S:g} s: {last}",
+            sandbox=rec.id,
+        )
+
+    async def _rollback(self, rec: SandboxRecord) -> None:
+        try:
+            if rec.container_id:
+                await self._io(self.backend.remove, rec.container_id)
+        finally:
+            self.registry.delete_sandbox(rec.id)
+
+    async def adopt(self) -> dict[str, int]:
+        """Reconcile the registry with Docker after a (re)start.  Returns counts."""
+        counts = {"adopted": 0, "dead": 0, "rolled_back": 0, "orphans_removed": 0}
+        containers = await self._io(self.backend.list_instance, self.instance)
+        known: set[str] = set()
+        for rec in self.registry.list_sandboxes(None):
+            if rec.container_id:
+                known.add(rec.container_id)
+            if rec.state is SandboxState.CREATING:
+                # Also catches a container created whose id never reached the row.
+                for cid, st in containers.items():
+                    if st.labels.get(LABEL_SANDBOX) == rec.id:
+                        await self._io(self.backend.remove, cid)
+                await self._rollback(rec)
+                counts["rolled_back"] += 1
+                continue
+            if rec.state is SandboxState.RUNNING:
+                rec, _ = await self.refresh(rec)
+                counts["adopted" if rec.state is SandboxState.RUNNING else "dead"] += 1
+        for cid, st in containers.items():
+            if cid not in known and st.labels.get(LABEL_SANDBOX) not in {r.id for r in self.list_sandboxes(None)}:
+                await self._io(self.backend.remove, cid)
+                counts["orphans_removed"] += 1
+        log.info("adoption done", extra=counts)
+        return counts
+
+    async def stop(self, rec: SandboxRecord, timeout_s: float | None) -> SandboxRecord:
+        await self._running(rec)
+        grace = self.cfg.limits.stop_timeout_s if timeout_s is None or timeout_s <= 0 else timeout_s
+        await self._io(self.backend.stop, rec.container_id, grace)
+        st = await self._io(self.backend.status, rec.container_id)
+        self.registry.update_sandbox(
+            rec.id,
+            state=SandboxState.STOPPED,
+            exit_code=st.exit_code,
+            oom_killed=st.oom_killed,
+            dead_reason="stopped by request",
+        )
+        self._live.pop(rec.id, None)
+        return self.registry.get_sandbox(rec.id) or rec
+
+    async def remove(self, rec: SandboxRecord, *, force: bool) -> None:
+        if rec.state is SandboxState.RUNNING and not force:
+            rec, _ = await self.refresh(rec)
+            if rec.state is SandboxState.RUNNING:
+                raise InvalidRequest(
+                    f"sandbox {rec.name} is running; stop it first or remove with force",
+                    hint="Use `crabctl rm --force` (or remove(force=True)).",
+                )
+        if rec.container_id:
+            await self._io(self.backend.remove, rec.container_id)
+        self.registry.delete_sandbox(rec.id)
+        self._live.pop(rec.id, None)
+        log.info("sandbox removed", extra={"sandbox": rec.id})
+
+    # --- commands ---------------------------------------------------------------
+
+    async def exec(
+        self,
+        rec: SandboxRecord,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        workdir: str,
+        stdin: bytes,
+        timeout_s: float,
+        max_output: int,
+        uid: int | None,
+        gid: int | None,
+        sink: ChunkSink | None,
+    ) -> ExecOutcome:
+        st = await self._running(rec)
+        full_env = _env_dict(st.env)
+        full_env.update(env)
+        spec = SpawnSpec(
+            argv=list(argv), env=full_env, cwd=workdir or rec.spec.workdir, uid=uid, gid=gid, stdin_null=not stdin
+        )
+        turn = self.turns.ensure_open(rec.id)
+        started_wall = time.time()
+        outcome = await run_exec(
+            self._connector(rec, st.pid), spec, stdin=stdin, timeout_s=timeout_s, max_output=max_output, sink=sink
+        )
+        return self.turns.record(rec.id, turn, "exec", " ".join(argv), outcome, started_wall)
+
+    async def session_run(
+        self, rec: SandboxRecord, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None
+    ) -> ExecOutcome:
+        session = await self._session(rec)
+        turn = self.turns.ensure_open(rec.id)
+        started_wall = time.time()
+        outcome = await session.run(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
+        if outcome.session_ended:
+            await self._revive_session(rec, session)
+        return self.turns.record(rec.id, turn, "session", command, outcome, started_wall)
+
+    async def _revive_session(self, rec: SandboxRecord, session: Session) -> None:
+        """After the session died (exit, timeout): a fresh bash with the last captured state."""
+        stored = self.registry.latest_session_state(rec.id)
+        state = session_state.SessionState.from_json(stored) if stored else None
+        try:
+            await session.restart(state)
+        except CrabError as exc:
+            log.warning("session revival failed", extra={"sandbox": rec.id, "error": str(exc)})
+
+    async def session_state(self, rec: SandboxRecord) -> SessionState | None:
+        session = await self._session(rec)
+        return await session.capture_state()
+
+    async def restart_session(self, rec: SandboxRecord, state_json: str) -> SessionState | None:
+        session = await self._session(rec)
+        state = session_state.SessionState.from_json(state_json) if state_json else None
+        await session.restart(state)
+        return await session.capture_state()
+
+    # --- turns -------------------------------------------------------------------
+
+    async def begin_turn(self, rec: SandboxRecord) -> TurnRecord:
+        await self._running(rec)
+        current = self.turns.current(rec.id)
+        if current is not None and not current.implicit:
+            raise InvalidRequest(
+                f"turn {current.number} of sandbox {rec.name} is already open", hint="End it with end_turn() first."
+            )
+        if current is not None:
+            await self.end_turn(rec)
+        return self.turns.begin(rec.id)
+
+    async def end_turn(self, rec: SandboxRecord) -> TurnRecord:
+        current = self.turns.current(rec.id)
+        if current is None:
+            raise InvalidRequest(f"sandbox {rec.name} has no open turn", hint="Call begin_turn() first.")
+        session = await self._session(rec)
+        state = await session.capture_state()
+        return self.turns.end(rec.id, current.number, state.to_json() if state else None)
+
+    async def close(self, *, remove_all: bool) -> None:
+        if remove_all:
+            for rec in self.list_sandboxes(None):
+                try:
+                    await self.remove(rec, force=True)
+                except CrabError as exc:
+                    log.warning("remove at shutdown failed", extra={"sandbox": rec.id, "error": str(exc)})

@@ -1,0 +1,65 @@
+"""Turn bookkeeping: numbering, implicit turns, command records.
+
+A turn is the span of one agent action.  ``begin_turn`` opens one
+explicitly; a command arriving while no turn is open opens an *implicit*
+turn, so every command belongs to exactly one turn.  ``end_turn`` closes the
+open turn and stores the session's semantic state captured at that moment.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from crabd.models import CommandRecord, ExecOutcome, TurnRecord
+from crabd.store.registry import Registry
+
+#: Longest command text stored in the registry per command.
+MAX_RECORDED_COMMAND = 4096
+
+
+class TurnKeeper:
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def current(self, sandbox_id: str) -> TurnRecord | None:
+        turns = self.registry.list_turns(sandbox_id, limit=1)
+        return turns[-1] if turns and turns[-1].open else None
+
+    def begin(self, sandbox_id: str) -> TurnRecord:
+        return self.registry.open_turn(sandbox_id, time.time(), implicit=False)
+
+    def ensure_open(self, sandbox_id: str) -> int:
+        current = self.current(sandbox_id)
+        if current is not None:
+            return current.number
+        return self.registry.open_turn(sandbox_id, time.time(), implicit=True).number
+
+    def end(self, sandbox_id: str, number: int, session_state_json: str | None) -> TurnRecord:
+        self.registry.close_turn(sandbox_id, number, time.time(), session_state_json)
+        for turn in self.registry.list_turns(sandbox_id, limit=1):
+            if turn.number == number:
+                return turn
+        raise AssertionError("closed turn vanished")  # pragma: no cover - same transaction order
+
+    def record(
+        self, sandbox_id: str, turn: int, kind: str, command: str, outcome: ExecOutcome, started_at: float
+    ) -> ExecOutcome:
+        seq = self.registry.next_seq(sandbox_id, turn)
+        text = command if len(command) <= MAX_RECORDED_COMMAND else command[:MAX_RECORDED_COMMAND] + "..."
+        self.registry.add_command(
+            sandbox_id,
+            turn,
+            CommandRecord(
+                seq=seq,
+                kind=kind,
+                command=text,
+                exit_code=outcome.exit_code,
+                timed_out=outcome.timed_out,
+                started_at=started_at,
+                duration_s=outcome.duration_s,
+                stdout_bytes=len(outcome.stdout),
+                stderr_bytes=len(outcome.stderr),
+            ),
+        )
+        return replace(outcome, turn=turn, seq=seq)

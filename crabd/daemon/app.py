@@ -1,0 +1,159 @@
+"""The daemon's lifetime: wire the layers together, serve, shut down cleanly.
+
+Start-up order matters for safety:
+1. state dir (0700) and registry;
+2. install crab's init binary (content-addressed, immutable);
+3. reach Docker, then *adopt* what the registry knows before serving
+   anyone, so no request sees a half-reconciled world;
+4. the private gRPC server, then the public socket (0660 root:crab);
+5. READY=1 to systemd, and watchdog pings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from crabd.api.peercred import CallerTable, FrontDoor
+from crabd.api.servicer import CrabServicer
+from crabd.api.v1 import crab_pb2_grpc as pb_grpc
+from crabd.backends.docker_sandbox import DockerSandboxBackend
+from crabd.config import CrabConfig
+from crabd.coordinator.sandboxes import SandboxManager
+from crabd.daemon import notify
+from crabd.runtime import initbin
+from crabd.service.service import Service
+from crabd.store.registry import Registry
+
+log = logging.getLogger("crabd")
+
+#: Largest gRPC message crabd accepts (stdin of an exec is bounded separately).
+MAX_MESSAGE = 80 << 20
+
+
+def instance_id(state_dir: Path) -> str:
+    """Labels this daemon's containers: one per state dir, stable across restarts."""
+    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+
+
+class Daemon:
+    """One running crabd.  ``async with Daemon(cfg) as d: await d.wait()``."""
+
+    def __init__(self, cfg: CrabConfig, *, ephemeral: bool = False) -> None:
+        self.cfg = cfg
+        self.ephemeral = ephemeral
+        self._stop = asyncio.Event()
+        self._registry: Registry | None = None
+        self._backend: DockerSandboxBackend | None = None
+        self._manager: SandboxManager | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._front: FrontDoor | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+
+    @property
+    def private_socket(self) -> Path:
+        return self.cfg.paths.state_dir / "run" / "grpc.sock"
+
+    async def start(self) -> None:
+        paths = self.cfg.paths
+        paths.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(paths.state_dir, 0o700)
+        self._registry = Registry(paths.state_dir / "registry.db")
+        init_binary = await asyncio.to_thread(initbin.install, paths.state_dir)
+        self._backend = DockerSandboxBackend(self.cfg.docker.host, self.cfg.docker.timeout_s)
+        docker_version = await asyncio.to_thread(self._backend.server_version)
+        self._manager = SandboxManager(
+            self.cfg, self._registry, self._backend, init_binary, instance_id(paths.state_dir)
+        )
+        counts = await self._manager.adopt()
+        service = Service(self.cfg, self._manager, docker_version=docker_version)
+
+        callers = CallerTable()
+        run_dir = self.private_socket.parent
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(run_dir, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            self.private_socket.unlink()
+        self._grpc = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE),
+                ("grpc.max_send_message_length", MAX_MESSAGE),
+            ]
+        )
+        pb_grpc.add_CrabServicer_to_server(CrabServicer(service, callers), self._grpc)
+        health_servicer = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._grpc)
+        self._grpc.add_insecure_port(f"unix:{self.private_socket}")
+        await self._grpc.start()
+        self._front = FrontDoor(paths.socket, self.private_socket, callers)
+        await self._front.start()
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set("crab.v1.Crab", health_pb2.HealthCheckResponse.SERVING)
+
+        notify.notify(f"READY=1\nSTATUS=serving on {paths.socket}\nMAINPID={os.getpid()}")
+        interval = notify.watchdog_interval()
+        if interval is not None:
+            self._watchdog = asyncio.create_task(notify.watchdog_loop(interval))
+        log.info(
+            "crabd ready",
+            extra={
+                "socket": str(paths.socket),
+                "state_dir": str(paths.state_dir),
+                "docker": docker_version,
+                "ephemeral": self.ephemeral,
+                **counts,
+            },
+        )
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait(self) -> None:
+        await self._stop.wait()
+
+    async def close(self) -> None:
+        notify.notify("STOPPING=1")
+        log.info("crabd stopping")
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self._front is not None:
+            await self._front.close()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=2.0)
+        if self._manager is not None:
+            await self._manager.close(remove_all=self.ephemeral)
+        if self._backend is not None:
+            self._backend.close()
+        if self._registry is not None:
+            self._registry.close()
+        log.info("crabd stopped")
+
+    async def __aenter__(self) -> Daemon:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+
+async def serve(cfg: CrabConfig, *, ephemeral: bool = False) -> None:
+    async with Daemon(cfg, ephemeral=ephemeral) as daemon:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, daemon.request_stop)
+        await daemon.wait()

@@ -1,0 +1,45 @@
+"""`crabd`: the daemon's command line.  Runs in the foreground (for systemd)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from crabd.config import load_config
+from crabd.daemon import logs
+from crabd.daemon.app import serve
+from crabd.errors import CrabError
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="crabd", description="crab's host daemon (foreground).")
+    p.add_argument("--config", help="crabd.toml (default /etc/crab/crabd.toml or $CRAB_CONFIG)")
+    p.add_argument("--socket", help="override [paths] socket")
+    p.add_argument("--state-dir", help="override [paths] state_dir")
+    p.add_argument("--log-dir", help="override [paths] log_dir")
+    p.add_argument("--log-file", help="also write JSON logs to this file")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--ephemeral", action="store_true", help="remove every sandbox of this daemon on shutdown (embedded/test mode)"
+    )
+    args = p.parse_args(argv)
+    overrides: dict[str, dict[str, object]] = {"paths": {}}
+    for key in ("socket", "state_dir", "log_dir"):
+        value = getattr(args, key)
+        if value:
+            overrides["paths"][key] = value
+    logs.setup(args.log_level, Path(args.log_file) if args.log_file else None)
+    try:
+        cfg = load_config(args.config, overrides=overrides)
+        asyncio.run(serve(cfg, ephemeral=args.ephemeral))
+    except CrabError as exc:
+        sys.stderr.write(f"crabd: {exc.message}\nhint: {exc.hint}\n")
+        sys.exit(1)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Plain records shared by every layer (no behaviour, no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class SandboxState(StrEnum):
+    CREATING = "creating"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling, from the socket's peer credentials (SO_PEERCRED)."""
+
+    uid: int
+    gid: int
+    pid: int
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandbox was created with."""
+
+    env: str
+    name: str = ""
+    cpus: float = 0.0
+    memory_bytes: int = 0
+    pids: int = 0
+    network: bool = False
+    env_vars: dict[str, str] = field(default_factory=dict)
+    workdir: str = "/"
+
+
+@dataclass
+class SandboxRecord:
+    """A sandbox as the registry knows it."""
+
+    id: str
+    name: str
+    owner_uid: int
+    spec: SandboxSpec
+    image: str
+    container_id: str
+    state: SandboxState
+    created_at: float
+    exit_code: int | None = None
+    oom_killed: bool = False
+    dead_reason: str = ""
+    ip_address: str = ""
+    turn: int = 0
+    turn_open: bool = False
+
+
+@dataclass(frozen=True)
+class CommandRecord:
+    seq: int
+    kind: str  # "exec" | "session"
+    command: str
+    exit_code: int
+    timed_out: bool
+    started_at: float
+    duration_s: float
+    stdout_bytes: int
+    stderr_bytes: int
+
+
+@dataclass
+class TurnRecord:
+    sandbox_id: str
+    number: int
+    started_at: float
+    ended_at: float | None = None
+    implicit: bool = False
+    commands: list[CommandRecord] = field(default_factory=list)
+    session_state_json: str | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.ended_at is None
+
+
+@dataclass(frozen=True)
+class ExecOutcome:
+    """The result of one command (exec or session)."""
+
+    exit_code: int
+    timed_out: bool
+    stdout: bytes
+    stderr: bytes
+    stdout_dropped: int
+    stderr_dropped: int
+    duration_s: float
+    turn: int = 0
+    seq: int = 0
+    session_ended: bool = False

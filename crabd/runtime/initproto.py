@@ -1,0 +1,336 @@
+"""crabd's side of the crab-init protocol (the wire format is documented in crab-init.c).
+
+:class:`InitConnection` is one asyncio connection to a sandbox's init.  It
+is created *inside the sandbox's network namespace*: init listens on an
+abstract unix socket, and abstract names are per network namespace.  The
+socket is made on a throwaway thread that calls ``setns(CLONE_NEWNET)``;
+a socket keeps the namespace it was created in, and the daemon's other
+threads never change namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import socket
+import struct
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from crabd.errors import InitProtocolError, InitSpawnError, InitUnavailable
+
+# Request types
+HELLO, SPAWN, STDIN, STDIN_CLOSE, SIGNAL, ATTACH, DETACH, LIST, FORGET = range(1, 10)
+# Reply types
+HELLO_OK, STARTED, STDOUT, STDERR, EXIT, ATTACHED, DETACHED, LIST_OK = range(0x81, 0x89)
+ERROR = 0x8F
+# SPAWN flags
+F_MERGE_STDERR, F_PERSISTENT, F_STDIN_NULL = 1, 2, 4
+
+MAX_FRAME = (1 << 20) + 64
+#: Largest data payload crabd sends in one STDIN frame.
+STDIN_CHUNK = 256 * 1024
+KEEP = 0xFFFFFFFF
+CLONE_NEWNET = 0x40000000
+DEFAULT_SOCKET = "crab-init"
+
+
+def encode_frame(kind: int, payload: bytes = b"") -> bytes:
+    if len(payload) + 1 > MAX_FRAME:
+        raise InitProtocolError(f"frame of {len(payload)} bytes exceeds the protocol limit")
+    return struct.pack(">IB", len(payload) + 1, kind) + payload
+
+
+def _str(b: bytes | str) -> bytes:
+    raw = os.fsencode(b) if isinstance(b, str) else b
+    return struct.pack(">I", len(raw)) + raw
+
+
+class FrameDecoder:
+    """Incremental decoder: ``feed(bytes)`` then iterate complete frames."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        while len(self._buf) >= 5:
+            (length,) = struct.unpack_from(">I", self._buf)
+            if length == 0 or length > MAX_FRAME:
+                raise InitProtocolError(f"bad frame length {length}")
+            if len(self._buf) < 4 + length:
+                return
+            kind = self._buf[4]
+            payload = bytes(self._buf[5 : 4 + length])
+            del self._buf[: 4 + length]
+            yield kind, payload
+
+
+@dataclass
+class SpawnSpec:
+    argv: Sequence[bytes | str]
+    env: Mapping[str, str] | Sequence[str] = field(default_factory=dict)
+    cwd: str = "/"
+    uid: int | None = None
+    gid: int | None = None
+    name: str = ""
+    merge_stderr: bool = False
+    persistent: bool = False
+    stdin_null: bool = False
+
+    def encode(self) -> bytes:
+        flags = (
+            (F_MERGE_STDERR if self.merge_stderr else 0)
+            | (F_PERSISTENT if self.persistent else 0)
+            | (F_STDIN_NULL if self.stdin_null else 0)
+        )
+        env = [f"{k}={v}" for k, v in self.env.items()] if isinstance(self.env, Mapping) else list(self.env)
+        out = struct.pack(">III", flags, KEEP if self.uid is None else self.uid, KEEP if self.gid is None else self.gid)
+        out += _str(self.name) + _str(self.cwd)
+        out += struct.pack(">I", len(self.argv)) + b"".join(_str(a) for a in self.argv)
+        out += struct.pack(">I", len(env)) + b"".join(_str(e) for e in env)
+        return out
+
+
+@dataclass(frozen=True)
+class Started:
+    pid: int
+    handle: int
+
+
+@dataclass(frozen=True)
+class Attached:
+    pid: int
+    handle: int
+    dropped_stdout: int
+    dropped_stderr: int
+
+
+@dataclass(frozen=True)
+class Stdout:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Stderr:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Exit:
+    wait_status: int
+
+    @property
+    def signal(self) -> int | None:
+        return os.WTERMSIG(self.wait_status) if os.WIFSIGNALED(self.wait_status) else None
+
+    @property
+    def exit_code(self) -> int:
+        """The shell convention: the exit status, or 128+N when killed by signal N."""
+        if os.WIFSIGNALED(self.wait_status):
+            return 128 + os.WTERMSIG(self.wait_status)
+        return os.WEXITSTATUS(self.wait_status)
+
+
+@dataclass(frozen=True)
+class PersistentInfo:
+    name: str
+    pid: int
+    handle: int
+    alive: bool
+    wait_status: int | None
+    attached: bool
+
+
+Event = Stdout | Stderr | Exit
+
+
+def _parse_error(payload: bytes) -> InitSpawnError:
+    if len(payload) < 8:
+        return InitSpawnError("init reported a malformed error", errno=0)
+    err, n = struct.unpack_from(">II", payload)
+    msg = payload[8 : 8 + n].decode("utf-8", "replace")
+    return InitSpawnError(f"init refused the request: {msg}", errno=err, init_message=msg)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _connect_in_netns(netns: str | None, name: str) -> socket.socket:
+    """Create and connect the socket inside ``netns`` (on the calling thread)."""
+    if netns is not None:
+        fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if _libc.setns(fd, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns({netns}): {os.strerror(err)}")
+        finally:
+            os.close(fd)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect("\0" + name)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+async def _socket_in_netns(netns: str | None, name: str, timeout: float) -> socket.socket:
+    if netns is None:
+        return _connect_in_netns(None, name)
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[socket.socket] = loop.create_future()
+
+    def deliver(sock: socket.socket | None, exc: BaseException | None) -> None:
+        if fut.done():  # the caller timed out meanwhile
+            if sock is not None:
+                sock.close()
+        elif exc is not None:
+            fut.set_exception(exc)
+        else:
+            assert sock is not None
+            fut.set_result(sock)
+
+    def work() -> None:
+        # This thread enters the sandbox's netns and then simply ends; it is
+        # never reused, so no other code ever runs in the wrong namespace.
+        try:
+            sock = _connect_in_netns(netns, name)
+        except BaseException as exc:  # delivered to the awaiting coroutine
+            loop.call_soon_threadsafe(deliver, None, exc)
+            return
+        loop.call_soon_threadsafe(deliver, sock, None)
+
+    threading.Thread(target=work, name="crab-netns-connect", daemon=True).start()
+    return await asyncio.wait_for(fut, timeout)
+
+
+class InitConnection:
+    """One connection to crab-init.  ``async with await InitConnection.open(...)``."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._decoder = FrameDecoder()
+        self._pending: list[tuple[int, bytes]] = []
+
+    @classmethod
+    async def open(
+        cls, sock_name: str = DEFAULT_SOCKET, netns: str | None = None, timeout: float = 5.0
+    ) -> InitConnection:
+        try:
+            sock = await _socket_in_netns(netns, sock_name, timeout)
+            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=MAX_FRAME * 2)
+        except (OSError, TimeoutError) as exc:
+            raise InitUnavailable(f"cannot connect to crab's init ({netns or 'host'}): {exc}", sandbox="") from exc
+        return cls(reader, writer)
+
+    async def aclose(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(OSError, ConnectionError):
+            await self._writer.wait_closed()
+
+    async def __aenter__(self) -> InitConnection:
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    # --- frames ----------------------------------------------------------------
+
+    async def _send(self, kind: int, payload: bytes = b"") -> None:
+        try:
+            self._writer.write(encode_frame(kind, payload))
+            await self._writer.drain()
+        except (OSError, ConnectionError) as exc:
+            raise InitUnavailable(f"lost the connection to crab's init: {exc}", sandbox="") from exc
+
+    async def _recv(self) -> tuple[int, bytes]:
+        while not self._pending:
+            try:
+                data = await self._reader.read(256 * 1024)
+            except (OSError, ConnectionError) as exc:
+                raise InitUnavailable(f"lost the connection to crab's init: {exc}", sandbox="") from exc
+            if not data:
+                raise InitUnavailable("crab's init closed the connection", sandbox="")
+            self._decoder.feed(data)
+            self._pending.extend(self._decoder)
+        return self._pending.pop(0)
+
+    async def _expect(self, *kinds: int) -> tuple[int, bytes]:
+        kind, payload = await self._recv()
+        if kind == ERROR:
+            raise _parse_error(payload)
+        if kind not in kinds:
+            raise InitProtocolError(f"unexpected frame 0x{kind:02x} from init (wanted {kinds})")
+        return kind, payload
+
+    # --- requests ----------------------------------------------------------------
+
+    async def hello(self) -> tuple[int, int]:
+        """(protocol version, init's pid in its namespace)."""
+        await self._send(HELLO)
+        _, p = await self._expect(HELLO_OK)
+        version, pid = struct.unpack(">II", p)
+        return version, pid
+
+    async def spawn(self, spec: SpawnSpec) -> Started:
+        await self._send(SPAWN, spec.encode())
+        _, p = await self._expect(STARTED)
+        return Started(*struct.unpack(">II", p))
+
+    async def write_stdin(self, data: bytes) -> None:
+        for i in range(0, len(data), STDIN_CHUNK):
+            await self._send(STDIN, data[i : i + STDIN_CHUNK])
+
+    async def close_stdin(self) -> None:
+        await self._send(STDIN_CLOSE)
+
+    async def signal(self, signo: int) -> None:
+        await self._send(SIGNAL, struct.pack(">I", int(signo)))
+
+    async def next_event(self) -> Event:
+        kind, payload = await self._recv()
+        if kind == STDOUT:
+            return Stdout(payload)
+        if kind == STDERR:
+            return Stderr(payload)
+        if kind == EXIT:
+            return Exit(struct.unpack(">i", payload)[0])
+        if kind == ERROR:
+            raise _parse_error(payload)
+        raise InitProtocolError(f"unexpected frame 0x{kind:02x} while waiting for output")
+
+    async def attach(self, name: str) -> Attached:
+        await self._send(ATTACH, _str(name))
+        _, p = await self._expect(ATTACHED)
+        return Attached(*struct.unpack(">IIQQ", p))
+
+    async def detach(self) -> None:
+        await self._send(DETACH)
+        await self._expect(DETACHED)
+
+    async def forget(self, name: str) -> None:
+        await self._send(FORGET, _str(name))
+        await self._expect(DETACHED)
+
+    async def list(self) -> list[PersistentInfo]:
+        await self._send(LIST)
+        _, p = await self._expect(LIST_OK)
+        (count,) = struct.unpack_from(">I", p)
+        off, out = 4, []
+        for _ in range(count):
+            (n,) = struct.unpack_from(">I", p, off)
+            name = p[off + 4 : off + 4 + n].decode("utf-8", "replace")
+            off += 4 + n
+            pid, handle, alive, status, attached = struct.unpack_from(">IIBiB", p, off)
+            off += 14
+            out.append(PersistentInfo(name, pid, handle, bool(alive), None if alive else status, bool(attached)))
+        return out

@@ -1,0 +1,101 @@
+"""Request builders shared by the sync and async clients."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from crabd.api.v1 import crab_pb2 as pb
+from crabd.config import load_config
+from crabd.errors import CrabError, InvalidRequest
+
+#: gRPC channel options: bounded messages, and no proxy for a unix socket.
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 80 << 20),
+    ("grpc.max_send_message_length", 80 << 20),
+    ("grpc.enable_http_proxy", 0),
+]
+
+
+def default_socket() -> Path:
+    """$CRAB_SOCKET, else the configured socket, else /run/crab/crabd.sock."""
+    env = os.environ.get("CRAB_SOCKET")
+    if env:
+        return Path(env)
+    try:
+        return load_config().paths.socket
+    except CrabError:
+        return Path("/run/crab/crabd.sock")
+
+
+def parse_memory(value: int | str | None) -> int:
+    """Bytes from 123, "512m", "2g", "1.5GiB"."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    text = value.strip().lower().removesuffix("ib").removesuffix("b")
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    try:
+        if text and text[-1] in units:
+            return int(float(text[:-1]) * units[text[-1]])
+        return int(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"cannot parse memory size {value!r} (use e.g. 512m or 2g)") from exc
+
+
+def create_request(
+    env: str,
+    *,
+    name: str = "",
+    cpus: float = 0.0,
+    memory: int | str | None = None,
+    pids: int = 0,
+    network: bool = False,
+    env_vars: Mapping[str, str] | None = None,
+    workdir: str = "/",
+) -> pb.CreateSandboxRequest:
+    return pb.CreateSandboxRequest(
+        env=env,
+        name=name,
+        limits=pb.Limits(cpus=cpus, memory_bytes=parse_memory(memory), pids=pids),
+        network=network,
+        env_vars=dict(env_vars or {}),
+        workdir=workdir,
+    )
+
+
+def exec_request(
+    sandbox: str,
+    cmd: str | Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    workdir: str = "",
+    timeout: float = 0.0,
+    max_output: int = 0,
+    stdin: bytes | str = b"",
+    stream: bool = False,
+    user: str = "",
+) -> pb.ExecRequest:
+    argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+    return pb.ExecRequest(
+        sandbox=sandbox,
+        argv=argv,
+        env=dict(env or {}),
+        workdir=workdir,
+        timeout_s=timeout,
+        max_output_bytes=max_output,
+        stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+        stream=stream,
+        user=user,
+    )
+
+
+def session_request(
+    sandbox: str, command: str, *, timeout: float = 0.0, max_output: int = 0, stream: bool = False
+) -> pb.SessionRunRequest:
+    return pb.SessionRunRequest(
+        sandbox=sandbox, command=command, timeout_s=timeout, max_output_bytes=max_output, stream=stream
+    )

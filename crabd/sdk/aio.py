@@ -1,0 +1,254 @@
+"""The asyncio SDK: the same surface as :mod:`crabd.sdk.client`, awaitable.
+
+async with AsyncClient.embedded() as client:
+    async with await client.create(env="bookworm") as sb:
+        async with sb.turn():
+            await sb.session.run("export X=1")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from crabd.api import errors as wire_errors
+from crabd.api.v1 import crab_pb2 as pb
+from crabd.api.v1 import crab_pb2_grpc as pb_grpc
+from crabd.errors import CrabError
+from crabd.sdk import _requests as rq
+from crabd.sdk.embedded import EmbeddedDaemon
+from crabd.sdk.models import DaemonStatus, ExecResult, OutputChunk, SandboxInfo, Turn, chunk_from_pb
+
+
+class AsyncClient:
+    def __init__(self, socket: str | Path | None = None, *, timeout: float = 120.0) -> None:
+        self.socket = str(socket or rq.default_socket())
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(f"unix:{self.socket}", options=rq.CHANNEL_OPTIONS)
+        self._stub = pb_grpc.CrabStub(self._channel)
+        self._daemon: EmbeddedDaemon | None = None
+
+    @classmethod
+    async def embedded(cls, state_dir: str | Path | None = None, **daemon_args: Any) -> AsyncClient:
+        daemon = EmbeddedDaemon(state_dir=state_dir, **daemon_args)
+        await asyncio.to_thread(daemon.start)
+        client = cls(daemon.socket)
+        client._daemon = daemon
+        return client
+
+    async def aclose(self) -> None:
+        await self._channel.close(None)
+        if self._daemon is not None:
+            await asyncio.to_thread(self._daemon.close)
+            self._daemon = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return await getattr(self._stub, method)(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as exc:
+            raise wire_errors.decode(exc, socket=self.socket) from exc
+
+    async def _events(self, method: str, request: Any, timeout: float) -> AsyncIterator[pb.ExecEvent]:
+        try:
+            async for ev in getattr(self._stub, method)(request, timeout=timeout):
+                yield ev
+        except grpc.RpcError as exc:
+            raise wire_errors.decode(exc, socket=self.socket) from exc
+
+    def _deadline(self, command_timeout: float) -> float:
+        return (command_timeout or 600.0) + self.timeout
+
+    async def status(self) -> DaemonStatus:
+        return DaemonStatus.from_pb(await self._unary("DaemonStatus", pb.DaemonStatusRequest()))
+
+    async def create(
+        self,
+        env: str,
+        *,
+        name: str = "",
+        cpus: float = 0.0,
+        memory: int | str | None = None,
+        pids: int = 0,
+        network: bool = False,
+        env_vars: Mapping[str, str] | None = None,
+        workdir: str = "/",
+    ) -> AsyncSandbox:
+        req = rq.create_request(
+            env, name=name, cpus=cpus, memory=memory, pids=pids, network=network, env_vars=env_vars, workdir=workdir
+        )
+        return AsyncSandbox(self, SandboxInfo.from_pb(await self._unary("CreateSandbox", req)))
+
+    async def list(self) -> list[AsyncSandbox]:
+        resp = await self._unary("ListSandboxes", pb.ListSandboxesRequest())
+        return [AsyncSandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+
+    async def get(self, sandbox: str) -> AsyncSandbox:
+        resp = await self._unary("GetSandbox", pb.SandboxRef(sandbox=sandbox))
+        return AsyncSandbox(self, SandboxInfo.from_pb(resp))
+
+
+async def _collect(items: AsyncIterator[OutputChunk | ExecResult]) -> ExecResult:
+    result: ExecResult | None = None
+    async for item in items:
+        if isinstance(item, ExecResult):
+            result = item
+    assert result is not None
+    return result
+
+
+class AsyncSession:
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sb = sandbox
+
+    async def run(self, command: str, *, timeout: float = 0.0, max_output: int = 0) -> ExecResult:
+        return await _collect(self._iter(command, timeout, max_output, stream=False))
+
+    def stream(
+        self, command: str, *, timeout: float = 0.0, max_output: int = 0
+    ) -> AsyncIterator[OutputChunk | ExecResult]:
+        return self._iter(command, timeout, max_output, stream=True)
+
+    async def _iter(
+        self, command: str, timeout: float, max_output: int, *, stream: bool
+    ) -> AsyncIterator[OutputChunk | ExecResult]:
+        c = self._sb.client
+        req = rq.session_request(self._sb.id, command, timeout=timeout, max_output=max_output, stream=stream)
+        async for ev in c._events("SessionRun", req, c._deadline(timeout)):
+            yield chunk_from_pb(ev.output) if ev.HasField("output") else ExecResult.from_pb(ev.result)
+
+    async def state(self) -> dict[str, Any]:
+        resp = await self._sb.client._unary("GetSessionState", pb.SandboxRef(sandbox=self._sb.id))
+        return json.loads(resp.state_json) if resp.state_json else {}
+
+    async def restart(self, state: Mapping[str, Any] | str | None = None) -> dict[str, Any]:
+        text = "" if state is None else state if isinstance(state, str) else json.dumps(state)
+        resp = await self._sb.client._unary(
+            "RestartSession", pb.RestartSessionRequest(sandbox=self._sb.id, state_json=text)
+        )
+        return json.loads(resp.state_json) if resp.state_json else {}
+
+
+class AsyncSandbox:
+    def __init__(self, client: AsyncClient, info: SandboxInfo) -> None:
+        self.client = client
+        self.info = info
+        self.session = AsyncSession(self)
+
+    def __repr__(self) -> str:
+        return f"<AsyncSandbox {self.info.name} ({self.info.id}) {self.info.state}>"
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    async def refresh(self) -> SandboxInfo:
+        self.info = SandboxInfo.from_pb(await self.client._unary("GetSandbox", pb.SandboxRef(sandbox=self.id)))
+        return self.info
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: str = "",
+        timeout: float = 0.0,
+        max_output: int = 0,
+        stdin: bytes | str = b"",
+        user: str = "",
+    ) -> ExecResult:
+        return await _collect(self._exec(cmd, env, workdir, timeout, max_output, stdin, user, stream=False))
+
+    def stream(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: str = "",
+        timeout: float = 0.0,
+        max_output: int = 0,
+        stdin: bytes | str = b"",
+        user: str = "",
+    ) -> AsyncIterator[OutputChunk | ExecResult]:
+        return self._exec(cmd, env, workdir, timeout, max_output, stdin, user, stream=True)
+
+    async def _exec(
+        self,
+        cmd: str | Sequence[str],
+        env: Mapping[str, str] | None,
+        workdir: str,
+        timeout: float,
+        max_output: int,
+        stdin: bytes | str,
+        user: str,
+        *,
+        stream: bool,
+    ) -> AsyncIterator[OutputChunk | ExecResult]:
+        req = rq.exec_request(
+            self.id,
+            cmd,
+            env=env,
+            workdir=workdir,
+            timeout=timeout,
+            max_output=max_output,
+            stdin=stdin,
+            stream=stream,
+            user=user,
+        )
+        async for ev in self.client._events("Exec", req, self.client._deadline(timeout)):
+            yield chunk_from_pb(ev.output) if ev.HasField("output") else ExecResult.from_pb(ev.result)
+
+    async def begin_turn(self) -> Turn:
+        return Turn.from_pb(await self.client._unary("BeginTurn", pb.SandboxRef(sandbox=self.id)))
+
+    async def end_turn(self) -> Turn:
+        return Turn.from_pb(await self.client._unary("EndTurn", pb.SandboxRef(sandbox=self.id)))
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[Turn]:
+        t = await self.begin_turn()
+        try:
+            yield t
+        except BaseException:
+            with contextlib.suppress(CrabError):
+                await self.end_turn()
+            raise
+        await self.end_turn()
+
+    async def turns(self, limit: int = 0) -> list[Turn]:
+        resp = await self.client._unary("ListTurns", pb.ListTurnsRequest(sandbox=self.id, limit=limit))
+        return [Turn.from_pb(t) for t in resp.turns]
+
+    async def stop(self, timeout: float = 0.0) -> SandboxInfo:
+        resp = await self.client._unary(
+            "StopSandbox",
+            pb.StopSandboxRequest(sandbox=self.id, timeout_s=timeout),
+            timeout=timeout + self.client.timeout,
+        )
+        self.info = SandboxInfo.from_pb(resp)
+        return self.info
+
+    async def remove(self, force: bool = True) -> None:
+        await self.client._unary("RemoveSandbox", pb.RemoveSandboxRequest(sandbox=self.id, force=force))
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await self.remove(force=True)

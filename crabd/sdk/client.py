@@ -1,0 +1,283 @@
+"""The synchronous SDK.
+
+    from crabd.sdk import Client
+
+    with Client.embedded() as client:              # or Client() for the system crabd
+        with client.create(env="bookworm") as sb:  # removed on exit
+            with sb.turn():
+                sb.session.run("cd /tmp && export X=1")
+            print(sb.session.run("echo $X $PWD").text)
+
+Every failure is a :class:`crabd.errors.CrabError` subclass, the same class
+the daemon raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from crabd.api import errors as wire_errors
+from crabd.api.v1 import crab_pb2 as pb
+from crabd.api.v1 import crab_pb2_grpc as pb_grpc
+from crabd.errors import CrabError
+from crabd.sdk import _requests as rq
+from crabd.sdk.embedded import EmbeddedDaemon
+from crabd.sdk.models import DaemonStatus, ExecResult, OutputChunk, SandboxInfo, Turn, chunk_from_pb
+
+
+class Client:
+    """A connection to crabd.  Close it (or use ``with``) when done."""
+
+    def __init__(self, socket: str | Path | None = None, *, timeout: float = 120.0) -> None:
+        self.socket = str(socket or rq.default_socket())
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(f"unix:{self.socket}", options=rq.CHANNEL_OPTIONS)
+        self._stub = pb_grpc.CrabStub(self._channel)
+        self._daemon: EmbeddedDaemon | None = None
+
+    @classmethod
+    def embedded(cls, state_dir: str | Path | None = None, **daemon_args: Any) -> Client:
+        """Start a private crabd (temporary socket and state) owned by this client."""
+        daemon = EmbeddedDaemon(state_dir=state_dir, **daemon_args)
+        daemon.start()
+        try:
+            client = cls(daemon.socket)
+        except BaseException:
+            daemon.close()
+            raise
+        client._daemon = daemon
+        return client
+
+    def close(self) -> None:
+        self._channel.close()
+        if self._daemon is not None:
+            self._daemon.close()
+            self._daemon = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # --- plumbing --------------------------------------------------------------
+
+    def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as exc:
+            raise wire_errors.decode(exc, socket=self.socket) from exc
+
+    def _events(self, method: str, request: Any, timeout: float) -> Iterator[pb.ExecEvent]:
+        try:
+            yield from getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise wire_errors.decode(exc, socket=self.socket) from exc
+
+    def _deadline(self, command_timeout: float) -> float:
+        # The call may take as long as the command plus the daemon's own work.
+        return (command_timeout or 600.0) + self.timeout
+
+    # --- daemon and sandboxes -----------------------------------------------------
+
+    def status(self) -> DaemonStatus:
+        return DaemonStatus.from_pb(self._unary("DaemonStatus", pb.DaemonStatusRequest()))
+
+    def create(
+        self,
+        env: str,
+        *,
+        name: str = "",
+        cpus: float = 0.0,
+        memory: int | str | None = None,
+        pids: int = 0,
+        network: bool = False,
+        env_vars: Mapping[str, str] | None = None,
+        workdir: str = "/",
+    ) -> Sandbox:
+        req = rq.create_request(
+            env, name=name, cpus=cpus, memory=memory, pids=pids, network=network, env_vars=env_vars, workdir=workdir
+        )
+        return Sandbox(self, SandboxInfo.from_pb(self._unary("CreateSandbox", req)))
+
+    def list(self) -> list[Sandbox]:
+        resp = self._unary("ListSandboxes", pb.ListSandboxesRequest())
+        return [Sandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+
+    def get(self, sandbox: str) -> Sandbox:
+        return Sandbox(self, SandboxInfo.from_pb(self._unary("GetSandbox", pb.SandboxRef(sandbox=sandbox))))
+
+
+class Session:
+    """The sandbox's persistent bash: state carries over between commands."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    def run(self, command: str, *, timeout: float = 0.0, max_output: int = 0) -> ExecResult:
+        result: ExecResult | None = None
+        for item in self._iter(command, timeout, max_output, stream=False):
+            if isinstance(item, ExecResult):
+                result = item
+        assert result is not None
+        return result
+
+    def stream(self, command: str, *, timeout: float = 0.0, max_output: int = 0) -> Iterator[OutputChunk | ExecResult]:
+        """Yield output chunks as they arrive, then the :class:`ExecResult`."""
+        return self._iter(command, timeout, max_output, stream=True)
+
+    def _iter(
+        self, command: str, timeout: float, max_output: int, *, stream: bool
+    ) -> Iterator[OutputChunk | ExecResult]:
+        c = self._sb.client
+        req = rq.session_request(self._sb.id, command, timeout=timeout, max_output=max_output, stream=stream)
+        for ev in c._events("SessionRun", req, c._deadline(timeout)):
+            if ev.HasField("output"):
+                yield chunk_from_pb(ev.output)
+            else:
+                yield ExecResult.from_pb(ev.result)
+
+    def state(self) -> dict[str, Any]:
+        """The session's semantic state now (cwd, env, variables, functions, ...)."""
+        resp = self._sb.client._unary("GetSessionState", pb.SandboxRef(sandbox=self._sb.id))
+        return json.loads(resp.state_json) if resp.state_json else {}
+
+    def restart(self, state: Mapping[str, Any] | str | None = None) -> dict[str, Any]:
+        """Start a fresh bash, with ``state`` (from :meth:`state`) applied if given."""
+        text = "" if state is None else state if isinstance(state, str) else json.dumps(state)
+        resp = self._sb.client._unary("RestartSession", pb.RestartSessionRequest(sandbox=self._sb.id, state_json=text))
+        return json.loads(resp.state_json) if resp.state_json else {}
+
+
+class Sandbox:
+    """A handle on one sandbox.  ``with`` removes it on exit."""
+
+    def __init__(self, client: Client, info: SandboxInfo) -> None:
+        self.client = client
+        self.info = info
+        self.session = Session(self)
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.info.name} ({self.info.id}) {self.info.state}>"
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def refresh(self) -> SandboxInfo:
+        self.info = SandboxInfo.from_pb(self.client._unary("GetSandbox", pb.SandboxRef(sandbox=self.id)))
+        return self.info
+
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: str = "",
+        timeout: float = 0.0,
+        max_output: int = 0,
+        stdin: bytes | str = b"",
+        user: str = "",
+    ) -> ExecResult:
+        """Run one program (argv list, or a string split like a shell would) and wait for it."""
+        result: ExecResult | None = None
+        for item in self._exec(cmd, env, workdir, timeout, max_output, stdin, user, stream=False):
+            if isinstance(item, ExecResult):
+                result = item
+        assert result is not None
+        return result
+
+    def stream(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: str = "",
+        timeout: float = 0.0,
+        max_output: int = 0,
+        stdin: bytes | str = b"",
+        user: str = "",
+    ) -> Iterator[OutputChunk | ExecResult]:
+        return self._exec(cmd, env, workdir, timeout, max_output, stdin, user, stream=True)
+
+    def _exec(
+        self,
+        cmd: str | Sequence[str],
+        env: Mapping[str, str] | None,
+        workdir: str,
+        timeout: float,
+        max_output: int,
+        stdin: bytes | str,
+        user: str,
+        *,
+        stream: bool,
+    ) -> Iterator[OutputChunk | ExecResult]:
+        req = rq.exec_request(
+            self.id,
+            cmd,
+            env=env,
+            workdir=workdir,
+            timeout=timeout,
+            max_output=max_output,
+            stdin=stdin,
+            stream=stream,
+            user=user,
+        )
+        for ev in self.client._events("Exec", req, self.client._deadline(timeout)):
+            if ev.HasField("output"):
+                yield chunk_from_pb(ev.output)
+            else:
+                yield ExecResult.from_pb(ev.result)
+
+    def begin_turn(self) -> Turn:
+        return Turn.from_pb(self.client._unary("BeginTurn", pb.SandboxRef(sandbox=self.id)))
+
+    def end_turn(self) -> Turn:
+        return Turn.from_pb(self.client._unary("EndTurn", pb.SandboxRef(sandbox=self.id)))
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[Turn]:
+        """``with sb.turn():`` — one agent action; the turn ends (and is recorded) on exit."""
+        t = self.begin_turn()
+        try:
+            yield t
+        except BaseException:
+            # Still close the turn, but never mask the body's own error.
+            with contextlib.suppress(CrabError):
+                self.end_turn()
+            raise
+        self.end_turn()
+
+    def turns(self, limit: int = 0) -> list[Turn]:
+        resp = self.client._unary("ListTurns", pb.ListTurnsRequest(sandbox=self.id, limit=limit))
+        return [Turn.from_pb(t) for t in resp.turns]
+
+    def stop(self, timeout: float = 0.0) -> SandboxInfo:
+        self.info = SandboxInfo.from_pb(
+            self.client._unary(
+                "StopSandbox",
+                pb.StopSandboxRequest(sandbox=self.id, timeout_s=timeout),
+                timeout=timeout + self.client.timeout,
+            )
+        )
+        return self.info
+
+    def remove(self, force: bool = True) -> None:
+        self.client._unary("RemoveSandbox", pb.RemoveSandboxRequest(sandbox=self.id, force=force))
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.remove(force=True)

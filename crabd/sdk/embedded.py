@@ -1,0 +1,128 @@
+"""Embedded mode: a private crabd for one program (tests, the demo, notebooks).
+
+The daemon runs as a child process on a temporary socket and state dir and
+is stopped (SIGTERM, then SIGKILL after a grace) by :meth:`close`.  It runs
+with ``--ephemeral``, so its sandboxes are removed when it stops; the state
+dir is deleted too when this object created it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from crabd.api.v1 import crab_pb2 as pb
+from crabd.api.v1 import crab_pb2_grpc as pb_grpc
+from crabd.errors import DaemonUnavailable
+
+START_TIMEOUT_S = 60.0
+STOP_GRACE_S = 30.0
+
+
+class EmbeddedDaemon:
+    def __init__(
+        self,
+        state_dir: str | Path | None = None,
+        *,
+        ephemeral: bool = True,
+        log_level: str = "info",
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self._own_dir = state_dir is None
+        # A short base path: unix socket paths are limited to 107 bytes.
+        self.base = Path(tempfile.mkdtemp(prefix="crab-", dir="/tmp")) if state_dir is None else Path(state_dir)
+        self.socket = self.base / "crabd.sock"
+        self.state_dir = self.base / "state"
+        self.log_file = self.base / "crabd.log"
+        self.ephemeral = ephemeral
+        self.log_level = log_level
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "crabd.daemon.main",
+            "--socket",
+            str(self.socket),
+            "--state-dir",
+            str(self.state_dir),
+            "--log-file",
+            str(self.log_file),
+            "--log-level",
+            self.log_level,
+            *(["--ephemeral"] if self.ephemeral else []),
+            *self.extra_args,
+        ]
+        env = dict(os.environ)
+        env.pop("NOTIFY_SOCKET", None)  # the child is not the systemd service
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise DaemonUnavailable(
+                    f"embedded crabd exited with {self.proc.returncode} during start-up; "
+                    f"log: {self.log_file}\n{self._log_tail()}",
+                    socket=str(self.socket),
+                )
+            if self.socket.exists() and self._answers():
+                return
+            time.sleep(0.05)
+        self.close()
+        raise DaemonUnavailable(
+            f"embedded crabd did not serve within {START_TIMEOUT_S:g} s; log: {self.log_file}", socket=str(self.socket)
+        )
+
+    def _answers(self) -> bool:
+        with grpc.insecure_channel(f"unix:{self.socket}") as ch:
+            try:
+                pb_grpc.CrabStub(ch).DaemonStatus(pb.DaemonStatusRequest(), timeout=2)
+                return True
+            except grpc.RpcError:
+                return False
+
+    def _log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if self._own_dir:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedDaemon:
+        self.start()
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,222 @@
+"""The service layer: who may do what, and request validation.
+
+Every API call arrives here with the caller's identity (from SO_PEERCRED).
+Rules:
+
+* a sandbox belongs to the uid that created it;
+* root (uid 0) sees and may act on every sandbox;
+* any other caller sees only its own sandboxes; acting on someone else's
+  gets PERMISSION_DENIED (its existence is not hidden from a direct lookup,
+  but it never appears in that caller's listing).
+
+Requests are validated completely before anything changes, so a bad
+request gets a clear error and has no effect.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from crabd import __version__
+from crabd.config import CrabConfig
+from crabd.coordinator.runner import ChunkSink
+from crabd.coordinator.sandboxes import SandboxManager
+from crabd.errors import InvalidRequest, PermissionDenied, RequestTooLarge, SandboxNotFound
+from crabd.models import Caller, ExecOutcome, SandboxRecord, SandboxSpec, TurnRecord
+from crabd.runtime import session_state
+from crabd.runtime.session_state import SessionState
+
+
+def parse_user(user: str) -> tuple[int | None, int | None]:
+    """``"uid"`` or ``"uid:gid"`` (numeric) -> (uid, gid); empty -> (None, None)."""
+    if not user:
+        return None, None
+    uid_s, _, gid_s = user.partition(":")
+    try:
+        uid = int(uid_s)
+        gid = int(gid_s) if gid_s else uid
+    except ValueError as exc:
+        raise InvalidRequest(f"user {user!r} must be numeric 'uid' or 'uid:gid'") from exc
+    if not (0 <= uid < 2**32 - 1 and 0 <= gid < 2**32 - 1):
+        raise InvalidRequest(f"user {user!r} is out of range")
+    return uid, gid
+
+
+class Service:
+    def __init__(self, cfg: CrabConfig, sandboxes: SandboxManager, *, docker_version: str) -> None:
+        self.cfg = cfg
+        self.sandboxes = sandboxes
+        self.started_at = time.time()
+        self.docker_version = docker_version
+
+    # --- access -----------------------------------------------------------------
+
+    def _lookup(self, caller: Caller, ref: str) -> SandboxRecord:
+        if not ref:
+            raise InvalidRequest("no sandbox named in the request")
+        rec = self.sandboxes.get(ref)
+        if rec is None:
+            raise SandboxNotFound(f"no sandbox {ref!r}", sandbox=ref)
+        if not caller.is_root and rec.owner_uid != caller.uid:
+            raise PermissionDenied(
+                f"sandbox {ref!r} belongs to uid {rec.owner_uid}, not to you (uid {caller.uid})",
+                uid=caller.uid,
+                sandbox=ref,
+            )
+        return rec
+
+    # --- limits -------------------------------------------------------------------
+
+    def _timeout(self, requested: float) -> float:
+        lim = self.cfg.limits
+        if requested < 0:
+            raise InvalidRequest(f"timeout {requested:g} s must not be negative")
+        if requested > lim.max_timeout_s:
+            raise InvalidRequest(f"timeout {requested:g} s exceeds the maximum of {lim.max_timeout_s:g} s")
+        return requested or lim.default_timeout_s
+
+    def _max_output(self, requested: int) -> int:
+        lim = self.cfg.limits
+        if requested < 0:
+            raise InvalidRequest("max_output_bytes must not be negative")
+        if requested > lim.max_output_bytes:
+            raise RequestTooLarge(
+                f"max_output_bytes {requested} exceeds the limit of {lim.max_output_bytes}",
+                limit=lim.max_output_bytes,
+                size=requested,
+            )
+        return requested or lim.default_max_output_bytes
+
+    def _command_size(self, size: int, what: str) -> None:
+        limit = self.cfg.limits.max_command_bytes
+        if size > limit:
+            raise RequestTooLarge(f"{what} is {size} bytes, more than the limit of {limit}", limit=limit, size=size)
+
+    # --- daemon ---------------------------------------------------------------------
+
+    def status(self, caller: Caller) -> dict[str, object]:
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "state_dir": str(self.cfg.paths.state_dir),
+            "socket": str(self.cfg.paths.socket),
+            "sandboxes": len(self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)),
+            "caller_uid": caller.uid,
+            "docker_version": self.docker_version,
+        }
+
+    # --- sandboxes ------------------------------------------------------------------
+
+    async def create(self, caller: Caller, spec: SandboxSpec) -> SandboxRecord:
+        if not spec.env:
+            raise InvalidRequest("no env given", hint="Pass an env name, e.g. --env bookworm (`crabctl env ls`).")
+        self._command_size(sum(len(k) + len(v) + 2 for k, v in spec.env_vars.items()), "the environment")
+        return await self.sandboxes.create(caller.uid, spec)
+
+    async def list_sandboxes(self, caller: Caller) -> list[SandboxRecord]:
+        out = []
+        for rec in self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid):
+            refreshed, _ = await self.sandboxes.refresh(rec)
+            out.append(refreshed)
+        return out
+
+    async def get(self, caller: Caller, ref: str) -> SandboxRecord:
+        rec, _ = await self.sandboxes.refresh(self._lookup(caller, ref))
+        return rec
+
+    async def stop(self, caller: Caller, ref: str, timeout_s: float) -> SandboxRecord:
+        if timeout_s < 0:
+            raise InvalidRequest("stop timeout must not be negative")
+        return await self.sandboxes.stop(self._lookup(caller, ref), timeout_s or None)
+
+    async def remove(self, caller: Caller, ref: str, force: bool) -> str:
+        rec = self._lookup(caller, ref)
+        await self.sandboxes.remove(rec, force=force)
+        return rec.id
+
+    # --- commands --------------------------------------------------------------------
+
+    async def exec(
+        self,
+        caller: Caller,
+        ref: str,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        workdir: str,
+        stdin: bytes,
+        timeout_s: float,
+        max_output: int,
+        user: str,
+        sink: ChunkSink | None,
+    ) -> ExecOutcome:
+        if not argv or not argv[0]:
+            raise InvalidRequest("empty command", hint="Give the program and its arguments, e.g. ['ls', '-l'].")
+        if any("\0" in a for a in argv):
+            raise InvalidRequest("command arguments must not contain NUL bytes")
+        size = sum(len(a.encode()) + 1 for a in argv) + sum(len(k) + len(v) + 2 for k, v in env.items())
+        self._command_size(size, "the command")
+        if len(stdin) > self.cfg.limits.max_stdin_bytes:
+            raise RequestTooLarge(
+                f"stdin is {len(stdin)} bytes, more than the limit of {self.cfg.limits.max_stdin_bytes}",
+                limit=self.cfg.limits.max_stdin_bytes,
+                size=len(stdin),
+            )
+        if workdir and not workdir.startswith("/"):
+            raise InvalidRequest(f"workdir {workdir!r} must be an absolute path")
+        uid, gid = parse_user(user)
+        timeout = self._timeout(timeout_s)
+        limit = self._max_output(max_output)
+        rec = self._lookup(caller, ref)
+        return await self.sandboxes.exec(
+            rec,
+            argv,
+            env=env,
+            workdir=workdir,
+            stdin=stdin,
+            timeout_s=timeout,
+            max_output=limit,
+            uid=uid,
+            gid=gid,
+            sink=sink,
+        )
+
+    async def session_run(
+        self, caller: Caller, ref: str, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None
+    ) -> ExecOutcome:
+        if not command.strip():
+            raise InvalidRequest("empty session command")
+        if "\0" in command:
+            raise InvalidRequest("session commands must not contain NUL bytes")
+        self._command_size(len(command.encode()), "the session command")
+        timeout = self._timeout(timeout_s)
+        limit = self._max_output(max_output)
+        rec = self._lookup(caller, ref)
+        return await self.sandboxes.session_run(rec, command, timeout_s=timeout, max_output=limit, sink=sink)
+
+    async def session_state(self, caller: Caller, ref: str) -> tuple[str, SessionState | None]:
+        rec = self._lookup(caller, ref)
+        return rec.id, await self.sandboxes.session_state(rec)
+
+    async def restart_session(self, caller: Caller, ref: str, state_json: str) -> tuple[str, SessionState | None]:
+        self._command_size(len(state_json.encode()), "the session state")
+        if state_json:
+            session_state.SessionState.from_json(state_json)  # validate before touching anything
+        rec = self._lookup(caller, ref)
+        return rec.id, await self.sandboxes.restart_session(rec, state_json)
+
+    # --- turns -------------------------------------------------------------------------
+
+    async def begin_turn(self, caller: Caller, ref: str) -> TurnRecord:
+        return await self.sandboxes.begin_turn(self._lookup(caller, ref))
+
+    async def end_turn(self, caller: Caller, ref: str) -> TurnRecord:
+        return await self.sandboxes.end_turn(self._lookup(caller, ref))
+
+    async def turns(self, caller: Caller, ref: str, limit: int) -> list[TurnRecord]:
+        if limit < 0:
+            raise InvalidRequest("limit must not be negative")
+        rec = self._lookup(caller, ref)
+        return self.sandboxes.registry.list_turns(rec.id, limit)

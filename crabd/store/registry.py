@@ -1,0 +1,314 @@
+"""crabd's registry of sandboxes, turns and commands, in SQLite.
+
+On disk: ``<state_dir>/registry.db`` (WAL mode, ``synchronous=FULL``, so a
+committed row survives kill -9 and power loss).  Schema (version 1)::
+
+    meta(key TEXT PRIMARY KEY, value TEXT)                 -- schema_version
+    sandboxes(id TEXT PRIMARY KEY, name TEXT UNIQUE, owner_uid INT,
+              spec_json TEXT, image TEXT, container_id TEXT,
+              state TEXT,                                  -- creating|running|stopped|dead
+              created_at REAL, exit_code INT NULL, oom_killed INT,
+              dead_reason TEXT)
+    turns(sandbox_id TEXT, number INT, started_at REAL, ended_at REAL NULL,
+          implicit INT, session_state_json TEXT NULL,
+          PRIMARY KEY(sandbox_id, number))
+    commands(sandbox_id TEXT, turn INT, seq INT, kind TEXT, command TEXT,
+             exit_code INT, timed_out INT, started_at REAL, duration_s REAL,
+             stdout_bytes INT, stderr_bytes INT,
+             PRIMARY KEY(sandbox_id, turn, seq))
+
+A sandbox row is written in state ``creating`` *before* its container is
+created and flipped to ``running`` after it started, so after a crash at any
+point the daemon knows which containers it may have made (see
+``coordinator.sandboxes``).  Turn rows of removed sandboxes are deleted with
+them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from types import TracebackType
+
+from crabd.models import CommandRecord, SandboxRecord, SandboxSpec, SandboxState, TurnRecord
+
+SCHEMA_VERSION = "1"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sandboxes(
+    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, owner_uid INTEGER NOT NULL,
+    spec_json TEXT NOT NULL, image TEXT NOT NULL, container_id TEXT NOT NULL DEFAULT '',
+    state TEXT NOT NULL, created_at REAL NOT NULL, exit_code INTEGER,
+    oom_killed INTEGER NOT NULL DEFAULT 0, dead_reason TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS turns(
+    sandbox_id TEXT NOT NULL, number INTEGER NOT NULL, started_at REAL NOT NULL,
+    ended_at REAL, implicit INTEGER NOT NULL DEFAULT 0, session_state_json TEXT,
+    PRIMARY KEY(sandbox_id, number));
+CREATE TABLE IF NOT EXISTS commands(
+    sandbox_id TEXT NOT NULL, turn INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
+    command TEXT NOT NULL, exit_code INTEGER NOT NULL, timed_out INTEGER NOT NULL,
+    started_at REAL NOT NULL, duration_s REAL NOT NULL, stdout_bytes INTEGER NOT NULL,
+    stderr_bytes INTEGER NOT NULL, PRIMARY KEY(sandbox_id, turn, seq));
+"""
+
+
+def _spec_from_json(text: str) -> SandboxSpec:
+    data = json.loads(text)
+    data["env_vars"] = dict(data.get("env_vars") or {})
+    return SandboxSpec(**data)
+
+
+class Registry:
+    """Thread-safe access to registry.db.  Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        # executescript() commits on its own; the statements are idempotent.
+        self._db.executescript(_SCHEMA)
+        self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (SCHEMA_VERSION,))
+
+    # --- plumbing -------------------------------------------------------------
+
+    def _tx(self) -> _Tx:
+        return _Tx(self._db, self._lock)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # --- sandboxes ------------------------------------------------------------
+
+    def insert_sandbox(self, rec: SandboxRecord) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO sandboxes(id, name, owner_uid, spec_json, image, container_id, state, created_at)"
+                " VALUES(?,?,?,?,?,?,?,?)",
+                (
+                    rec.id,
+                    rec.name,
+                    rec.owner_uid,
+                    json.dumps(asdict(rec.spec), sort_keys=True),
+                    rec.image,
+                    rec.container_id,
+                    rec.state.value,
+                    rec.created_at,
+                ),
+            )
+
+    def update_sandbox(
+        self,
+        sandbox_id: str,
+        *,
+        state: SandboxState | None = None,
+        container_id: str | None = None,
+        exit_code: int | None = None,
+        oom_killed: bool | None = None,
+        dead_reason: str | None = None,
+    ) -> None:
+        sets: list[str] = []
+        args: list[object] = []
+        for col, val in (
+            ("state", state.value if state else None),
+            ("container_id", container_id),
+            ("exit_code", exit_code),
+            ("oom_killed", None if oom_killed is None else int(oom_killed)),
+            ("dead_reason", dead_reason),
+        ):
+            if val is not None:
+                sets.append(f"{col}=?")
+                args.append(val)
+        if not sets:
+            return
+        with self._tx() as db:
+            db.execute(f"UPDATE sandboxes SET {', '.join(sets)} WHERE id=?", (*args, sandbox_id))
+
+    def delete_sandbox(self, sandbox_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM commands WHERE sandbox_id=?", (sandbox_id,))
+            db.execute("DELETE FROM turns WHERE sandbox_id=?", (sandbox_id,))
+            db.execute("DELETE FROM sandboxes WHERE id=?", (sandbox_id,))
+
+    def _row_to_sandbox(self, row: sqlite3.Row | tuple[object, ...]) -> SandboxRecord:
+        (sid, name, owner, spec_json, image, cid, state, created, exit_code, oom, reason) = row
+        rec = SandboxRecord(
+            id=str(sid),
+            name=str(name),
+            owner_uid=int(str(owner)),
+            spec=_spec_from_json(str(spec_json)),
+            image=str(image),
+            container_id=str(cid),
+            state=SandboxState(str(state)),
+            created_at=float(str(created)),
+            exit_code=None if exit_code is None else int(str(exit_code)),
+            oom_killed=bool(oom),
+            dead_reason=str(reason),
+        )
+        last = self._db.execute(
+            "SELECT number, ended_at FROM turns WHERE sandbox_id=? ORDER BY number DESC LIMIT 1", (rec.id,)
+        ).fetchone()
+        if last is not None:
+            rec.turn = int(last[0])
+            rec.turn_open = last[1] is None
+        return rec
+
+    _SANDBOX_COLS = (
+        "id, name, owner_uid, spec_json, image, container_id, state, created_at, exit_code, oom_killed, dead_reason"
+    )
+
+    def get_sandbox(self, ref: str) -> SandboxRecord | None:
+        """By id, then by name."""
+        with self._lock:
+            row = self._db.execute(f"SELECT {self._SANDBOX_COLS} FROM sandboxes WHERE id=?", (ref,)).fetchone()
+            if row is None:
+                row = self._db.execute(f"SELECT {self._SANDBOX_COLS} FROM sandboxes WHERE name=?", (ref,)).fetchone()
+            return None if row is None else self._row_to_sandbox(row)
+
+    def list_sandboxes(self, owner_uid: int | None = None) -> list[SandboxRecord]:
+        with self._lock:
+            if owner_uid is None:
+                rows = self._db.execute(f"SELECT {self._SANDBOX_COLS} FROM sandboxes ORDER BY created_at").fetchall()
+            else:
+                rows = self._db.execute(
+                    f"SELECT {self._SANDBOX_COLS} FROM sandboxes WHERE owner_uid=? ORDER BY created_at",
+                    (owner_uid,),
+                ).fetchall()
+            return [self._row_to_sandbox(r) for r in rows]
+
+    def name_taken(self, name: str) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM sandboxes WHERE name=? OR id=?", (name, name)).fetchone() is not None
+
+    # --- turns ----------------------------------------------------------------
+
+    def open_turn(self, sandbox_id: str, started_at: float, *, implicit: bool) -> TurnRecord:
+        with self._tx() as db:
+            row = db.execute("SELECT COALESCE(MAX(number), 0) FROM turns WHERE sandbox_id=?", (sandbox_id,)).fetchone()
+            number = int(row[0]) + 1
+            db.execute(
+                "INSERT INTO turns(sandbox_id, number, started_at, implicit) VALUES(?,?,?,?)",
+                (sandbox_id, number, started_at, int(implicit)),
+            )
+        return TurnRecord(sandbox_id, number, started_at, implicit=implicit)
+
+    def close_turn(self, sandbox_id: str, number: int, ended_at: float, session_state_json: str | None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE turns SET ended_at=?, session_state_json=? WHERE sandbox_id=? AND number=?",
+                (ended_at, session_state_json, sandbox_id, number),
+            )
+
+    def add_command(self, sandbox_id: str, turn: int, rec: CommandRecord) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO commands VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    sandbox_id,
+                    turn,
+                    rec.seq,
+                    rec.kind,
+                    rec.command,
+                    rec.exit_code,
+                    int(rec.timed_out),
+                    rec.started_at,
+                    rec.duration_s,
+                    rec.stdout_bytes,
+                    rec.stderr_bytes,
+                ),
+            )
+
+    def next_seq(self, sandbox_id: str, turn: int) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM commands WHERE sandbox_id=? AND turn=?", (sandbox_id, turn)
+            ).fetchone()
+            return int(row[0]) + 1
+
+    def list_turns(self, sandbox_id: str, limit: int = 0) -> list[TurnRecord]:
+        with self._lock:
+            q = (
+                "SELECT number, started_at, ended_at, implicit, session_state_json FROM turns WHERE sandbox_id=?"
+                " ORDER BY number DESC"
+            )
+            rows = self._db.execute(
+                q + (" LIMIT ?" if limit > 0 else ""), (sandbox_id, limit) if limit > 0 else (sandbox_id,)
+            ).fetchall()
+            turns: list[TurnRecord] = []
+            for number, started, ended, implicit, state_json in reversed(rows):
+                cmds = self._db.execute(
+                    "SELECT seq, kind, command, exit_code, timed_out, started_at, duration_s, stdout_bytes,"
+                    " stderr_bytes FROM commands WHERE sandbox_id=? AND turn=? ORDER BY seq",
+                    (sandbox_id, number),
+                ).fetchall()
+                turns.append(
+                    TurnRecord(
+                        sandbox_id,
+                        int(number),
+                        float(started),
+                        None if ended is None else float(ended),
+                        bool(implicit),
+                        [
+                            CommandRecord(
+                                int(c[0]),
+                                str(c[1]),
+                                str(c[2]),
+                                int(c[3]),
+                                bool(c[4]),
+                                float(c[5]),
+                                float(c[6]),
+                                int(c[7]),
+                                int(c[8]),
+                            )
+                            for c in cmds
+                        ],
+                        None if state_json is None else str(state_json),
+                    )
+                )
+            return turns
+
+    def latest_session_state(self, sandbox_id: str) -> str | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT session_state_json FROM turns WHERE sandbox_id=? AND session_state_json IS NOT NULL"
+                " ORDER BY number DESC LIMIT 1",
+                (sandbox_id,),
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+
+class _Tx:
+    """One write transaction under the registry lock (BEGIN IMMEDIATE ... COMMIT/ROLLBACK)."""
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.Lock) -> None:
+        self._db = db
+        self._lock = lock
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._lock.acquire()
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._db
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            self._db.execute("COMMIT" if t is None else "ROLLBACK")
+        finally:
+            self._lock.release()

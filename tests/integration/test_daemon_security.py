@@ -1,0 +1,232 @@
+"""The socket as an authority boundary, re-adoption after kill -9, the systemd unit."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from crabd.sdk import Client, EmbeddedDaemon
+from tests.conftest import REPO, have_docker, have_root, require
+
+USER_IN_GROUP = "crabtest1"
+USER_OUTSIDE = "crabtest2"
+
+
+def _ensure_user(name: str, groups: list[str]) -> tuple[int, int, bool]:
+    try:
+        pw = pwd.getpwnam(name)
+        return pw.pw_uid, pw.pw_gid, False
+    except KeyError:
+        args = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
+        if groups:
+            args += ["--groups", ",".join(groups)]
+        subprocess.run([*args, name], check=True, capture_output=True, timeout=60)
+        pw = pwd.getpwnam(name)
+        return pw.pw_uid, pw.pw_gid, True
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, tuple[int, int]]]:
+    require(have_root(), "needs root to create test users")
+    grp.getgrnam("crab")  # created by `make setup`
+    made = []
+    out = {}
+    for name, groups in ((USER_IN_GROUP, ["crab"]), (USER_OUTSIDE, [])):
+        uid, gid, created = _ensure_user(name, groups)
+        out[name] = (uid, gid)
+        if created:
+            made.append(name)
+    yield out
+    for name in made:
+        subprocess.run(["userdel", name], capture_output=True, timeout=60)
+
+
+def run_as(uid: int, gid: int, groups: list[int], socket: Path, body: str) -> dict[str, object]:
+    """Run SDK code in a child that drops to ``uid`` *before* it connects.
+
+    The interpreter and modules load as root (the venv lives under /root's
+    pyenv), then the child becomes the other user; SO_PEERCRED records the
+    credentials at connect() time, so crabd sees the real second uid.
+    """
+    head = textwrap.dedent(f"""\
+        import json, os, sys
+        from crabd.sdk import Client, CrabError
+        os.setgroups({groups!r}); os.setgid({gid}); os.setuid({uid})
+        out = {{}}
+        def attempt(key, fn):
+            try:
+                out[key] = ["ok", fn()]
+            except CrabError as e:
+                out[key] = [type(e).__name__, str(e)]
+        with Client({str(socket)!r}) as c:
+        """)
+    script = head + textwrap.indent(textwrap.dedent(body).strip() + "\n", "    ") + "print(json.dumps(out))\n"
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=str(REPO))
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_other_uid_cannot_see_or_touch_my_sandbox(
+    daemon: EmbeddedDaemon, client: Client, users: dict[str, tuple[int, int]]
+) -> None:
+    # The embedded daemon's private dir is 0700; open the path to the socket
+    # (the socket itself stays 0660 root:crab).
+    os.chmod(daemon.base, 0o711)
+    mine = client.create("busybox", name="root-owned")
+    try:
+        uid, gid = users[USER_IN_GROUP]
+        crab_gid = grp.getgrnam("crab").gr_gid
+        res = run_as(
+            uid,
+            gid,
+            [crab_gid],
+            daemon.socket,
+            f"""
+            attempt("ps", lambda: [s.id for s in c.list()])
+            attempt("get", lambda: c.get({mine.id!r}).id)
+            attempt("exec", lambda: c.get({mine.id!r}).run(["true"]).exit_code)
+            attempt("rm", lambda: c.get({mine.id!r}).remove())
+            sb = c.create("busybox", name="user-owned")
+            attempt("own_exec", lambda: sb.run(["id", "-u"]).text)
+            attempt("own_ps", lambda: [s.name for s in c.list()])
+            attempt("status_uid", lambda: c.status().caller_uid)
+        """,
+        )
+        assert res["ps"] == ["ok", []]
+        assert res["get"][0] == "PermissionDenied"  # type: ignore[index]
+        assert f"uid {uid}" in res["get"][1]  # type: ignore[index]
+        assert res["exec"][0] == "PermissionDenied"  # type: ignore[index]
+        assert res["rm"][0] == "PermissionDenied"  # type: ignore[index]
+        assert res["own_exec"] == ["ok", "0\n"]
+        assert res["own_ps"] == ["ok", ["user-owned"]]
+        assert res["status_uid"] == ["ok", uid]
+        # Root sees both; the user's sandbox is owned by the user.
+        owners = {s.name: s.info.owner_uid for s in client.list()}
+        assert owners["root-owned"] == 0 and owners["user-owned"] == uid
+        assert client.get(mine.id).info.state == "running"  # untouched
+        client.get("user-owned").remove()
+    finally:
+        mine.remove()
+
+
+def test_user_outside_group_cannot_connect(daemon: EmbeddedDaemon, users: dict[str, tuple[int, int]]) -> None:
+    os.chmod(daemon.base, 0o711)
+    uid, gid = users[USER_OUTSIDE]
+    res = run_as(
+        uid,
+        gid,
+        [],
+        daemon.socket,
+        """
+        attempt("ps", lambda: len(c.list()))
+    """,
+    )
+    assert res["ps"][0] == "DaemonUnavailable"  # type: ignore[index]
+
+
+def test_readoption_after_kill_9(tmp_path: Path) -> None:
+    require(have_docker(), "needs Docker")
+    base = Path(f"/tmp/crab-readopt-{os.getpid()}")
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(mode=0o700)
+    first = EmbeddedDaemon(state_dir=base, ephemeral=False)
+    second: EmbeddedDaemon | None = None
+    try:
+        first.start()
+        with Client(first.socket) as c:
+            sb = c.create("bookworm", name="survivor")
+            with sb.turn():
+                sb.session.run("cd /tmp; export MARK=kept; sleep 500 & echo $! > /tmp/bg.pid")
+            cid = sb.info.container_id
+        assert first.proc is not None
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(30)
+        # The sandbox kept running while crabd was dead.
+        state = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Running}}", cid], capture_output=True, text=True, timeout=60
+        ).stdout.strip()
+        assert state == "true"
+        time.sleep(0.5)
+        second = EmbeddedDaemon(state_dir=base, ephemeral=True)
+        second.start()
+        with Client(second.socket) as c:
+            again = c.get("survivor")
+            assert again.id == sb.id and again.info.state == "running"
+            # Same session bash, same background job, same state.
+            r = again.session.run("echo $MARK $PWD; kill -0 $(cat /tmp/bg.pid) && echo bg-alive")
+            assert r.stdout == b"kept /tmp\nbg-alive\n"
+            # Turn 1 survived in the registry; the command above opened turn 2.
+            turns = again.turns()
+            assert [t.number for t in turns] == [1, 2] and turns[0].has_session_state and turns[1].implicit
+
+    finally:
+        for d in (second, first):
+            if d is not None:
+                d.close()
+        from crabd.daemon.app import instance_id
+
+        inst = instance_id(base / "state")
+        leftover = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label=dev.crab.instance={inst}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.split()
+        if leftover:
+            subprocess.run(["docker", "rm", "-f", *leftover], capture_output=True, timeout=120)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_dead_container_found_at_adoption(tmp_path: Path) -> None:
+    base = Path(f"/tmp/crab-adopt-dead-{os.getpid()}")
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(mode=0o700)
+    d = EmbeddedDaemon(state_dir=base, ephemeral=False)
+    try:
+        d.start()
+        with Client(d.socket) as c:
+            sb = c.create("busybox", name="doomed")
+        d.close()
+        subprocess.run(["docker", "kill", sb.info.container_id], capture_output=True, timeout=60, check=True)
+        d = EmbeddedDaemon(state_dir=base, ephemeral=True)
+        d.start()
+        with Client(d.socket) as c:
+            info = c.get("doomed").info
+        assert info.state == "dead" and info.exit_code == 137
+    finally:
+        d.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_systemd_unit_verifies(crab_tmp: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    require(analyze is not None, "systemd-analyze is not installed")
+    assert analyze is not None
+    unit = (REPO / "systemd" / "crabd.service").read_text()
+    crabd_bin = Path(sys.executable).with_name("crabd")
+    # Verify the shipped unit, pointing ExecStart at this checkout's crabd.
+    unit = unit.replace("/opt/crab/venv/bin/crabd", str(crabd_bin))
+    target = crab_tmp / "crabd.service"
+    target.write_text(unit)
+    done = subprocess.run([analyze, "verify", str(target)], capture_output=True, text=True, timeout=120)
+    problems = [
+        line
+        for line in (done.stderr + done.stdout).splitlines()
+        if "crabd.service" in line and "docker.service" not in line
+    ]
+    assert done.returncode == 0 or not problems, done.stderr
+    assert "Type=notify" in unit and "WatchdogSec=" in unit

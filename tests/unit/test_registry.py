@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from crabd.models import CommandRecord, SandboxRecord, SandboxSpec, SandboxState
+from crabd.store.registry import Registry
+
+
+def _rec(sid: str, name: str, owner: int = 0) -> SandboxRecord:
+    spec = SandboxSpec(env="busybox", name=name, cpus=0.5, env_vars={"A": "b"})
+    return SandboxRecord(sid, name, owner, spec, "img", "", SandboxState.CREATING, time.time())
+
+
+def test_sandbox_rows_round_trip_and_survive_reopen(tmp_path: Path) -> None:
+    db = tmp_path / "registry.db"
+    with Registry(db) as reg:
+        reg.insert_sandbox(_rec("a1", "one", owner=1000))
+        reg.update_sandbox("a1", state=SandboxState.RUNNING, container_id="c" * 64)
+    with Registry(db) as reg:
+        got = reg.get_sandbox("one")
+        assert got is not None and got.id == "a1" and got.owner_uid == 1000
+        assert got.state is SandboxState.RUNNING and got.container_id == "c" * 64
+        assert got.spec.env_vars == {"A": "b"} and got.spec.cpus == 0.5
+        assert reg.get_sandbox("a1") is not None
+        assert reg.get_sandbox("zzz") is None
+        assert [r.id for r in reg.list_sandboxes(1000)] == ["a1"]
+        assert reg.list_sandboxes(0) == []
+        assert reg.name_taken("one") and reg.name_taken("a1") and not reg.name_taken("two")
+
+
+def test_names_are_unique(tmp_path: Path) -> None:
+    import sqlite3
+
+    with Registry(tmp_path / "r.db") as reg:
+        reg.insert_sandbox(_rec("a1", "same"))
+        with pytest.raises(sqlite3.IntegrityError):
+            reg.insert_sandbox(_rec("a2", "same"))
+        assert [r.id for r in reg.list_sandboxes(None)] == ["a1"]
+
+
+def test_turns_commands_and_session_state(tmp_path: Path) -> None:
+    with Registry(tmp_path / "r.db") as reg:
+        reg.insert_sandbox(_rec("a1", "one"))
+        t1 = reg.open_turn("a1", 1.0, implicit=False)
+        assert t1.number == 1
+        reg.add_command("a1", 1, CommandRecord(reg.next_seq("a1", 1), "exec", "ls", 0, False, 1.0, 0.1, 3, 0))
+        reg.add_command("a1", 1, CommandRecord(reg.next_seq("a1", 1), "session", "cd /", 0, False, 1.2, 0.1, 0, 0))
+        reg.close_turn("a1", 1, 2.0, '{"cwd": "/"}')
+        t2 = reg.open_turn("a1", 3.0, implicit=True)
+        assert t2.number == 2
+        turns = reg.list_turns("a1")
+        assert [t.number for t in turns] == [1, 2]
+        assert [c.seq for c in turns[0].commands] == [1, 2] and turns[0].ended_at == 2.0
+        assert turns[1].open and turns[1].implicit
+        assert reg.latest_session_state("a1") == '{"cwd": "/"}'
+        assert [t.number for t in reg.list_turns("a1", limit=1)] == [2]
+        rec = reg.get_sandbox("a1")
+        assert rec is not None and rec.turn == 2 and rec.turn_open
+        reg.delete_sandbox("a1")
+        assert reg.list_turns("a1") == [] and reg.get_sandbox("a1") is None
+
+
+def test_wal_mode(tmp_path: Path) -> None:
+    import sqlite3
+
+    with Registry(tmp_path / "r.db"):
+        mode = sqlite3.connect(tmp_path / "r.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"

@@ -1,0 +1,92 @@
+"""Session state: capture, JSON, and re-application to a fresh bash."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from crabd.errors import SessionStateError
+from crabd.runtime import session_state as ss
+from tests.unit.bashproc import Bash
+
+SETUP = r"""
+mkdir -p '/tmp/crab st/a b' && cd '/tmp/crab st/a b'
+export WEIRD=$'line1\nline2 "q" \'s\' = \xff\xfe'
+export PLAIN=x=y
+declare -A ASSOC=([key one]=v1 [k2]=$'v\n2')
+declare -a SPARSE=([1]=a [7]=b)
+declare -i NUM=41+1
+declare -r FIXED=constant
+lower=UPPER; declare -l lower
+greet() { echo "hi $1"; }
+export -f greet
+shopt -s expand_aliases extglob globstar
+alias say='echo said'
+set -o pipefail
+umask 027
+trap 'echo bye' EXIT
+pushd /usr >/dev/null; pushd /var >/dev/null; cd '/tmp/crab st/a b'
+"""
+
+
+def capture(b: Bash) -> ss.SessionState:
+    r = b.run(ss.CAPTURE_COMMAND, keep=True)
+    assert r is not None and r.exit_code == 0, r and r.stderr
+    return ss.parse_state(r.stdout)
+
+
+def test_round_trip_to_a_fresh_bash() -> None:
+    a = Bash()
+    b = Bash({"PATH": "/usr/bin:/bin", "HOME": "/root", "STRAY": "must go"})
+    try:
+        r = a.run(SETUP)
+        assert r is not None and r.exit_code == 0, r and r.stderr
+        state = capture(a)
+        assert state.cwd == "/tmp/crab st/a b"
+        assert state.env["WEIRD"].encode("utf-8", "surrogateescape").endswith(b"\xff\xfe")
+        again = ss.SessionState.from_json(state.to_json())
+        assert again == state
+        r = b.run(ss.render_restore_script(again))
+        assert r is not None, "bash died"
+        assert r.exit_code == 0, r.stderr
+        restored = capture(b)
+        for f in dataclasses.fields(ss.SessionState):
+            assert getattr(restored, f.name) == getattr(state, f.name), f.name
+        behaviour = b.run('greet x; say; echo "${ASSOC[key one]}" $NUM ${SPARSE[7]} $lower; umask; echo ${STRAY:-gone}')
+        assert behaviour is not None
+        assert behaviour.stdout == b"hi x\nsaid\nv1 42 b UPPER\n0027\ngone\n"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_missing_cwd_falls_back_to_root() -> None:
+    state = ss.SessionState(cwd="/no/such/dir")
+    b = Bash()
+    try:
+        r = b.run(ss.render_restore_script(state))
+        assert r is not None and b"is gone" in r.stderr
+        r2 = b.run("pwd")
+        assert r2 is not None and r2.stdout == b"/\n"
+    finally:
+        b.close()
+
+
+def test_garbage_is_refused() -> None:
+    with pytest.raises(SessionStateError):
+        ss.parse_state(b"not a capture")
+    with pytest.raises(SessionStateError):
+        ss.SessionState.from_json('{"no": "cwd"}')
+    with pytest.raises(SessionStateError):
+        ss.SessionState.from_json("[")
+
+
+def test_bash_quote_is_exact() -> None:
+    b = Bash()
+    try:
+        value = "a'b\\c\n\t" + b"\xff".decode("utf-8", "surrogateescape")
+        r = b.run(f"printf %s {ss.bash_quote(value)}")
+        assert r is not None and r.stdout == value.encode("utf-8", "surrogateescape")
+    finally:
+        b.close()

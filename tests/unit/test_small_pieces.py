@@ -1,0 +1,109 @@
+"""Small, pure pieces: caller table, notify, memory sizes, spec validation, output bounds."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from crabd.api.peercred import PEER_PREFIX, CallerTable, peer_credentials
+from crabd.coordinator.runner import BoundedOutput
+from crabd.coordinator.sandboxes import validate_spec
+from crabd.daemon import notify
+from crabd.errors import InvalidRequest
+from crabd.models import Caller, SandboxSpec
+from crabd.sdk._requests import parse_memory
+from crabd.service.service import parse_user
+
+
+def test_caller_table_resolves_only_live_tokens() -> None:
+    table = CallerTable()
+    token = table.add(Caller(1000, 1000, 42))
+    assert table.resolve(f"unix-abstract:{PEER_PREFIX}{token}") == Caller(1000, 1000, 42)
+    assert table.resolve("unix-abstract:crab-peer-forged") is None
+    assert table.resolve("unix:") is None
+    table.drop(token)
+    assert table.resolve(f"unix-abstract:{PEER_PREFIX}{token}") is None
+
+
+def test_peer_credentials_of_a_socketpair() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b:
+        import os
+
+        assert peer_credentials(a) == Caller(os.getuid(), os.getgid(), os.getpid())
+
+
+def test_notify_sends_datagram(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "notify.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(str(path))
+    with srv:
+        monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+        assert notify.notify("READY=1")
+        assert srv.recv(100) == b"READY=1"
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    assert notify.notify("READY=1") is False
+
+
+def test_watchdog_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    assert notify.watchdog_interval() is None
+    monkeypatch.setenv("WATCHDOG_USEC", "30000000")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    assert notify.watchdog_interval() == 15.0
+    monkeypatch.setenv("WATCHDOG_PID", "1")
+    assert notify.watchdog_interval() is None
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("512m", 512 << 20), ("2g", 2 << 30), ("1.5GiB", 3 << 29), (None, 0), (123, 123), ("4096", 4096)],
+)
+def test_parse_memory(text: str | int | None, value: int) -> None:
+    assert parse_memory(text) == value
+
+
+def test_parse_memory_rejects_garbage() -> None:
+    with pytest.raises(InvalidRequest, match="512m"):
+        parse_memory("lots")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SandboxSpec(env="x", name="has space"),
+        SandboxSpec(env="x", cpus=-1),
+        SandboxSpec(env="x", memory_bytes=10),
+        SandboxSpec(env="x", workdir="relative"),
+        SandboxSpec(env="x", env_vars={"1BAD": "v"}),
+        SandboxSpec(env="x", env_vars={"OK": "nul\0"}),
+        SandboxSpec(env="x", pids=-5),
+    ],
+)
+def test_validate_spec_rejects(spec: SandboxSpec) -> None:
+    with pytest.raises(InvalidRequest):
+        validate_spec(spec)
+
+
+def test_validate_spec_accepts_defaults() -> None:
+    validate_spec(SandboxSpec(env="x", name="ok-name_1.2", memory_bytes=64 << 20, env_vars={"A_1": "x=y"}))
+
+
+def test_parse_user() -> None:
+    assert parse_user("") == (None, None)
+    assert parse_user("1000") == (1000, 1000)
+    assert parse_user("1000:5") == (1000, 5)
+    for bad in ("root", "1:x", "-1"):
+        with pytest.raises(InvalidRequest):
+            parse_user(bad)
+
+
+def test_bounded_output_keeps_head_and_counts() -> None:
+    b = BoundedOutput(5)
+    assert b.add(b"abc") == b"abc"
+    assert b.add(b"defgh") == b"de"
+    assert b.add(b"xyz") == b""
+    assert b.dropped == 6
+    assert b.value("stdout").startswith(b"abcde\n[crab: stdout truncated, 6 more bytes dropped]")

@@ -1,0 +1,50 @@
+"""CrabError survives the trip through gRPC status + metadata."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from crabd.api import errors as wire
+from crabd.errors import CrabError, DaemonUnavailable, PermissionDenied, SandboxDead
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str, trailers: Any = ()) -> None:
+        self._code, self._details, self._trailers = code, details, trailers
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> Any:
+        return self._trailers
+
+
+def test_round_trip_keeps_class_attrs_and_hint() -> None:
+    err = SandboxDead("sandbox x is dead", sandbox="x", container_id="c", exit_code=137, oom_killed=True, reason="OOM")
+    code, message, trailers = wire.encode(err)
+    assert code is grpc.StatusCode.FAILED_PRECONDITION
+    back = wire.decode(FakeRpcError(code, message, trailers))
+    assert type(back) is SandboxDead
+    assert back.exit_code == 137 and back.oom_killed is True and back.reason == "OOM"
+    assert back.hint == err.hint and str(back) == "sandbox x is dead"
+
+
+def test_permission_denied_code() -> None:
+    code, _, _ = wire.encode(PermissionDenied("no", uid=5, sandbox="s"))
+    assert code is grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_transport_errors_become_daemon_unavailable() -> None:
+    back = wire.decode(FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connect failed"), socket="/x.sock")
+    assert isinstance(back, DaemonUnavailable) and "/x.sock" in str(back)
+
+
+def test_unknown_kind_falls_back_to_base() -> None:
+    trailers = ((wire.METADATA_KEY, '{"kind": "FutureError", "message": "m", "hint": "h", "attrs": {}}'),)
+    back = wire.decode(FakeRpcError(grpc.StatusCode.INTERNAL, "m", trailers))
+    assert type(back) is CrabError and back.hint == "h"
