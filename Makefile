@@ -45,6 +45,8 @@ proto: venv
 
 demo: setup
 	@$(VENV)/bin/crabctl doctor
+	@$(PY) -m crabd.demo
+
 
 test: setup lint
 	@$(VENV)/bin/pytest -rxs $(PYTEST_ARGS) tests

@@ -1,0 +1,98 @@
+"""The main-job demo: a real sandbox driven like an agent would, through a private crabd.
+
+    make demo          # or: .venv/bin/python -m crabd.demo
+
+Each step prints what it does and what came back, and the demo fails loudly
+(non-zero exit) if any result is not what crab promises.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from crabd.sdk import Client, ExecResult, Sandbox
+
+con = Console()
+
+
+def step(title: str) -> None:
+    con.rule(f"[bold]{title}")
+
+
+def show(cmd: str, r: ExecResult) -> None:
+    con.print(f"[cyan]$ {cmd}[/cyan]  [dim](exit {r.exit_code}, {r.duration_s * 1000:.1f} ms)[/dim]")
+    if r.stdout:
+        con.print(r.stdout.decode("utf-8", "replace").rstrip(), highlight=False, markup=False)
+    if r.stderr:
+        con.print(r.stderr.decode("utf-8", "replace").rstrip(), style="yellow", highlight=False, markup=False)
+
+
+def check(ok: bool, what: str) -> None:
+    if not ok:
+        con.print(f"[red]DEMO FAILED: {what}[/red]")
+        sys.exit(1)
+    con.print(f"[green]✓[/green] {what}")
+
+
+def agent_turn(sb: Sandbox, *commands: str) -> list[ExecResult]:
+    results = []
+    with sb.turn() as t:
+        con.print(f"[bold]turn {t.number}[/bold]")
+        for cmd in commands:
+            r = sb.session.run(cmd)
+            show(cmd, r)
+            results.append(r)
+    return results
+
+
+def main() -> None:
+    t0 = time.monotonic()
+    step("start a private crabd (embedded mode) and a Debian sandbox")
+    with Client.embedded() as client, client.create("bookworm", name="demo", memory="512m") as sb:
+        st = client.status()
+        con.print(f"crabd {st.version} pid {st.pid}, state {st.state_dir}; sandbox {sb.name} ({sb.id})")
+
+        step("agent turns in a persistent shell session")
+        agent_turn(
+            sb,
+            "mkdir -p /work/app && cd /work/app",
+            "printf 'def add(a, b):\\n    return a + b\\n' > calc.py && export APP_ENV=dev",
+        )
+        r = agent_turn(sb, "python3 -c 'import calc; print(calc.add(2, 3))'", "echo $APP_ENV $PWD")
+        check(r[0].stdout == b"5\n", "the session kept its working directory between turns")
+        check(r[1].stdout == b"dev /work/app\n", "exported variables persisted")
+
+        step("a background server keeps running across turns")
+        agent_turn(sb, "python3 -m http.server 8000 --bind 127.0.0.1 >/tmp/http.log 2>&1 & echo started $!")
+        r = agent_turn(
+            sb,
+            'sleep 0.5; python3 -c "import urllib.request as u; '
+            "print(u.urlopen('http://127.0.0.1:8000/calc.py').status)\"",
+        )
+        check(r[0].stdout == b"200\n", "the server started in an earlier turn answers")
+
+        step("every process descends from crab's init (PID 1), so CRIU will see it")
+        r = sb.run(["ps", "-eo", "pid,ppid,args"])
+        show("ps -eo pid,ppid,args", r)
+        check(b"/.crab/init" in r.stdout.splitlines()[1], "PID 1 is crab-init")
+
+        step("the turn log crabd recorded")
+        table = Table("turn", "kind", "exit", "command")
+        for t in sb.turns():
+            for c in t.commands:
+                table.add_row(str(t.number), c.kind, str(c.exit_code), c.command[:70])
+        con.print(table)
+        state = sb.session.state()
+        check(
+            state["cwd"] == "/work/app" and state["env"].get("APP_ENV") == "dev",
+            "the session's semantic state was captured at turn end",
+        )
+    con.rule(f"[bold green]demo done in {time.monotonic() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
