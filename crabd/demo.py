@@ -76,9 +76,10 @@ def main() -> None:
         check(r[0].stdout == b"200\n", "the server started in an earlier turn answers")
 
         step("every process descends from crab's init (PID 1), so CRIU will see it")
-        r = sb.run(["ps", "-eo", "pid,ppid,args"])
-        show("ps -eo pid,ppid,args", r)
-        check(b"/.crab/init" in r.stdout.splitlines()[1], "PID 1 is crab-init")
+        ps = sb.run(["ps", "-eo", "pid,ppid,args"])
+        show("ps -eo pid,ppid,args", ps)
+        check(b"/.crab/init" in ps.stdout.splitlines()[1], "PID 1 is crab-init")
+
 
         step("the turn log crabd recorded")
         table = Table("turn", "kind", "exit", "command")
