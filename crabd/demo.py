@@ -80,7 +80,6 @@ def main() -> None:
         show("ps -eo pid,ppid,args", ps)
         check(b"/.crab/init" in ps.stdout.splitlines()[1], "PID 1 is crab-init")
 
-
         step("the turn log crabd recorded")
         table = Table("turn", "kind", "exit", "command")
         for t in sb.turns():
