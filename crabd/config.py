@@ -58,6 +58,15 @@ class LimitsConfig(_Model):
     stop_timeout_s: float = Field(10.0, ge=0, description="grace before SIGKILL when stopping a sandbox")
 
 
+class CheckpointConfig(_Model):
+    """Bounds and tuning of filesystem checkpoints."""
+
+    max_entries: int = Field(500_000, gt=0, description="most files/dirs one sandbox's changes may hold")
+    max_depth: int = Field(1000, gt=0, le=4000, description="deepest directory nesting captured")
+    zstd_level: int = Field(3, ge=1, le=19, description="compression level of stored blobs")
+    page_cache_entries: int = Field(1_000_000, ge=0, description="decoded index entries kept in memory")
+
+
 class CrabConfig(_Model):
     """The whole configuration file."""
 
@@ -65,6 +74,7 @@ class CrabConfig(_Model):
     docker: DockerConfig = DockerConfig()
     doctor: DoctorConfig = DoctorConfig()
     limits: LimitsConfig = LimitsConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

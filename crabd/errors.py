@@ -178,6 +178,55 @@ class SessionStateError(InvalidRequest):
     default_hint = "Pass a state obtained from session.state() / GetSessionState, unmodified."
 
 
+# --- checkpoint store and filesystem layers ------------------------------------
+
+
+class StoreError(CrabError):
+    """The checkpoint store failed."""
+
+    default_hint = "Run `crabctl verify`; the crabd log has details."
+
+
+class StoreFull(StoreError):
+    """No space left for checkpoint data.  Attribute: ``path``."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    default_hint = "Free disk space or run `crabctl gc`; earlier checkpoints are intact and the sandbox keeps running."
+
+
+class CorruptBlob(StoreError):
+    """A stored blob does not match its hash.  Attributes: ``blob``, ``checkpoints``."""
+
+    grpc_code = "DATA_LOSS"
+    blob: str
+    checkpoints: list[str]
+    default_hint = "Run `crabctl verify` to list every affected checkpoint; restore from another one."
+
+
+class CheckpointNotFound(NotFound):
+    """No checkpoint with this id (or not visible to the caller).  Attribute: ``checkpoint``."""
+
+    checkpoint: str
+    default_hint = "List checkpoints with `crabctl checkpoint ls SANDBOX`."
+
+
+class TooManyEntries(StoreError):
+    """A sandbox's tree exceeds a checkpoint bound (entries or depth).  Attribute: ``limit``."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    limit: int
+    default_hint = (
+        "The sandbox holds more files (or deeper trees) than [checkpoint] max_entries / max_depth allow; "
+        "clean up or raise the limit in crabd.toml.  The sandbox keeps running and earlier checkpoints are intact."
+    )
+
+
+class UnsafeEntry(StoreError):
+    """A checkpoint entry would write outside its tree.  Attribute: ``path``."""
+
+    default_hint = "The checkpoint is refused as a whole; nothing was written outside the sandbox."
+
+
 class DaemonUnavailable(CrabError):
     """The SDK cannot reach crabd.  Attribute: ``socket``."""
 
@@ -263,6 +312,12 @@ for _cls in (
     InitSpawnError,
     SessionCommandError,
     SessionStateError,
+    StoreError,
+    StoreFull,
+    CorruptBlob,
+    CheckpointNotFound,
+    TooManyEntries,
+    UnsafeEntry,
     DaemonUnavailable,
 ):
     register(_cls)

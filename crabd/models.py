@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 
 class SandboxState(StrEnum):
@@ -38,6 +39,9 @@ class SandboxSpec:
     network: bool = False
     env_vars: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
+    #: When crabd checkpoints on its own: "fs" (a filesystem checkpoint at
+    #: creation and at every turn end) or "none" (only when asked).
+    checkpoints: str = "fs"
 
 
 @dataclass
@@ -58,6 +62,10 @@ class SandboxRecord:
     ip_address: str = ""
     turn: int = 0
     turn_open: bool = False
+    #: The checkpoint this sandbox was forked from ("" if created fresh).
+    origin: str = ""
+    #: Bumped by every in-place restore: checkpoints after it form a new branch.
+    branch: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,3 +110,28 @@ class ExecOutcome:
     turn: int = 0
     seq: int = 0
     session_ended: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One published checkpoint (see ``store/db.py`` for the table and ``store/catalog.py`` for the rules)."""
+
+    id: str
+    sandbox_id: str
+    sandbox_name: str
+    owner_uid: int
+    parent_id: str | None
+    branch: int
+    turn: int
+    kind: str  # "fs" | "full"
+    created_at: float
+    label: str
+    image: str
+    spec_json: str
+    index_blob: str
+    delta_blob: str
+    session_blob: str | None = None
+    process_blob: str | None = None
+    racy_ns: int = 0
+    kept: bool = False
+    stats: dict[str, Any] = field(default_factory=dict)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from crabd.api.v1 import crab_pb2 as pb
-from crabd.models import CommandRecord, ExecOutcome, SandboxRecord, SandboxSpec, TurnRecord
+from crabd.backends.fsdelta import Change
+from crabd.coordinator.tree import TreeView
+from crabd.models import CheckpointRecord, CommandRecord, ExecOutcome, SandboxRecord, SandboxSpec, TurnRecord
+from crabd.store.maintenance import GcReport, VerifyReport
 
 
 def spec_from_pb(req: pb.CreateSandboxRequest) -> SandboxSpec:
@@ -16,10 +19,11 @@ def spec_from_pb(req: pb.CreateSandboxRequest) -> SandboxSpec:
         network=req.network,
         env_vars=dict(req.env_vars),
         workdir=req.workdir or "/",
+        checkpoints=req.checkpoints or "fs",
     )
 
 
-def sandbox_to_pb(rec: SandboxRecord) -> pb.Sandbox:
+def sandbox_to_pb(rec: SandboxRecord, head: str = "") -> pb.Sandbox:
     s = rec.spec
     return pb.Sandbox(
         id=rec.id,
@@ -40,6 +44,10 @@ def sandbox_to_pb(rec: SandboxRecord) -> pb.Sandbox:
         dead_reason=rec.dead_reason,
         turn=rec.turn,
         turn_open=rec.turn_open,
+        checkpoints=s.checkpoints,
+        origin=rec.origin,
+        branch=rec.branch,
+        head=head,
     )
 
 
@@ -82,4 +90,90 @@ def turn_to_pb(t: TurnRecord) -> pb.Turn:
         implicit=t.implicit,
         commands=[command_to_pb(c) for c in t.commands],
         has_session_state=t.session_state_json is not None,
+    )
+
+
+def _i(stats: dict[str, object], key: str) -> int:
+    v = stats.get(key, 0)
+    return int(v) if isinstance(v, int | float) else 0
+
+
+def _f(stats: dict[str, object], key: str) -> float:
+    v = stats.get(key, 0.0)
+    return float(v) if isinstance(v, int | float) else 0.0
+
+
+def checkpoint_to_pb(c: CheckpointRecord) -> pb.Checkpoint:
+    st = c.stats
+    return pb.Checkpoint(
+        id=c.id,
+        sandbox_id=c.sandbox_id,
+        sandbox_name=c.sandbox_name,
+        owner_uid=c.owner_uid,
+        parent_id=c.parent_id or "",
+        branch=c.branch,
+        turn=c.turn,
+        kind=c.kind,
+        created_at=c.created_at,
+        label=c.label,
+        has_session_state=c.session_blob is not None,
+        image=c.image,
+        kept=c.kept,
+        stats=pb.CheckpointStats(
+            entries=_i(st, "entries"),
+            changed=_i(st, "changed"),
+            deleted=_i(st, "deleted"),
+            logical_bytes=_i(st, "logical_bytes"),
+            bytes_read=_i(st, "bytes_read"),
+            new_bytes=_i(st, "new_bytes"),
+            freeze_s=_f(st, "freeze_s"),
+            prescan_s=_f(st, "prescan_s"),
+            total_s=_f(st, "total_s"),
+        ),
+    )
+
+
+def detail_to_pb(
+    c: CheckpointRecord, changes: list[Change], truncated: bool, session_json: str | None, lineage: list[str]
+) -> pb.CheckpointDetail:
+    return pb.CheckpointDetail(
+        checkpoint=checkpoint_to_pb(c),
+        changes=[pb.ChangedPath(path=x.path, change=x.change, kind=x.kind) for x in changes],
+        changes_truncated=truncated,
+        session_state_json=session_json or "",
+        lineage=lineage,
+    )
+
+
+def tree_to_pb(view: TreeView) -> pb.TreeResponse:
+    return pb.TreeResponse(
+        checkpoints=[checkpoint_to_pb(c) for c in view.nodes],
+        sandboxes=[
+            pb.TreeSandbox(id=sb.id, name=sb.name, state=sb.state.value, head=head, origin=sb.origin)
+            for sb, head in view.sandboxes.values()
+        ],
+        truncated=view.truncated,
+    )
+
+
+def gc_to_pb(r: GcReport) -> pb.GcResponse:
+    return pb.GcResponse(
+        blobs_removed=r.blobs_removed,
+        bytes_freed=r.bytes_freed,
+        tmp_bytes_freed=r.tmp_bytes_freed,
+        live_blobs=r.live_blobs,
+        live_bytes=r.live_bytes,
+        seconds=r.seconds,
+    )
+
+
+def verify_to_pb(r: VerifyReport) -> pb.VerifyResponse:
+    return pb.VerifyResponse(
+        blobs_checked=r.blobs_checked,
+        bytes_checked=r.bytes_checked,
+        problems=[
+            pb.BlobProblem(blob=p.blob, problem=p.problem, checkpoints=p.checkpoints, sandboxes=p.sandboxes)
+            for p in r.problems
+        ],
+        seconds=r.seconds,
     )

@@ -17,7 +17,17 @@ from typing import Any, TypeVar
 import grpc
 
 from crabd.api import errors as wire_errors
-from crabd.api.convert import outcome_to_pb, sandbox_to_pb, spec_from_pb, turn_to_pb
+from crabd.api.convert import (
+    checkpoint_to_pb,
+    detail_to_pb,
+    gc_to_pb,
+    outcome_to_pb,
+    sandbox_to_pb,
+    spec_from_pb,
+    tree_to_pb,
+    turn_to_pb,
+    verify_to_pb,
+)
 from crabd.api.peercred import CallerTable
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
@@ -83,19 +93,22 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context: Any) -> pb.Sandbox:
         async def go(c: Caller) -> pb.Sandbox:
-            return sandbox_to_pb(await self.service.create(c, spec_from_pb(request)))
+            rec = await self.service.create(c, spec_from_pb(request))
+            return sandbox_to_pb(rec, self.service.head_of(rec.id))
 
         return await self._call(context, go)
 
     async def ListSandboxes(self, request: pb.ListSandboxesRequest, context: Any) -> pb.ListSandboxesResponse:
         async def go(c: Caller) -> pb.ListSandboxesResponse:
-            return pb.ListSandboxesResponse(sandboxes=[sandbox_to_pb(r) for r in await self.service.list_sandboxes(c)])
+            recs = await self.service.list_sandboxes(c)
+            return pb.ListSandboxesResponse(sandboxes=[sandbox_to_pb(r, self.service.head_of(r.id)) for r in recs])
 
         return await self._call(context, go)
 
     async def GetSandbox(self, request: pb.SandboxRef, context: Any) -> pb.Sandbox:
         async def go(c: Caller) -> pb.Sandbox:
-            return sandbox_to_pb(await self.service.get(c, request.sandbox))
+            rec = await self.service.get(c, request.sandbox)
+            return sandbox_to_pb(rec, self.service.head_of(rec.id))
 
         return await self._call(context, go)
 
@@ -107,7 +120,8 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def RemoveSandbox(self, request: pb.RemoveSandboxRequest, context: Any) -> pb.RemoveSandboxResponse:
         async def go(c: Caller) -> pb.RemoveSandboxResponse:
-            return pb.RemoveSandboxResponse(id=await self.service.remove(c, request.sandbox, request.force))
+            sid = await self.service.remove(c, request.sandbox, request.force, request.keep_checkpoints)
+            return pb.RemoveSandboxResponse(id=sid)
 
         return await self._call(context, go)
 
@@ -213,5 +227,65 @@ class CrabServicer(pb_grpc.CrabServicer):
         async def go(c: Caller) -> pb.ListTurnsResponse:
             turns = await self.service.turns(c, request.sandbox, request.limit)
             return pb.ListTurnsResponse(turns=[turn_to_pb(t) for t in turns])
+
+        return await self._call(context, go)
+
+    # --- checkpoints ---------------------------------------------------------------------------
+
+    async def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: Any) -> pb.Checkpoint:
+        async def go(c: Caller) -> pb.Checkpoint:
+            return checkpoint_to_pb(await self.service.create_checkpoint(c, request.sandbox, request.label))
+
+        return await self._call(context, go)
+
+    async def ListCheckpoints(self, request: pb.ListCheckpointsRequest, context: Any) -> pb.ListCheckpointsResponse:
+        async def go(c: Caller) -> pb.ListCheckpointsResponse:
+            recs = await self.service.list_checkpoints(c, request.sandbox)
+            return pb.ListCheckpointsResponse(checkpoints=[checkpoint_to_pb(r) for r in recs])
+
+        return await self._call(context, go)
+
+    async def GetCheckpoint(self, request: pb.CheckpointRef, context: Any) -> pb.CheckpointDetail:
+        async def go(c: Caller) -> pb.CheckpointDetail:
+            return detail_to_pb(*await self.service.describe_checkpoint(c, request.checkpoint))
+
+        return await self._call(context, go)
+
+    async def DeleteCheckpoint(self, request: pb.CheckpointRef, context: Any) -> pb.DeleteCheckpointResponse:
+        async def go(c: Caller) -> pb.DeleteCheckpointResponse:
+            freed = await self.service.delete_checkpoint(c, request.checkpoint)
+            return pb.DeleteCheckpointResponse(id=request.checkpoint, bytes_freed=freed)
+
+        return await self._call(context, go)
+
+    async def Restore(self, request: pb.RestoreRequest, context: Any) -> pb.Sandbox:
+        async def go(c: Caller) -> pb.Sandbox:
+            rec = await self.service.restore(c, request.sandbox, request.checkpoint, request.turn)
+            return sandbox_to_pb(rec, self.service.head_of(rec.id))
+
+        return await self._call(context, go)
+
+    async def Fork(self, request: pb.ForkRequest, context: Any) -> pb.ForkResponse:
+        async def go(c: Caller) -> pb.ForkResponse:
+            ckpt, recs = await self.service.fork(c, request.checkpoint, request.sandbox, request.n, request.name_prefix)
+            return pb.ForkResponse(checkpoint=ckpt, sandboxes=[sandbox_to_pb(r, ckpt) for r in recs])
+
+        return await self._call(context, go)
+
+    async def GetTree(self, request: pb.TreeRequest, context: Any) -> pb.TreeResponse:
+        async def go(c: Caller) -> pb.TreeResponse:
+            return tree_to_pb(await self.service.tree(c, request.sandbox, request.checkpoint))
+
+        return await self._call(context, go)
+
+    async def GarbageCollect(self, request: pb.GcRequest, context: Any) -> pb.GcResponse:
+        async def go(c: Caller) -> pb.GcResponse:
+            return gc_to_pb(await self.service.gc(c))
+
+        return await self._call(context, go)
+
+    async def Verify(self, request: pb.VerifyRequest, context: Any) -> pb.VerifyResponse:
+        async def go(c: Caller) -> pb.VerifyResponse:
+            return verify_to_pb(await self.service.verify(c))
 
         return await self._call(context, go)

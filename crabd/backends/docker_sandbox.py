@@ -7,6 +7,7 @@ specific CrabError) here, at the boundary.
 from __future__ import annotations
 
 import re
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,9 @@ import docker.errors
 import docker.types
 import requests
 
+from crabd.backends import cgroup_freezer
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus
-from crabd.errors import DockerError, ImageError
+from crabd.errors import DockerError, HostError, ImageError
 from crabd.models import SandboxSpec
 
 #: Default pids limit when the spec leaves it at 0: a fork bomb in a sandbox
@@ -89,7 +91,16 @@ class DockerSandboxBackend:
         except (docker.errors.DockerException, requests.RequestException) as exc:
             raise DockerError(f"inspect image {image}: {exc}") from exc
 
-    def create(self, sandbox_id: str, spec: SandboxSpec, image: str, init_binary: Path, labels: dict[str, str]) -> str:
+    def create(
+        self,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        image: str,
+        init_binary: Path,
+        labels: dict[str, str],
+        *,
+        generation: str = "",
+    ) -> str:
         host_config = self._api.create_host_config(
             binds={str(init_binary): {"bind": INIT_PATH_IN_SANDBOX, "mode": "ro"}},
             network_mode="bridge" if spec.network else "none",
@@ -111,7 +122,7 @@ class DockerSandboxBackend:
             "create container",
             self._api.create_container,
             image=image,
-            name=f"crab-{sandbox_id}",
+            name=f"crab-{sandbox_id}" + (f"-{generation}" if generation else ""),
             hostname=hostname,
             entrypoint=[INIT_PATH_IN_SANDBOX],
             command=[],
@@ -124,6 +135,22 @@ class DockerSandboxBackend:
             tty=False,
         )
         return str(created["Id"])
+
+    def upper_dir(self, container_id: str) -> Path:
+        attrs = self._call("inspect container", self._api.inspect_container, container_id)
+        driver = attrs.get("GraphDriver") or {}
+        if driver.get("Name") != "overlay2":
+            raise HostError(
+                f"container {container_id[:12]} uses the {driver.get('Name')!r} storage driver; crab needs overlay2",
+                hint="Configure dockerd with the overlay2 storage driver.",
+            )
+        upper = (driver.get("Data") or {}).get("UpperDir")
+        if not upper:
+            raise DockerError(f"dockerd reports no upper dir for container {container_id[:12]}")
+        return Path(upper)
+
+    def frozen(self, container_id: str) -> AbstractContextManager[None]:
+        return cgroup_freezer.frozen(container_id)
 
     def start(self, container_id: str) -> None:
         self._call("start container", self._api.start, container_id)

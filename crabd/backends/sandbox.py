@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -33,8 +34,29 @@ class ContainerStatus:
 class SandboxBackend(Protocol):
     """A container engine that runs sandboxes.  Blocking calls; callers offload them."""
 
-    def create(self, sandbox_id: str, spec: SandboxSpec, image: str, init_binary: Path, labels: dict[str, str]) -> str:
-        """Create (not start) the container; return its id."""
+    def create(
+        self,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        image: str,
+        init_binary: Path,
+        labels: dict[str, str],
+        *,
+        generation: str = "",
+    ) -> str:
+        """Create (not start) the container; return its id.
+
+        ``generation`` tells apart the containers one sandbox has had (a
+        restore starts a new one before the old one is removed).
+        """
+        ...
+
+    def upper_dir(self, container_id: str) -> Path:
+        """Where the container's filesystem changes live on the host (exists from create on)."""
+        ...
+
+    def frozen(self, container_id: str) -> AbstractContextManager[None]:
+        """Freeze every process of the container for the ``with`` body."""
         ...
 
     def start(self, container_id: str) -> None: ...

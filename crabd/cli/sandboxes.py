@@ -70,6 +70,9 @@ def create(
     network: Annotated[bool, typer.Option("--network/--no-network", help="Give the sandbox a network.")] = False,
     env_var: Annotated[list[str] | None, typer.Option("--env-var", "-e", help="KEY=VALUE (repeatable).")] = None,
     workdir: Annotated[str, typer.Option("--workdir", "-w", help="Working directory.")] = "/",
+    checkpoints: Annotated[
+        str, typer.Option("--checkpoints", help="fs: checkpoint at creation and every turn end; none: only on request.")
+    ] = "fs",
     as_json: JsonOpt = False,
 ) -> None:
     """Create and start a sandbox."""
@@ -83,6 +86,7 @@ def create(
             network=network,
             env_vars=_parse_env(env_var),
             workdir=workdir,
+            checkpoints=checkpoints,
         )
     if as_json:
         emit_json(_info_dict(sb.info))
@@ -221,14 +225,17 @@ def stop(sandbox: str, timeout: Annotated[float, typer.Option("--timeout")] = 0.
 def rm(
     sandboxes: Annotated[list[str], typer.Argument(help="Sandbox ids or names.")],
     force: Annotated[bool, typer.Option("--force", "-f", help="Remove even if running.")] = False,
+    keep_checkpoints: Annotated[
+        bool, typer.Option("--keep-checkpoints", help="Keep their checkpoints, to fork them later.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Remove sandboxes (their containers and records)."""
+    """Remove sandboxes (their containers, records, and checkpoints no other sandbox needs)."""
     removed = []
     with client() as c:
         for ref in sandboxes:
             sb = c.get(ref)
-            sb.remove(force=force)
+            sb.remove(force=force, keep_checkpoints=keep_checkpoints)
             removed.append(sb.id)
     emit_json({"removed": removed}) if as_json else out.print("\n".join(removed))
 

@@ -83,10 +83,10 @@ def _env_dict(env: tuple[str, ...]) -> dict[str, str]:
 class _Live:
     """Per-sandbox runtime state held in memory (the registry holds the rest)."""
 
-    def __init__(self, manager: SandboxManager, sandbox_id: str) -> None:
-        self.manager = manager
+    def __init__(self, sandbox_id: str) -> None:
         self.sandbox_id = sandbox_id
         self.session: Session | None = None
+        self.op_lock = asyncio.Lock()
 
 
 class SandboxManager:
@@ -127,7 +127,7 @@ class SandboxManager:
             rec.id, state=SandboxState.DEAD, exit_code=st.exit_code, oom_killed=st.oom_killed, dead_reason=reason
         )
         log.warning("sandbox dead", extra={"sandbox": rec.id, "reason": reason})
-        self._live.pop(rec.id, None)
+        self._drop_session(rec.id)
         return replace(
             rec, state=SandboxState.DEAD, exit_code=st.exit_code, oom_killed=st.oom_killed, dead_reason=reason
         )
@@ -141,6 +141,10 @@ class SandboxManager:
             return self._mark_dead(rec, st), st
         rec.ip_address = st.ip_address
         return rec, st
+
+    async def running(self, rec: SandboxRecord) -> ContainerStatus:
+        """The container's status; SandboxDead unless the sandbox is running."""
+        return await self._running(rec)
 
     async def _running(self, rec: SandboxRecord) -> ContainerStatus:
         rec, st = await self.refresh(rec)
@@ -168,10 +172,18 @@ class SandboxManager:
 
         return connect
 
+    def _drop_session(self, sandbox_id: str) -> None:
+        live = self._live.get(sandbox_id)
+        if live is not None:
+            live.session = None
+
     def _live_for(self, rec: SandboxRecord) -> _Live:
-        live = self._live.get(rec.id)
+        return self._live_for_id(rec.id)
+
+    def _live_for_id(self, sandbox_id: str) -> _Live:
+        live = self._live.get(sandbox_id)
         if live is None:
-            live = self._live[rec.id] = _Live(self, rec.id)
+            live = self._live[sandbox_id] = _Live(sandbox_id)
         return live
 
     async def _session(self, rec: SandboxRecord) -> Session:
@@ -193,46 +205,86 @@ class SandboxManager:
             raise ImageError(f"env {env!r} has no built image ({recipe.image_ref})", env=env)
         return recipe.image_ref
 
-    async def create(self, owner_uid: int, spec: SandboxSpec) -> SandboxRecord:
+    def new_id(self) -> str:
+        return secrets.token_hex(6)
+
+    async def reserve(
+        self, owner_uid: int, spec: SandboxSpec, image: str, *, sandbox_id: str = "", origin: str = ""
+    ) -> SandboxRecord:
+        """Validate ``spec`` and write its registry row in state ``creating`` (before any container exists)."""
         validate_spec(spec)
-        image = await self._io(self.resolve_image, spec.env)
-        sandbox_id = secrets.token_hex(6)
+        sandbox_id = sandbox_id or self.new_id()
         async with self._create_lock:
             name = spec.name or f"sb-{sandbox_id[:6]}"
             if self.registry.name_taken(name):
                 raise AlreadyExists(f"a sandbox named {name!r} already exists", name=name)
             spec = replace(spec, name=name)
-            rec = SandboxRecord(sandbox_id, name, owner_uid, spec, image, "", SandboxState.CREATING, time.time())
+            rec = SandboxRecord(
+                sandbox_id, name, owner_uid, spec, image, "", SandboxState.CREATING, time.time(), origin=origin
+            )
             self.registry.insert_sandbox(rec)
-        labels = {LABEL_SANDBOX: sandbox_id, LABEL_INSTANCE: self.instance, LABEL_OWNER: str(owner_uid)}
+        return rec
+
+    async def launch(
+        self,
+        rec: SandboxRecord,
+        image: str,
+        *,
+        generation: str = "",
+        record_id: bool = True,
+        prepare: Callable[[str], Awaitable[None]] | None = None,
+    ) -> tuple[str, ContainerStatus]:
+        """Create a container for ``rec``, run ``prepare(container_id)`` on it, start it, wait for init.
+
+        With ``record_id`` the container id is written to the registry before
+        the container starts, so a crash leaves a trace adoption can clean up;
+        a replacement container (a restore) is recorded by the caller instead.
+        On any failure the container is removed again.
+        """
+        labels = {LABEL_SANDBOX: rec.id, LABEL_INSTANCE: self.instance, LABEL_OWNER: str(rec.owner_uid)}
+        cid = await asyncio.to_thread(
+            self.backend.create, rec.id, rec.spec, image, self.init_binary, labels, generation=generation
+        )
         try:
-            cid = await self._io(self.backend.create, sandbox_id, spec, image, self.init_binary, labels)
-            rec.container_id = cid
-            self.registry.update_sandbox(sandbox_id, container_id=cid)
+            if record_id:
+                rec.container_id = cid
+                self.registry.update_sandbox(rec.id, container_id=cid)
+            if prepare is not None:
+                await prepare(cid)
             await self._io(self.backend.start, cid)
-            st = await self._wait_init(rec)
+            st = await self._wait_init(cid, rec)
+        except BaseException:
+            await asyncio.shield(self._io(self.backend.remove, cid))
+            raise
+        return cid, st
+
+    async def create(self, owner_uid: int, spec: SandboxSpec) -> SandboxRecord:
+        image = await self._io(self.resolve_image, spec.env)
+        rec = await self.reserve(owner_uid, spec, image)
+        try:
+            _, st = await self.launch(rec, image)
         except BaseException:
             await self._rollback(rec)
             raise
-        self.registry.update_sandbox(sandbox_id, state=SandboxState.RUNNING)
+        self.registry.update_sandbox(rec.id, state=SandboxState.RUNNING)
         rec.state = SandboxState.RUNNING
         rec.ip_address = st.ip_address
         log.info(
             "sandbox created",
-            extra={"sandbox": sandbox_id, "sandbox_name": name, "image": image, "owner_uid": owner_uid},
+            extra={"sandbox": rec.id, "sandbox_name": rec.name, "image": image, "owner_uid": owner_uid},
         )
         return rec
 
-    async def _wait_init(self, rec: SandboxRecord) -> ContainerStatus:
+    async def _wait_init(self, container_id: str, rec: SandboxRecord) -> ContainerStatus:
         deadline = time.monotonic() + INIT_READY_TIMEOUT_S
         last: Exception | None = None
         while time.monotonic() < deadline:
-            st = await self._io(self.backend.status, rec.container_id)
+            st = await self._io(self.backend.status, container_id)
             if not st.exists or not st.running:
                 raise SandboxDead(
                     f"sandbox {rec.name} exited during start (code {st.exit_code}): {st.error}",
                     sandbox=rec.id,
-                    container_id=rec.container_id,
+                    container_id=container_id,
                     exit_code=st.exit_code,
                     oom_killed=st.oom_killed,
                     reason=st.error or "exited during start",
@@ -244,7 +296,7 @@ class SandboxManager:
                 return st
             except CrabError as exc:
                 last = exc
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.01)
         raise InitUnavailable(
             f"crab's init in sandbox {rec.name} did not answer within {INIT_READY_TIMEOUT_S:g} s: {last}",
             sandbox=rec.id,
@@ -257,14 +309,39 @@ class SandboxManager:
         finally:
             self.registry.delete_sandbox(rec.id)
 
+    async def rollback(self, rec: SandboxRecord) -> None:
+        """Undo a sandbox that never reached ``running`` (its container, if any, and its row)."""
+        await self._rollback(rec)
+
+    async def fresh_session(self, st: ContainerStatus, spec: SandboxSpec, state_json: str | None) -> Session:
+        """A session on a just-started container, with ``state_json`` re-applied."""
+
+        async def connect() -> InitConnection:
+            return await InitConnection.open(netns=f"/proc/{st.pid}/ns/net")
+
+        session = Session(connect, _env_dict(st.env), spec.workdir)
+        if state_json:
+            await session.restart(session_state.SessionState.from_json(state_json))
+        return session
+
+    def bind_session(self, sandbox_id: str, session: Session | None) -> None:
+        """Make ``session`` the sandbox's session (after its container was replaced)."""
+        self._live_for_id(sandbox_id).session = session
+
+    def op_lock(self, sandbox_id: str) -> asyncio.Lock:
+        """Serialises checkpoint, restore and fork of one sandbox."""
+        return self._live_for_id(sandbox_id).op_lock
+
+    def session_busy(self, sandbox_id: str) -> bool:
+        live = self._live.get(sandbox_id)
+        return live is not None and live.session is not None and live.session.busy
+
     async def adopt(self) -> dict[str, int]:
         """Reconcile the registry with Docker after a (re)start.  Returns counts."""
         counts = {"adopted": 0, "dead": 0, "rolled_back": 0, "orphans_removed": 0}
         containers = await self._io(self.backend.list_instance, self.instance)
         known: set[str] = set()
         for rec in self.registry.list_sandboxes(None):
-            if rec.container_id:
-                known.add(rec.container_id)
             if rec.state is SandboxState.CREATING:
                 # Also catches a container created whose id never reached the row.
                 for cid, st in containers.items():
@@ -273,11 +350,15 @@ class SandboxManager:
                 await self._rollback(rec)
                 counts["rolled_back"] += 1
                 continue
+            if rec.container_id:
+                known.add(rec.container_id)
             if rec.state is SandboxState.RUNNING:
                 rec, _ = await self.refresh(rec)
                 counts["adopted" if rec.state is SandboxState.RUNNING else "dead"] += 1
-        for cid, st in containers.items():
-            if cid not in known and st.labels.get(LABEL_SANDBOX) not in {r.id for r in self.list_sandboxes(None)}:
+        # Containers no row points at: left by a crash mid-create, or a
+        # restore's new container that never replaced the old one.
+        for cid in containers:
+            if cid not in known:
                 await self._io(self.backend.remove, cid)
                 counts["orphans_removed"] += 1
         log.info("adoption done", extra=counts)
@@ -295,7 +376,7 @@ class SandboxManager:
             oom_killed=st.oom_killed,
             dead_reason="stopped by request",
         )
-        self._live.pop(rec.id, None)
+        self._drop_session(rec.id)
         return self.registry.get_sandbox(rec.id) or rec
 
     async def remove(self, rec: SandboxRecord, *, force: bool) -> None:

@@ -29,17 +29,33 @@ from crabd.api.peercred import CallerTable, FrontDoor
 from crabd.api.servicer import CrabServicer
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.backends.docker_sandbox import DockerSandboxBackend
+from crabd.backends.overlay.backend import OverlayDelta
+from crabd.backends.overlay.index import PageCache
+from crabd.backends.overlay.scan import ScanLimits
 from crabd.config import CrabConfig
+from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.daemon import notify
 from crabd.runtime import initbin
 from crabd.service.service import Service
+from crabd.store.catalog import Catalog
+from crabd.store.db import Database
+from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
 
 log = logging.getLogger("crabd")
 
 #: Largest gRPC message crabd accepts (stdin of an exec is bounded separately).
 MAX_MESSAGE = 80 << 20
+
+
+def _raise_nofile() -> None:
+    """Checkpoint walks hold one fd per directory level; lift the soft limit to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def instance_id(state_dir: Path) -> str:
@@ -54,6 +70,7 @@ class Daemon:
         self.cfg = cfg
         self.ephemeral = ephemeral
         self._stop = asyncio.Event()
+        self._db: Database | None = None
         self._registry: Registry | None = None
         self._backend: DockerSandboxBackend | None = None
         self._manager: SandboxManager | None = None
@@ -69,15 +86,27 @@ class Daemon:
         paths = self.cfg.paths
         paths.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(paths.state_dir, 0o700)
-        self._registry = Registry(paths.state_dir / "registry.db")
+        _raise_nofile()
+        self._db = Database(paths.state_dir / "registry.db")
+        self._registry = Registry(self._db)
         init_binary = await asyncio.to_thread(initbin.install, paths.state_dir)
         self._backend = DockerSandboxBackend(self.cfg.docker.host, self.cfg.docker.timeout_s)
         docker_version = await asyncio.to_thread(self._backend.server_version)
         self._manager = SandboxManager(
             self.cfg, self._registry, self._backend, init_binary, instance_id(paths.state_dir)
         )
+        ck = self.cfg.checkpoint
+        blobs = FileBlobStore(paths.state_dir / "blobs", level=ck.zstd_level)
+        # Leftovers of writes a crash interrupted; nothing references them.
+        await asyncio.to_thread(blobs.clean_tmp, 0)
+        fs = OverlayDelta(
+            blobs,
+            limits=ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth),
+            cache=PageCache(ck.page_cache_entries),
+        )
+        checkpointer = Checkpointer(self._db, self._manager, Catalog(self._db), blobs, fs)
         counts = await self._manager.adopt()
-        service = Service(self.cfg, self._manager, docker_version=docker_version)
+        service = Service(self.cfg, self._manager, checkpointer, docker_version=docker_version)
 
         callers = CallerTable()
         run_dir = self.private_socket.parent
@@ -135,8 +164,8 @@ class Daemon:
             await self._manager.close(remove_all=self.ephemeral)
         if self._backend is not None:
             self._backend.close()
-        if self._registry is not None:
-            self._registry.close()
+        if self._db is not None:
+            self._db.close()
         log.info("crabd stopped")
 
     async def __aenter__(self) -> Daemon:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from crabd.errors import (
     AlreadyExists,
+    CheckpointNotFound,
+    CorruptBlob,
     CrabError,
     DaemonUnavailable,
     InvalidRequest,
@@ -17,27 +19,51 @@ from crabd.errors import (
     SandboxBusy,
     SandboxDead,
     SandboxNotFound,
+    StoreError,
+    StoreFull,
 )
 from crabd.sdk.aio import AsyncClient, AsyncSandbox, AsyncSession
 from crabd.sdk.client import Client, Sandbox, Session
 from crabd.sdk.embedded import EmbeddedDaemon
-from crabd.sdk.models import CommandInfo, DaemonStatus, ExecResult, OutputChunk, SandboxInfo, Turn
+from crabd.sdk.models import (
+    BlobProblem,
+    CheckpointDetail,
+    CheckpointInfo,
+    CommandInfo,
+    DaemonStatus,
+    ExecResult,
+    GcResult,
+    OutputChunk,
+    PathChange,
+    SandboxInfo,
+    Tree,
+    TreeSandbox,
+    Turn,
+    VerifyResult,
+)
 
 __all__ = [
     "AlreadyExists",
     "AsyncClient",
     "AsyncSandbox",
     "AsyncSession",
+    "BlobProblem",
+    "CheckpointDetail",
+    "CheckpointInfo",
+    "CheckpointNotFound",
     "Client",
     "CommandInfo",
+    "CorruptBlob",
     "CrabError",
     "DaemonStatus",
     "DaemonUnavailable",
     "EmbeddedDaemon",
     "ExecResult",
+    "GcResult",
     "InvalidRequest",
     "NotFound",
     "OutputChunk",
+    "PathChange",
     "PermissionDenied",
     "RequestTooLarge",
     "Sandbox",
@@ -46,5 +72,10 @@ __all__ = [
     "SandboxInfo",
     "SandboxNotFound",
     "Session",
+    "StoreError",
+    "StoreFull",
+    "Tree",
+    "TreeSandbox",
     "Turn",
+    "VerifyResult",
 ]

@@ -56,6 +56,7 @@ def create_request(
     network: bool = False,
     env_vars: Mapping[str, str] | None = None,
     workdir: str = "/",
+    checkpoints: str = "fs",
 ) -> pb.CreateSandboxRequest:
     return pb.CreateSandboxRequest(
         env=env,
@@ -64,6 +65,7 @@ def create_request(
         network=network,
         env_vars=dict(env_vars or {}),
         workdir=workdir,
+        checkpoints=checkpoints,
     )
 
 
@@ -98,4 +100,26 @@ def session_request(
 ) -> pb.SessionRunRequest:
     return pb.SessionRunRequest(
         sandbox=sandbox, command=command, timeout_s=timeout, max_output_bytes=max_output, stream=stream
+    )
+
+
+def checkpoint_id(checkpoint: object) -> str:
+    """A checkpoint id from an id string or anything with an ``id`` attribute."""
+    if isinstance(checkpoint, str):
+        return checkpoint
+    ident = getattr(checkpoint, "id", None)
+    if not isinstance(ident, str):
+        raise InvalidRequest(f"not a checkpoint: {checkpoint!r}")
+    return ident
+
+
+def restore_request(sandbox: str, checkpoint: object | None, turn: int | None) -> pb.RestoreRequest:
+    if (checkpoint is None) == (turn is None):
+        raise InvalidRequest("restore needs exactly one of: a checkpoint, or turn=N")
+    if turn is not None and turn < 0:
+        raise InvalidRequest(f"turn {turn} must be >= 0")
+    return pb.RestoreRequest(
+        sandbox=sandbox,
+        checkpoint="" if checkpoint is None else checkpoint_id(checkpoint),
+        turn=-1 if turn is None else turn,
     )

@@ -9,6 +9,7 @@ async with AsyncClient.embedded() as client:
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -24,7 +25,19 @@ from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.errors import CrabError
 from crabd.sdk import _requests as rq
 from crabd.sdk.embedded import EmbeddedDaemon
-from crabd.sdk.models import DaemonStatus, ExecResult, OutputChunk, SandboxInfo, Turn, chunk_from_pb
+from crabd.sdk.models import (
+    CheckpointDetail,
+    CheckpointInfo,
+    DaemonStatus,
+    ExecResult,
+    GcResult,
+    OutputChunk,
+    SandboxInfo,
+    Tree,
+    Turn,
+    VerifyResult,
+    chunk_from_pb,
+)
 
 
 class AsyncClient:
@@ -85,19 +98,58 @@ class AsyncClient:
         network: bool = False,
         env_vars: Mapping[str, str] | None = None,
         workdir: str = "/",
+        checkpoints: str = "fs",
     ) -> AsyncSandbox:
         req = rq.create_request(
-            env, name=name, cpus=cpus, memory=memory, pids=pids, network=network, env_vars=env_vars, workdir=workdir
+            env,
+            name=name,
+            cpus=cpus,
+            memory=memory,
+            pids=pids,
+            network=network,
+            env_vars=env_vars,
+            workdir=workdir,
+            checkpoints=checkpoints,
         )
         return AsyncSandbox(self, SandboxInfo.from_pb(await self._unary("CreateSandbox", req)))
 
-    async def list(self) -> list[AsyncSandbox]:
+    async def list(self) -> builtins.list[AsyncSandbox]:
         resp = await self._unary("ListSandboxes", pb.ListSandboxesRequest())
         return [AsyncSandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
 
     async def get(self, sandbox: str) -> AsyncSandbox:
         resp = await self._unary("GetSandbox", pb.SandboxRef(sandbox=sandbox))
         return AsyncSandbox(self, SandboxInfo.from_pb(resp))
+
+    # --- checkpoints (see crabd.sdk.client.Client for the semantics) -----------------
+
+    async def checkpoints(self, sandbox: str = "") -> builtins.list[CheckpointInfo]:
+        resp = await self._unary("ListCheckpoints", pb.ListCheckpointsRequest(sandbox=sandbox))
+        return [CheckpointInfo.from_pb(c) for c in resp.checkpoints]
+
+    async def checkpoint(self, checkpoint: str | CheckpointInfo) -> CheckpointDetail:
+        ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
+        return CheckpointDetail.from_pb(await self._unary("GetCheckpoint", ref))
+
+    async def delete_checkpoint(self, checkpoint: str | CheckpointInfo) -> int:
+        ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
+        return int((await self._unary("DeleteCheckpoint", ref)).bytes_freed)
+
+    async def fork(
+        self, checkpoint: str | CheckpointInfo, n: int = 1, *, name_prefix: str = ""
+    ) -> builtins.list[AsyncSandbox]:
+        req = pb.ForkRequest(checkpoint=rq.checkpoint_id(checkpoint), n=n, name_prefix=name_prefix)
+        resp = await self._unary("Fork", req, timeout=self.timeout + 30.0 * n)
+        return [AsyncSandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+
+    async def tree(self, *, sandbox: str = "", checkpoint: str = "") -> Tree:
+        return Tree.from_pb(await self._unary("GetTree", pb.TreeRequest(sandbox=sandbox, checkpoint=checkpoint)))
+
+    async def gc(self) -> GcResult:
+        return GcResult.from_pb(await self._unary("GarbageCollect", pb.GcRequest(), timeout=3600.0))
+
+    async def verify(self) -> VerifyResult:
+        return VerifyResult.from_pb(await self._unary("Verify", pb.VerifyRequest(), timeout=3600.0))
 
 
 async def _collect(items: AsyncIterator[OutputChunk | ExecResult]) -> ExecResult:
@@ -244,8 +296,36 @@ class AsyncSandbox:
         self.info = SandboxInfo.from_pb(resp)
         return self.info
 
-    async def remove(self, force: bool = True) -> None:
-        await self.client._unary("RemoveSandbox", pb.RemoveSandboxRequest(sandbox=self.id, force=force))
+    async def remove(self, force: bool = True, *, keep_checkpoints: bool = False) -> None:
+        await self.client._unary(
+            "RemoveSandbox", pb.RemoveSandboxRequest(sandbox=self.id, force=force, keep_checkpoints=keep_checkpoints)
+        )
+
+    # --- checkpoints ------------------------------------------------------------------
+
+    async def checkpoint(self, label: str = "") -> CheckpointInfo:
+        req = pb.CreateCheckpointRequest(sandbox=self.id, label=label)
+        return CheckpointInfo.from_pb(await self.client._unary("CreateCheckpoint", req))
+
+    async def checkpoints(self) -> list[CheckpointInfo]:
+        return await self.client.checkpoints(self.id)
+
+    async def restore(self, checkpoint: str | CheckpointInfo | None = None, *, turn: int | None = None) -> SandboxInfo:
+        req = rq.restore_request(self.id, checkpoint, turn)
+        self.info = SandboxInfo.from_pb(await self.client._unary("Restore", req))
+        return self.info
+
+    async def fork(
+        self, n: int = 1, checkpoint: str | CheckpointInfo | None = None, *, name_prefix: str = ""
+    ) -> list[AsyncSandbox]:
+        if checkpoint is not None:
+            return await self.client.fork(checkpoint, n, name_prefix=name_prefix)
+        req = pb.ForkRequest(sandbox=self.id, n=n, name_prefix=name_prefix)
+        resp = await self.client._unary("Fork", req, timeout=self.client.timeout + 30.0 * n)
+        return [AsyncSandbox(self.client, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+
+    async def tree(self) -> Tree:
+        return await self.client.tree(sandbox=self.id)
 
     async def __aenter__(self) -> AsyncSandbox:
         return self

@@ -14,6 +14,7 @@ the daemon raised.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,7 +30,19 @@ from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.errors import CrabError
 from crabd.sdk import _requests as rq
 from crabd.sdk.embedded import EmbeddedDaemon
-from crabd.sdk.models import DaemonStatus, ExecResult, OutputChunk, SandboxInfo, Turn, chunk_from_pb
+from crabd.sdk.models import (
+    CheckpointDetail,
+    CheckpointInfo,
+    DaemonStatus,
+    ExecResult,
+    GcResult,
+    OutputChunk,
+    SandboxInfo,
+    Tree,
+    Turn,
+    VerifyResult,
+    chunk_from_pb,
+)
 
 
 class Client:
@@ -101,18 +114,66 @@ class Client:
         network: bool = False,
         env_vars: Mapping[str, str] | None = None,
         workdir: str = "/",
+        checkpoints: str = "fs",
     ) -> Sandbox:
+        """Create and start a sandbox.
+
+        ``checkpoints="fs"`` (the default) takes a filesystem checkpoint at
+        creation and at every turn end; ``"none"`` only when asked.
+        """
         req = rq.create_request(
-            env, name=name, cpus=cpus, memory=memory, pids=pids, network=network, env_vars=env_vars, workdir=workdir
+            env,
+            name=name,
+            cpus=cpus,
+            memory=memory,
+            pids=pids,
+            network=network,
+            env_vars=env_vars,
+            workdir=workdir,
+            checkpoints=checkpoints,
         )
         return Sandbox(self, SandboxInfo.from_pb(self._unary("CreateSandbox", req)))
 
-    def list(self) -> list[Sandbox]:
+    def list(self) -> builtins.list[Sandbox]:
         resp = self._unary("ListSandboxes", pb.ListSandboxesRequest())
         return [Sandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
 
     def get(self, sandbox: str) -> Sandbox:
         return Sandbox(self, SandboxInfo.from_pb(self._unary("GetSandbox", pb.SandboxRef(sandbox=sandbox))))
+
+    # --- checkpoints ---------------------------------------------------------------
+
+    def checkpoints(self, sandbox: str = "") -> builtins.list[CheckpointInfo]:
+        """Checkpoints of one sandbox, or every one visible to you."""
+        resp = self._unary("ListCheckpoints", pb.ListCheckpointsRequest(sandbox=sandbox))
+        return [CheckpointInfo.from_pb(c) for c in resp.checkpoints]
+
+    def checkpoint(self, checkpoint: str | CheckpointInfo) -> CheckpointDetail:
+        """One checkpoint with what changed in it, its session state and its lineage."""
+        ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
+        return CheckpointDetail.from_pb(self._unary("GetCheckpoint", ref))
+
+    def delete_checkpoint(self, checkpoint: str | CheckpointInfo) -> int:
+        """Delete a checkpoint (its children stay restorable); returns bytes freed."""
+        ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
+        return int(self._unary("DeleteCheckpoint", ref).bytes_freed)
+
+    def fork(self, checkpoint: str | CheckpointInfo, n: int = 1, *, name_prefix: str = "") -> builtins.list[Sandbox]:
+        """``n`` new, independent sandboxes with the checkpoint's files and session state."""
+        req = pb.ForkRequest(checkpoint=rq.checkpoint_id(checkpoint), n=n, name_prefix=name_prefix)
+        resp = self._unary("Fork", req, timeout=self.timeout + 30.0 * n)
+        return [Sandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+
+    def tree(self, *, sandbox: str = "", checkpoint: str = "") -> Tree:
+        return Tree.from_pb(self._unary("GetTree", pb.TreeRequest(sandbox=sandbox, checkpoint=checkpoint)))
+
+    def gc(self) -> GcResult:
+        """Remove blobs nothing references (root only)."""
+        return GcResult.from_pb(self._unary("GarbageCollect", pb.GcRequest(), timeout=3600.0))
+
+    def verify(self) -> VerifyResult:
+        """Re-hash stored checkpoint data; name corrupt blobs and the checkpoints that need them."""
+        return VerifyResult.from_pb(self._unary("Verify", pb.VerifyRequest(), timeout=3600.0))
 
 
 class Session:
@@ -273,8 +334,44 @@ class Sandbox:
         )
         return self.info
 
-    def remove(self, force: bool = True) -> None:
-        self.client._unary("RemoveSandbox", pb.RemoveSandboxRequest(sandbox=self.id, force=force))
+    def remove(self, force: bool = True, *, keep_checkpoints: bool = False) -> None:
+        """Remove the sandbox.  Its checkpoints go too, unless kept or forked from."""
+        self.client._unary(
+            "RemoveSandbox", pb.RemoveSandboxRequest(sandbox=self.id, force=force, keep_checkpoints=keep_checkpoints)
+        )
+
+    # --- checkpoints ------------------------------------------------------------------
+
+    def checkpoint(self, label: str = "") -> CheckpointInfo:
+        """Take a filesystem checkpoint now (with the session's current state)."""
+        req = pb.CreateCheckpointRequest(sandbox=self.id, label=label)
+        return CheckpointInfo.from_pb(self.client._unary("CreateCheckpoint", req))
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        return self.client.checkpoints(self.id)
+
+    def restore(self, checkpoint: str | CheckpointInfo | None = None, *, turn: int | None = None) -> SandboxInfo:
+        """Roll back (or forward) in place: files and session become exactly the checkpoint's.
+
+        Name a checkpoint, or ``turn=N`` for the checkpoint of turn N on this
+        sandbox's current line.  Processes do not survive a filesystem restore.
+        """
+        req = rq.restore_request(self.id, checkpoint, turn)
+        self.info = SandboxInfo.from_pb(self.client._unary("Restore", req))
+        return self.info
+
+    def fork(
+        self, n: int = 1, checkpoint: str | CheckpointInfo | None = None, *, name_prefix: str = ""
+    ) -> list[Sandbox]:
+        """``n`` new sandboxes from ``checkpoint`` (default: this sandbox's latest checkpoint)."""
+        if checkpoint is not None:
+            return self.client.fork(checkpoint, n, name_prefix=name_prefix)
+        req = pb.ForkRequest(sandbox=self.id, n=n, name_prefix=name_prefix)
+        resp = self.client._unary("Fork", req, timeout=self.client.timeout + 30.0 * n)
+        return [Sandbox(self.client, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+
+    def tree(self) -> Tree:
+        return self.client.tree(sandbox=self.id)
 
     def __enter__(self) -> Sandbox:
         return self

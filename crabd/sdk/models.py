@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from crabd.api.v1 import crab_pb2 as pb
 
@@ -29,6 +31,10 @@ class SandboxInfo:
     dead_reason: str
     turn: int
     turn_open: bool
+    checkpoints: str = "fs"
+    origin: str = ""
+    branch: int = 0
+    head: str = ""
 
     @classmethod
     def from_pb(cls, m: pb.Sandbox) -> SandboxInfo:
@@ -53,6 +59,10 @@ class SandboxInfo:
             dead_reason=m.dead_reason,
             turn=m.turn,
             turn_open=m.turn_open,
+            checkpoints=m.checkpoints,
+            origin=m.origin,
+            branch=m.branch,
+            head=m.head,
         )
 
 
@@ -169,3 +179,159 @@ class DaemonStatus:
 
 def chunk_from_pb(m: pb.OutputChunk) -> OutputChunk:
     return OutputChunk("stderr" if m.stream == pb.STDERR else "stdout", m.data)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A published checkpoint: complete and verified."""
+
+    id: str
+    sandbox_id: str
+    sandbox_name: str
+    owner_uid: int
+    parent_id: str
+    branch: int
+    turn: int
+    kind: str
+    created_at: float
+    label: str
+    has_session_state: bool
+    image: str
+    kept: bool
+    entries: int
+    changed: int
+    deleted: int
+    logical_bytes: int
+    bytes_read: int
+    new_bytes: int
+    freeze_s: float
+    prescan_s: float
+    total_s: float
+
+    @classmethod
+    def from_pb(cls, m: pb.Checkpoint) -> CheckpointInfo:
+        st = m.stats
+        return cls(
+            id=m.id,
+            sandbox_id=m.sandbox_id,
+            sandbox_name=m.sandbox_name,
+            owner_uid=m.owner_uid,
+            parent_id=m.parent_id,
+            branch=m.branch,
+            turn=m.turn,
+            kind=m.kind,
+            created_at=m.created_at,
+            label=m.label,
+            has_session_state=m.has_session_state,
+            image=m.image,
+            kept=m.kept,
+            entries=st.entries,
+            changed=st.changed,
+            deleted=st.deleted,
+            logical_bytes=st.logical_bytes,
+            bytes_read=st.bytes_read,
+            new_bytes=st.new_bytes,
+            freeze_s=st.freeze_s,
+            prescan_s=st.prescan_s,
+            total_s=st.total_s,
+        )
+
+
+@dataclass(frozen=True)
+class PathChange:
+    path: bytes  # raw bytes: sandbox file names need not be UTF-8
+    change: str  # added | changed | deleted | whiteout
+    kind: str
+
+
+@dataclass(frozen=True)
+class CheckpointDetail:
+    checkpoint: CheckpointInfo
+    changes: list[PathChange]
+    changes_truncated: bool
+    session_state: dict[str, Any]
+    lineage: list[str]
+
+    @classmethod
+    def from_pb(cls, m: pb.CheckpointDetail) -> CheckpointDetail:
+        return cls(
+            checkpoint=CheckpointInfo.from_pb(m.checkpoint),
+            changes=[PathChange(c.path, c.change, c.kind) for c in m.changes],
+            changes_truncated=m.changes_truncated,
+            session_state=json.loads(m.session_state_json) if m.session_state_json else {},
+            lineage=list(m.lineage),
+        )
+
+
+@dataclass(frozen=True)
+class TreeSandbox:
+    id: str
+    name: str
+    state: str
+    head: str
+    origin: str
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Checkpoints linked by ``parent_id``, and the sandboxes standing on them."""
+
+    checkpoints: list[CheckpointInfo]
+    sandboxes: list[TreeSandbox]
+    truncated: bool
+
+    @classmethod
+    def from_pb(cls, m: pb.TreeResponse) -> Tree:
+        return cls(
+            checkpoints=[CheckpointInfo.from_pb(c) for c in m.checkpoints],
+            sandboxes=[TreeSandbox(s.id, s.name, s.state, s.head, s.origin) for s in m.sandboxes],
+            truncated=m.truncated,
+        )
+
+    def children(self, parent: str) -> list[CheckpointInfo]:
+        """Checkpoints whose parent is ``parent`` ("" for the roots shown)."""
+        ids = {c.id for c in self.checkpoints}
+        return [c for c in self.checkpoints if (c.parent_id if c.parent_id in ids else "") == parent]
+
+
+@dataclass(frozen=True)
+class GcResult:
+    blobs_removed: int
+    bytes_freed: int
+    tmp_bytes_freed: int
+    live_blobs: int
+    live_bytes: int
+    seconds: float
+
+    @classmethod
+    def from_pb(cls, m: pb.GcResponse) -> GcResult:
+        return cls(m.blobs_removed, m.bytes_freed, m.tmp_bytes_freed, m.live_blobs, m.live_bytes, m.seconds)
+
+
+@dataclass(frozen=True)
+class BlobProblem:
+    blob: str
+    problem: str
+    checkpoints: list[str]
+    sandboxes: list[str]
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    blobs_checked: int
+    bytes_checked: int
+    problems: list[BlobProblem]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @classmethod
+    def from_pb(cls, m: pb.VerifyResponse) -> VerifyResult:
+        return cls(
+            m.blobs_checked,
+            m.bytes_checked,
+            [BlobProblem(p.blob, p.problem, list(p.checkpoints), list(p.sandboxes)) for p in m.problems],
+            m.seconds,
+        )

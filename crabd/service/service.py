@@ -15,17 +15,36 @@ request gets a clear error and has no effect.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 from crabd import __version__
+from crabd.backends.fsdelta import Change
 from crabd.config import CrabConfig
+from crabd.coordinator.checkpoints import Checkpointer
+from crabd.coordinator.restore import Restorer
 from crabd.coordinator.runner import ChunkSink
 from crabd.coordinator.sandboxes import SandboxManager
-from crabd.errors import InvalidRequest, PermissionDenied, RequestTooLarge, SandboxNotFound
-from crabd.models import Caller, ExecOutcome, SandboxRecord, SandboxSpec, TurnRecord
+from crabd.coordinator.tree import TreeView, build_tree
+from crabd.errors import (
+    CheckpointNotFound,
+    CrabError,
+    InvalidRequest,
+    PermissionDenied,
+    RequestTooLarge,
+    SandboxNotFound,
+)
+from crabd.models import Caller, CheckpointRecord, ExecOutcome, SandboxRecord, SandboxSpec, TurnRecord
 from crabd.runtime import session_state
 from crabd.runtime.session_state import SessionState
+from crabd.store.maintenance import GcReport, VerifyReport
+
+log = logging.getLogger("crabd.service")
+
+CHECKPOINT_POLICIES = ("fs", "none")
+#: Most changed paths one `checkpoint inspect` returns.
+MAX_CHANGES_SHOWN = 10_000
 
 
 def parse_user(user: str) -> tuple[int | None, int | None]:
@@ -44,9 +63,13 @@ def parse_user(user: str) -> tuple[int | None, int | None]:
 
 
 class Service:
-    def __init__(self, cfg: CrabConfig, sandboxes: SandboxManager, *, docker_version: str) -> None:
+    def __init__(
+        self, cfg: CrabConfig, sandboxes: SandboxManager, checkpointer: Checkpointer, *, docker_version: str
+    ) -> None:
         self.cfg = cfg
         self.sandboxes = sandboxes
+        self.checkpoints = checkpointer
+        self.restorer = Restorer(checkpointer)
         self.started_at = time.time()
         self.docker_version = docker_version
 
@@ -65,6 +88,23 @@ class Service:
                 sandbox=ref,
             )
         return rec
+
+    def _checkpoint(self, caller: Caller, ckpt_id: str) -> CheckpointRecord:
+        if not ckpt_id:
+            raise InvalidRequest("no checkpoint named in the request")
+        rec = self.checkpoints.catalog.find(ckpt_id)
+        if rec is None:
+            raise CheckpointNotFound(f"no checkpoint {ckpt_id!r}", checkpoint=ckpt_id)
+        if not caller.is_root and rec.owner_uid != caller.uid:
+            raise PermissionDenied(
+                f"checkpoint {ckpt_id!r} belongs to uid {rec.owner_uid}, not to you (uid {caller.uid})",
+                uid=caller.uid,
+                checkpoint=ckpt_id,
+            )
+        return rec
+
+    def head_of(self, sandbox_id: str) -> str:
+        return self.checkpoints.head_id(sandbox_id) or ""
 
     # --- limits -------------------------------------------------------------------
 
@@ -112,8 +152,18 @@ class Service:
     async def create(self, caller: Caller, spec: SandboxSpec) -> SandboxRecord:
         if not spec.env:
             raise InvalidRequest("no env given", hint="Pass an env name, e.g. --env bookworm (`crabctl env ls`).")
+        if spec.checkpoints not in CHECKPOINT_POLICIES:
+            raise InvalidRequest(
+                f"unknown checkpoint policy {spec.checkpoints!r}; use one of {', '.join(CHECKPOINT_POLICIES)}"
+            )
         self._command_size(sum(len(k) + len(v) + 2 for k, v in spec.env_vars.items()), "the environment")
-        return await self.sandboxes.create(caller.uid, spec)
+        rec = await self.sandboxes.create(caller.uid, spec)
+        try:
+            await self.checkpoints.after_create(rec)
+        except CrabError as exc:
+            # The sandbox is usable; its history just starts at the first turn end.
+            log.warning("baseline checkpoint failed", extra={"sandbox": rec.id, "error": str(exc)})
+        return rec
 
     async def list_sandboxes(self, caller: Caller) -> list[SandboxRecord]:
         out = []
@@ -131,9 +181,10 @@ class Service:
             raise InvalidRequest("stop timeout must not be negative")
         return await self.sandboxes.stop(self._lookup(caller, ref), timeout_s or None)
 
-    async def remove(self, caller: Caller, ref: str, force: bool) -> str:
+    async def remove(self, caller: Caller, ref: str, force: bool, keep_checkpoints: bool = False) -> str:
         rec = self._lookup(caller, ref)
         await self.sandboxes.remove(rec, force=force)
+        await self.checkpoints.forget_sandbox(rec, keep=keep_checkpoints)
         return rec.id
 
     # --- commands --------------------------------------------------------------------
@@ -213,10 +264,94 @@ class Service:
         return await self.sandboxes.begin_turn(self._lookup(caller, ref))
 
     async def end_turn(self, caller: Caller, ref: str) -> TurnRecord:
-        return await self.sandboxes.end_turn(self._lookup(caller, ref))
+        rec = self._lookup(caller, ref)
+        turn = await self.sandboxes.end_turn(rec)
+        # A failure here reaches the agent: its turn is recorded, but not restorable.
+        await self.checkpoints.after_turn(rec, turn.number, turn.session_state_json)
+        return turn
 
     async def turns(self, caller: Caller, ref: str, limit: int) -> list[TurnRecord]:
         if limit < 0:
             raise InvalidRequest("limit must not be negative")
         rec = self._lookup(caller, ref)
         return self.sandboxes.registry.list_turns(rec.id, limit)
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    async def create_checkpoint(self, caller: Caller, ref: str, label: str) -> CheckpointRecord:
+        return await self.checkpoints.take(self._lookup(caller, ref), label=label)
+
+    async def list_checkpoints(self, caller: Caller, ref: str) -> list[CheckpointRecord]:
+        owner = None if caller.is_root else caller.uid
+        if ref:
+            return self.checkpoints.list_checkpoints(self._lookup(caller, ref).id, owner)
+        return self.checkpoints.list_checkpoints(None, owner)
+
+    async def describe_checkpoint(
+        self, caller: Caller, ckpt_id: str
+    ) -> tuple[CheckpointRecord, list[Change], bool, str | None, list[str]]:
+        rec = self._checkpoint(caller, ckpt_id)
+        changes, truncated, session_json = await self.checkpoints.describe(rec, MAX_CHANGES_SHOWN)
+        lineage = [c.id for c in self.checkpoints.catalog.lineage(rec.id)]
+        return rec, changes, truncated, session_json, lineage
+
+    async def delete_checkpoint(self, caller: Caller, ckpt_id: str) -> int:
+        return await self.checkpoints.delete(self._checkpoint(caller, ckpt_id))
+
+    async def restore(self, caller: Caller, ref: str, ckpt_id: str, turn: int) -> SandboxRecord:
+        rec = self._lookup(caller, ref)
+        if ckpt_id:
+            ckpt = self._checkpoint(caller, ckpt_id)
+        elif turn >= 0:
+            ckpt = self.checkpoints.resolve_turn(rec, turn)
+        else:
+            raise InvalidRequest("name a checkpoint or a turn to restore", hint="e.g. `crabctl restore SB ck-...`")
+        return await self.restorer.restore(rec, ckpt)
+
+    async def fork(
+        self, caller: Caller, ckpt_id: str, ref: str, n: int, prefix: str
+    ) -> tuple[str, list[SandboxRecord]]:
+        if ckpt_id and ref:
+            raise InvalidRequest("fork either a checkpoint or a sandbox, not both")
+        if prefix and not prefix.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise InvalidRequest(f"invalid name prefix {prefix!r}: use letters, digits, '_', '.', '-'")
+        if ckpt_id:
+            ckpt = self._checkpoint(caller, ckpt_id)
+        elif ref:
+            rec = self._lookup(caller, ref)
+            head = self.checkpoints.head_id(rec.id)
+            if head is None:
+                raise InvalidRequest(
+                    f"sandbox {rec.name} has no checkpoint to fork",
+                    hint=f"Take one first: `crabctl checkpoint create {rec.name}`.",
+                )
+            ckpt = self._checkpoint(caller, head)
+        else:
+            raise InvalidRequest("name a checkpoint or a sandbox to fork")
+        return ckpt.id, await self.restorer.fork(caller.uid, ckpt, n, prefix)
+
+    async def tree(self, caller: Caller, ref: str, ckpt_id: str) -> TreeView:
+        start: SandboxRecord | CheckpointRecord
+        if ref:
+            start = self._lookup(caller, ref)
+        elif ckpt_id:
+            start = self._checkpoint(caller, ckpt_id)
+        else:
+            raise InvalidRequest("name a sandbox or a checkpoint")
+        owner = None if caller.is_root else caller.uid
+        sandboxes = self.sandboxes.list_sandboxes(owner)
+        return build_tree(
+            self.checkpoints.catalog, sandboxes, start, lambda c: caller.is_root or c.owner_uid == caller.uid
+        )
+
+    async def gc(self, caller: Caller) -> GcReport:
+        if not caller.is_root:
+            raise PermissionDenied(
+                "gc sweeps the whole host's checkpoint store; only root may run it",
+                uid=caller.uid,
+                hint="Run it as root (e.g. `sudo crabctl gc`).",
+            )
+        return await self.checkpoints.gc()
+
+    async def verify(self, caller: Caller) -> VerifyReport:
+        return await self.checkpoints.verify(None if caller.is_root else caller.uid)

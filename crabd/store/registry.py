@@ -1,21 +1,4 @@
-"""crabd's registry of sandboxes, turns and commands, in SQLite.
-
-On disk: ``<state_dir>/registry.db`` (WAL mode, ``synchronous=FULL``, so a
-committed row survives kill -9 and power loss).  Schema (version 1)::
-
-    meta(key TEXT PRIMARY KEY, value TEXT)                 -- schema_version
-    sandboxes(id TEXT PRIMARY KEY, name TEXT UNIQUE, owner_uid INT,
-              spec_json TEXT, image TEXT, container_id TEXT,
-              state TEXT,                                  -- creating|running|stopped|dead
-              created_at REAL, exit_code INT NULL, oom_killed INT,
-              dead_reason TEXT)
-    turns(sandbox_id TEXT, number INT, started_at REAL, ended_at REAL NULL,
-          implicit INT, session_state_json TEXT NULL,
-          PRIMARY KEY(sandbox_id, number))
-    commands(sandbox_id TEXT, turn INT, seq INT, kind TEXT, command TEXT,
-             exit_code INT, timed_out INT, started_at REAL, duration_s REAL,
-             stdout_bytes INT, stderr_bytes INT,
-             PRIMARY KEY(sandbox_id, turn, seq))
+"""crabd's registry of sandboxes, turns and commands (tables documented in ``store/db.py``).
 
 A sandbox row is written in state ``creating`` *before* its container is
 created and flipped to ``running`` after it started, so after a crash at any
@@ -28,86 +11,52 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 from dataclasses import asdict
-from pathlib import Path
-from types import TracebackType
 
 from crabd.models import CommandRecord, SandboxRecord, SandboxSpec, SandboxState, TurnRecord
-
-SCHEMA_VERSION = "1"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS sandboxes(
-    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, owner_uid INTEGER NOT NULL,
-    spec_json TEXT NOT NULL, image TEXT NOT NULL, container_id TEXT NOT NULL DEFAULT '',
-    state TEXT NOT NULL, created_at REAL NOT NULL, exit_code INTEGER,
-    oom_killed INTEGER NOT NULL DEFAULT 0, dead_reason TEXT NOT NULL DEFAULT '');
-CREATE TABLE IF NOT EXISTS turns(
-    sandbox_id TEXT NOT NULL, number INTEGER NOT NULL, started_at REAL NOT NULL,
-    ended_at REAL, implicit INTEGER NOT NULL DEFAULT 0, session_state_json TEXT,
-    PRIMARY KEY(sandbox_id, number));
-CREATE TABLE IF NOT EXISTS commands(
-    sandbox_id TEXT NOT NULL, turn INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
-    command TEXT NOT NULL, exit_code INTEGER NOT NULL, timed_out INTEGER NOT NULL,
-    started_at REAL NOT NULL, duration_s REAL NOT NULL, stdout_bytes INTEGER NOT NULL,
-    stderr_bytes INTEGER NOT NULL, PRIMARY KEY(sandbox_id, turn, seq));
-"""
+from crabd.store.db import Database, Tx
 
 
-def _spec_from_json(text: str) -> SandboxSpec:
+def spec_from_json(text: str) -> SandboxSpec:
     data = json.loads(text)
     data["env_vars"] = dict(data.get("env_vars") or {})
-    return SandboxSpec(**data)
+    known = set(SandboxSpec.__dataclass_fields__)
+    return SandboxSpec(**{k: v for k, v in data.items() if k in known})
+
+
+def spec_to_json(spec: SandboxSpec) -> str:
+    return json.dumps(asdict(spec), sort_keys=True)
 
 
 class Registry:
-    """Thread-safe access to registry.db.  Use as a context manager or call :meth:`close`."""
+    """Sandboxes, turns and commands, in the shared :class:`Database`."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        # executescript() commits on its own; the statements are idempotent.
-        self._db.executescript(_SCHEMA)
-        self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (SCHEMA_VERSION,))
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._db = db.conn
+        self._lock = db.lock
 
-    # --- plumbing -------------------------------------------------------------
-
-    def _tx(self) -> _Tx:
-        return _Tx(self._db, self._lock)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def __enter__(self) -> Registry:
-        return self
-
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
+    def _tx(self) -> Tx:
+        return self.db.tx()
 
     # --- sandboxes ------------------------------------------------------------
 
     def insert_sandbox(self, rec: SandboxRecord) -> None:
         with self._tx() as db:
             db.execute(
-                "INSERT INTO sandboxes(id, name, owner_uid, spec_json, image, container_id, state, created_at)"
-                " VALUES(?,?,?,?,?,?,?,?)",
+                "INSERT INTO sandboxes(id, name, owner_uid, spec_json, image, container_id, state, created_at,"
+                " origin, branch) VALUES(?,?,?,?,?,?,?,?,?,?)",
                 (
                     rec.id,
                     rec.name,
                     rec.owner_uid,
-                    json.dumps(asdict(rec.spec), sort_keys=True),
+                    spec_to_json(rec.spec),
                     rec.image,
                     rec.container_id,
                     rec.state.value,
                     rec.created_at,
+                    rec.origin,
+                    rec.branch,
                 ),
             )
 
@@ -120,8 +69,11 @@ class Registry:
         exit_code: int | None = None,
         oom_killed: bool | None = None,
         dead_reason: str | None = None,
+        branch: int | None = None,
+        revive: bool = False,
     ) -> None:
-        sets: list[str] = []
+        """Set the given columns; ``revive`` clears a dead sandbox's exit code and reason."""
+        sets: list[str] = ["exit_code=NULL", "oom_killed=0", "dead_reason=''"] if revive else []
         args: list[object] = []
         for col, val in (
             ("state", state.value if state else None),
@@ -129,6 +81,7 @@ class Registry:
             ("exit_code", exit_code),
             ("oom_killed", None if oom_killed is None else int(oom_killed)),
             ("dead_reason", dead_reason),
+            ("branch", branch),
         ):
             if val is not None:
                 sets.append(f"{col}=?")
@@ -145,12 +98,12 @@ class Registry:
             db.execute("DELETE FROM sandboxes WHERE id=?", (sandbox_id,))
 
     def _row_to_sandbox(self, row: sqlite3.Row | tuple[object, ...]) -> SandboxRecord:
-        (sid, name, owner, spec_json, image, cid, state, created, exit_code, oom, reason) = row
+        (sid, name, owner, spec_json, image, cid, state, created, exit_code, oom, reason, origin, branch) = row
         rec = SandboxRecord(
             id=str(sid),
             name=str(name),
             owner_uid=int(str(owner)),
-            spec=_spec_from_json(str(spec_json)),
+            spec=spec_from_json(str(spec_json)),
             image=str(image),
             container_id=str(cid),
             state=SandboxState(str(state)),
@@ -158,6 +111,8 @@ class Registry:
             exit_code=None if exit_code is None else int(str(exit_code)),
             oom_killed=bool(oom),
             dead_reason=str(reason),
+            origin=str(origin),
+            branch=int(str(branch)),
         )
         last = self._db.execute(
             "SELECT number, ended_at FROM turns WHERE sandbox_id=? ORDER BY number DESC LIMIT 1", (rec.id,)
@@ -168,7 +123,8 @@ class Registry:
         return rec
 
     _SANDBOX_COLS = (
-        "id, name, owner_uid, spec_json, image, container_id, state, created_at, exit_code, oom_killed, dead_reason"
+        "id, name, owner_uid, spec_json, image, container_id, state, created_at, exit_code, oom_killed, dead_reason,"
+        " origin, branch"
     )
 
     def get_sandbox(self, ref: str) -> SandboxRecord | None:
@@ -289,26 +245,3 @@ class Registry:
                 (sandbox_id,),
             ).fetchone()
             return None if row is None else str(row[0])
-
-
-class _Tx:
-    """One write transaction under the registry lock (BEGIN IMMEDIATE ... COMMIT/ROLLBACK)."""
-
-    def __init__(self, db: sqlite3.Connection, lock: threading.Lock) -> None:
-        self._db = db
-        self._lock = lock
-
-    def __enter__(self) -> sqlite3.Connection:
-        self._lock.acquire()
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self._lock.release()
-            raise
-        return self._db
-
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        try:
-            self._db.execute("COMMIT" if t is None else "ROLLBACK")
-        finally:
-            self._lock.release()

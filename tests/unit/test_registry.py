@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from crabd.models import CommandRecord, SandboxRecord, SandboxSpec, SandboxState
+from crabd.store.db import Database
 from crabd.store.registry import Registry
 
 
@@ -16,10 +17,12 @@ def _rec(sid: str, name: str, owner: int = 0) -> SandboxRecord:
 
 def test_sandbox_rows_round_trip_and_survive_reopen(tmp_path: Path) -> None:
     db = tmp_path / "registry.db"
-    with Registry(db) as reg:
+    with Database(db) as d:
+        reg = Registry(d)
         reg.insert_sandbox(_rec("a1", "one", owner=1000))
         reg.update_sandbox("a1", state=SandboxState.RUNNING, container_id="c" * 64)
-    with Registry(db) as reg:
+    with Database(db) as d:
+        reg = Registry(d)
         got = reg.get_sandbox("one")
         assert got is not None and got.id == "a1" and got.owner_uid == 1000
         assert got.state is SandboxState.RUNNING and got.container_id == "c" * 64
@@ -34,7 +37,8 @@ def test_sandbox_rows_round_trip_and_survive_reopen(tmp_path: Path) -> None:
 def test_names_are_unique(tmp_path: Path) -> None:
     import sqlite3
 
-    with Registry(tmp_path / "r.db") as reg:
+    with Database(tmp_path / "r.db") as d:
+        reg = Registry(d)
         reg.insert_sandbox(_rec("a1", "same"))
         with pytest.raises(sqlite3.IntegrityError):
             reg.insert_sandbox(_rec("a2", "same"))
@@ -42,7 +46,8 @@ def test_names_are_unique(tmp_path: Path) -> None:
 
 
 def test_turns_commands_and_session_state(tmp_path: Path) -> None:
-    with Registry(tmp_path / "r.db") as reg:
+    with Database(tmp_path / "r.db") as d:
+        reg = Registry(d)
         reg.insert_sandbox(_rec("a1", "one"))
         t1 = reg.open_turn("a1", 1.0, implicit=False)
         assert t1.number == 1
@@ -66,6 +71,6 @@ def test_turns_commands_and_session_state(tmp_path: Path) -> None:
 def test_wal_mode(tmp_path: Path) -> None:
     import sqlite3
 
-    with Registry(tmp_path / "r.db"):
+    with Database(tmp_path / "r.db"):
         mode = sqlite3.connect(tmp_path / "r.db").execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"

@@ -1,0 +1,132 @@
+""":class:`~crabd.backends.fsdelta.FsDelta` over an overlayfs upper dir (Docker's overlay2 driver)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crabd.backends.fsdelta import Change, FsCapture, StoredTree, Tree
+from crabd.backends.overlay.entries import Entry, Kind, decode_delta, encode_delta
+from crabd.backends.overlay.index import MAX_META_BLOB, PageCache, build_index, load_index
+from crabd.backends.overlay.materialize import materialize, stat_index
+from crabd.backends.overlay.scan import PassStats, ScanLimits, Seen, link_hardlinks, scan_pass
+from crabd.store.blobs import BlobStore, PutResult
+
+
+@dataclass
+class OverlayPrepared:
+    upper: Path
+    base: dict[bytes, Entry]
+    first: dict[bytes, Seen]
+    first_stats: PassStats
+
+
+def _diff(base: dict[bytes, Entry], tree: list[Entry]) -> tuple[list[Entry], list[Entry]]:
+    """(added, changed) entries of ``tree`` against ``base``; metadata-only noise (ctime, inode) is no change."""
+    added, changed = [], []
+    for e in tree:
+        old = base.get(e.path)
+        if old is e:
+            continue
+        if old is None:
+            added.append(e)
+        elif not old.same_content(e):
+            changed.append(e)
+    return added, changed
+
+
+class OverlayDelta:
+    def __init__(self, store: BlobStore, *, limits: ScanLimits | None = None, cache: PageCache | None = None) -> None:
+        self.blobs = store
+        self.limits = limits or ScanLimits()
+        self.cache = cache or PageCache()
+
+    def load(self, index_blob: str) -> Tree:
+        return load_index(index_blob, self.blobs, self.cache)
+
+    def prepare(self, upper: Path, base: Tree | None, racy_ns: int) -> OverlayPrepared:
+        base_map = {e.path: e for e in base or ()}
+        prev = {p: Seen(e, racy_ns) for p, e in base_map.items()}
+        first, stats = scan_pass(upper, prev, self.blobs, self.limits, strict=False)
+        return OverlayPrepared(upper, base_map, first, stats)
+
+    def capture(self, prepared: OverlayPrepared) -> FsCapture:
+        final, stats = scan_pass(prepared.upper, prepared.first, self.blobs, self.limits, strict=True)
+        tree = link_hardlinks([s.entry for s in final.values()])
+        base = prepared.base
+        present = {e.path for e in tree}
+        added, changed = _diff(base, tree)
+        capture = FsCapture(
+            tree=tree,
+            added=added,
+            changed=changed,
+            deleted=sorted(p for p in base if p not in present),
+            stats={
+                "entries": len(tree),
+                "prescan_s": prepared.first_stats.seconds,
+                "frozen_scan_s": stats.seconds,
+                "files_read": prepared.first_stats.read_files + stats.read_files,
+                "files_reread_frozen": stats.read_files,
+                "bytes_read": prepared.first_stats.bytes_read + stats.bytes_read,
+            },
+            new_bytes=prepared.first_stats.new_bytes + stats.new_bytes,
+        )
+        return capture
+
+    def _finish(self, tree: Tree, delta: bytes | None) -> StoredTree:
+        built = build_index(tree, self.blobs, self.cache)
+        puts: list[PutResult] = list(built.puts)
+        delta_blob = ""
+        if delta is not None:
+            put = self.blobs.put_bytes(delta)
+            puts.append(put)
+            delta_blob = put.hex
+        sizes = {x.blob: x.length for e in tree for x in e.extents}
+        sizes.update((p.hex, p.size) for p in puts)
+        return StoredTree(
+            index_blob=built.root,
+            delta_blob=delta_blob,
+            children=built.children,
+            sizes=sizes,
+            new_bytes=sum(p.stored for p in puts),
+        )
+
+    def store(self, capture: FsCapture) -> StoredTree:
+        return self._finish(capture.tree, encode_delta(capture.added, capture.changed, capture.deleted))
+
+    def store_tree(self, tree: Tree) -> StoredTree:
+        return self._finish(tree, None)
+
+    def materialize(self, tree: Tree, into: Path) -> tuple[Tree, dict[str, Any]]:
+        stats = materialize(tree, self.blobs, into)
+        t0 = time.monotonic()
+        fresh = stat_index(tree, into, self.limits)
+        return fresh, {
+            "entries": stats.entries,
+            "bytes_written": stats.bytes_written,
+            "materialize_s": stats.seconds,
+            "stat_s": time.monotonic() - t0,
+        }
+
+    def changes(self, delta_blob: str, limit: int) -> tuple[list[Change], bool]:
+        added, changed, deleted = decode_delta(self.blobs.read_bytes(delta_blob, limit=MAX_META_BLOB))
+        out: list[Change] = []
+        for group, what in ((added, "added"), (changed, "changed")):
+            for e in group:
+                out.append(Change(e.path, "whiteout" if e.is_whiteout else what, _KIND_NAMES[e.kind]))
+        out += [Change(p, "deleted", "") for p in deleted]
+        out.sort(key=lambda c: c.path)
+        return out[:limit], len(out) > limit
+
+
+_KIND_NAMES = {
+    Kind.REG: "file",
+    Kind.DIR: "dir",
+    Kind.LNK: "symlink",
+    Kind.CHR: "chardev",
+    Kind.BLK: "blockdev",
+    Kind.FIFO: "fifo",
+    Kind.SOCK: "socket",
+}

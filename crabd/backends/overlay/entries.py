@@ -1,0 +1,274 @@
+"""Entries of an overlay upper dir and their exact binary encoding.
+
+An *index* is the full list of entries of an upper dir at one checkpoint,
+split into *pages*; a *delta* lists what changed since the previous
+checkpoint of the branch.  All three are blobs.  Encoding (integers
+big-endian; ``bytes`` is a u32 length then raw bytes, so names with
+newlines or invalid UTF-8 round-trip exactly)::
+
+    root   := "CRABIX01" u64 total u32 npages (sha256[32] u32 count)*
+    page   := "CRABPG01" u32 count entry*                 -- entries sorted by path
+    delta  := "CRABDL01" u64 nadded entry* u64 nchanged entry* u64 ndeleted bytes*
+    entry  := bytes path  u8 kind  u32 mode  u32 uid  u32 gid  u64 size
+              i64 atime_ns  i64 mtime_ns  i64 ctime_ns  u64 ino  u32 nlink  u64 rdev
+              bytes symlink_target  bytes link_to
+              u32 nxattr (bytes name  bytes value)*
+              u32 nextent (u64 offset  u64 length  sha256[32])*
+
+* ``path`` is relative to the upper dir, components joined by "/".
+* ``kind`` is a :class:`Kind`.  An overlay whiteout (a deleted lower file)
+  is a ``CHR`` entry with rdev 0; an opaque directory carries the xattr
+  ``trusted.overlay.opaque``.
+* ``link_to`` (non-empty) makes a regular file a hardlink of the entry at
+  that path, which is always a smaller path of the same index and holds the
+  extents.
+* ``extents`` are a regular file's data regions, each one blob of at most
+  4 MiB.  Holes are simply absent, so a sparse 1 TB file costs a few bytes.
+* ``ino``, ``ctime_ns`` and ``nlink`` are the values seen in the upper dir
+  they were captured from; they detect change, and are not restored.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from crabd.errors import StoreError
+
+ROOT_MAGIC = b"CRABIX01"
+PAGE_MAGIC = b"CRABPG01"
+DELTA_MAGIC = b"CRABDL01"
+
+_FIXED = struct.Struct(">BIIIQqqqQIQ")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_EXTENT = struct.Struct(">QQ32s")
+_PAGE_REF = struct.Struct(">32sI")
+
+
+class Kind(IntEnum):
+    REG = 1
+    DIR = 2
+    LNK = 3
+    CHR = 4
+    BLK = 5
+    FIFO = 6
+    SOCK = 7
+
+
+@dataclass(slots=True)
+class Extent:
+    offset: int
+    length: int
+    blob: str  # sha256 hex of the content
+
+
+@dataclass(slots=True)
+class Entry:
+    """One file, directory, link or special file.  Treat as immutable once built (entries are shared)."""
+
+    path: bytes
+    kind: Kind
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    nlink: int
+    rdev: int = 0
+    target: bytes = b""
+    link_to: bytes = b""
+    xattrs: list[tuple[bytes, bytes]] = field(default_factory=list)
+    extents: list[Extent] = field(default_factory=list)
+
+    def stat_key(self) -> tuple[int, ...]:
+        """What must be equal for the entry to count as unchanged on disk (atime is noise)."""
+        return (
+            self.kind,
+            self.mode,
+            self.uid,
+            self.gid,
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.ino,
+            self.nlink,
+            self.rdev,
+        )
+
+    def same_content(self, other: Entry) -> bool:
+        """Equal as a checkpointed file: everything but where it lives on disk (ino, ctime, nlink, atime)."""
+        return (
+            self.kind == other.kind
+            and self.mode == other.mode
+            and self.uid == other.uid
+            and self.gid == other.gid
+            and self.size == other.size
+            and self.mtime_ns == other.mtime_ns
+            and self.rdev == other.rdev
+            and self.target == other.target
+            and self.link_to == other.link_to
+            and self.xattrs == other.xattrs
+            and [(x.offset, x.length, x.blob) for x in self.extents]
+            == [(x.offset, x.length, x.blob) for x in other.extents]
+        )
+
+    @property
+    def is_whiteout(self) -> bool:
+        return self.kind is Kind.CHR and self.rdev == 0
+
+
+def _put_bytes(out: bytearray, data: bytes) -> None:
+    out += _U32.pack(len(data))
+    out += data
+
+
+def encode_entry(e: Entry, out: bytearray) -> None:
+    _put_bytes(out, e.path)
+    out += _FIXED.pack(
+        int(e.kind), e.mode, e.uid, e.gid, e.size, e.atime_ns, e.mtime_ns, e.ctime_ns, e.ino, e.nlink, e.rdev
+    )
+    _put_bytes(out, e.target)
+    _put_bytes(out, e.link_to)
+    out += _U32.pack(len(e.xattrs))
+    for k, v in e.xattrs:
+        _put_bytes(out, k)
+        _put_bytes(out, v)
+    out += _U32.pack(len(e.extents))
+    for x in e.extents:
+        out += _EXTENT.pack(x.offset, x.length, bytes.fromhex(x.blob))
+
+
+def encode_page(entries: list[Entry]) -> bytes:
+    out = bytearray(PAGE_MAGIC)
+    out += _U32.pack(len(entries))
+    for e in entries:
+        encode_entry(e, out)
+    return bytes(out)
+
+
+def encode_root(total: int, pages: list[tuple[str, int]]) -> bytes:
+    out = bytearray(ROOT_MAGIC)
+    out += _U64.pack(total)
+    out += _U32.pack(len(pages))
+    for hex_, count in pages:
+        out += _PAGE_REF.pack(bytes.fromhex(hex_), count)
+    return bytes(out)
+
+
+def encode_delta(added: Iterable[Entry], changed: Iterable[Entry], deleted: Iterable[bytes]) -> bytes:
+    out = bytearray(DELTA_MAGIC)
+    for group in (list(added), list(changed)):
+        out += _U64.pack(len(group))
+        for e in group:
+            encode_entry(e, out)
+    deleted = list(deleted)
+    out += _U64.pack(len(deleted))
+    for p in deleted:
+        _put_bytes(out, p)
+    return bytes(out)
+
+
+class _Reader:
+    """Bounds-checked reads: a malformed blob raises StoreError, never allocates on its say-so."""
+
+    __slots__ = ("data", "off")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.off = 0
+
+    def take(self, n: int) -> bytes:
+        end = self.off + n
+        if n < 0 or end > len(self.data):
+            raise StoreError("truncated checkpoint metadata")
+        out = self.data[self.off : end]
+        self.off = end
+        return out
+
+    def unpack(self, s: struct.Struct) -> tuple[Any, ...]:
+        end = self.off + s.size
+        if end > len(self.data):
+            raise StoreError("truncated checkpoint metadata")
+        v = s.unpack_from(self.data, self.off)
+        self.off = end
+        return v
+
+    def count(self, s: struct.Struct, min_item: int) -> int:
+        (n,) = self.unpack(s)
+        if n * min_item > len(self.data) - self.off:
+            raise StoreError(f"checkpoint metadata claims {n} items, more than it holds")
+        return int(n)
+
+    def bytes_(self) -> bytes:
+        (n,) = self.unpack(_U32)
+        return self.take(int(n))
+
+    def done(self) -> None:
+        if self.off != len(self.data):
+            raise StoreError("trailing bytes after checkpoint metadata")
+
+
+def _decode_entry(r: _Reader) -> Entry:
+    path = r.bytes_()
+    kind, mode, uid, gid, size, at, mt, ct, ino, nlink, rdev = r.unpack(_FIXED)
+    try:
+        k = Kind(kind)
+    except ValueError as exc:
+        raise StoreError(f"unknown entry kind {kind}") from exc
+    target = r.bytes_()
+    link_to = r.bytes_()
+    xattrs = [(r.bytes_(), r.bytes_()) for _ in range(r.count(_U32, 8))]
+    extents = []
+    for _ in range(r.count(_U32, _EXTENT.size)):
+        off, length, digest = r.unpack(_EXTENT)
+        extents.append(Extent(off, length, digest.hex()))
+    return Entry(path, k, mode, uid, gid, size, at, mt, ct, ino, nlink, rdev, target, link_to, xattrs, extents)
+
+
+def decode_page(data: bytes) -> list[Entry]:
+    r = _Reader(data)
+    if r.take(8) != PAGE_MAGIC:
+        raise StoreError("not a crab index page")
+    entries = [_decode_entry(r) for _ in range(r.count(_U32, 4 + _FIXED.size))]
+    r.done()
+    return entries
+
+
+def decode_root(data: bytes) -> tuple[int, list[tuple[str, int]]]:
+    r = _Reader(data)
+    if r.take(8) != ROOT_MAGIC:
+        raise StoreError("not a crab index")
+    (total,) = r.unpack(_U64)
+    pages = []
+    for _ in range(r.count(_U32, _PAGE_REF.size)):
+        digest, count = r.unpack(_PAGE_REF)
+        pages.append((digest.hex(), int(count)))
+    r.done()
+    if sum(c for _, c in pages) != total:
+        raise StoreError("index page counts do not add up")
+    return int(total), pages
+
+
+def decode_delta(data: bytes) -> tuple[list[Entry], list[Entry], list[bytes]]:
+    """(added, changed, deleted paths)."""
+    r = _Reader(data)
+    if r.take(8) != DELTA_MAGIC:
+        raise StoreError("not a crab delta")
+    added = [_decode_entry(r) for _ in range(r.count(_U64, 4 + _FIXED.size))]
+    changed = [_decode_entry(r) for _ in range(r.count(_U64, 4 + _FIXED.size))]
+    deleted = [r.bytes_() for _ in range(r.count(_U64, 4))]
+    r.done()
+    return added, changed, deleted
+
+
+def content_blobs(entries: Iterable[Entry]) -> Iterator[str]:
+    for e in entries:
+        for x in e.extents:
+            yield x.blob

@@ -1,0 +1,120 @@
+"""Paged indexes: the full entry list of a checkpoint, stored so that unchanged parts cost nothing.
+
+Entries (sorted by path) are cut into pages at content-defined boundaries:
+a page ends after an entry whose path hashes to 0 modulo :data:`PAGE_FANOUT`
+(and never holds more than :data:`PAGE_MAX` entries).  The boundaries depend
+only on paths, so a change to one file rewrites one page, a new file shifts
+at most one boundary, and every other page is byte-identical to the
+previous checkpoint's — the same blob, stored once.  An unchanged tree
+re-encodes to the identical root: zero new bytes.
+
+Decoded pages are cached by address (they are immutable), bounded by a
+total number of entries, so re-checkpointing a big tree does not re-read
+its index from disk each time.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from crabd.backends.overlay.entries import Entry, decode_page, decode_root, encode_page, encode_root
+from crabd.errors import StoreError
+from crabd.store.blobs import BlobStore, PutResult
+
+PAGE_FANOUT = 256
+PAGE_MAX = 2048
+#: Largest page or root blob we agree to decode (a corrupt store must not exhaust memory).
+MAX_META_BLOB = 256 << 20
+
+
+def _boundary(path: bytes) -> bool:
+    return zlib.crc32(path) % PAGE_FANOUT == 0
+
+
+def paginate(entries: list[Entry]) -> list[list[Entry]]:
+    pages: list[list[Entry]] = []
+    cur: list[Entry] = []
+    for e in entries:
+        cur.append(e)
+        if _boundary(e.path) or len(cur) >= PAGE_MAX:
+            pages.append(cur)
+            cur = []
+    if cur:
+        pages.append(cur)
+    return pages
+
+
+@dataclass
+class BuiltIndex:
+    root: str
+    #: Structural children, for the catalog's reference counting: root -> pages, page -> content blobs.
+    children: dict[str, set[str]] = field(default_factory=dict)
+    puts: list[PutResult] = field(default_factory=list)
+
+    @property
+    def new_bytes(self) -> int:
+        return sum(p.stored for p in self.puts)
+
+
+def build_index(entries: list[Entry], store: BlobStore, cache: PageCache | None = None) -> BuiltIndex:
+    """Encode and store ``entries`` (sorted by path) as pages plus a root."""
+    built = BuiltIndex(root="")
+    refs: list[tuple[str, int]] = []
+    for page in paginate(entries):
+        put = store.put_bytes(encode_page(page))
+        built.puts.append(put)
+        refs.append((put.hex, len(page)))
+        built.children[put.hex] = {x.blob for e in page for x in e.extents}
+        if cache is not None:
+            cache.put(put.hex, page)
+    root = store.put_bytes(encode_root(len(entries), refs))
+    built.puts.append(root)
+    built.root = root.hex
+    built.children[root.hex] = {h for h, _ in refs}
+    return built
+
+
+class PageCache:
+    """LRU of decoded pages by address, bounded by the total number of entries held."""
+
+    def __init__(self, max_entries: int = 1_000_000) -> None:
+        self.max_entries = max_entries
+        self._pages: OrderedDict[str, list[Entry]] = OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def get(self, hex_: str) -> list[Entry] | None:
+        with self._lock:
+            page = self._pages.get(hex_)
+            if page is not None:
+                self._pages.move_to_end(hex_)
+            return page
+
+    def put(self, hex_: str, page: list[Entry]) -> None:
+        with self._lock:
+            if hex_ in self._pages or len(page) > self.max_entries:
+                return
+            self._pages[hex_] = page
+            self._held += len(page)
+            while self._held > self.max_entries:
+                _, old = self._pages.popitem(last=False)
+                self._held -= len(old)
+
+
+def load_index(root_hex: str, store: BlobStore, cache: PageCache | None = None) -> list[Entry]:
+    """Every entry of the index at ``root_hex``, verified against the blob hashes."""
+    _, pages = decode_root(store.read_bytes(root_hex, limit=MAX_META_BLOB))
+    out: list[Entry] = []
+    for hex_, count in pages:
+        page = cache.get(hex_) if cache is not None else None
+        if page is None:
+            page = decode_page(store.read_bytes(hex_, limit=MAX_META_BLOB))
+            if cache is not None:
+                cache.put(hex_, page)
+        if len(page) != count:
+            raise StoreError(f"index page {hex_} holds {len(page)} entries, its index says {count}")
+        out.extend(page)
+    return out

@@ -1,0 +1,204 @@
+"""Writing a checkpointed tree into an empty upper dir (of a container not started yet).
+
+Every path is checked (relative; no empty, "." or ".." component; no NUL)
+and every directory is reached with ``openat(O_NOFOLLOW|O_DIRECTORY)`` from
+the target's own fd, so no entry, however crafted, can make a write land
+outside the target: a symlink planted as a parent component makes the open
+fail, and symlinks themselves are created verbatim, never followed.  A
+hardlink may only name a regular file created earlier in the same run.
+Content is verified against its hash as it is written (``CorruptBlob``);
+the caller throws the half-written tree away on any error.
+
+Afterwards :func:`stat_index` re-reads the new files' inode numbers and
+ctimes, so the sandbox's next delta compares against what is really on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from crabd.backends.overlay.entries import Entry, Kind
+from crabd.backends.overlay.scan import ScanLimits, stat_entry, walk
+from crabd.errors import StoreError, UnsafeEntry
+from crabd.store.blobs import BlobStore
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FD_CACHE = 64
+_SPECIAL = {Kind.CHR: stat.S_IFCHR, Kind.BLK: stat.S_IFBLK, Kind.FIFO: stat.S_IFIFO, Kind.SOCK: stat.S_IFSOCK}
+
+
+@dataclass
+class MaterializeStats:
+    entries: int = 0
+    bytes_written: int = 0
+    seconds: float = 0.0
+
+
+def check_path(path: bytes) -> list[bytes]:
+    parts = path.split(b"/")
+    if not path or path.startswith(b"/") or b"\0" in path or any(p in (b"", b".", b"..") for p in parts):
+        raise UnsafeEntry(f"refusing checkpoint entry with unsafe path {path!r}", path=path.decode("utf-8", "replace"))
+    return parts
+
+
+class _Dirs:
+    """Directory fds under the target, opened component by component, never following links."""
+
+    def __init__(self, root_fd: int) -> None:
+        self.root = root_fd
+        self.cache: OrderedDict[bytes, int] = OrderedDict()
+
+    def get(self, parts: list[bytes]) -> int:
+        if not parts:
+            return self.root
+        key = b"/".join(parts)
+        fd = self.cache.get(key)
+        if fd is not None:
+            self.cache.move_to_end(key)
+            return fd
+        parent = self.get(parts[:-1])
+        try:
+            fd = os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            raise UnsafeEntry(
+                f"parent {key!r} is not a directory inside the tree ({exc.strerror})",
+                path=key.decode("utf-8", "replace"),
+            ) from exc
+        self.cache[key] = fd
+        while len(self.cache) > _FD_CACHE:
+            _, old = self.cache.popitem(last=False)
+            os.close(old)
+        return fd
+
+    def close(self) -> None:
+        for fd in self.cache.values():
+            os.close(fd)
+        self.cache.clear()
+
+
+def _set_meta(e: Entry, name: bytes, dir_fd: int) -> None:
+    where = f"/proc/self/fd/{dir_fd}/{os.fsdecode(name)}"
+    for k, v in e.xattrs:
+        try:
+            os.setxattr(where, k, v, follow_symlinks=False)
+        except OSError as exc:
+            # The kernel refuses user.* xattrs on symlinks and special files.
+            if e.kind in (Kind.REG, Kind.DIR) or exc.errno != errno.EPERM:
+                raise
+    os.chown(name, e.uid, e.gid, dir_fd=dir_fd, follow_symlinks=False)
+    if e.kind is not Kind.LNK:  # symlink modes are meaningless on Linux
+        os.chmod(name, e.mode, dir_fd=dir_fd)
+    os.utime(name, ns=(e.atime_ns, e.mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
+
+
+def _write_file(e: Entry, name: bytes, parent: int, blobs: BlobStore, stats: MaterializeStats) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+    try:
+        for x in e.extents:
+            if x.offset < 0 or x.offset + x.length > e.size:
+                raise UnsafeEntry(f"extent beyond the end of {e.path!r}", path=e.path.decode("utf-8", "replace"))
+            pos = x.offset
+            for piece in blobs.iter_content(x.blob):
+                os.pwrite(fd, piece, pos)
+                pos += len(piece)
+                stats.bytes_written += len(piece)
+            if pos - x.offset != x.length:
+                raise StoreError(f"blob {x.blob} holds {pos - x.offset} bytes, the index says {x.length}")
+        os.ftruncate(fd, e.size)
+    finally:
+        os.close(fd)
+
+
+def materialize(entries: list[Entry], blobs: BlobStore, target: Path) -> MaterializeStats:
+    """Create ``entries`` inside the empty directory ``target``."""
+    t0 = time.monotonic()
+    stats = MaterializeStats()
+    root = os.open(target, _DIR_FLAGS)
+    dirs = _Dirs(root)
+    regular: set[bytes] = set()
+    dir_entries: list[tuple[Entry, list[bytes]]] = []
+    try:
+        with os.scandir(root) as it:
+            if any(True for _ in it):
+                raise StoreError(f"refusing to materialize into non-empty {target}")
+        for e in sorted(entries, key=lambda x: x.path):
+            parts = check_path(e.path)
+            name = parts[-1]
+            parent = dirs.get(parts[:-1])
+            if e.kind is Kind.DIR:
+                os.mkdir(name, 0o700, dir_fd=parent)
+                dir_entries.append((e, parts))
+                stats.entries += 1
+                continue
+            if e.kind is Kind.REG and e.link_to:
+                if e.link_to not in regular:
+                    raise UnsafeEntry(
+                        f"hardlink {e.path!r} names {e.link_to!r}, which is not an earlier file of this tree",
+                        path=e.path.decode("utf-8", "replace"),
+                    )
+                src = check_path(e.link_to)
+                src_dir = dirs.get(src[:-1])
+                parent = dirs.get(parts[:-1])
+                os.link(src[-1], name, src_dir_fd=src_dir, dst_dir_fd=parent, follow_symlinks=False)
+                stats.entries += 1
+                continue  # metadata is the inode's, set with its first name
+            if e.kind is Kind.REG:
+                _write_file(e, name, parent, blobs, stats)
+                regular.add(e.path)
+            elif e.kind is Kind.LNK:
+                os.symlink(e.target, name, dir_fd=parent)
+            else:
+                os.mknod(name, 0o600 | _SPECIAL[e.kind], e.rdev, dir_fd=parent)
+            _set_meta(e, name, dirs.get(parts[:-1]))
+            stats.entries += 1
+        # Directories last, deepest first: creating their children moved their times.
+        for e, parts in reversed(dir_entries):
+            _set_meta(e, parts[-1], dirs.get(parts[:-1]))
+    finally:
+        dirs.close()
+        with contextlib.suppress(OSError):
+            os.close(root)
+    stats.seconds = time.monotonic() - t0
+    return stats
+
+
+def stat_index(entries: list[Entry], target: Path, limits: ScanLimits) -> list[Entry]:
+    """``entries`` with the inode numbers, ctimes and link counts of their copies under ``target``."""
+    by_path = {e.path: e for e in entries}
+    out: list[Entry] = []
+    for _, path, _, st in walk(target, limits, strict=True):
+        e = by_path.get(path)
+        fresh = stat_entry(path, st)
+        if e is None or fresh.kind is not e.kind or fresh.size != e.size:
+            raise StoreError(f"materialized tree differs from its checkpoint at {path!r}")
+        out.append(
+            Entry(
+                e.path,
+                e.kind,
+                e.mode,
+                e.uid,
+                e.gid,
+                e.size,
+                e.atime_ns,
+                e.mtime_ns,
+                fresh.ctime_ns,
+                fresh.ino,
+                fresh.nlink,
+                e.rdev,
+                e.target,
+                e.link_to,
+                e.xattrs,
+                e.extents,
+            )
+        )
+    if len(out) != len(by_path):
+        raise StoreError(f"materialized tree has {len(out)} entries, its checkpoint {len(by_path)}")
+    out.sort(key=lambda x: x.path)
+    return out

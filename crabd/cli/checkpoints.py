@@ -1,0 +1,257 @@
+"""crabctl commands for checkpoints: create, list, inspect, delete, restore, fork, tree, gc, verify."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.tree import Tree as RichTree
+
+from crabd.cli.common import JsonOpt, app, client, emit_json, err, fmt_time, out
+from crabd.errors import InvalidRequest
+from crabd.sdk.models import CheckpointInfo, SandboxInfo, Tree
+
+ck_app = typer.Typer(no_args_is_help=True, help="Checkpoints: create, list, inspect, delete.")
+app.add_typer(ck_app, name="checkpoint")
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _path(raw: bytes) -> str:
+    """A sandbox path for people: invalid UTF-8 shown as \\x escapes, control characters escaped."""
+    text = raw.decode("utf-8", "backslashreplace")
+    return "/" + "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in text)
+
+
+def _ck_dict(c: CheckpointInfo) -> dict[str, Any]:
+    return asdict(c)
+
+
+def _ck_table(cks: list[CheckpointInfo]) -> Table:
+    table = Table(
+        "id", "sandbox", "turn", "branch", "parent", "changed", "new bytes", "freeze", "total", "created", "label"
+    )
+    for c in cks:
+        table.add_row(
+            c.id,
+            c.sandbox_name,
+            str(c.turn),
+            str(c.branch),
+            c.parent_id or "-",
+            f"+{c.changed} -{c.deleted}",
+            _size(c.new_bytes),
+            f"{c.freeze_s * 1000:.1f} ms",
+            f"{c.total_s * 1000:.0f} ms",
+            fmt_time(c.created_at),
+            c.label,
+        )
+    return table
+
+
+@ck_app.command("create")
+def ck_create(
+    sandbox: str,
+    label: Annotated[str, typer.Option("--label", "-l", help="A note kept with the checkpoint.")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Take a filesystem checkpoint of a sandbox now."""
+    with client() as c:
+        ck = c.get(sandbox).checkpoint(label)
+    if as_json:
+        emit_json(_ck_dict(ck))
+    else:
+        out.print(
+            f"{ck.id}  turn {ck.turn}  +{ck.changed} -{ck.deleted}  {_size(ck.new_bytes)} new  "
+            f"freeze {ck.freeze_s * 1000:.1f} ms  total {ck.total_s * 1000:.0f} ms"
+        )
+
+
+@ck_app.command("ls")
+def ck_ls(
+    sandbox: Annotated[str, typer.Argument(help="Only this sandbox's checkpoints.")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """List checkpoints (yours; root sees all)."""
+    with client() as c:
+        cks = c.checkpoints(sandbox)
+    if as_json:
+        emit_json([_ck_dict(k) for k in cks])
+    else:
+        out.print(_ck_table(cks))
+
+
+@ck_app.command("inspect")
+def ck_inspect(
+    checkpoint: str,
+    files: Annotated[int, typer.Option("--files", help="Show up to N changed paths.")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one checkpoint: its stats, lineage, session state and what changed in it."""
+    with client() as c:
+        d = c.checkpoint(checkpoint)
+    if as_json:
+        data = asdict(d)
+        data["changes"] = [
+            {"path": _path(x.path), "path_bytes_hex": x.path.hex(), "change": x.change, "kind": x.kind}
+            for x in d.changes
+        ]
+        emit_json(data)
+        return
+    table = Table("field", "value", show_header=False)
+    for key, value in _ck_dict(d.checkpoint).items():
+        table.add_row(key, fmt_time(value) if key == "created_at" else str(value))
+    table.add_row("lineage", " > ".join(d.lineage))
+    if d.session_state:
+        table.add_row("session cwd", str(d.session_state.get("cwd", "")))
+        table.add_row("session env", f"{len(d.session_state.get('env', {}))} exported variables")
+    out.print(table)
+    if d.changes:
+        changes = Table("change", "kind", "path")
+        for x in d.changes[:files]:
+            changes.add_row(x.change, x.kind, _path(x.path))
+        out.print(changes)
+        more = len(d.changes) - files
+        if more > 0 or d.changes_truncated:
+            out.print(f"... {'more than ' if d.changes_truncated else ''}{max(more, 0)} more (use --files N or --json)")
+
+
+@ck_app.command("rm")
+def ck_rm(
+    checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint ids.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete checkpoints.  Their children stay restorable; data only they used is freed."""
+    done: list[tuple[str, int]] = []
+    with client() as c:
+        for ref in checkpoints:
+            done.append((ref, c.delete_checkpoint(ref)))
+    if as_json:
+        emit_json({"removed": [{"id": ref, "bytes_freed": freed} for ref, freed in done]})
+    else:
+        for ref, freed in done:
+            out.print(f"{ref}  freed {_size(freed)}")
+
+
+@app.command()
+def restore(
+    sandbox: str,
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint id (or use --turn).")] = "",
+    turn: Annotated[int | None, typer.Option("--turn", "-t", help="Restore the checkpoint of this turn.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Roll a sandbox back (or forward) in place: its files and session become the checkpoint's."""
+    if bool(checkpoint) == (turn is not None):
+        raise InvalidRequest("name a checkpoint or give --turn N (not both)")
+    t0 = time.monotonic()
+    with client() as c:
+        sb = c.get(sandbox)
+        info = sb.restore(checkpoint or None, turn=turn)
+    if as_json:
+        emit_json(asdict(info))
+    else:
+        out.print(f"{info.name} now at {info.head} (branch {info.branch}) in {time.monotonic() - t0:.2f} s")
+
+
+@app.command()
+def fork(
+    source: Annotated[str, typer.Argument(help="A checkpoint id, or a sandbox (its latest checkpoint).")],
+    n: Annotated[int, typer.Option("-n", help="How many sandboxes to make.")] = 1,
+    name_prefix: Annotated[str, typer.Option("--name", help="Name them <name>-1 .. <name>-N.")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Start N new sandboxes from a checkpoint, each with its own container and network identity."""
+    t0 = time.monotonic()
+    with client() as c:
+        if source.startswith("ck-"):
+            sbs = c.fork(source, n, name_prefix=name_prefix)
+        else:
+            sbs = c.get(source).fork(n, name_prefix=name_prefix)
+    infos: list[SandboxInfo] = [s.info for s in sbs]
+    if as_json:
+        emit_json([asdict(i) for i in infos])
+        return
+    for i in infos:
+        out.print(f"{i.id} {i.name} {i.ip_address or ''}".rstrip())
+    err.print(f"[dim]{len(infos)} sandboxes from {infos[0].origin} in {time.monotonic() - t0:.2f} s[/dim]")
+
+
+def render_tree(tree: Tree) -> RichTree:
+    heads: dict[str, list[str]] = {}
+    for sb in tree.sandboxes:
+        at = sb.head or sb.origin
+        if at:
+            heads.setdefault(at, []).append(f"{sb.name} ({sb.state})")
+    top = RichTree("[bold]checkpoints[/bold]" + (" [yellow](truncated)[/yellow]" if tree.truncated else ""))
+
+    def label(c: CheckpointInfo) -> str:
+        text = f"[cyan]{c.id}[/cyan] {c.sandbox_name} turn {c.turn}"
+        if c.label:
+            text += f" [dim]{c.label}[/dim]"
+        text += f" [dim]+{c.changed} -{c.deleted}, {_size(c.new_bytes)}[/dim]"
+        if c.id in heads:
+            text += " [green]◀ " + ", ".join(heads[c.id]) + "[/green]"
+        return text
+
+    def add(node: RichTree, parent: str) -> None:
+        for c in tree.children(parent):
+            add(node.add(label(c)), c.id)
+
+    add(top, "")
+    return top
+
+
+@app.command(name="tree")
+def tree_cmd(
+    target: Annotated[str, typer.Argument(help="A sandbox, or a checkpoint id.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Draw the lineage of checkpoints, rollbacks and forks around a sandbox."""
+    with client() as c:
+        tree = c.tree(checkpoint=target) if target.startswith("ck-") else c.tree(sandbox=target)
+    if as_json:
+        emit_json(asdict(tree))
+    else:
+        out.print(render_tree(tree))
+
+
+@app.command()
+def gc(as_json: JsonOpt = False) -> None:
+    """Remove stored blobs that no checkpoint references (root only)."""
+    with client() as c:
+        r = c.gc()
+    if as_json:
+        emit_json(asdict(r))
+    else:
+        out.print(
+            f"removed {r.blobs_removed} blobs ({_size(r.bytes_freed + r.tmp_bytes_freed)}); "
+            f"{r.live_blobs} live blobs ({_size(r.live_bytes)}) in {r.seconds:.2f} s"
+        )
+
+
+@app.command()
+def verify(as_json: JsonOpt = False) -> None:
+    """Re-hash stored checkpoint data; name any corrupt blob and the checkpoints that need it."""
+    with client() as c:
+        r = c.verify()
+    if as_json:
+        emit_json({**asdict(r), "ok": r.ok})
+    else:
+        out.print(f"checked {r.blobs_checked} blobs ({_size(r.bytes_checked)}) in {r.seconds:.2f} s")
+        for p in r.problems:
+            err.print(f"[red]{p.blob}[/red]: {p.problem}")
+            err.print(f"  needed by checkpoints: {', '.join(p.checkpoints) or '-'}")
+            if p.sandboxes:
+                err.print(f"  and the current files of sandboxes: {', '.join(p.sandboxes)}")
+        out.print("all intact" if r.ok else f"[red]{len(r.problems)} damaged blobs[/red]")
+    if not r.ok:
+        raise typer.Exit(1)

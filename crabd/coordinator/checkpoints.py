@@ -1,0 +1,310 @@
+"""Taking filesystem checkpoints, and the life of checkpoints afterwards.
+
+One checkpoint, in order (see ``backends/fsdelta.py`` and ``store/catalog.py``):
+
+1. ``prepare``: walk the upper dir while the sandbox runs, reading changed
+   files into the blob store (de-duplicated);
+2. freeze the container, re-walk, read only what changed meanwhile, thaw —
+   the consistent cut, and the only time the sandbox stands still;
+3. encode the index pages and the delta, store the session state;
+4. make every blob that is new to the catalog durable, then publish the
+   checkpoint and move the sandbox's head in one transaction.
+
+A failure anywhere before 4 publishes nothing: the sandbox keeps running
+(it is thawed on every path) and earlier checkpoints are untouched.
+
+Per sandbox, checkpoint, restore and fork are serialised (``op_lock``);
+across the host, anything that deletes blob files takes the store lock
+exclusively, everything else shares it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from crabd.backends.fsdelta import Change, FsDelta, StoredTree
+from crabd.backends.overlay.scan import TICK_NS
+from crabd.backends.sandbox import SandboxBackend
+from crabd.coordinator.sandboxes import SandboxManager
+from crabd.errors import CrabError, InvalidRequest
+from crabd.models import CheckpointRecord, SandboxRecord
+from crabd.store.blobs import BlobStore
+from crabd.store.catalog import Catalog, Head, direct_refs
+from crabd.store.db import Database
+from crabd.store.maintenance import GcReport, VerifyReport, collect_garbage, verify
+from crabd.store.registry import spec_to_json
+from crabd.util.aiolock import RWLock
+
+log = logging.getLogger("crabd.checkpoints")
+
+#: Largest session-state document stored with a checkpoint.
+MAX_SESSION_STATE = 64 << 20
+
+
+def new_checkpoint_id() -> str:
+    return "ck-" + secrets.token_hex(6)
+
+
+@dataclass
+class Blobs:
+    """What publishing needs to know about the blobs of one checkpoint."""
+
+    children: dict[str, set[str]]
+    sizes: dict[str, int]
+
+    def child_of(self, blob: str) -> set[str]:
+        return self.children.get(blob, set())
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        db: Database,
+        sandboxes: SandboxManager,
+        catalog: Catalog,
+        blobs: BlobStore,
+        fs: FsDelta,
+    ) -> None:
+        self.db = db
+        self.sandboxes = sandboxes
+        self.catalog = catalog
+        self.blobs = blobs
+        self.fs = fs
+        self.store_lock = RWLock()
+
+    @property
+    def backend(self) -> SandboxBackend:
+        return self.sandboxes.backend
+
+    # --- publishing helpers (shared with restore and fork) -------------------------
+
+    def size_of(self, sizes: dict[str, int]) -> Any:
+        def size(blob: str) -> tuple[int, int]:
+            return sizes.get(blob, 0), self.blobs.stored_size(blob)
+
+        return size
+
+    def make_durable(self, roots: set[str], info: Blobs) -> None:
+        """fsync every blob that referencing ``roots`` would bring to life (before the publishing tx)."""
+        self.blobs.sync(self.catalog.becoming_live(roots, info.child_of))
+
+    def load_tree(self, head: Head) -> list[Any]:
+        return self.fs.load(head.index_blob)
+
+    def session_json(self, rec: CheckpointRecord) -> str | None:
+        if not rec.session_blob:
+            return None
+        return self.blobs.read_bytes(rec.session_blob, limit=MAX_SESSION_STATE).decode("utf-8", "surrogateescape")
+
+    # --- taking ---------------------------------------------------------------------
+
+    async def _session_for_checkpoint(self, rec: SandboxRecord) -> str | None:
+        """The session state to store: captured now if the session is idle, else the last turn end's."""
+        if not self.sandboxes.session_busy(rec.id):
+            try:
+                state = await self.sandboxes.session_state(rec)
+                return state.to_json() if state is not None else None
+            except CrabError as exc:
+                log.warning("session capture for checkpoint failed", extra={"sandbox": rec.id, "error": str(exc)})
+        return self.sandboxes.registry.latest_session_state(rec.id)
+
+    async def take(
+        self,
+        rec: SandboxRecord,
+        *,
+        turn: int | None = None,
+        label: str = "",
+        session_json: str | None = None,
+        capture_session: bool = True,
+    ) -> CheckpointRecord:
+        """A filesystem checkpoint of a running sandbox, published as its new head."""
+        if len(label) > 200 or "\0" in label:
+            raise InvalidRequest("a checkpoint label is at most 200 characters, without NUL")
+        if session_json is None and capture_session:
+            session_json = await self._session_for_checkpoint(rec)
+        async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
+            return await self._take_locked(rec, turn=turn, label=label, session_json=session_json)
+
+    async def _take_locked(
+        self, rec: SandboxRecord, *, turn: int | None, label: str, session_json: str | None
+    ) -> CheckpointRecord:
+        t0 = time.monotonic()
+        await self.sandboxes.running(rec)
+        rec = self.sandboxes.get(rec.id) or rec
+        cid = rec.container_id
+        head = self.catalog.head(rec.id)
+        base = await asyncio.to_thread(self.load_tree, head) if head else None
+        upper = await asyncio.to_thread(self.backend.upper_dir, cid)
+        prepared = await asyncio.to_thread(self.fs.prepare, upper, base, head.racy_ns if head else 0)
+
+        def frozen_cut() -> tuple[Any, float, int]:
+            # Freeze, re-walk and thaw in one worker call, so event-loop
+            # scheduling never stretches the time the sandbox stands still.
+            with self.backend.frozen(cid):
+                f0 = time.monotonic()
+                capture = self.fs.capture(prepared)
+                freeze_s = time.monotonic() - f0
+            return capture, freeze_s, time.time_ns()
+
+        capture, freeze_s, thawed_ns = await asyncio.to_thread(frozen_cut)
+        stored: StoredTree = await asyncio.to_thread(self.fs.store, capture)
+        info = Blobs(dict(stored.children), dict(stored.sizes))
+        session_blob = None
+        new_bytes = capture.new_bytes + stored.new_bytes
+        if session_json is not None:
+            put = await asyncio.to_thread(self.blobs.put_bytes, session_json.encode("utf-8", "surrogateescape"))
+            session_blob = put.hex
+            info.sizes[put.hex] = put.size
+            new_bytes += put.stored
+        ckpt = CheckpointRecord(
+            id=new_checkpoint_id(),
+            sandbox_id=rec.id,
+            sandbox_name=rec.name,
+            owner_uid=rec.owner_uid,
+            parent_id=head.checkpoint.id if head and head.checkpoint else None,
+            branch=rec.branch,
+            turn=rec.turn if turn is None else turn,
+            kind="fs",
+            created_at=time.time(),
+            label=label,
+            image=rec.image,
+            spec_json=spec_to_json(rec.spec),
+            index_blob=stored.index_blob,
+            delta_blob=stored.delta_blob,
+            session_blob=session_blob,
+            # Writes after the thaw get a ctime of at least this (see scan.py's "racy" note).
+            racy_ns=thawed_ns - TICK_NS,
+        )
+        p0 = time.monotonic()
+        await asyncio.to_thread(self.make_durable, direct_refs(ckpt), info)
+        stats = {
+            **capture.stats,
+            "changed": len(capture.added) + len(capture.changed),
+            "deleted": len(capture.deleted),
+            "logical_bytes": sum(x.length for e in capture.tree for x in e.extents),
+            "new_bytes": new_bytes,
+            "freeze_s": freeze_s,
+            "sync_s": time.monotonic() - p0,
+        }
+        stats["total_s"] = time.monotonic() - t0
+        ckpt = replace(ckpt, stats=stats)
+        await asyncio.to_thread(self.catalog.publish, ckpt, info.child_of, self.size_of(info.sizes))
+        log.info(
+            "checkpoint published",
+            extra={
+                "sandbox": rec.id,
+                "checkpoint": ckpt.id,
+                "turn": ckpt.turn,
+                "changed": stats["changed"],
+                "new_bytes": new_bytes,
+                "freeze_ms": round(freeze_s * 1000, 3),
+                "total_ms": round(stats["total_s"] * 1000, 1),
+            },
+        )
+        return ckpt
+
+    # --- policy hooks ------------------------------------------------------------------
+
+    async def after_create(self, rec: SandboxRecord) -> CheckpointRecord | None:
+        """The turn-0 baseline of a new sandbox, so "restore to before anything happened" works."""
+        if rec.spec.checkpoints == "none":
+            return None
+        return await self.take(rec, turn=0, label="created", capture_session=False)
+
+    async def after_turn(self, rec: SandboxRecord, turn: int, session_json: str | None) -> CheckpointRecord | None:
+        if rec.spec.checkpoints == "none":
+            return None
+        return await self.take(rec, turn=turn, session_json=session_json, capture_session=False)
+
+    # --- lookup ------------------------------------------------------------------------
+
+    def get(self, ckpt_id: str) -> CheckpointRecord:
+        return self.catalog.get(ckpt_id)
+
+    def list_checkpoints(self, sandbox_id: str | None, owner_uid: int | None) -> list[CheckpointRecord]:
+        return self.catalog.list_checkpoints(sandbox_id, owner_uid)
+
+    def head_id(self, sandbox_id: str) -> str | None:
+        head = self.catalog.head(sandbox_id)
+        return head.checkpoint.id if head and head.checkpoint else None
+
+    def may_restore(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> bool:
+        """A sandbox may go back to its own checkpoints and to those it was forked from (and their ancestors)."""
+        if ckpt.sandbox_id == rec.id:
+            return True
+        return bool(rec.origin) and any(c.id == ckpt.id for c in self.catalog.lineage(rec.origin))
+
+    def resolve_turn(self, rec: SandboxRecord, turn: int) -> CheckpointRecord:
+        """The checkpoint of ``turn`` on the sandbox's current line (its head's ancestry), else its newest."""
+        head = self.catalog.head(rec.id)
+        if head and head.checkpoint:
+            for c in reversed(self.catalog.lineage(head.checkpoint.id)):
+                if c.turn == turn and self.may_restore(rec, c):
+                    return c
+        found = [c for c in self.catalog.by_turn(rec.id, turn)]
+        if not found:
+            raise InvalidRequest(
+                f"sandbox {rec.name} has no checkpoint of turn {turn}",
+                hint=f"List them with `crabctl checkpoint ls {rec.name}`.",
+            )
+        return found[-1]
+
+    async def describe(self, ckpt: CheckpointRecord, max_changes: int) -> tuple[list[Change], bool, str | None]:
+        """(changes recorded in its delta, whether truncated, its session state)."""
+        async with self.store_lock.shared():
+            changes, truncated = await asyncio.to_thread(self.fs.changes, ckpt.delta_blob, max_changes)
+            return changes, truncated, await asyncio.to_thread(self.session_json, ckpt)
+
+    # --- deletion and sweeping ---------------------------------------------------------------
+
+    async def _sweep(self, candidates: list[str]) -> int:
+        """Remove blob files that are no longer live (caller holds the store lock exclusively)."""
+
+        def go() -> int:
+            freed = 0
+            for b in set(candidates):
+                if not self.catalog.is_live(b):
+                    freed += self.blobs.remove(b)
+            return freed
+
+        return await asyncio.to_thread(go)
+
+    async def delete(self, ckpt: CheckpointRecord) -> int:
+        """Delete one checkpoint and the blobs only it used; return bytes freed."""
+        async with self.store_lock.exclusive():
+            dropped = await asyncio.to_thread(self.catalog.delete, ckpt.id)
+            freed = await self._sweep(dropped + self.catalog.take_dropped())
+        log.info("checkpoint deleted", extra={"checkpoint": ckpt.id, "freed": freed})
+        return freed
+
+    async def forget_sandbox(self, rec: SandboxRecord, *, keep: bool) -> int:
+        """After a sandbox is removed: drop its head, and its checkpoints unless kept or still needed."""
+        async with self.store_lock.exclusive():
+            if keep:
+                self.catalog.set_kept([c.id for c in self.catalog.list_checkpoints(rec.id)], True)
+            dropped = self.catalog.drop_head(rec.id)
+            live = {r.id for r in self.sandboxes.list_sandboxes(None)}
+            for ckpt_id in self.catalog.prunable(live):
+                dropped += self.catalog.delete(ckpt_id)
+            return await self._sweep(dropped + self.catalog.take_dropped())
+
+    # --- store maintenance -------------------------------------------------------------------
+
+    async def gc(self) -> GcReport:
+        async with self.store_lock.exclusive():
+            self.catalog.take_dropped()
+            return await asyncio.to_thread(collect_garbage, self.catalog, self.blobs)
+
+    async def verify(self, owner_uid: int | None) -> VerifyReport:
+        """Re-hash every live blob (root), or those the caller's checkpoints need."""
+        async with self.store_lock.shared():
+            only = None
+            if owner_uid is not None:
+                roots = [b for c in self.catalog.list_checkpoints(None, owner_uid) for b in direct_refs(c)]
+                only = await asyncio.to_thread(self.catalog.reachable, roots)
+            return await asyncio.to_thread(verify, self.catalog, self.blobs, only)

@@ -1,0 +1,255 @@
+"""Restore (rollback in place) and fork: a checkpoint's files in a fresh container.
+
+Both work the same way, and neither ever writes into a running sandbox:
+
+1. load the checkpoint's index (every page verified against its hash);
+2. create a new container from the checkpoint's image, and before it first
+   starts, write the tree into its empty upper dir (content verified as it
+   is written; see ``backends/overlay/materialize.py``);
+3. record the new files' inode numbers and ctimes as a *stat index*, so the
+   next delta is computed against what is really on disk;
+4. start it, wait for crab's init, start a session with the checkpoint's
+   session state re-applied;
+5. in ONE transaction, point the sandbox at the new container and its head
+   at the checkpoint.
+
+A restore replaces the sandbox's container (its processes end; issue 5's
+process checkpoints bring them back) and removes the old one only after
+step 5.  Until then the sandbox runs on untouched, so a failed restore
+changes nothing.  A crash in between leaves an extra container that no
+registry row names; adoption at the next start removes it.
+
+A fork does the same for N new sandboxes, owned by the caller, each with its
+own name, container and network identity.  It is all or nothing: if one
+clone fails, the others are removed and the error is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from dataclasses import replace
+from typing import Any
+
+from crabd.backends.overlay.scan import TICK_NS
+from crabd.coordinator.checkpoints import Blobs, Checkpointer
+from crabd.coordinator.runner import Session
+from crabd.errors import CrabError, ImageError, InvalidRequest, SandboxBusy
+from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
+from crabd.store.registry import spec_from_json
+
+log = logging.getLogger("crabd.restore")
+
+#: Clones started at once by one fork (each is a container start plus a tree write).
+FORK_PARALLEL = 4
+MAX_FORKS = 64
+
+
+class _Prepared:
+    """What step 2-3 produced for one new container."""
+
+    def __init__(self) -> None:
+        self.stat_blob = ""
+        self.racy_ns = 0
+        self.blobs = Blobs({}, {})
+        self.stats: dict[str, Any] = {}
+
+
+class Restorer:
+    def __init__(self, checkpointer: Checkpointer) -> None:
+        self.ck = checkpointer
+        self.sandboxes = checkpointer.sandboxes
+
+    def _check_image(self, ckpt: CheckpointRecord) -> None:
+        if not self.sandboxes.backend.image_exists(ckpt.image):
+            raise ImageError(
+                f"checkpoint {ckpt.id} needs image {ckpt.image}, which is no longer on this host",
+                env=spec_from_json(ckpt.spec_json).env,
+                hint="Rebuild that env image (its recipe must be unchanged) or restore another checkpoint.",
+            )
+
+    def _preparer(self, tree: list[Any], out: _Prepared) -> Any:
+        fs = self.ck.fs
+
+        def go(container_id: str) -> None:
+            upper = self.sandboxes.backend.upper_dir(container_id)
+            fresh, stats = fs.materialize(tree, upper)
+            # Any write after the container starts gets a ctime of at least this.
+            out.racy_ns = time.time_ns() - TICK_NS
+            stored = fs.store_tree(fresh)
+            out.stat_blob = stored.index_blob
+            out.blobs = Blobs(dict(stored.children), dict(stored.sizes))
+            out.stats = stats
+
+        async def prepare(container_id: str) -> None:
+            await asyncio.to_thread(go, container_id)
+
+        return prepare
+
+    async def _load(self, ckpt: CheckpointRecord) -> tuple[list[Any], str | None]:
+        await asyncio.to_thread(self._check_image, ckpt)
+        tree = await asyncio.to_thread(self.ck.fs.load, ckpt.index_blob)
+        session_json = await asyncio.to_thread(self.ck.session_json, ckpt)
+        return tree, session_json
+
+    # --- restore in place -----------------------------------------------------------
+
+    async def restore(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> SandboxRecord:
+        if not self.ck.may_restore(rec, ckpt):
+            raise InvalidRequest(
+                f"checkpoint {ckpt.id} is not in the history of sandbox {rec.name} (it belongs to {ckpt.sandbox_name})",
+                hint="A sandbox can go back only to its own checkpoints and those it was forked from; "
+                f"use `crabctl fork {ckpt.id}` to start a new sandbox from it.",
+            )
+        if rec.state is SandboxState.CREATING:
+            raise SandboxBusy(f"sandbox {rec.name} is still being created", sandbox=rec.id)
+        async with self.sandboxes.op_lock(rec.id), self.ck.store_lock.shared():
+            if self.sandboxes.session_busy(rec.id):
+                raise SandboxBusy(
+                    f"sandbox {rec.name}'s session is running a command; restore after it finished", sandbox=rec.id
+                )
+            return await self._restore_locked(rec, ckpt)
+
+    async def _restore_locked(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> SandboxRecord:
+        t0 = time.monotonic()
+        rec = self.sandboxes.get(rec.id) or rec
+        tree, session_json = await self._load(ckpt)
+        prep = _Prepared()
+        new_cid, st = await self.sandboxes.launch(
+            rec, ckpt.image, generation=secrets.token_hex(3), record_id=False, prepare=self._preparer(tree, prep)
+        )
+        try:
+            session = await self.sandboxes.fresh_session(st, rec.spec, session_json)
+            await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
+            reg, cat = self.sandboxes.registry, self.ck.catalog
+
+            def swap() -> None:
+                with self.ck.db.tx() as conn:
+                    reg.update_sandbox(
+                        rec.id, container_id=new_cid, state=SandboxState.RUNNING, branch=rec.branch + 1, revive=True
+                    )
+                    current = self.sandboxes.turns.current(rec.id)
+                    if current is not None:
+                        reg.close_turn(rec.id, current.number, time.time(), None)
+                    cat.set_head(
+                        rec.id,
+                        ckpt.id,
+                        prep.stat_blob,
+                        prep.racy_ns,
+                        prep.blobs.child_of,
+                        self.ck.size_of(prep.blobs.sizes),
+                        conn=conn,
+                    )
+
+            await asyncio.to_thread(swap)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self.sandboxes.backend.remove, new_cid))
+            raise
+        self.sandboxes.bind_session(rec.id, session)
+        old = rec.container_id
+        if old and old != new_cid:
+            try:
+                await asyncio.to_thread(self.sandboxes.backend.remove, old)
+            except CrabError as exc:  # adoption removes it at the next start
+                log.warning("old container not removed", extra={"sandbox": rec.id, "error": str(exc)})
+        log.info(
+            "sandbox restored",
+            extra={
+                "sandbox": rec.id,
+                "checkpoint": ckpt.id,
+                "turn": ckpt.turn,
+                **prep.stats,
+                "total_ms": round((time.monotonic() - t0) * 1000, 1),
+            },
+        )
+        out = self.sandboxes.get(rec.id)
+        assert out is not None
+        out.ip_address = st.ip_address
+        return out
+
+    # --- fork ----------------------------------------------------------------------------
+
+    def _names(self, ckpt: CheckpointRecord, ids: list[str], prefix: str) -> list[str]:
+        if prefix:
+            names = [f"{prefix}-{i}" for i in range(1, len(ids) + 1)]
+        else:
+            names = [f"{ckpt.sandbox_name}-{sid[:6]}" for sid in ids]
+        for n in names:
+            if self.sandboxes.registry.name_taken(n):
+                raise InvalidRequest(f"a sandbox named {n!r} already exists", hint="Pick another name prefix.")
+        return names
+
+    async def fork(self, owner_uid: int, ckpt: CheckpointRecord, n: int, name_prefix: str = "") -> list[SandboxRecord]:
+        if not 1 <= n <= MAX_FORKS:
+            raise InvalidRequest(f"a fork makes 1 to {MAX_FORKS} sandboxes, not {n}")
+        ids = [self.sandboxes.new_id() for _ in range(n)]
+        names = self._names(ckpt, ids, name_prefix)
+        base = spec_from_json(ckpt.spec_json)
+        async with self.ck.store_lock.shared():
+            tree, session_json = await self._load(ckpt)
+            recs: list[SandboxRecord] = []
+            try:
+                for sid, name in zip(ids, names, strict=True):
+                    recs.append(
+                        await self.sandboxes.reserve(
+                            owner_uid, replace(base, name=name), ckpt.image, sandbox_id=sid, origin=ckpt.id
+                        )
+                    )
+                gate = asyncio.Semaphore(FORK_PARALLEL)
+
+                async def one(r: SandboxRecord) -> tuple[Session, str]:
+                    async with gate:
+                        return await self._clone(r, ckpt, tree, session_json)
+
+                results = await asyncio.gather(*(one(r) for r in recs), return_exceptions=True)
+                failed = [x for x in results if isinstance(x, BaseException)]
+                if failed:
+                    raise failed[0]
+            except BaseException:
+                for r in recs:
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(self._undo_clone(r))
+                raise
+        out = []
+        for r, res in zip(recs, results, strict=True):
+            assert not isinstance(res, BaseException)
+            self.sandboxes.bind_session(r.id, res[0])
+            got = self.sandboxes.get(r.id)
+            assert got is not None
+            got.ip_address = res[1]
+            out.append(got)
+        log.info("checkpoint forked", extra={"checkpoint": ckpt.id, "n": n, "sandboxes": [r.id for r in out]})
+        return out
+
+    async def _clone(
+        self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: list[Any], session_json: str | None
+    ) -> tuple[Session, str]:
+        prep = _Prepared()
+        _, st = await self.sandboxes.launch(rec, ckpt.image, prepare=self._preparer(tree, prep))
+        session = await self.sandboxes.fresh_session(st, rec.spec, session_json)
+        await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
+        reg, cat = self.sandboxes.registry, self.ck.catalog
+
+        def commit() -> None:
+            with self.ck.db.tx() as conn:
+                cat.set_head(
+                    rec.id,
+                    ckpt.id,
+                    prep.stat_blob,
+                    prep.racy_ns,
+                    prep.blobs.child_of,
+                    self.ck.size_of(prep.blobs.sizes),
+                    conn=conn,
+                )
+                reg.update_sandbox(rec.id, state=SandboxState.RUNNING)
+
+        await asyncio.to_thread(commit)
+        return session, st.ip_address
+
+    async def _undo_clone(self, rec: SandboxRecord) -> None:
+        await asyncio.to_thread(self.ck.catalog.drop_head, rec.id)
+        current = self.sandboxes.get(rec.id)
+        await self.sandboxes.rollback(current or rec)

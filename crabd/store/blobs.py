@@ -1,0 +1,75 @@
+"""The blob store interface: immutable, content-addressed byte strings.
+
+A blob's address is the SHA-256 of its (uncompressed) content, as 64 lower
+hex digits.  Writers never overwrite: identical content has one address and
+is stored once, across turns and across sandboxes.  Readers always verify
+the content against its address and raise :class:`~crabd.errors.CorruptBlob`
+on a mismatch.
+
+Durability is explicit: a put blob may be lost in a crash until
+:meth:`BlobStore.sync` returned for it.  The checkpoint catalog syncs every
+blob a checkpoint names before it publishes the checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+HEX_LEN = 64
+
+
+def valid_address(hex_: str) -> bool:
+    return len(hex_) == HEX_LEN and all(c in "0123456789abcdef" for c in hex_)
+
+
+@dataclass(frozen=True)
+class PutResult:
+    hex: str
+    size: int  # content bytes
+    stored: int  # bytes newly written to disk (0 when the content was already stored)
+
+    @property
+    def new(self) -> bool:
+        return self.stored > 0
+
+
+class BlobStore(Protocol):
+    def put_pieces(self, pieces: Iterable[bytes]) -> PutResult:
+        """Store the concatenation of ``pieces`` (streamed; memory stays bounded)."""
+        ...
+
+    def put_bytes(self, data: bytes) -> PutResult: ...
+
+    def put_range(self, fd: int, offset: int, length: int) -> PutResult:
+        """Store ``length`` bytes of the open file ``fd`` from ``offset`` (stops early if it shrank)."""
+        ...
+
+    def sync(self, hexes: Iterable[str]) -> None:
+        """Make the named blobs durable."""
+        ...
+
+    def iter_content(self, hex_: str) -> Iterator[bytes]:
+        """The content in pieces, verified against ``hex_`` (CorruptBlob at the end if it differs)."""
+        ...
+
+    def read_bytes(self, hex_: str, *, limit: int) -> bytes:
+        """The whole content, verified; CorruptBlob if it is longer than ``limit``."""
+        ...
+
+    def exists(self, hex_: str) -> bool: ...
+
+    def stored_size(self, hex_: str) -> int: ...
+
+    def remove(self, hex_: str) -> int:
+        """Delete the blob; return the bytes freed (0 if it was not there)."""
+        ...
+
+    def iter_all(self) -> Iterator[str]:
+        """Every stored address (for gc and verify)."""
+        ...
+
+    def clean_tmp(self, older_than_s: float) -> int:
+        """Remove leftovers of interrupted writes; return bytes freed."""
+        ...

@@ -1,0 +1,456 @@
+"""The checkpoint catalog: checkpoints, lineage, heads and blob reference counts.
+
+Tables are documented in ``store/db.py``.  The rules:
+
+**Publication** (a checkpoint is complete and verified, or absent):
+
+1. every blob the checkpoint names is in the blob store;
+2. the ones not already live are made durable (``BlobStore.sync``);
+3. ONE transaction inserts the checkpoint row, takes its references and
+   moves the sandbox's head to it.
+
+A crash before 3 leaves only unreferenced blob files, which gc removes.
+
+**References** form a DAG.  An *owner* holds direct references: a checkpoint
+(``ck:<id>``: its index, delta and session blobs) or a sandbox head
+(``head:<sandbox>``: the stat index written after a restore).  A blob that
+names other blobs (an index names its pages, a page the file contents) has
+*edges* to them.  ``blob_refs.refcount`` counts live referrers, owners and
+live parents alike; a blob becoming live takes references on its children,
+a blob dropping to zero releases them, and its row disappears.  So
+``blob_refs`` holds exactly the live blobs, every checkpoint is
+self-contained, and any checkpoint can be deleted without touching the
+others (its children are re-parented to its parent).
+
+**Heads**: ``heads(sandbox, checkpoint, stat_blob)`` says what a sandbox's
+filesystem currently descends from: its next checkpoint's parent, and the
+index its next delta is computed against (``stat_blob`` when a restore wrote
+one — same content as the checkpoint, the new files' inode numbers and
+ctimes — else the checkpoint's own index).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from crabd.errors import CheckpointNotFound
+from crabd.models import CheckpointRecord
+from crabd.store.db import Database
+
+#: Children of a blob that is becoming live (supplied by whoever wrote it).
+ChildrenOf = Callable[[str], Iterable[str]]
+#: (content size, bytes on disk) of a blob that is becoming live.
+SizeOf = Callable[[str], tuple[int, int]]
+
+_COLS = (
+    "id, sandbox_id, sandbox_name, owner_uid, parent_id, branch, turn, kind, created_at, label, image, spec_json,"
+    " index_blob, delta_blob, session_blob, process_blob, racy_ns, kept, stats_json"
+)
+
+
+def _rec(row: tuple[Any, ...]) -> CheckpointRecord:
+    return CheckpointRecord(
+        id=str(row[0]),
+        sandbox_id=str(row[1]),
+        sandbox_name=str(row[2]),
+        owner_uid=int(row[3]),
+        parent_id=None if row[4] is None else str(row[4]),
+        branch=int(row[5]),
+        turn=int(row[6]),
+        kind=str(row[7]),
+        created_at=float(row[8]),
+        label=str(row[9]),
+        image=str(row[10]),
+        spec_json=str(row[11]),
+        index_blob=str(row[12]),
+        delta_blob=str(row[13]),
+        session_blob=None if row[14] is None else str(row[14]),
+        process_blob=None if row[15] is None else str(row[15]),
+        racy_ns=int(row[16]),
+        kept=bool(row[17]),
+        stats=json.loads(row[18]),
+    )
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a sandbox's files descend from (see the module doc)."""
+
+    checkpoint: CheckpointRecord | None
+    stat_blob: str | None
+    racy_ns: int
+
+    @property
+    def index_blob(self) -> str:
+        """The index the next delta is computed against."""
+        if self.stat_blob:
+            return self.stat_blob
+        assert self.checkpoint is not None
+        return self.checkpoint.index_blob
+
+
+def ck_owner(ckpt_id: str) -> str:
+    return f"ck:{ckpt_id}"
+
+
+def head_owner(sandbox_id: str) -> str:
+    return f"head:{sandbox_id}"
+
+
+def direct_refs(rec: CheckpointRecord) -> set[str]:
+    return {b for b in (rec.index_blob, rec.delta_blob, rec.session_blob, rec.process_blob) if b}
+
+
+class Catalog:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        #: Blobs released by head moves, for the next sweep (see :meth:`take_dropped`).
+        self._dropped: list[str] = []
+
+    def take_dropped(self) -> list[str]:
+        """Blobs that head moves released since the last call (candidates for immediate removal)."""
+        with self.db.lock:
+            out, self._dropped = self._dropped, []
+        return out
+
+    # --- reference counting (inside a transaction) ---------------------------
+
+    @staticmethod
+    def _incref(conn: sqlite3.Connection, blob: str, children: ChildrenOf, size_of: SizeOf) -> None:
+        stack = [blob]
+        while stack:
+            b = stack.pop()
+            if conn.execute("UPDATE blob_refs SET refcount=refcount+1 WHERE blob=?", (b,)).rowcount:
+                continue
+            size, stored = size_of(b)
+            conn.execute("INSERT INTO blob_refs(blob, refcount, size, stored) VALUES(?,1,?,?)", (b, size, stored))
+            kids = sorted(set(children(b)))
+            conn.executemany("INSERT OR IGNORE INTO blob_edges(parent, child) VALUES(?,?)", [(b, k) for k in kids])
+            stack.extend(kids)
+
+    @staticmethod
+    def _decref(conn: sqlite3.Connection, blob: str, dropped: list[str] | None = None) -> None:
+        """Release one reference; blobs that drop to zero are appended to ``dropped``."""
+        stack = [blob]
+        while stack:
+            b = stack.pop()
+            row = conn.execute("SELECT refcount FROM blob_refs WHERE blob=?", (b,)).fetchone()
+            if row is None:
+                continue
+            if int(row[0]) > 1:
+                conn.execute("UPDATE blob_refs SET refcount=refcount-1 WHERE blob=?", (b,))
+                continue
+            conn.execute("DELETE FROM blob_refs WHERE blob=?", (b,))
+            if dropped is not None:
+                dropped.append(b)
+            kids = [str(r[0]) for r in conn.execute("SELECT child FROM blob_edges WHERE parent=?", (b,))]
+            conn.execute("DELETE FROM blob_edges WHERE parent=?", (b,))
+            stack.extend(kids)
+
+    def _take(
+        self, conn: sqlite3.Connection, owner: str, blobs: Iterable[str], children: ChildrenOf, size_of: SizeOf
+    ) -> None:
+        for b in sorted(set(blobs)):
+            if conn.execute("INSERT OR IGNORE INTO refs(owner, blob) VALUES(?,?)", (owner, b)).rowcount:
+                self._incref(conn, b, children, size_of)
+
+    def _release(self, conn: sqlite3.Connection, owner: str, dropped: list[str] | None = None) -> None:
+        blobs = [str(r[0]) for r in conn.execute("SELECT blob FROM refs WHERE owner=?", (owner,))]
+        conn.execute("DELETE FROM refs WHERE owner=?", (owner,))
+        for b in blobs:
+            self._decref(conn, b, dropped)
+
+    def becoming_live(self, roots: Iterable[str], children: ChildrenOf) -> set[str]:
+        """The blobs that referencing ``roots`` would bring to life: they must be made durable first.
+
+        A live blob was durable when it first became live and keeps its
+        children live, so the walk stops at live blobs.
+        """
+        out: set[str] = set()
+        todo = list(set(roots))
+        with self.db.lock:
+            conn = self.db.conn
+            while todo:
+                b = todo.pop()
+                if b in out or conn.execute("SELECT 1 FROM blob_refs WHERE blob=?", (b,)).fetchone() is not None:
+                    continue
+                out.add(b)
+                todo.extend(children(b))
+        return out
+
+    def is_live(self, blob: str) -> bool:
+        with self.db.lock:
+            return self.db.conn.execute("SELECT 1 FROM blob_refs WHERE blob=?", (blob,)).fetchone() is not None
+
+    def live_blobs(self) -> dict[str, tuple[int, int, int]]:
+        """{blob: (refcount, size, stored)} of every live blob."""
+        with self.db.lock:
+            rows = self.db.conn.execute("SELECT blob, refcount, size, stored FROM blob_refs").fetchall()
+        return {str(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in rows}
+
+    # --- publication and heads ---------------------------------------------------
+
+    def publish(
+        self, rec: CheckpointRecord, children: ChildrenOf, size_of: SizeOf, hook: Callable[[], None] | None = None
+    ) -> None:
+        """Make ``rec`` visible and the head of its sandbox, in one transaction.
+
+        ``hook`` (tests only) runs inside the transaction, just before COMMIT.
+        """
+        with self.db.tx() as conn:
+            conn.execute(
+                f"INSERT INTO checkpoints({_COLS}) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    rec.id,
+                    rec.sandbox_id,
+                    rec.sandbox_name,
+                    rec.owner_uid,
+                    rec.parent_id,
+                    rec.branch,
+                    rec.turn,
+                    rec.kind,
+                    rec.created_at,
+                    rec.label,
+                    rec.image,
+                    rec.spec_json,
+                    rec.index_blob,
+                    rec.delta_blob,
+                    rec.session_blob,
+                    rec.process_blob,
+                    rec.racy_ns,
+                    int(rec.kept),
+                    json.dumps(rec.stats, sort_keys=True),
+                ),
+            )
+            self._take(conn, ck_owner(rec.id), direct_refs(rec), children, size_of)
+            self._set_head(conn, rec.sandbox_id, rec.id, None, rec.racy_ns, children, size_of)
+            if hook is not None:
+                hook()
+
+    def _set_head(
+        self,
+        conn: sqlite3.Connection,
+        sandbox_id: str,
+        ckpt_id: str,
+        stat_blob: str | None,
+        racy_ns: int,
+        children: ChildrenOf,
+        size_of: SizeOf,
+    ) -> None:
+        # Take the new references before releasing the old ones, so blobs
+        # shared by both never drop to zero in between.
+        owner = head_owner(sandbox_id)
+        old = {str(r[0]) for r in conn.execute("SELECT blob FROM refs WHERE owner=?", (owner,))}
+        new = {stat_blob} if stat_blob else set()
+        self._take(conn, owner, new - old, children, size_of)
+        for b in old - new:
+            conn.execute("DELETE FROM refs WHERE owner=? AND blob=?", (owner, b))
+            self._decref(conn, b, self._dropped)
+        conn.execute(
+            "INSERT INTO heads(sandbox_id, checkpoint_id, stat_blob, racy_ns) VALUES(?,?,?,?)"
+            " ON CONFLICT(sandbox_id) DO UPDATE"
+            " SET checkpoint_id=excluded.checkpoint_id, stat_blob=excluded.stat_blob, racy_ns=excluded.racy_ns",
+            (sandbox_id, ckpt_id, stat_blob, racy_ns),
+        )
+
+    def set_head(
+        self,
+        sandbox_id: str,
+        ckpt_id: str,
+        stat_blob: str | None,
+        racy_ns: int,
+        children: ChildrenOf,
+        size_of: SizeOf,
+        conn: sqlite3.Connection | None = None,
+    ) -> None:
+        """Point ``sandbox_id`` at ``ckpt_id`` (joining the caller's transaction if ``conn`` is given)."""
+        if conn is not None:
+            self._set_head(conn, sandbox_id, ckpt_id, stat_blob, racy_ns, children, size_of)
+            return
+        with self.db.tx() as c:
+            self._set_head(c, sandbox_id, ckpt_id, stat_blob, racy_ns, children, size_of)
+
+    def head(self, sandbox_id: str) -> Head | None:
+        """The sandbox's head, or None when it has none.
+
+        ``Head.checkpoint`` is None when the checkpoint it stood on was
+        deleted and had no parent; the stat index still describes its files.
+        """
+        with self.db.lock:
+            row = self.db.conn.execute(
+                "SELECT checkpoint_id, stat_blob, racy_ns FROM heads WHERE sandbox_id=?", (sandbox_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            rec = self.find(str(row[0])) if row[0] else None
+        if rec is None and not row[1]:
+            return None
+        return Head(rec, None if row[1] is None else str(row[1]), int(row[2]))
+
+    def drop_head(self, sandbox_id: str) -> list[str]:
+        """Forget a sandbox's head; return the blobs that are no longer referenced."""
+        dropped: list[str] = []
+        with self.db.tx() as c:
+            self._release(c, head_owner(sandbox_id), dropped)
+            c.execute("DELETE FROM heads WHERE sandbox_id=?", (sandbox_id,))
+        return dropped
+
+    # --- queries ---------------------------------------------------------------------
+
+    def find(self, ckpt_id: str) -> CheckpointRecord | None:
+        with self.db.lock:
+            row = self.db.conn.execute(f"SELECT {_COLS} FROM checkpoints WHERE id=?", (ckpt_id,)).fetchone()
+        return None if row is None else _rec(row)
+
+    def get(self, ckpt_id: str) -> CheckpointRecord:
+        rec = self.find(ckpt_id)
+        if rec is None:
+            raise CheckpointNotFound(f"no checkpoint {ckpt_id!r}", checkpoint=ckpt_id)
+        return rec
+
+    def list_checkpoints(self, sandbox_id: str | None = None, owner_uid: int | None = None) -> list[CheckpointRecord]:
+        q, args = f"SELECT {_COLS} FROM checkpoints WHERE 1=1", []
+        if sandbox_id is not None:
+            q += " AND sandbox_id=?"
+            args.append(sandbox_id)
+        if owner_uid is not None:
+            q += " AND owner_uid=?"
+            args.append(str(owner_uid))
+        with self.db.lock:
+            rows = self.db.conn.execute(q + " ORDER BY created_at, rowid", args).fetchall()
+        return [_rec(r) for r in rows]
+
+    def children(self, ckpt_id: str) -> list[CheckpointRecord]:
+        with self.db.lock:
+            rows = self.db.conn.execute(
+                f"SELECT {_COLS} FROM checkpoints WHERE parent_id=? ORDER BY created_at, rowid", (ckpt_id,)
+            ).fetchall()
+        return [_rec(r) for r in rows]
+
+    def lineage(self, ckpt_id: str) -> list[CheckpointRecord]:
+        """``ckpt_id`` and its ancestors, root first."""
+        chain: list[CheckpointRecord] = []
+        seen: set[str] = set()
+        cur: str | None = ckpt_id
+        while cur is not None and cur not in seen:
+            seen.add(cur)
+            rec = self.find(cur)
+            if rec is None:
+                break
+            chain.append(rec)
+            cur = rec.parent_id
+        return list(reversed(chain))
+
+    def by_turn(self, sandbox_id: str, turn: int) -> list[CheckpointRecord]:
+        with self.db.lock:
+            rows = self.db.conn.execute(
+                f"SELECT {_COLS} FROM checkpoints WHERE sandbox_id=? AND turn=? ORDER BY created_at, rowid",
+                (sandbox_id, turn),
+            ).fetchall()
+        return [_rec(r) for r in rows]
+
+    def heads_on(self, ckpt_id: str) -> list[str]:
+        """Sandboxes whose head is ``ckpt_id``."""
+        with self.db.lock:
+            rows = self.db.conn.execute("SELECT sandbox_id FROM heads WHERE checkpoint_id=?", (ckpt_id,)).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def users_of(self, blob: str) -> tuple[list[str], list[str]]:
+        """(checkpoints, sandbox heads) whose state needs ``blob``, found by walking edges upwards."""
+        ckpts: set[str] = set()
+        heads: set[str] = set()
+        seen: set[str] = set()
+        todo = [blob]
+        with self.db.lock:
+            conn = self.db.conn
+            while todo:
+                b = todo.pop()
+                if b in seen:
+                    continue
+                seen.add(b)
+                for (owner,) in conn.execute("SELECT owner FROM refs WHERE blob=?", (b,)):
+                    kind, _, ident = str(owner).partition(":")
+                    (ckpts if kind == "ck" else heads).add(ident)
+                todo.extend(str(r[0]) for r in conn.execute("SELECT parent FROM blob_edges WHERE child=?", (b,)))
+        return sorted(ckpts), sorted(heads)
+
+    def reachable(self, roots: Iterable[str]) -> set[str]:
+        """Every live blob reachable from ``roots`` through edges."""
+        out: set[str] = set()
+        todo = list(roots)
+        with self.db.lock:
+            while todo:
+                b = todo.pop()
+                if b in out:
+                    continue
+                out.add(b)
+                todo.extend(
+                    str(r[0]) for r in self.db.conn.execute("SELECT child FROM blob_edges WHERE parent=?", (b,))
+                )
+        return out
+
+    # --- deletion ------------------------------------------------------------------------
+
+    def delete(self, ckpt_id: str) -> list[str]:
+        """Delete one checkpoint; return the blobs that are no longer referenced.
+
+        Its children are re-parented to its parent; sandboxes whose head it
+        was keep its index as their stat index, so their next delta stays
+        small and exact.
+        """
+        dropped: list[str] = []
+        with self.db.tx() as conn:
+            rec = self.find(ckpt_id)
+            if rec is None:
+                raise CheckpointNotFound(f"no checkpoint {ckpt_id!r}", checkpoint=ckpt_id)
+            for sid in self.heads_on(ckpt_id):
+                row = conn.execute("SELECT stat_blob FROM heads WHERE sandbox_id=?", (sid,)).fetchone()
+                stat = str(row[0]) if row and row[0] else rec.index_blob
+                if rec.parent_id is None:
+                    # Nothing left to descend from: the sandbox starts a new root, but its next
+                    # delta is still computed against what it has now.
+                    conn.execute("UPDATE heads SET checkpoint_id='' WHERE sandbox_id=?", (sid,))
+                else:
+                    conn.execute("UPDATE heads SET checkpoint_id=? WHERE sandbox_id=?", (rec.parent_id, sid))
+                if not row or not row[0]:
+                    self._take(conn, head_owner(sid), [stat], lambda _b: (), lambda _b: (0, 0))
+                    conn.execute("UPDATE heads SET stat_blob=?, racy_ns=? WHERE sandbox_id=?", (stat, rec.racy_ns, sid))
+            conn.execute("UPDATE checkpoints SET parent_id=? WHERE parent_id=?", (rec.parent_id, ckpt_id))
+            conn.execute("UPDATE sandboxes SET origin=? WHERE origin=?", (rec.parent_id or "", ckpt_id))
+            self._release(conn, ck_owner(ckpt_id), dropped)
+            conn.execute("DELETE FROM checkpoints WHERE id=?", (ckpt_id,))
+        return dropped
+
+    def set_kept(self, ckpt_ids: Iterable[str], kept: bool) -> None:
+        with self.db.tx() as conn:
+            conn.executemany("UPDATE checkpoints SET kept=? WHERE id=?", [(int(kept), c) for c in ckpt_ids])
+
+    def prunable(self, live_sandboxes: set[str]) -> list[str]:
+        """Checkpoints nobody needs any more: their sandbox is gone, they are not kept, no checkpoint
+        descends from them and no sandbox stands on them (head or origin).  Leaves first."""
+        with self.db.lock:
+            conn = self.db.conn
+            rows = conn.execute("SELECT id, sandbox_id, parent_id, kept FROM checkpoints").fetchall()
+            heads = {str(r[0]) for r in conn.execute("SELECT checkpoint_id FROM heads")}
+            origins = {str(r[0]) for r in conn.execute("SELECT origin FROM sandboxes")}
+        parent = {str(r[0]): (None if r[2] is None else str(r[2])) for r in rows}
+        kids: dict[str, int] = {}
+        for p in parent.values():
+            if p is not None:
+                kids[p] = kids.get(p, 0) + 1
+        removable = {str(r[0]) for r in rows if str(r[1]) not in live_sandboxes and not r[3]} - heads - origins
+        out: list[str] = []
+        frontier = [c for c in removable if not kids.get(c)]
+        while frontier:
+            c = frontier.pop()
+            out.append(c)
+            p = parent.get(c)
+            if p is not None:
+                kids[p] -= 1
+                if p in removable and kids[p] == 0:
+                    frontier.append(p)
+        return out

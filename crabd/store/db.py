@@ -1,0 +1,170 @@
+"""crabd's one SQLite database: the sandbox registry and the checkpoint catalog.
+
+Both live in ``<state_dir>/registry.db`` so that an operation touching both
+(a restore moves a sandbox to a new container *and* moves its checkpoint
+head) commits in one transaction.  SQLite does not make transactions across
+attached WAL databases atomic, which is why this is one file.
+
+Durability: WAL mode with ``synchronous=FULL``, so a committed transaction
+survives kill -9 and power loss.
+
+Schema (version 2)::
+
+    meta(key TEXT PK, value TEXT)                      -- schema_version
+    sandboxes(id TEXT PK, name TEXT UNIQUE, owner_uid INT, spec_json TEXT,
+              image TEXT, container_id TEXT,
+              state TEXT,                             -- creating|running|stopped|dead
+              created_at REAL, exit_code INT NULL, oom_killed INT, dead_reason TEXT,
+              origin TEXT,                            -- checkpoint it was forked from ('' = none)
+              branch INT)                             -- bumped by every in-place restore
+    turns(sandbox_id, number, started_at, ended_at NULL, implicit, session_state_json NULL)
+    commands(sandbox_id, turn, seq, kind, command, exit_code, timed_out, started_at,
+             duration_s, stdout_bytes, stderr_bytes)
+    checkpoints(id TEXT PK, sandbox_id TEXT, sandbox_name TEXT, owner_uid INT,
+                parent_id TEXT NULL,                  -- previous checkpoint of its branch
+                branch INT, turn INT, kind TEXT,      -- kind: fs | full
+                created_at REAL, label TEXT,
+                image TEXT, spec_json TEXT,           -- enough to fork it after its sandbox is gone
+                index_blob TEXT, delta_blob TEXT, session_blob TEXT NULL, process_blob TEXT NULL,
+                racy_ns INT,                          -- see crabd.backends.overlay.scan
+                kept INT, stats_json TEXT)
+    heads(sandbox_id TEXT PK, checkpoint_id TEXT, stat_blob TEXT NULL, racy_ns INT)
+    refs(owner TEXT, blob TEXT, PK(owner, blob))       -- owner: "ck:<id>" or "head:<sandbox>"
+    blob_refs(blob TEXT PK, refcount INT, size INT, stored INT)
+    blob_edges(parent TEXT, child TEXT, PK(parent, child))
+
+Version 1 (issue 3) had only meta, sandboxes (without origin and branch),
+turns and commands; :func:`_migrate` upgrades it in place.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from types import TracebackType
+
+from crabd.errors import StoreError
+
+SCHEMA_VERSION = 2
+
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sandboxes(
+    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, owner_uid INTEGER NOT NULL,
+    spec_json TEXT NOT NULL, image TEXT NOT NULL, container_id TEXT NOT NULL DEFAULT '',
+    state TEXT NOT NULL, created_at REAL NOT NULL, exit_code INTEGER,
+    oom_killed INTEGER NOT NULL DEFAULT 0, dead_reason TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS turns(
+    sandbox_id TEXT NOT NULL, number INTEGER NOT NULL, started_at REAL NOT NULL,
+    ended_at REAL, implicit INTEGER NOT NULL DEFAULT 0, session_state_json TEXT,
+    PRIMARY KEY(sandbox_id, number));
+CREATE TABLE IF NOT EXISTS commands(
+    sandbox_id TEXT NOT NULL, turn INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
+    command TEXT NOT NULL, exit_code INTEGER NOT NULL, timed_out INTEGER NOT NULL,
+    started_at REAL NOT NULL, duration_s REAL NOT NULL, stdout_bytes INTEGER NOT NULL,
+    stderr_bytes INTEGER NOT NULL, PRIMARY KEY(sandbox_id, turn, seq));
+"""
+
+_SCHEMA_V2 = """
+CREATE TABLE IF NOT EXISTS checkpoints(
+    id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, sandbox_name TEXT NOT NULL, owner_uid INTEGER NOT NULL,
+    parent_id TEXT, branch INTEGER NOT NULL, turn INTEGER NOT NULL, kind TEXT NOT NULL,
+    created_at REAL NOT NULL, label TEXT NOT NULL DEFAULT '', image TEXT NOT NULL, spec_json TEXT NOT NULL,
+    index_blob TEXT NOT NULL, delta_blob TEXT NOT NULL, session_blob TEXT, process_blob TEXT,
+    racy_ns INTEGER NOT NULL DEFAULT 0, kept INTEGER NOT NULL DEFAULT 0, stats_json TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints(sandbox_id, created_at);
+CREATE INDEX IF NOT EXISTS checkpoints_parent ON checkpoints(parent_id);
+CREATE TABLE IF NOT EXISTS heads(sandbox_id TEXT PRIMARY KEY, checkpoint_id TEXT NOT NULL, stat_blob TEXT,
+    racy_ns INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS refs(owner TEXT NOT NULL, blob TEXT NOT NULL, PRIMARY KEY(owner, blob));
+CREATE TABLE IF NOT EXISTS blob_refs(blob TEXT PRIMARY KEY, refcount INTEGER NOT NULL,
+    size INTEGER NOT NULL, stored INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS blob_edges(parent TEXT NOT NULL, child TEXT NOT NULL, PRIMARY KEY(parent, child));
+CREATE INDEX IF NOT EXISTS blob_edges_child ON blob_edges(child);
+"""
+
+_SANDBOX_COLUMNS_V2 = (
+    ("origin", "TEXT NOT NULL DEFAULT ''"),
+    ("branch", "INTEGER NOT NULL DEFAULT 0"),
+)
+
+
+class Database:
+    """One connection shared by the registry and the catalog, guarded by one lock.
+
+    Reads take :attr:`lock`; writes go through :meth:`tx`.  Use as a
+    context manager or call :meth:`close`.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.lock = threading.RLock()
+        try:
+            self.conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=FULL")
+            self._migrate()
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"cannot open crab's database {path}: {exc}",
+                hint="Check the state dir's disk and permissions; crabd must run as root.",
+            ) from exc
+
+    def _migrate(self) -> None:
+        # executescript() commits on its own; every statement is idempotent.
+        self.conn.executescript(_SCHEMA_V1)
+        have = {str(r[1]) for r in self.conn.execute("PRAGMA table_info(sandboxes)")}
+        with self.tx() as db:
+            for name, decl in _SANDBOX_COLUMNS_V2:
+                if name not in have:
+                    db.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {decl}")
+        self.conn.executescript(_SCHEMA_V2)
+        with self.tx() as db:
+            db.execute(
+                "INSERT INTO meta(key, value) VALUES('schema_version', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
+
+    def tx(self) -> Tx:
+        """One write transaction: ``with db.tx() as conn: ...`` (BEGIN IMMEDIATE ... COMMIT/ROLLBACK)."""
+        return Tx(self.conn, self.lock)
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Tx:
+    """A write transaction under the database lock.  Nested use joins the outer transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, lock: threading.RLock) -> None:
+        self._conn = conn
+        self._lock = lock
+        self._outer = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._lock.acquire()
+        try:
+            self._outer = not self._conn.in_transaction
+            if self._outer:
+                self._conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._conn
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            if self._outer:
+                self._conn.execute("COMMIT" if t is None else "ROLLBACK")
+        finally:
+            self._lock.release()

@@ -1,0 +1,87 @@
+"""gc and verify over the blob store and the catalog.
+
+* :func:`collect_garbage` removes every blob file the catalog does not hold
+  live, and the debris of interrupted writes.  The caller must hold the
+  store lock exclusively (no checkpoint may be between "found this blob
+  stored" and "published it").
+* :func:`verify` re-hashes live blobs and, for each one that is missing or
+  damaged, names the checkpoints and sandbox heads whose state needs it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from crabd.errors import CorruptBlob, StoreError
+from crabd.store.blobs import BlobStore
+from crabd.store.catalog import Catalog
+
+
+@dataclass
+class GcReport:
+    blobs_removed: int = 0
+    bytes_freed: int = 0
+    tmp_bytes_freed: int = 0
+    live_blobs: int = 0
+    live_bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class BlobProblem:
+    blob: str
+    problem: str
+    checkpoints: list[str]
+    sandboxes: list[str]
+
+
+@dataclass
+class VerifyReport:
+    blobs_checked: int = 0
+    bytes_checked: int = 0
+    problems: list[BlobProblem] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def collect_garbage(catalog: Catalog, blobs: BlobStore) -> GcReport:
+    t0 = time.monotonic()
+    report = GcReport()
+    live = catalog.live_blobs()
+    for hex_ in list(blobs.iter_all()):
+        if hex_ not in live:
+            report.bytes_freed += blobs.remove(hex_)
+            report.blobs_removed += 1
+    report.tmp_bytes_freed = blobs.clean_tmp(0)
+    report.live_blobs = len(live)
+    report.live_bytes = sum(stored for _, _, stored in live.values())
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def verify(catalog: Catalog, blobs: BlobStore, only: Iterable[str] | None = None) -> VerifyReport:
+    """Re-hash the live blobs (or the live ones among ``only``)."""
+    t0 = time.monotonic()
+    report = VerifyReport()
+    live = catalog.live_blobs()
+    todo = sorted(live if only is None else set(only) & set(live))
+    for hex_ in todo:
+        problem = ""
+        try:
+            for piece in blobs.iter_content(hex_):
+                report.bytes_checked += len(piece)
+        except CorruptBlob as exc:
+            problem = exc.message
+        except StoreError as exc:
+            problem = exc.message
+        report.blobs_checked += 1
+        if problem:
+            ckpts, heads = catalog.users_of(hex_)
+            report.problems.append(BlobProblem(hex_, problem, ckpts, heads))
+    report.seconds = time.monotonic() - t0
+    return report
