@@ -6,8 +6,10 @@ checkpoint freezes once for CRIU and the filesystem together):
 1. :meth:`FsDelta.prepare` while the sandbox runs: the expensive walk, reading
    changed content optimistically;
 2. :meth:`FsDelta.capture` while the sandbox is frozen: a re-walk that reads
-   only what changed since step 1 — this is the consistent cut;
-3. :meth:`FsDelta.store` after the thaw: encode the index and the delta.
+   only what changed since step 1 — this is the consistent cut, and nothing
+   else happens in it;
+3. :meth:`FsDelta.store` after the thaw: work out the delta, encode the
+   index and the delta.
 
 Trees are lists of :class:`~crabd.backends.overlay.entries.Entry` sorted by path.
 """
@@ -50,8 +52,9 @@ class StoredTree:
     new_bytes: int
 
 
-#: Opaque result of :meth:`FsDelta.prepare`, handed back to :meth:`FsDelta.capture`.
+#: Opaque results of :meth:`FsDelta.prepare` and :meth:`FsDelta.capture`, handed to the next step.
 Prepared = Any
+Cut = Any
 
 
 class FsDelta(Protocol):
@@ -61,9 +64,9 @@ class FsDelta(Protocol):
 
     def prepare(self, upper: Path, base: Tree | None, racy_ns: int) -> Prepared: ...
 
-    def capture(self, prepared: Prepared) -> FsCapture: ...
+    def capture(self, prepared: Prepared) -> Cut: ...
 
-    def store(self, capture: FsCapture) -> StoredTree: ...
+    def store(self, cut: Cut) -> tuple[FsCapture, StoredTree]: ...
 
     def store_tree(self, tree: Tree) -> StoredTree:
         """Store a tree as an index only (the stat index after a restore)."""

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from crabd.backends.fsdelta import Change, FsDelta, StoredTree
+from crabd.backends.fsdelta import Change, FsDelta
 from crabd.backends.overlay.scan import TICK_NS
 from crabd.backends.sandbox import SandboxBackend
 from crabd.coordinator.sandboxes import SandboxManager
@@ -147,12 +147,12 @@ class Checkpointer:
             # scheduling never stretches the time the sandbox stands still.
             with self.backend.frozen(cid):
                 f0 = time.monotonic()
-                capture = self.fs.capture(prepared)
+                cut = self.fs.capture(prepared)
                 freeze_s = time.monotonic() - f0
-            return capture, freeze_s, time.time_ns()
+            return cut, freeze_s, time.time_ns()
 
-        capture, freeze_s, thawed_ns = await asyncio.to_thread(frozen_cut)
-        stored: StoredTree = await asyncio.to_thread(self.fs.store, capture)
+        cut, freeze_s, thawed_ns = await asyncio.to_thread(frozen_cut)
+        capture, stored = await asyncio.to_thread(self.fs.store, cut)
         info = Blobs(dict(stored.children), dict(stored.sizes))
         session_blob = None
         new_bytes = capture.new_bytes + stored.new_bytes

@@ -37,7 +37,7 @@ from typing import Any
 from crabd.backends.overlay.scan import TICK_NS
 from crabd.coordinator.checkpoints import Blobs, Checkpointer
 from crabd.coordinator.runner import Session
-from crabd.errors import CrabError, ImageError, InvalidRequest, SandboxBusy
+from crabd.errors import ImageError, InvalidRequest, SandboxBusy
 from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
 from crabd.store.registry import spec_from_json
 
@@ -117,13 +117,17 @@ class Restorer:
         t0 = time.monotonic()
         rec = self.sandboxes.get(rec.id) or rec
         tree, session_json = await self._load(ckpt)
+        t_load = time.monotonic()
         prep = _Prepared()
         new_cid, st = await self.sandboxes.launch(
             rec, ckpt.image, generation=secrets.token_hex(3), record_id=False, prepare=self._preparer(tree, prep)
         )
+        t_launch = time.monotonic()
         try:
             session = await self.sandboxes.fresh_session(st, rec.spec, session_json)
+            t_session = time.monotonic()
             await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
+            t_durable = time.monotonic()
             reg, cat = self.sandboxes.registry, self.ck.catalog
 
             def swap() -> None:
@@ -151,10 +155,10 @@ class Restorer:
         self.sandboxes.bind_session(rec.id, session)
         old = rec.container_id
         if old and old != new_cid:
-            try:
-                await asyncio.to_thread(self.sandboxes.backend.remove, old)
-            except CrabError as exc:  # adoption removes it at the next start
-                log.warning("old container not removed", extra={"sandbox": rec.id, "error": str(exc)})
+            # Deleting a big upper dir takes seconds; the restore is complete
+            # without it, so it happens in the background.
+            self.sandboxes.remove_in_background(old, rec.id)
+        t_end = time.monotonic()
         log.info(
             "sandbox restored",
             extra={
@@ -162,7 +166,12 @@ class Restorer:
                 "checkpoint": ckpt.id,
                 "turn": ckpt.turn,
                 **prep.stats,
-                "total_ms": round((time.monotonic() - t0) * 1000, 1),
+                "load_s": round(t_load - t0, 4),
+                "launch_s": round(t_launch - t_load, 4),
+                "session_s": round(t_session - t_launch, 4),
+                "durable_s": round(t_durable - t_session, 4),
+                "swap_s": round(t_end - t_durable, 4),
+                "total_ms": round((t_end - t0) * 1000, 1),
             },
         )
         out = self.sandboxes.get(rec.id)

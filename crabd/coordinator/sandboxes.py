@@ -101,6 +101,7 @@ class SandboxManager:
         self.turns = TurnKeeper(registry)
         self._live: dict[str, _Live] = {}
         self._create_lock = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def _io(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -336,6 +337,22 @@ class SandboxManager:
         live = self._live.get(sandbox_id)
         return live is not None and live.session is not None and live.session.busy
 
+    def remove_in_background(self, container_id: str, sandbox_id: str) -> None:
+        """Remove a container no registry row names any more (a replaced one) without waiting for it.
+
+        If crabd stops first, adoption at the next start removes it.
+        """
+
+        async def go() -> None:
+            try:
+                await self._io(self.backend.remove, container_id)
+            except CrabError as exc:
+                log.warning("old container not removed", extra={"sandbox": sandbox_id, "error": str(exc)})
+
+        task = asyncio.create_task(go())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def adopt(self) -> dict[str, int]:
         """Reconcile the registry with Docker after a (re)start.  Returns counts."""
         counts = {"adopted": 0, "dead": 0, "rolled_back": 0, "orphans_removed": 0}
@@ -474,6 +491,8 @@ class SandboxManager:
         return self.turns.end(rec.id, current.number, state.to_json() if state else None)
 
     async def close(self, *, remove_all: bool) -> None:
+        if self._background:
+            await asyncio.wait(self._background, timeout=60)
         if remove_all:
             for rec in self.list_sandboxes(None):
                 try:

@@ -13,6 +13,7 @@ blob a checkpoint names before it publishes the checkpoint.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,8 +21,11 @@ from typing import Protocol
 HEX_LEN = 64
 
 
+_ADDRESS = re.compile(r"[0-9a-f]{64}")
+
+
 def valid_address(hex_: str) -> bool:
-    return len(hex_) == HEX_LEN and all(c in "0123456789abcdef" for c in hex_)
+    return _ADDRESS.fullmatch(hex_) is not None
 
 
 @dataclass(frozen=True)

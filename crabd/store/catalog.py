@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,20 @@ class Head:
         return self.checkpoint.index_blob
 
 
+#: Parameters per "IN (...)" query (SQLite allows at least 999).
+_BATCH = 500
+
+
+def _select_in(conn: sqlite3.Connection, sql: str, keys: list[str], *, columns: int = 1) -> list[Any]:
+    """Run ``sql`` (with one "{}" for the placeholders) over ``keys`` in batches; rows, or values if one column."""
+    out: list[Any] = []
+    for i in range(0, len(keys), _BATCH):
+        chunk = keys[i : i + _BATCH]
+        rows = conn.execute(sql.format(",".join("?" * len(chunk))), chunk).fetchall()
+        out.extend(rows if columns > 1 else (r[0] for r in rows))
+    return out
+
+
 def ck_owner(ckpt_id: str) -> str:
     return f"ck:{ckpt_id}"
 
@@ -119,50 +134,75 @@ class Catalog:
 
     # --- reference counting (inside a transaction) ---------------------------
 
-    @staticmethod
-    def _incref(conn: sqlite3.Connection, blob: str, children: ChildrenOf, size_of: SizeOf) -> None:
-        stack = [blob]
-        while stack:
-            b = stack.pop()
-            if conn.execute("UPDATE blob_refs SET refcount=refcount+1 WHERE blob=?", (b,)).rowcount:
-                continue
-            size, stored = size_of(b)
-            conn.execute("INSERT INTO blob_refs(blob, refcount, size, stored) VALUES(?,1,?,?)", (b, size, stored))
-            kids = sorted(set(children(b)))
-            conn.executemany("INSERT OR IGNORE INTO blob_edges(parent, child) VALUES(?,?)", [(b, k) for k in kids])
-            stack.extend(kids)
+    # Reference changes cascade through the DAG one level at a time, with one
+    # statement per batch rather than per blob: a first checkpoint of a big
+    # tree brings tens of thousands of file contents to life at once.
 
     @staticmethod
-    def _decref(conn: sqlite3.Connection, blob: str, dropped: list[str] | None = None) -> None:
-        """Release one reference; blobs that drop to zero are appended to ``dropped``."""
-        stack = [blob]
-        while stack:
-            b = stack.pop()
-            row = conn.execute("SELECT refcount FROM blob_refs WHERE blob=?", (b,)).fetchone()
-            if row is None:
-                continue
-            if int(row[0]) > 1:
-                conn.execute("UPDATE blob_refs SET refcount=refcount-1 WHERE blob=?", (b,))
-                continue
-            conn.execute("DELETE FROM blob_refs WHERE blob=?", (b,))
+    def _incref(conn: sqlite3.Connection, blobs: Counter[str], children: ChildrenOf, size_of: SizeOf) -> None:
+        """Add ``blobs[b]`` references to each ``b``; blobs coming to life take references on their children."""
+        level = blobs
+        while level:
+            keys = list(level)
+            live = set(_select_in(conn, "SELECT blob FROM blob_refs WHERE blob IN ({})", keys))
+            conn.executemany(
+                "UPDATE blob_refs SET refcount=refcount+? WHERE blob=?", [(level[b], b) for b in keys if b in live]
+            )
+            born = [b for b in keys if b not in live]
+            conn.executemany(
+                "INSERT INTO blob_refs(blob, refcount, size, stored) VALUES(?,?,?,?)",
+                [(b, level[b], *size_of(b)) for b in born],
+            )
+            nxt: Counter[str] = Counter()
+            edges: list[tuple[str, str]] = []
+            for b in born:
+                kids = set(children(b))
+                edges.extend((b, k) for k in kids)
+                nxt.update(kids)
+            conn.executemany("INSERT OR IGNORE INTO blob_edges(parent, child) VALUES(?,?)", edges)
+            level = nxt
+
+    @staticmethod
+    def _decref(conn: sqlite3.Connection, blobs: Counter[str], dropped: list[str] | None = None) -> None:
+        """Remove ``blobs[b]`` references from each ``b``; blobs that reach zero release their children
+        and are appended to ``dropped``."""
+        level = blobs
+        while level:
+            keys = list(level)
+            counts = {
+                str(b): int(n)
+                for b, n in _select_in(conn, "SELECT blob, refcount FROM blob_refs WHERE blob IN ({})", keys, columns=2)
+            }
+            conn.executemany(
+                "UPDATE blob_refs SET refcount=refcount-? WHERE blob=?",
+                [(level[b], b) for b in keys if b in counts and counts[b] > level[b]],
+            )
+            die = [b for b in keys if b in counts and counts[b] <= level[b]]
+            conn.executemany("DELETE FROM blob_refs WHERE blob=?", [(b,) for b in die])
+            kids = [
+                str(c)
+                for _, c in _select_in(
+                    conn, "SELECT parent, child FROM blob_edges WHERE parent IN ({})", die, columns=2
+                )
+            ]
+            conn.executemany("DELETE FROM blob_edges WHERE parent=?", [(b,) for b in die])
             if dropped is not None:
-                dropped.append(b)
-            kids = [str(r[0]) for r in conn.execute("SELECT child FROM blob_edges WHERE parent=?", (b,))]
-            conn.execute("DELETE FROM blob_edges WHERE parent=?", (b,))
-            stack.extend(kids)
+                dropped.extend(die)
+            level = Counter(kids)
 
     def _take(
         self, conn: sqlite3.Connection, owner: str, blobs: Iterable[str], children: ChildrenOf, size_of: SizeOf
     ) -> None:
+        added: Counter[str] = Counter()
         for b in sorted(set(blobs)):
             if conn.execute("INSERT OR IGNORE INTO refs(owner, blob) VALUES(?,?)", (owner, b)).rowcount:
-                self._incref(conn, b, children, size_of)
+                added[b] += 1
+        self._incref(conn, added, children, size_of)
 
     def _release(self, conn: sqlite3.Connection, owner: str, dropped: list[str] | None = None) -> None:
         blobs = [str(r[0]) for r in conn.execute("SELECT blob FROM refs WHERE owner=?", (owner,))]
         conn.execute("DELETE FROM refs WHERE owner=?", (owner,))
-        for b in blobs:
-            self._decref(conn, b, dropped)
+        self._decref(conn, Counter(blobs), dropped)
 
     def becoming_live(self, roots: Iterable[str], children: ChildrenOf) -> set[str]:
         """The blobs that referencing ``roots`` would bring to life: they must be made durable first.
@@ -171,15 +211,13 @@ class Catalog:
         children live, so the walk stops at live blobs.
         """
         out: set[str] = set()
-        todo = list(set(roots))
+        level = set(roots)
         with self.db.lock:
-            conn = self.db.conn
-            while todo:
-                b = todo.pop()
-                if b in out or conn.execute("SELECT 1 FROM blob_refs WHERE blob=?", (b,)).fetchone() is not None:
-                    continue
-                out.add(b)
-                todo.extend(children(b))
+            while level:
+                live = set(_select_in(self.db.conn, "SELECT blob FROM blob_refs WHERE blob IN ({})", list(level)))
+                born = level - live - out
+                out |= born
+                level = {k for b in born for k in children(b)} - out
         return out
 
     def is_live(self, blob: str) -> bool:
@@ -249,7 +287,7 @@ class Catalog:
         self._take(conn, owner, new - old, children, size_of)
         for b in old - new:
             conn.execute("DELETE FROM refs WHERE owner=? AND blob=?", (owner, b))
-            self._decref(conn, b, self._dropped)
+            self._decref(conn, Counter([b]), self._dropped)
         conn.execute(
             "INSERT INTO heads(sandbox_id, checkpoint_id, stat_blob, racy_ns) VALUES(?,?,?,?)"
             " ON CONFLICT(sandbox_id) DO UPDATE"

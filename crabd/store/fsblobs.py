@@ -15,6 +15,7 @@ durable in one batch before the catalog publishes the checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -33,6 +34,8 @@ from crabd.store.blobs import PutResult, valid_address
 
 #: Data moves through memory in pieces of at most this size.
 PIECE = 1 << 20
+#: Blobs whose content is at most this big are compressed and decompressed in one call.
+ONE_SHOT = 8 << 20
 #: Above this many blobs, one syncfs() of the state filesystem is cheaper
 #: than an fsync() per file (each fsync on ext4 is a journal commit).
 SYNCFS_THRESHOLD = 32
@@ -64,16 +67,29 @@ class FileBlobStore:
         except OSError as exc:
             raise _store_error(exc, root, "creating the blob store") from exc
         self._level = level
+        self._base = str(root / "sha256")
+        self._tmp = str(self.tmp)
         # zstd contexts are not thread-safe; checkpoints run on worker threads.
         self._local = _Contexts(level)
 
-    def path(self, hex_: str) -> Path:
+    def _p(self, hex_: str) -> str:
+        # Plain strings, not pathlib: this runs once per file of a checkpoint.
         if not valid_address(hex_):
             raise StoreError(f"not a blob address: {hex_!r}")
-        return self.root / "sha256" / hex_[:2] / hex_
+        return f"{self._base}/{hex_[:2]}/{hex_}"
+
+    def path(self, hex_: str) -> Path:
+        return Path(self._p(hex_))
 
     def exists(self, hex_: str) -> bool:
-        return self.path(hex_).exists()
+        return os.path.exists(self._p(hex_))
+
+    def _publish_tmp(self, tmp: str, target: str) -> None:
+        try:
+            os.rename(tmp, target)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+            os.rename(tmp, target)
 
     # --- writing -------------------------------------------------------------
 
@@ -88,13 +104,12 @@ class FileBlobStore:
                     size += len(piece)
                     z.write(piece)
             hex_ = h.hexdigest()
-            target = self.path(hex_)
-            if target.exists():
+            target = self._p(hex_)
+            if os.path.exists(target):
                 tmp.unlink()
                 return PutResult(hex_, size, 0)
             stored = tmp.stat().st_size
-            target.parent.mkdir(exist_ok=True, mode=0o700)
-            os.replace(tmp, target)
+            self._publish_tmp(str(tmp), target)
             return PutResult(hex_, size, stored)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
@@ -103,10 +118,28 @@ class FileBlobStore:
     def put_bytes(self, data: bytes) -> PutResult:
         # In-memory data: hash first, so content already stored costs no write at all.
         hex_ = hashlib.sha256(data).hexdigest()
-        if self.path(hex_).exists():
+        target = self._p(hex_)
+        if os.path.exists(target):
             return PutResult(hex_, len(data), 0)
-        view = memoryview(data)
-        return self.put_pieces(bytes(view[i : i + PIECE]) for i in range(0, len(data), PIECE))
+        if len(data) > ONE_SHOT:
+            view = memoryview(data)
+            return self.put_pieces(bytes(view[i : i + PIECE]) for i in range(0, len(data), PIECE))
+        packed = self._local.compressor().compress(data)
+        tmp = f"{self._tmp}/{secrets.token_hex(12)}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(packed)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            self._publish_tmp(tmp, target)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise _store_error(exc, self.root, "writing a blob") from exc
+        return PutResult(hex_, len(data), len(packed))
 
     def put_range(self, fd: int, offset: int, length: int) -> PutResult:
         def pieces() -> Iterator[bytes]:
@@ -154,8 +187,41 @@ class FileBlobStore:
 
     # --- reading ---------------------------------------------------------------
 
+    def _read_small(self, hex_: str, p: str) -> bytes | None:
+        """The whole content of a small blob in one read and one decompress call, or None if it is not small."""
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError as exc:
+            raise CorruptBlob(f"blob {hex_} is missing from {self.root}", blob=hex_, checkpoints=[]) from exc
+        try:
+            size = os.fstat(fd).st_size
+            if size > PIECE:
+                return None
+            packed = os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
+        try:
+            # The frame header states the content size (one-shot writes put it
+            # there); a header claiming more than ONE_SHOT goes the streaming way.
+            want = zstandard.frame_content_size(packed)
+            if not 0 <= want <= ONE_SHOT:
+                return None
+            return self._local.decompressor().decompress(packed)
+        except zstandard.ZstdError as exc:
+            raise CorruptBlob(f"blob {hex_} is damaged (not valid zstd: {exc})", blob=hex_, checkpoints=[]) from exc
+
     def iter_content(self, hex_: str) -> Iterator[bytes]:
-        p = self.path(hex_)
+        p = self._p(hex_)
+        try:
+            small = self._read_small(hex_, p)
+        except OSError as exc:
+            raise StoreError(f"reading blob {hex_} failed: {exc}") from exc
+        if small is not None:
+            got = hashlib.sha256(small).hexdigest()
+            if got != hex_:
+                raise CorruptBlob(f"blob {hex_} is corrupt: its content hashes to {got}", blob=hex_, checkpoints=[])
+            yield small
+            return
         h = hashlib.sha256()
         try:
             with open(p, "rb") as raw, self._local.decompressor().stream_reader(raw) as z:
@@ -185,15 +251,15 @@ class FileBlobStore:
 
     def stored_size(self, hex_: str) -> int:
         try:
-            return self.path(hex_).stat().st_size
+            return os.stat(self._p(hex_)).st_size
         except FileNotFoundError:
             return 0
 
     def remove(self, hex_: str) -> int:
-        p = self.path(hex_)
+        p = self._p(hex_)
         try:
-            n = p.stat().st_size
-            p.unlink()
+            n = os.stat(p).st_size
+            os.unlink(p)
             return n
         except FileNotFoundError:
             return 0

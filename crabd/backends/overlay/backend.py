@@ -11,7 +11,7 @@ from crabd.backends.fsdelta import Change, FsCapture, StoredTree, Tree
 from crabd.backends.overlay.entries import Entry, Kind, decode_delta, encode_delta
 from crabd.backends.overlay.index import MAX_META_BLOB, PageCache, build_index, load_index
 from crabd.backends.overlay.materialize import materialize, stat_index
-from crabd.backends.overlay.scan import PassStats, ScanLimits, Seen, link_hardlinks, scan_pass
+from crabd.backends.overlay.scan import PassResult, ScanLimits, link_hardlinks, scan_pass
 from crabd.store.blobs import BlobStore, PutResult
 
 
@@ -19,8 +19,14 @@ from crabd.store.blobs import BlobStore, PutResult
 class OverlayPrepared:
     upper: Path
     base: dict[bytes, Entry]
-    first: dict[bytes, Seen]
-    first_stats: PassStats
+    racy_ns: int
+    first: PassResult
+
+
+@dataclass
+class OverlayCut:
+    prepared: OverlayPrepared
+    final: PassResult
 
 
 def _diff(base: dict[bytes, Entry], tree: list[Entry]) -> tuple[list[Entry], list[Entry]]:
@@ -48,13 +54,29 @@ class OverlayDelta:
 
     def prepare(self, upper: Path, base: Tree | None, racy_ns: int) -> OverlayPrepared:
         base_map = {e.path: e for e in base or ()}
-        prev = {p: Seen(e, racy_ns) for p, e in base_map.items()}
-        first, stats = scan_pass(upper, prev, self.blobs, self.limits, strict=False)
-        return OverlayPrepared(upper, base_map, first, stats)
+        first = scan_pass(upper, base_map, racy_ns, self.blobs, self.limits, strict=False)
+        return OverlayPrepared(upper, base_map, racy_ns, first)
 
-    def capture(self, prepared: OverlayPrepared) -> FsCapture:
-        final, stats = scan_pass(prepared.upper, prepared.first, self.blobs, self.limits, strict=True)
-        tree = link_hardlinks([s.entry for s in final.values()])
+    def capture(self, prepared: OverlayPrepared) -> OverlayCut:
+        # Only the walk itself runs frozen; sorting and diffing wait for the thaw.
+        first = prepared.first
+        final = scan_pass(
+            prepared.upper,
+            first.entries,
+            prepared.racy_ns,
+            self.blobs,
+            self.limits,
+            strict=True,
+            prev_fresh=first.fresh,
+            prev_fresh_valid_below=first.valid_below,
+        )
+        return OverlayCut(prepared, final)
+
+    def _finish_capture(self, cut: OverlayCut) -> FsCapture:
+        prepared, final = cut.prepared, cut.final
+        first = prepared.first
+        stats = final.stats
+        tree = link_hardlinks(list(final.entries.values()))
         base = prepared.base
         present = {e.path for e in tree}
         added, changed = _diff(base, tree)
@@ -65,13 +87,13 @@ class OverlayDelta:
             deleted=sorted(p for p in base if p not in present),
             stats={
                 "entries": len(tree),
-                "prescan_s": prepared.first_stats.seconds,
+                "prescan_s": first.stats.seconds,
                 "frozen_scan_s": stats.seconds,
-                "files_read": prepared.first_stats.read_files + stats.read_files,
+                "files_read": first.stats.read_files + stats.read_files,
                 "files_reread_frozen": stats.read_files,
-                "bytes_read": prepared.first_stats.bytes_read + stats.bytes_read,
+                "bytes_read": first.stats.bytes_read + stats.bytes_read,
             },
-            new_bytes=prepared.first_stats.new_bytes + stats.new_bytes,
+            new_bytes=first.stats.new_bytes + stats.new_bytes,
         )
         return capture
 
@@ -93,8 +115,9 @@ class OverlayDelta:
             new_bytes=sum(p.stored for p in puts),
         )
 
-    def store(self, capture: FsCapture) -> StoredTree:
-        return self._finish(capture.tree, encode_delta(capture.added, capture.changed, capture.deleted))
+    def store(self, cut: OverlayCut) -> tuple[FsCapture, StoredTree]:
+        capture = self._finish_capture(cut)
+        return capture, self._finish(capture.tree, encode_delta(capture.added, capture.changed, capture.deleted))
 
     def store_tree(self, tree: Tree) -> StoredTree:
         return self._finish(tree, None)

@@ -64,12 +64,18 @@ def build_index(entries: list[Entry], store: BlobStore, cache: PageCache | None 
     built = BuiltIndex(root="")
     refs: list[tuple[str, int]] = []
     for page in paginate(entries):
-        put = store.put_bytes(encode_page(page))
-        built.puts.append(put)
-        refs.append((put.hex, len(page)))
-        built.children[put.hex] = {x.blob for e in page for x in e.extents}
-        if cache is not None:
-            cache.put(put.hex, page)
+        # A page made of the very entry objects of a page built or loaded
+        # before (unchanged files are carried over as the same objects)
+        # encodes to the same bytes: skip encoding and hashing it again.
+        hex_ = cache.same_page(page) if cache is not None else None
+        if hex_ is None or not store.exists(hex_):
+            put = store.put_bytes(encode_page(page))
+            built.puts.append(put)
+            hex_ = put.hex
+            if cache is not None:
+                cache.put(hex_, page)
+        refs.append((hex_, len(page)))
+        built.children[hex_] = {x.blob for e in page for x in e.extents}
     root = store.put_bytes(encode_root(len(entries), refs))
     built.puts.append(root)
     built.root = root.hex
@@ -83,8 +89,23 @@ class PageCache:
     def __init__(self, max_entries: int = 1_000_000) -> None:
         self.max_entries = max_entries
         self._pages: OrderedDict[str, list[Entry]] = OrderedDict()
+        # Identity of a cached page's entries -> its address.  Valid because
+        # the cache keeps those entry objects alive (ids are not reused).
+        self._by_ids: dict[tuple[int, ...], str] = {}
         self._held = 0
         self._lock = threading.Lock()
+
+    def same_page(self, page: list[Entry]) -> str | None:
+        """The address of a cached page made of exactly these entry objects."""
+        with self._lock:
+            hex_ = self._by_ids.get(tuple(map(id, page)))
+            if hex_ is None:
+                return None
+            cached = self._pages.get(hex_)
+            if cached is None or len(cached) != len(page) or any(a is not b for a, b in zip(cached, page)):
+                return None
+            self._pages.move_to_end(hex_)
+            return hex_
 
     def get(self, hex_: str) -> list[Entry] | None:
         with self._lock:
@@ -98,9 +119,11 @@ class PageCache:
             if hex_ in self._pages or len(page) > self.max_entries:
                 return
             self._pages[hex_] = page
+            self._by_ids[tuple(map(id, page))] = hex_
             self._held += len(page)
             while self._held > self.max_entries:
                 _, old = self._pages.popitem(last=False)
+                self._by_ids.pop(tuple(map(id, old)), None)
                 self._held -= len(old)
 
 

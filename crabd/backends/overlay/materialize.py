@@ -21,6 +21,7 @@ import os
 import stat
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,8 +100,10 @@ def _set_meta(e: Entry, name: bytes, dir_fd: int) -> None:
 
 
 def _write_file(e: Entry, name: bytes, parent: int, blobs: BlobStore, stats: MaterializeStats) -> None:
+    """Create a regular file with its content and metadata, all through its fd (no path lookups)."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
     try:
+        end = 0
         for x in e.extents:
             if x.offset < 0 or x.offset + x.length > e.size:
                 raise UnsafeEntry(f"extent beyond the end of {e.path!r}", path=e.path.decode("utf-8", "replace"))
@@ -108,21 +111,53 @@ def _write_file(e: Entry, name: bytes, parent: int, blobs: BlobStore, stats: Mat
             for piece in blobs.iter_content(x.blob):
                 os.pwrite(fd, piece, pos)
                 pos += len(piece)
-                stats.bytes_written += len(piece)
             if pos - x.offset != x.length:
                 raise StoreError(f"blob {x.blob} holds {pos - x.offset} bytes, the index says {x.length}")
-        os.ftruncate(fd, e.size)
+            stats.bytes_written += x.length
+            end = max(end, pos)
+        if end != e.size:  # a hole at the end (or an empty file made sparse)
+            os.ftruncate(fd, e.size)
+        for k, v in e.xattrs:
+            os.setxattr(fd, k, v)
+        if e.uid != 0 or e.gid != 0:
+            os.fchown(fd, e.uid, e.gid)
+        os.fchmod(fd, e.mode)  # after chown, which clears set-id bits
+        os.utime(fd, ns=(e.atime_ns, e.mtime_ns))
     finally:
         os.close(fd)
 
 
+#: Threads writing regular files (file creation and writes release the GIL).
+WRITERS = 4
+_BATCH = 512
+
+
+def _write_batch(root: int, batch: list[tuple[Entry, list[bytes]]], blobs: BlobStore) -> MaterializeStats:
+    stats = MaterializeStats()
+    dirs = _Dirs(root)
+    try:
+        for e, parts in batch:
+            _write_file(e, parts[-1], dirs.get(parts[:-1]), blobs, stats)
+            stats.entries += 1
+    finally:
+        dirs.close()
+    return stats
+
+
 def materialize(entries: list[Entry], blobs: BlobStore, target: Path) -> MaterializeStats:
-    """Create ``entries`` inside the empty directory ``target``."""
+    """Create ``entries`` inside the empty directory ``target``.
+
+    Order: directories (so every parent exists), regular files (in parallel
+    batches), then hardlinks, symlinks and special files, and last the
+    directories' own metadata, deepest first (creating children moved their
+    times).
+    """
     t0 = time.monotonic()
     stats = MaterializeStats()
     root = os.open(target, _DIR_FLAGS)
     dirs = _Dirs(root)
-    regular: set[bytes] = set()
+    files: list[tuple[Entry, list[bytes]]] = []
+    later: list[tuple[Entry, list[bytes]]] = []
     dir_entries: list[tuple[Entry, list[bytes]]] = []
     try:
         with os.scandir(root) as it:
@@ -130,37 +165,45 @@ def materialize(entries: list[Entry], blobs: BlobStore, target: Path) -> Materia
                 raise StoreError(f"refusing to materialize into non-empty {target}")
         for e in sorted(entries, key=lambda x: x.path):
             parts = check_path(e.path)
+            if e.kind is Kind.DIR:
+                os.mkdir(parts[-1], 0o700, dir_fd=dirs.get(parts[:-1]))
+                dir_entries.append((e, parts))
+            elif e.kind is Kind.REG and not e.link_to:
+                files.append((e, parts))
+            else:
+                later.append((e, parts))
+        with ThreadPoolExecutor(WRITERS, thread_name_prefix="crab-materialize") as pool:
+            futures = [
+                pool.submit(_write_batch, root, files[i : i + _BATCH], blobs) for i in range(0, len(files), _BATCH)
+            ]
+            for f in futures:
+                done = f.result()
+                stats.entries += done.entries
+                stats.bytes_written += done.bytes_written
+        regular = {e.path for e, _ in files}
+        for e, parts in later:
             name = parts[-1]
             parent = dirs.get(parts[:-1])
-            if e.kind is Kind.DIR:
-                os.mkdir(name, 0o700, dir_fd=parent)
-                dir_entries.append((e, parts))
-                stats.entries += 1
-                continue
-            if e.kind is Kind.REG and e.link_to:
+            if e.kind is Kind.REG:
                 if e.link_to not in regular:
                     raise UnsafeEntry(
-                        f"hardlink {e.path!r} names {e.link_to!r}, which is not an earlier file of this tree",
+                        f"hardlink {e.path!r} names {e.link_to!r}, which is not a file of this tree",
                         path=e.path.decode("utf-8", "replace"),
                     )
                 src = check_path(e.link_to)
                 src_dir = dirs.get(src[:-1])
-                parent = dirs.get(parts[:-1])
-                os.link(src[-1], name, src_dir_fd=src_dir, dst_dir_fd=parent, follow_symlinks=False)
-                stats.entries += 1
-                continue  # metadata is the inode's, set with its first name
-            if e.kind is Kind.REG:
-                _write_file(e, name, parent, blobs, stats)
-                regular.add(e.path)
+                os.link(src[-1], name, src_dir_fd=src_dir, dst_dir_fd=dirs.get(parts[:-1]), follow_symlinks=False)
+                # Metadata is the inode's, set through its first name.
             elif e.kind is Kind.LNK:
                 os.symlink(e.target, name, dir_fd=parent)
+                _set_meta(e, name, dirs.get(parts[:-1]))
             else:
                 os.mknod(name, 0o600 | _SPECIAL[e.kind], e.rdev, dir_fd=parent)
-            _set_meta(e, name, dirs.get(parts[:-1]))
+                _set_meta(e, name, dirs.get(parts[:-1]))
             stats.entries += 1
-        # Directories last, deepest first: creating their children moved their times.
         for e, parts in reversed(dir_entries):
             _set_meta(e, parts[-1], dirs.get(parts[:-1]))
+            stats.entries += 1
     finally:
         dirs.close()
         with contextlib.suppress(OSError):

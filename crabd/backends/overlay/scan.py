@@ -40,7 +40,7 @@ import os
 import stat
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from crabd.backends.overlay.entries import Entry, Extent, Kind
@@ -76,21 +76,24 @@ class ScanLimits:
     max_depth: int = 1000
 
 
-@dataclass(slots=True)
-class Seen:
-    entry: Entry
-    #: The entry's captured content is trusted only while its ctime is below this.
-    valid_below: int
-
-
 @dataclass
 class PassStats:
     entries: int = 0
     read_files: int = 0
     bytes_read: int = 0
-    new_blobs: set[str] = field(default_factory=set)
     new_bytes: int = 0
     seconds: float = 0.0
+
+
+_KIND_BY_FMT = {
+    stat.S_IFREG: Kind.REG,
+    stat.S_IFDIR: Kind.DIR,
+    stat.S_IFLNK: Kind.LNK,
+    stat.S_IFCHR: Kind.CHR,
+    stat.S_IFBLK: Kind.BLK,
+    stat.S_IFIFO: Kind.FIFO,
+    stat.S_IFSOCK: Kind.SOCK,
+}
 
 
 def kind_of(mode: int) -> Kind:
@@ -239,6 +242,10 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
     return out
 
 
+#: Files up to this size are read with one pread and hashed in memory.
+SMALL_FILE = 256 << 10
+
+
 def read_content(dir_fd: int, name: str, st: os.stat_result, store: BlobStore, stats: PassStats) -> list[Extent]:
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
@@ -248,13 +255,22 @@ def read_content(dir_fd: int, name: str, st: os.stat_result, store: BlobStore, s
         fst = os.fstat(fd)
         if not stat.S_ISREG(fst.st_mode) or fst.st_ino != st.st_ino or fst.st_dev != st.st_dev:
             raise _Changed(f"{name!r} was replaced while being read")
+        size = fst.st_size
+        if size <= SMALL_FILE and fst.st_blocks * 512 >= size:
+            # Not sparse (no fewer blocks than bytes): one read, no hole probing.
+            regions = [(0, size)] if size else []
+        else:
+            regions = data_extents(fd, size)
         extents = []
-        for off, length in data_extents(fd, fst.st_size):
-            put = store.put_range(fd, off, length)
-            extents.append(Extent(off, put.size, put.hex))
+        for off, length in regions:
+            if length <= SMALL_FILE:
+                put = store.put_bytes(os.pread(fd, length, off))
+            else:
+                put = store.put_range(fd, off, length)
+            if put.size:
+                extents.append(Extent(off, put.size, put.hex))
             stats.bytes_read += put.size
             if put.new:
-                stats.new_blobs.add(put.hex)
                 stats.new_bytes += put.stored
         stats.read_files += 1
         return extents
@@ -262,37 +278,75 @@ def read_content(dir_fd: int, name: str, st: os.stat_result, store: BlobStore, s
         os.close(fd)
 
 
+@dataclass
+class PassResult:
+    """One walk's view: every entry, and which ones had their content read in this pass."""
+
+    entries: dict[bytes, Entry]
+    fresh: set[bytes]
+    #: Content read in this pass is trusted while the entry's ctime is below this.
+    valid_below: int
+    stats: PassStats
+
+
 def scan_pass(
-    upper: Path, prev: Mapping[bytes, Seen], store: BlobStore, limits: ScanLimits, *, strict: bool
-) -> tuple[dict[bytes, Seen], PassStats]:
-    """One walk: reuse what ``prev`` vouches for, capture the rest.  See the module doc."""
+    upper: Path,
+    prev: Mapping[bytes, Entry],
+    prev_valid_below: int,
+    store: BlobStore,
+    limits: ScanLimits,
+    *,
+    strict: bool,
+    prev_fresh: set[bytes] | None = None,
+    prev_fresh_valid_below: int = 0,
+) -> PassResult:
+    """One walk: reuse what ``prev`` vouches for, capture the rest.  See the module doc.
+
+    An entry of ``prev`` vouches for its content while its ctime is below
+    ``prev_valid_below`` (or ``prev_fresh_valid_below`` for the paths in
+    ``prev_fresh``, read by an earlier pass of the same capture).
+    """
     t0 = time.monotonic()
     valid_below = time.time_ns() - TICK_NS
     stats = PassStats()
-    out: dict[bytes, Seen] = {}
+    out: dict[bytes, Entry] = {}
+    fresh: set[bytes] = set()
     read_inodes: dict[int, list[Extent]] = {}
+    prev_get = prev.get
+    kinds = _KIND_BY_FMT
+    max_entries = limits.max_entries
     for dir_fd, path, name, st in walk(upper, limits, strict=strict):
-        if len(out) >= limits.max_entries:
-            raise TooManyEntries(
-                f"the sandbox's filesystem changes exceed {limits.max_entries} entries", limit=limits.max_entries
-            )
-        e = stat_entry(path, st)
-        old = prev.get(path)
-        # Hardlinked files are always re-read (they are rare in an upper dir,
-        # and which name holds the content can change without a stat change).
+        if len(out) >= max_entries:
+            raise TooManyEntries(f"the sandbox's filesystem changes exceed {max_entries} entries", limit=max_entries)
+        kind = kinds.get(stat.S_IFMT(st.st_mode), Kind.SOCK)
+        old = prev_get(path)
+        # The common case, kept cheap: compare stat fields in place.  Hardlinked
+        # files are always re-read (they are rare in an upper dir, and which
+        # name holds the content can change without a stat change).
         if (
             old is not None
-            and old.entry.stat_key() == e.stat_key()
-            and e.ctime_ns < old.valid_below
-            and not (e.kind is Kind.REG and e.nlink > 1)
+            and old.ctime_ns == st.st_ctime_ns
+            and old.mtime_ns == st.st_mtime_ns
+            and old.ino == st.st_ino
+            and old.kind is kind
+            and old.mode == stat.S_IMODE(st.st_mode)
+            and old.uid == st.st_uid
+            and old.gid == st.st_gid
+            and old.nlink == st.st_nlink
+            and old.size == (st.st_size if kind is Kind.REG else 0)
+            and old.rdev == (st.st_rdev if kind in (Kind.CHR, Kind.BLK) else 0)
+            and not (kind is Kind.REG and st.st_nlink > 1)
+            and st.st_ctime_ns
+            < (prev_fresh_valid_below if prev_fresh is not None and path in prev_fresh else prev_valid_below)
         ):
             out[path] = old
             continue
+        e = stat_entry(path, st)
         try:
             e.xattrs = read_xattrs(dir_fd, name)
-            if e.kind is Kind.LNK:
+            if kind is Kind.LNK:
                 e.target = os.readlink(os.fsencode(name), dir_fd=dir_fd)
-            elif e.kind is Kind.REG:
+            elif kind is Kind.REG:
                 if e.nlink > 1 and e.ino in read_inodes:
                     e.extents = read_inodes[e.ino]
                 else:
@@ -303,10 +357,11 @@ def scan_pass(
             if strict:
                 raise StoreError(f"{path!r} changed inside a frozen sandbox: {exc}") from exc
             continue
-        out[path] = Seen(e, valid_below)
+        out[path] = e
+        fresh.add(path)
     stats.entries = len(out)
     stats.seconds = time.monotonic() - t0
-    return out, stats
+    return PassResult(out, fresh, valid_below, stats)
 
 
 def link_hardlinks(entries: list[Entry]) -> list[Entry]:
