@@ -98,6 +98,7 @@ class OverlayDelta:
         return capture
 
     def _finish(self, tree: Tree, delta: bytes | None) -> StoredTree:
+        """Store the index, and the delta unless there is none (an empty delta is no blob at all)."""
         built = build_index(tree, self.blobs, self.cache)
         puts: list[PutResult] = list(built.puts)
         delta_blob = ""
@@ -117,7 +118,9 @@ class OverlayDelta:
 
     def store(self, cut: OverlayCut) -> tuple[FsCapture, StoredTree]:
         capture = self._finish_capture(cut)
-        return capture, self._finish(capture.tree, encode_delta(capture.added, capture.changed, capture.deleted))
+        empty = not (capture.added or capture.changed or capture.deleted)
+        delta = None if empty else encode_delta(capture.added, capture.changed, capture.deleted)
+        return capture, self._finish(capture.tree, delta)
 
     def store_tree(self, tree: Tree) -> StoredTree:
         return self._finish(tree, None)
@@ -134,6 +137,8 @@ class OverlayDelta:
         }
 
     def changes(self, delta_blob: str, limit: int) -> tuple[list[Change], bool]:
+        if not delta_blob:
+            return [], False
         added, changed, deleted = decode_delta(self.blobs.read_bytes(delta_blob, limit=MAX_META_BLOB))
         out: list[Change] = []
         for group, what in ((added, "added"), (changed, "changed")):
