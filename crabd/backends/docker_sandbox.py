@@ -46,6 +46,7 @@ def _status(attrs: dict[str, Any]) -> ContainerStatus:
         oom_killed=bool(state.get("OOMKilled")),
         error=str(state.get("Error") or ""),
         ip_address=ip,
+        paused=bool(state.get("Paused")),
         env=tuple(config.get("Env") or ()),
         labels=dict(config.get("Labels") or {}),
     )
@@ -151,6 +152,10 @@ class DockerSandboxBackend:
 
     def frozen(self, container_id: str) -> AbstractContextManager[None]:
         return cgroup_freezer.frozen(container_id)
+
+    def thaw(self, container_id: str) -> None:
+        if not self.status(container_id).paused:  # a `docker pause` is Docker's to undo
+            cgroup_freezer.thaw(container_id)
 
     def start(self, container_id: str) -> None:
         self._call("start container", self._api.start, container_id)

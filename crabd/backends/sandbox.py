@@ -27,6 +27,7 @@ class ContainerStatus:
     oom_killed: bool = False
     error: str = ""
     ip_address: str = ""
+    paused: bool = False
     env: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -57,6 +58,10 @@ class SandboxBackend(Protocol):
 
     def frozen(self, container_id: str) -> AbstractContextManager[None]:
         """Freeze every process of the container for the ``with`` body."""
+        ...
+
+    def thaw(self, container_id: str) -> None:
+        """Undo a freeze that a crash left behind (no-op when not frozen, or paused through Docker)."""
         ...
 
     def start(self, container_id: str) -> None: ...

@@ -371,6 +371,9 @@ class SandboxManager:
                 known.add(rec.container_id)
             if rec.state is SandboxState.RUNNING:
                 rec, _ = await self.refresh(rec)
+                if rec.state is SandboxState.RUNNING:
+                    # A crabd killed mid-checkpoint leaves its sandbox frozen.
+                    await self._io(self.backend.thaw, rec.container_id)
                 counts["adopted" if rec.state is SandboxState.RUNNING else "dead"] += 1
         # Containers no row points at: left by a crash mid-create, or a
         # restore's new container that never replaced the old one.

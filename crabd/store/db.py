@@ -39,12 +39,13 @@ turns and commands; :func:`_migrate` upgrades it in place.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from pathlib import Path
 from types import TracebackType
 
-from crabd.errors import StoreError
+from crabd.errors import StoreError, StoreFull
 
 SCHEMA_VERSION = 2
 
@@ -143,8 +144,20 @@ class Database:
         self.close()
 
 
+def translate(exc: sqlite3.Error, path: Path | str) -> StoreError:
+    """A CrabError for an SQLite failure (a full disk is StoreFull: nothing was changed)."""
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and ("full" in text or "disk I/O" in text):
+        return StoreFull(f"crab's database {path} could not be written: {text}", path=str(path))
+    return StoreError(f"crab's database {path} failed: {text}")
+
+
 class Tx:
-    """A write transaction under the database lock.  Nested use joins the outer transaction."""
+    """A write transaction under the database lock.  Nested use joins the outer transaction.
+
+    SQLite errors raised inside it are rolled back and re-raised as
+    :class:`StoreError` (or :class:`StoreFull`).
+    """
 
     def __init__(self, conn: sqlite3.Connection, lock: threading.RLock) -> None:
         self._conn = conn
@@ -165,6 +178,26 @@ class Tx:
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         try:
             if self._outer:
-                self._conn.execute("COMMIT" if t is None else "ROLLBACK")
+                if t is None:
+                    try:
+                        self._conn.execute("COMMIT")
+                    except sqlite3.Error as exc:
+                        self._rollback()
+                        raise translate(exc, _db_path(self._conn)) from exc
+                else:
+                    self._rollback()
+            if isinstance(e, sqlite3.Error):
+                raise translate(e, _db_path(self._conn)) from e
         finally:
             self._lock.release()
+
+    def _rollback(self) -> None:
+        # SQLite may have rolled back already (e.g. after SQLITE_FULL).
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+
+
+def _db_path(conn: sqlite3.Connection) -> str:
+    row = conn.execute("PRAGMA database_list").fetchone()
+    return str(row[2]) if row else "registry.db"

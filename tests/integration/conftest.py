@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import grp
+import json
+import pwd
 import subprocess
+import sys
+import textwrap
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
-from tests.conftest import have_docker, have_root, require
+from tests.conftest import REPO, have_docker, have_root, require
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +69,63 @@ def docker_inspect(container_id: str, fmt: str) -> str:
     return subprocess.run(
         ["docker", "inspect", "-f", fmt, container_id], capture_output=True, text=True, timeout=60
     ).stdout.strip()
+
+
+USER_IN_GROUP = "crabtest1"
+USER_OUTSIDE = "crabtest2"
+
+
+def _ensure_user(name: str, groups: list[str]) -> tuple[int, int, bool]:
+    try:
+        pw = pwd.getpwnam(name)
+        return pw.pw_uid, pw.pw_gid, False
+    except KeyError:
+        args = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
+        if groups:
+            args += ["--groups", ",".join(groups)]
+        subprocess.run([*args, name], check=True, capture_output=True, timeout=60)
+        pw = pwd.getpwnam(name)
+        return pw.pw_uid, pw.pw_gid, True
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, tuple[int, int]]]:
+    require(have_root(), "needs root to create test users")
+    grp.getgrnam("crab")  # created by `make setup`
+    made = []
+    out = {}
+    for name, groups in ((USER_IN_GROUP, ["crab"]), (USER_OUTSIDE, [])):
+        uid, gid, created = _ensure_user(name, groups)
+        out[name] = (uid, gid)
+        if created:
+            made.append(name)
+    yield out
+    for name in made:
+        subprocess.run(["userdel", name], capture_output=True, timeout=60)
+
+
+def run_as(uid: int, gid: int, groups: list[int], socket: Path, body: str) -> dict[str, object]:
+    """Run SDK code in a child that drops to ``uid`` *before* it connects.
+
+    The interpreter and modules load as root (the venv lives under /root's
+    pyenv), then the child becomes the other user; SO_PEERCRED records the
+    credentials at connect() time, so crabd sees the real second uid.
+    """
+    head = textwrap.dedent(f"""\
+        import json, os, sys
+        from crabd.sdk import Client, CrabError
+        os.setgroups({groups!r}); os.setgid({gid}); os.setuid({uid})
+        out = {{}}
+        def attempt(key, fn):
+            try:
+                out[key] = ["ok", fn()]
+            except CrabError as e:
+                out[key] = [type(e).__name__, str(e)]
+        with Client({str(socket)!r}) as c:
+        """)
+    script = head + textwrap.indent(textwrap.dedent(body).strip() + "\n", "    ") + "print(json.dumps(out))\n"
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=str(REPO))
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result

@@ -102,7 +102,7 @@ class PageCache:
             if hex_ is None:
                 return None
             cached = self._pages.get(hex_)
-            if cached is None or len(cached) != len(page) or any(a is not b for a, b in zip(cached, page)):
+            if cached is None or len(cached) != len(page) or any(a is not b for a, b in zip(cached, page, strict=True)):
                 return None
             self._pages.move_to_end(hex_)
             return hex_

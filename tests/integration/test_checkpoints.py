@@ -1,0 +1,199 @@
+"""Filesystem checkpoints, restore and fork of real sandboxes (issue 4)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from crabd.sdk import Client, EmbeddedDaemon, Sandbox
+from tests.fstree import diff, snapshot
+from tests.integration.conftest import docker_inspect
+
+#: Run inside a bookworm sandbox: every kind of file a hostile agent can leave behind.
+HOSTILE_TREE = r"""
+import os, socket
+os.makedirs("/work/app", exist_ok=True)
+os.chdir("/work")
+open("app/main.py", "w").write("print('hi')\n")
+os.chmod("app/main.py", 0o751)
+os.symlink("/etc/shadow", "shadow-link")
+os.symlink("/proc/self/root/etc", "proc-escape")
+os.mkfifo("fifo")
+s = socket.socket(socket.AF_UNIX); s.bind("/work/sock"); s.close()
+os.mknod("null-dev", 0o600 | 0o020000, os.makedev(1, 3))
+os.mknod("disk-dev", 0o600 | 0o060000, os.makedev(8, 0))
+open(b"bad-\xff\xfe-name", "w").write("not utf-8\n")
+open("new\nline name", "w").write("newline\n")
+open("x" * 255, "w").write("long\n")
+os.link("app/main.py", "app/hard")
+os.setxattr("app/main.py", "user.crab", b"\x00\x01attr")
+with open("sparse", "wb") as f:
+    f.truncate(1 << 40); f.seek(1 << 30); f.write(b"island")
+os.chown("app", 1234, 5678)
+os.utime("app/main.py", ns=(1, 1_234_567_891_000))
+os.remove("/etc/issue")                      # a whiteout over the image
+import shutil; shutil.rmtree("/usr/share/doc/bash")
+os.makedirs("/usr/share/doc/bash"); open("/usr/share/doc/bash/only", "w").write("opaque\n")
+"""
+
+
+def upper_of(container_id: str) -> Path:
+    return Path(docker_inspect(container_id, "{{.GraphDriver.Data.UpperDir}}"))
+
+
+def _blob_path(daemon: EmbeddedDaemon, content: bytes) -> Path:
+    h = hashlib.sha256(content).hexdigest()
+    return daemon.state_dir / "blobs" / "sha256" / h[:2] / h
+
+
+def test_restore_is_exact_and_brings_back_the_session(make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("bookworm")
+    with sb.turn():
+        r = sb.run(["python3", "-c", HOSTILE_TREE])
+        assert r.exit_code == 0, r.stderr
+        sb.session.run("cd /work/app && export CRAB_MARK='a b' && alias ll='ls -l' && f() { echo fn; }")
+    ck = sb.checkpoints()[-1]
+    assert ck.turn == 1 and ck.has_session_state
+    # Stored as its holes: a 1 TB sparse file costs kilobytes, not a terabyte.
+    assert ck.new_bytes < 1 << 20 and ck.logical_bytes < 1 << 20
+    old_cid = sb.info.container_id
+    before = snapshot(upper_of(old_cid))
+    assert b"work/bad-\xff\xfe-name" in before and b"etc/issue" in before
+
+    with sb.turn():
+        sb.session.run("cd / && rm -rf /work && unset CRAB_MARK && unalias ll && unset -f f")
+        sb.run(["sh", "-c", "echo gone > /etc/motd"])
+    info = sb.restore(ck)
+    assert info.head == ck.id and info.branch == 1 and info.container_id != old_cid
+
+    after = snapshot(upper_of(info.container_id))
+    assert diff(before, after) == []
+    r = sb.session.run('echo "$CRAB_MARK|$PWD"; ll >/dev/null && f')
+    assert r.stdout == b"a b|/work/app\nfn\n"
+    # Seen from inside: the link is the sandbox's own, the host's shadow never left the host.
+    r = sb.run(["sh", "-c", "readlink /work/shadow-link; cat /work/app/main.py; test -e /etc/issue || echo no-issue"])
+    assert r.stdout == b"/etc/shadow\nprint('hi')\nno-issue\n"
+    r = sb.run(["ls", "/usr/share/doc/bash"])
+    assert r.stdout == b"only\n"  # the opaque dir hides the image's files
+
+
+def test_host_files_never_enter_the_store(daemon: EmbeddedDaemon, make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("busybox")
+    secret = Path("/etc/shadow").read_bytes()
+    with sb.turn():
+        sb.run(["sh", "-c", "mkdir -p /work && ln -s /etc/shadow /work/x && ln -s / /work/root"])
+    assert not _blob_path(daemon, secret).exists()
+    blobs = daemon.state_dir / "blobs" / "sha256"
+    digest = hashlib.sha256(secret).hexdigest()
+    assert not any(p.name == digest for p in blobs.rglob("*"))
+    sb.restore(sb.checkpoints()[-1])
+    assert sb.run(["readlink", "/work/x"]).stdout == b"/etc/shadow\n"
+
+
+def test_rollback_keeps_later_turns_restorable(client: Client, make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("busybox")
+    for i in range(1, 8):
+        with sb.turn():
+            sb.run(["sh", "-c", f"echo {i} > /t{i}"])
+    sb.restore(turn=3)
+    assert sb.run(["sh", "-c", "cat /t*"]).stdout == b"1\n2\n3\n"  # (an implicit turn)
+    with sb.turn() as t:
+        sb.run(["sh", "-c", "echo eight > /t8"])
+    eight = t.number
+    # Turns 4-7 stay restorable after the rollback, and the new turn branched off turn 3.
+    sb.restore(turn=6)
+    assert sb.run(["sh", "-c", "cat /t*"]).stdout == b"1\n2\n3\n4\n5\n6\n"
+    cks = {c.turn: c for c in sb.checkpoints()}
+    lineage = client.checkpoint(cks[eight].id).lineage
+    assert cks[3].id in lineage and cks[4].id not in lineage and cks[eight].branch == 1
+    tree = sb.tree()
+    assert cks[4].id in {c.id for c in tree.children(cks[3].id)}
+    assert len(tree.children(cks[3].id)) == 2  # turn 4, and the new branch
+    sb.restore(turn=eight)
+    assert sb.run(["sh", "-c", "cat /t*"]).stdout == b"1\n2\n3\neight\n"
+
+
+def test_unchanged_recheckpoint_stores_nothing(make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("bookworm", checkpoints="none")
+    sb.run(["sh", "-c", "mkdir /w && for i in $(seq 100); do echo $i > /w/f$i; done"])
+    sb.session.run("cd /w")
+    first = sb.checkpoint()
+    time.sleep(0.1)
+    again = sb.checkpoint()
+    assert first.new_bytes > 0 and again.new_bytes == 0
+    assert again.changed == 0 and again.deleted == 0 and again.parent_id == first.id
+
+
+def test_fork_gives_independent_sandboxes(client: Client, make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("bookworm", network=True)
+    with sb.turn():
+        sb.session.run("mkdir -p /work && cd /work && echo base > f && export ROLE=parent")
+    forks = sb.fork(3, name_prefix=f"{sb.name}-br")
+    try:
+        infos = [f.info for f in forks]
+        assert [i.name for i in infos] == [f"{sb.name}-br-{k}" for k in (1, 2, 3)]
+        assert len({i.container_id for i in infos} | {sb.info.container_id}) == 4
+        ips = {i.ip_address for i in infos} | {sb.refresh().ip_address}
+        assert len(ips) == 4 and all(ips)
+        assert all(i.origin == sb.checkpoints()[-1].id for i in infos)
+        for k, f in enumerate(forks):
+            r = f.session.run(f"cat f; echo $ROLE $PWD; echo branch{k} > f")
+            assert r.stdout == b"base\nparent /work\n"
+            assert f.run(["hostname"]).stdout.strip().decode() == f.name
+        outs = [f.run(["cat", "/work/f"]).stdout for f in forks]
+        assert outs == [b"branch0\n", b"branch1\n", b"branch2\n"]
+        assert sb.run(["cat", "/work/f"]).stdout == b"base\n"
+        forks[0].remove()
+        assert forks[1].run(["cat", "/work/f"]).stdout == b"branch1\n"
+        tree = sb.tree()
+        assert {s.name for s in tree.sandboxes} >= {sb.name, forks[1].name, forks[2].name}
+    finally:
+        for f in forks:
+            f.remove() if any(s.id == f.id for s in client.list()) else None
+
+
+def test_fork_a_checkpoint_of_a_removed_sandbox(client: Client) -> None:
+    sb = client.create("busybox")
+    with sb.turn():
+        sb.run(["sh", "-c", "echo kept > /k"])
+    ck = sb.checkpoints()[-1]
+    sb.remove(keep_checkpoints=True)
+    [clone] = client.fork(ck.id, 1)
+    try:
+        assert clone.run(["cat", "/k"]).stdout == b"kept\n"
+    finally:
+        clone.remove()
+        client.delete_checkpoint(ck.id)
+
+
+def test_removing_a_sandbox_drops_its_checkpoints(client: Client) -> None:
+    sb = client.create("busybox")
+    with sb.turn():
+        sb.run(["sh", "-c", "echo x > /x"])
+    ids = {c.id for c in sb.checkpoints()}
+    sb.remove()
+    assert not ids & {c.id for c in client.checkpoints()}
+
+
+@pytest.mark.parametrize("n", [0, 65])
+def test_fork_bounds(make_sandbox: Callable[..., Sandbox], n: int) -> None:
+    from crabd.sdk import InvalidRequest
+
+    sb = make_sandbox("busybox")
+    with pytest.raises(InvalidRequest):
+        sb.fork(n)
+
+
+def test_checkpoint_inspect_lists_changes(client: Client, make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("busybox")
+    with sb.turn():
+        sb.run(["sh", "-c", "echo a > /a && rm /etc/group"])
+    detail = client.checkpoint(sb.checkpoints()[-1])
+    changes = {c.path: (c.change, c.kind) for c in detail.changes}
+    assert changes[b"a"] == ("added", "file")
+    assert changes[b"etc/group"] == ("whiteout", "chardev")
+    assert detail.lineage[-1] == detail.checkpoint.id and len(detail.lineage) == 2
