@@ -14,6 +14,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from crabd.cli.checkpoints import render_tree
 from crabd.sdk import Client, ExecResult, Sandbox
 
 con = Console()
@@ -80,6 +81,48 @@ def main() -> None:
         show("ps -eo pid,ppid,args", ps)
         check(b"/.crab/init" in ps.stdout.splitlines()[1], "PID 1 is crab-init")
 
+        step("a checkpoint was taken at every turn end (files + session state)")
+        cks = sb.checkpoints()
+        for ck in cks:
+            con.print(
+                f"{ck.id} turn {ck.turn}: +{ck.changed} -{ck.deleted} entries, {ck.new_bytes} new bytes, "
+                f"froze the sandbox {ck.freeze_s * 1000:.2f} ms, took {ck.total_s * 1000:.0f} ms"
+            )
+        check(len(cks) >= 5 and all(k.freeze_s < 0.5 for k in cks), "one checkpoint per turn, each a short freeze")
+        good = cks[-1]
+
+        step("a destructive action: the agent wipes its work")
+        agent_turn(sb, "cd / && rm -rf /work && unset APP_ENV")
+        gone = sb.run(["ls", "/work"])
+        check(gone.exit_code != 0, "the work dir is gone")
+
+        step(f"rollback to turn {good.turn}")
+        t_restore = time.monotonic()
+        sb.restore(good)
+        con.print(f"restored in {(time.monotonic() - t_restore) * 1000:.0f} ms")
+        back = sb.session.run("cat calc.py && echo $APP_ENV $PWD")
+        show("cat calc.py && echo $APP_ENV $PWD", back)
+        check(
+            back.stdout.endswith(b"dev /work/app\n") and b"def add" in back.stdout, "files and session state are back"
+        )
+
+        step("fork the rolled-back state into 3 branches that diverge")
+        t_fork = time.monotonic()
+        branches = sb.fork(3, name_prefix="demo-branch")
+        con.print(f"forked 3 sandboxes in {(time.monotonic() - t_fork) * 1000:.0f} ms")
+        ops = ["a + b", "a * b", "a - b"]
+        for br, op in zip(branches, ops, strict=True):
+            agent_turn(br, f"sed -i 's/a + b/{op}/' calc.py", "python3 -c 'import calc; print(calc.add(6, 3))'")
+        outs = [br.session.run("python3 -c 'import calc; print(calc.add(6, 3))'").stdout for br in branches]
+        check(outs == [b"9\n", b"18\n", b"3\n"], "each branch runs its own copy, independently")
+        check(
+            sb.session.run("python3 -c 'import calc; print(calc.add(6, 3))'").stdout == b"9\n",
+            "the parent is untouched",
+        )
+
+        step("the checkpoint tree: history, the rollback branch and the forks")
+        con.print(render_tree(sb.tree()))
+
         step("the turn log crabd recorded")
         table = Table("turn", "kind", "exit", "command")
         for t in sb.turns():
@@ -91,6 +134,8 @@ def main() -> None:
             state["cwd"] == "/work/app" and state["env"].get("APP_ENV") == "dev",
             "the session's semantic state was captured at turn end",
         )
+        for br in branches:
+            br.remove()
     con.rule(f"[bold green]demo done in {time.monotonic() - t0:.1f} s")
 
 

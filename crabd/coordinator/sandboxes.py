@@ -474,16 +474,16 @@ class SandboxManager:
 
     # --- turns -------------------------------------------------------------------
 
-    async def begin_turn(self, rec: SandboxRecord) -> TurnRecord:
+    async def begin_turn(self, rec: SandboxRecord) -> tuple[TurnRecord | None, TurnRecord]:
+        """Open a turn; returns (the implicit turn this closed, if any; the new turn)."""
         await self._running(rec)
         current = self.turns.current(rec.id)
         if current is not None and not current.implicit:
             raise InvalidRequest(
                 f"turn {current.number} of sandbox {rec.name} is already open", hint="End it with end_turn() first."
             )
-        if current is not None:
-            await self.end_turn(rec)
-        return self.turns.begin(rec.id)
+        closed = await self.end_turn(rec) if current is not None else None
+        return closed, self.turns.begin(rec.id)
 
     async def end_turn(self, rec: SandboxRecord) -> TurnRecord:
         current = self.turns.current(rec.id)

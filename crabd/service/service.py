@@ -15,6 +15,7 @@ request gets a clear error and has no effect.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -33,9 +34,10 @@ from crabd.errors import (
     InvalidRequest,
     PermissionDenied,
     RequestTooLarge,
+    SandboxBusy,
     SandboxNotFound,
 )
-from crabd.models import Caller, CheckpointRecord, ExecOutcome, SandboxRecord, SandboxSpec, TurnRecord
+from crabd.models import Caller, CheckpointRecord, ExecOutcome, SandboxRecord, SandboxSpec, SandboxState, TurnRecord
 from crabd.runtime import session_state
 from crabd.runtime.session_state import SessionState
 from crabd.store.maintenance import GcReport, VerifyReport
@@ -261,7 +263,11 @@ class Service:
     # --- turns -------------------------------------------------------------------------
 
     async def begin_turn(self, caller: Caller, ref: str) -> TurnRecord:
-        return await self.sandboxes.begin_turn(self._lookup(caller, ref))
+        rec = self._lookup(caller, ref)
+        closed, turn = await self.sandboxes.begin_turn(rec)
+        if closed is not None:  # commands outside begin/end formed a turn of their own
+            await self.checkpoints.after_turn(rec, closed.number, closed.session_state_json)
+        return turn
 
     async def end_turn(self, caller: Caller, ref: str) -> TurnRecord:
         rec = self._lookup(caller, ref)
@@ -306,6 +312,11 @@ class Service:
             ckpt = self.checkpoints.resolve_turn(rec, turn)
         else:
             raise InvalidRequest("name a checkpoint or a turn to restore", hint="e.g. `crabctl restore SB ck-...`")
+        if rec.turn_open and rec.state is SandboxState.RUNNING and self.restorer.ck.may_restore(rec, ckpt):
+            # The state being replaced ends its turn first, so it stays restorable too.
+            with contextlib.suppress(SandboxBusy):
+                ended = await self.sandboxes.end_turn(rec)
+                await self.checkpoints.after_turn(rec, ended.number, ended.session_state_json)
         return await self.restorer.restore(rec, ckpt)
 
     async def fork(

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from crabd.errors import StoreError
 from crabd.models import CommandRecord, SandboxRecord, SandboxSpec, SandboxState
 from crabd.store.db import Database
 from crabd.store.registry import Registry
@@ -35,12 +36,11 @@ def test_sandbox_rows_round_trip_and_survive_reopen(tmp_path: Path) -> None:
 
 
 def test_names_are_unique(tmp_path: Path) -> None:
-    import sqlite3
 
     with Database(tmp_path / "r.db") as d:
         reg = Registry(d)
         reg.insert_sandbox(_rec("a1", "same"))
-        with pytest.raises(sqlite3.IntegrityError):
+        with pytest.raises(StoreError, match="UNIQUE"):
             reg.insert_sandbox(_rec("a2", "same"))
         assert [r.id for r in reg.list_sandboxes(None)] == ["a1"]
 
