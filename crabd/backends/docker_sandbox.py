@@ -47,6 +47,9 @@ def _status(attrs: dict[str, Any]) -> ContainerStatus:
         error=str(state.get("Error") or ""),
         ip_address=ip,
         paused=bool(state.get("Paused")),
+        upper_dir=str(((attrs.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir") or "")
+        if (attrs.get("GraphDriver") or {}).get("Name") == "overlay2"
+        else "",
         env=tuple(config.get("Env") or ()),
         labels=dict(config.get("Labels") or {}),
     )

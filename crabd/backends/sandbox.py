@@ -28,6 +28,8 @@ class ContainerStatus:
     error: str = ""
     ip_address: str = ""
     paused: bool = False
+    #: Where the container's filesystem changes live (overlay2's upper dir); "" if unknown.
+    upper_dir: str = ""
     env: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
 

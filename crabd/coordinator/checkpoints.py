@@ -25,6 +25,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from crabd.backends.fsdelta import Change, FsDelta
@@ -134,12 +135,13 @@ class Checkpointer:
         self, rec: SandboxRecord, *, turn: int | None, label: str, session_json: str | None
     ) -> CheckpointRecord:
         t0 = time.monotonic()
-        await self.sandboxes.running(rec)
         rec = self.sandboxes.get(rec.id) or rec
+        st = await self.sandboxes.running(rec)
         cid = rec.container_id
         head = self.catalog.head(rec.id)
         base = await asyncio.to_thread(self.load_tree, head) if head else None
-        upper = await asyncio.to_thread(self.backend.upper_dir, cid)
+        # One docker inspect gives both the status and the upper dir.
+        upper = Path(st.upper_dir) if st.upper_dir else await asyncio.to_thread(self.backend.upper_dir, cid)
         prepared = await asyncio.to_thread(self.fs.prepare, upper, base, head.racy_ns if head else 0)
 
         def frozen_cut() -> tuple[Any, float, int]:

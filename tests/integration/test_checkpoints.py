@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -197,3 +198,14 @@ def test_checkpoint_inspect_lists_changes(client: Client, make_sandbox: Callable
     assert changes[b"a"] == ("added", "file")
     assert changes[b"etc/group"] == ("whiteout", "chardev")
     assert detail.lineage[-1] == detail.checkpoint.id and len(detail.lineage) == 2
+
+
+def test_identical_content_is_stored_once_across_sandboxes(make_sandbox: Callable[..., Sandbox]) -> None:
+    payload = os.urandom(3 << 20)
+    first, second = make_sandbox("busybox", checkpoints="none"), make_sandbox("busybox", checkpoints="none")
+    stored = []
+    for sb, where in ((first, "/a/data"), (second, "/b/elsewhere/copy")):
+        sb.run(["sh", "-c", f"mkdir -p $(dirname {where}) && cat > {where}"], stdin=payload)
+        stored.append(sb.checkpoint().new_bytes)
+    assert stored[0] > len(payload) // 2  # random data does not compress
+    assert stored[1] < 64 << 10  # only its index: the 3 MiB are the first sandbox's blobs

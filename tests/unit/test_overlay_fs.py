@@ -164,6 +164,25 @@ def test_sparse_terabyte_file_costs_its_extents(env: Env) -> None:
         assert f.read() == b"end!"
 
 
+def test_fragmented_files_are_bounded(env: Env) -> None:
+    fine = env.upper / "fine"
+    with open(fine, "wb") as f:  # one byte every 16 KiB: small holes are read as zeros
+        for i in range(64):
+            f.seek(i * (16 << 10))
+            f.write(b"x")
+    capture, _ = env.capture()
+    [entry] = [e for e in capture.tree if e.path == b"fine"]
+    assert len(entry.extents) == 1
+    coarse = env.upper / "coarse"
+    with open(coarse, "wb") as f:  # a data block every MiB, 300 times
+        for i in range(300):
+            f.seek(i << 20)
+            f.write(b"y")
+    small = OverlayDelta(env.blobs, limits=ScanLimits(max_entries=200))
+    with pytest.raises(TooManyEntries, match="extents"):
+        small.capture(small.prepare(env.upper, None, 0))
+
+
 @pytest.mark.slow
 def test_two_hundred_thousand_files_in_one_dir(tmp_path: Path) -> None:
     base = _tmpfs_or(tmp_path)

@@ -214,9 +214,20 @@ def read_xattrs(dir_fd: int, name: str) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
-    """Data regions of an open file, cut into pieces of at most CHUNK bytes."""
+#: Holes shorter than this between two data regions are read as zeros: it
+#: costs little, and keeps a finely fragmented file from producing an
+#: extent per 4 KiB block.
+MIN_HOLE = 64 << 10
+
+
+def data_extents(fd: int, size: int, budget: int) -> list[tuple[int, int]]:
+    """Data regions of an open file, cut into pieces of at most CHUNK bytes.
+
+    At most ``budget`` pieces: a sandbox's file must not make crabd build an
+    unbounded list (a TooManyEntries past it).
+    """
     regions: list[tuple[int, int]] = []
+    pieces = 0
     pos = 0
     while pos < size:
         try:
@@ -233,7 +244,17 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
             end = size
         if end <= start:
             break
-        regions.append((start, end - start))
+        if regions and start - (regions[-1][0] + regions[-1][1]) < MIN_HOLE:
+            prev_start = regions[-1][0]
+            pieces -= -(-regions[-1][1] // CHUNK)
+            regions[-1] = (prev_start, end - prev_start)
+        else:
+            regions.append((start, end - start))
+        pieces += -(-regions[-1][1] // CHUNK)
+        if pieces > budget:
+            raise TooManyEntries(
+                f"a file in the sandbox has more data extents than the checkpoint budget ({budget})", limit=budget
+            )
         pos = end
     out = []
     for start, length in regions:
@@ -246,7 +267,9 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
 SMALL_FILE = 256 << 10
 
 
-def read_content(dir_fd: int, name: str, st: os.stat_result, store: BlobStore, stats: PassStats) -> list[Extent]:
+def read_content(
+    dir_fd: int, name: str, st: os.stat_result, store: BlobStore, stats: PassStats, budget: int
+) -> list[Extent]:
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -260,7 +283,7 @@ def read_content(dir_fd: int, name: str, st: os.stat_result, store: BlobStore, s
             # Not sparse (no fewer blocks than bytes): one read, no hole probing.
             regions = [(0, size)] if size else []
         else:
-            regions = data_extents(fd, size)
+            regions = data_extents(fd, size, budget)
         extents = []
         for off, length in regions:
             if length <= SMALL_FILE:
@@ -312,11 +335,12 @@ def scan_pass(
     out: dict[bytes, Entry] = {}
     fresh: set[bytes] = set()
     read_inodes: dict[int, list[Extent]] = {}
+    extents = 0
     prev_get = prev.get
     kinds = _KIND_BY_FMT
     max_entries = limits.max_entries
     for dir_fd, path, name, st in walk(upper, limits, strict=strict):
-        if len(out) >= max_entries:
+        if len(out) + extents >= max_entries:
             raise TooManyEntries(f"the sandbox's filesystem changes exceed {max_entries} entries", limit=max_entries)
         kind = kinds.get(stat.S_IFMT(st.st_mode), Kind.SOCK)
         old = prev_get(path)
@@ -340,6 +364,7 @@ def scan_pass(
             < (prev_fresh_valid_below if prev_fresh is not None and path in prev_fresh else prev_valid_below)
         ):
             out[path] = old
+            extents += len(old.extents)
             continue
         e = stat_entry(path, st)
         try:
@@ -350,7 +375,9 @@ def scan_pass(
                 if e.nlink > 1 and e.ino in read_inodes:
                     e.extents = read_inodes[e.ino]
                 else:
-                    e.extents = read_content(dir_fd, name, st, store, stats)
+                    # Extents count against the entry budget: both are memory a sandbox controls.
+                    e.extents = read_content(dir_fd, name, st, store, stats, max_entries - len(out) - extents)
+                    extents += len(e.extents)
                     if e.nlink > 1:
                         read_inodes[e.ino] = e.extents
         except (_Changed, FileNotFoundError, NotADirectoryError) as exc:
