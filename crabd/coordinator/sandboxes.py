@@ -1,4 +1,6 @@
-"""Sandbox lifecycle: create, adopt after a restart, stop, remove; commands and turns.
+"""Sandbox lifecycle: create, adopt after a restart, stop, remove; containers and session binding.
+
+Commands and turns are in ``commands.py``; checkpoints in ``checkpoints.py`` and ``restore.py``.
 
 Crash safety of creation: the registry row is written (state ``creating``)
 before the container exists and flipped to ``running`` once init answers.
@@ -25,7 +27,7 @@ from typing import TypeVar
 
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus, SandboxBackend
 from crabd.config import CrabConfig
-from crabd.coordinator.runner import ChunkSink, Session, run_exec
+from crabd.coordinator.runner import Session
 from crabd.coordinator.turns import TurnKeeper
 from crabd.errors import (
     AlreadyExists,
@@ -36,9 +38,9 @@ from crabd.errors import (
     SandboxDead,
 )
 from crabd.host import images
-from crabd.models import ExecOutcome, SandboxRecord, SandboxSpec, SandboxState, TurnRecord
+from crabd.models import SandboxRecord, SandboxSpec, SandboxState
 from crabd.runtime import session_state
-from crabd.runtime.initproto import InitConnection, SpawnSpec
+from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
 from crabd.store.registry import Registry
 
@@ -69,7 +71,7 @@ def validate_spec(spec: SandboxSpec) -> None:
             raise InvalidRequest(f"invalid environment variable {key!r}")
 
 
-def _env_dict(env: tuple[str, ...]) -> dict[str, str]:
+def env_dict(env: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in env:
         key, sep, value = item.partition("=")
@@ -163,7 +165,7 @@ class SandboxManager:
             )
         return st
 
-    def _connector(self, rec: SandboxRecord, pid: int) -> Callable[[], Awaitable[InitConnection]]:
+    def connector(self, rec: SandboxRecord, pid: int) -> Callable[[], Awaitable[InitConnection]]:
         async def connect() -> InitConnection:
             try:
                 return await InitConnection.open(netns=f"/proc/{pid}/ns/net")
@@ -187,13 +189,14 @@ class SandboxManager:
             live = self._live[sandbox_id] = _Live(sandbox_id)
         return live
 
-    async def _session(self, rec: SandboxRecord) -> Session:
+    async def session_for(self, rec: SandboxRecord) -> Session:
+        """The sandbox's session object, bound to its current container (bash starts on first use)."""
         st = await self._running(rec)
         live = self._live_for(rec)
         # The container's pid changes only if it was restarted; rebind then.
-        connect = self._connector(rec, st.pid)
+        connect = self.connector(rec, st.pid)
         if live.session is None:
-            live.session = Session(connect, _env_dict(st.env), rec.spec.workdir)
+            live.session = Session(connect, env_dict(st.env), rec.spec.workdir)
         else:
             live.session._connect = connect
         return live.session
@@ -320,7 +323,7 @@ class SandboxManager:
         async def connect() -> InitConnection:
             return await InitConnection.open(netns=f"/proc/{st.pid}/ns/net")
 
-        session = Session(connect, _env_dict(st.env), spec.workdir)
+        session = Session(connect, env_dict(st.env), spec.workdir)
         if state_json:
             await session.restart(session_state.SessionState.from_json(state_json))
         return session
@@ -415,83 +418,9 @@ class SandboxManager:
 
     # --- commands ---------------------------------------------------------------
 
-    async def exec(
-        self,
-        rec: SandboxRecord,
-        argv: list[str],
-        *,
-        env: dict[str, str],
-        workdir: str,
-        stdin: bytes,
-        timeout_s: float,
-        max_output: int,
-        uid: int | None,
-        gid: int | None,
-        sink: ChunkSink | None,
-    ) -> ExecOutcome:
-        st = await self._running(rec)
-        full_env = _env_dict(st.env)
-        full_env.update(env)
-        spec = SpawnSpec(
-            argv=list(argv), env=full_env, cwd=workdir or rec.spec.workdir, uid=uid, gid=gid, stdin_null=not stdin
-        )
-        turn = self.turns.ensure_open(rec.id)
-        started_wall = time.time()
-        outcome = await run_exec(
-            self._connector(rec, st.pid), spec, stdin=stdin, timeout_s=timeout_s, max_output=max_output, sink=sink
-        )
-        return self.turns.record(rec.id, turn, "exec", " ".join(argv), outcome, started_wall)
-
-    async def session_run(
-        self, rec: SandboxRecord, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None
-    ) -> ExecOutcome:
-        session = await self._session(rec)
-        turn = self.turns.ensure_open(rec.id)
-        started_wall = time.time()
-        outcome = await session.run(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
-        if outcome.session_ended:
-            await self._revive_session(rec, session)
-        return self.turns.record(rec.id, turn, "session", command, outcome, started_wall)
-
-    async def _revive_session(self, rec: SandboxRecord, session: Session) -> None:
-        """After the session died (exit, timeout): a fresh bash with the last captured state."""
-        stored = self.registry.latest_session_state(rec.id)
-        state = session_state.SessionState.from_json(stored) if stored else None
-        try:
-            await session.restart(state)
-        except CrabError as exc:
-            log.warning("session revival failed", extra={"sandbox": rec.id, "error": str(exc)})
-
     async def session_state(self, rec: SandboxRecord) -> SessionState | None:
-        session = await self._session(rec)
+        session = await self.session_for(rec)
         return await session.capture_state()
-
-    async def restart_session(self, rec: SandboxRecord, state_json: str) -> SessionState | None:
-        session = await self._session(rec)
-        state = session_state.SessionState.from_json(state_json) if state_json else None
-        await session.restart(state)
-        return await session.capture_state()
-
-    # --- turns -------------------------------------------------------------------
-
-    async def begin_turn(self, rec: SandboxRecord) -> tuple[TurnRecord | None, TurnRecord]:
-        """Open a turn; returns (the implicit turn this closed, if any; the new turn)."""
-        await self._running(rec)
-        current = self.turns.current(rec.id)
-        if current is not None and not current.implicit:
-            raise InvalidRequest(
-                f"turn {current.number} of sandbox {rec.name} is already open", hint="End it with end_turn() first."
-            )
-        closed = await self.end_turn(rec) if current is not None else None
-        return closed, self.turns.begin(rec.id)
-
-    async def end_turn(self, rec: SandboxRecord) -> TurnRecord:
-        current = self.turns.current(rec.id)
-        if current is None:
-            raise InvalidRequest(f"sandbox {rec.name} has no open turn", hint="Call begin_turn() first.")
-        session = await self._session(rec)
-        state = await session.capture_state()
-        return self.turns.end(rec.id, current.number, state.to_json() if state else None)
 
     async def close(self, *, remove_all: bool) -> None:
         if self._background:

@@ -24,6 +24,7 @@ from crabd import __version__
 from crabd.backends.fsdelta import Change
 from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
+from crabd.coordinator.commands import Commands
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.runner import ChunkSink
 from crabd.coordinator.sandboxes import SandboxManager
@@ -70,6 +71,7 @@ class Service:
     ) -> None:
         self.cfg = cfg
         self.sandboxes = sandboxes
+        self.commands = Commands(sandboxes)
         self.checkpoints = checkpointer
         self.restorer = Restorer(checkpointer)
         self.started_at = time.time()
@@ -223,7 +225,7 @@ class Service:
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
         rec = self._lookup(caller, ref)
-        return await self.sandboxes.exec(
+        return await self.commands.exec(
             rec,
             argv,
             env=env,
@@ -247,7 +249,7 @@ class Service:
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
         rec = self._lookup(caller, ref)
-        return await self.sandboxes.session_run(rec, command, timeout_s=timeout, max_output=limit, sink=sink)
+        return await self.commands.session_run(rec, command, timeout_s=timeout, max_output=limit, sink=sink)
 
     async def session_state(self, caller: Caller, ref: str) -> tuple[str, SessionState | None]:
         rec = self._lookup(caller, ref)
@@ -258,20 +260,20 @@ class Service:
         if state_json:
             session_state.SessionState.from_json(state_json)  # validate before touching anything
         rec = self._lookup(caller, ref)
-        return rec.id, await self.sandboxes.restart_session(rec, state_json)
+        return rec.id, await self.commands.restart_session(rec, state_json)
 
     # --- turns -------------------------------------------------------------------------
 
     async def begin_turn(self, caller: Caller, ref: str) -> TurnRecord:
         rec = self._lookup(caller, ref)
-        closed, turn = await self.sandboxes.begin_turn(rec)
+        closed, turn = await self.commands.begin_turn(rec)
         if closed is not None:  # commands outside begin/end formed a turn of their own
             await self.checkpoints.after_turn(rec, closed.number, closed.session_state_json)
         return turn
 
     async def end_turn(self, caller: Caller, ref: str) -> TurnRecord:
         rec = self._lookup(caller, ref)
-        turn = await self.sandboxes.end_turn(rec)
+        turn = await self.commands.end_turn(rec)
         # A failure here reaches the agent: its turn is recorded, but not restorable.
         await self.checkpoints.after_turn(rec, turn.number, turn.session_state_json)
         return turn
@@ -315,7 +317,7 @@ class Service:
         if rec.turn_open and rec.state is SandboxState.RUNNING and self.restorer.ck.may_restore(rec, ckpt):
             # The state being replaced ends its turn first, so it stays restorable too.
             with contextlib.suppress(SandboxBusy):
-                ended = await self.sandboxes.end_turn(rec)
+                ended = await self.commands.end_turn(rec)
                 await self.checkpoints.after_turn(rec, ended.number, ended.session_state_json)
         return await self.restorer.restore(rec, ckpt)
 

@@ -1,0 +1,107 @@
+"""Commands and turns of a sandbox: one-shot exec, the persistent session, begin/end turn.
+
+Every command is spawned by crab's init inside the sandbox (never ``docker
+exec``; see ``runner.py``) and recorded in the sandbox's current turn.  A
+command outside ``begin_turn``/``end_turn`` opens an *implicit* turn, which
+the next ``begin_turn`` ends.  At a turn end the session's semantic state is
+captured and stored with the turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from crabd.coordinator.runner import ChunkSink, Session, run_exec
+from crabd.coordinator.sandboxes import SandboxManager, env_dict
+from crabd.errors import CrabError, InvalidRequest
+from crabd.models import ExecOutcome, SandboxRecord, TurnRecord
+from crabd.runtime import session_state
+from crabd.runtime.initproto import SpawnSpec
+from crabd.runtime.session_state import SessionState
+
+log = logging.getLogger("crabd.commands")
+
+
+class Commands:
+    def __init__(self, sandboxes: SandboxManager) -> None:
+        self.sandboxes = sandboxes
+
+    async def exec(
+        self,
+        rec: SandboxRecord,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        workdir: str,
+        stdin: bytes,
+        timeout_s: float,
+        max_output: int,
+        uid: int | None,
+        gid: int | None,
+        sink: ChunkSink | None,
+    ) -> ExecOutcome:
+        st = await self.sandboxes.running(rec)
+        full_env = env_dict(st.env)
+        full_env.update(env)
+        spec = SpawnSpec(
+            argv=list(argv), env=full_env, cwd=workdir or rec.spec.workdir, uid=uid, gid=gid, stdin_null=not stdin
+        )
+        turn = self.sandboxes.turns.ensure_open(rec.id)
+        started_wall = time.time()
+        outcome = await run_exec(
+            self.sandboxes.connector(rec, st.pid),
+            spec,
+            stdin=stdin,
+            timeout_s=timeout_s,
+            max_output=max_output,
+            sink=sink,
+        )
+        return self.sandboxes.turns.record(rec.id, turn, "exec", " ".join(argv), outcome, started_wall)
+
+    async def session_run(
+        self, rec: SandboxRecord, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None
+    ) -> ExecOutcome:
+        session = await self.sandboxes.session_for(rec)
+        turn = self.sandboxes.turns.ensure_open(rec.id)
+        started_wall = time.time()
+        outcome = await session.run(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
+        if outcome.session_ended:
+            await self._revive_session(rec, session)
+        return self.sandboxes.turns.record(rec.id, turn, "session", command, outcome, started_wall)
+
+    async def _revive_session(self, rec: SandboxRecord, session: Session) -> None:
+        """After the session died (exit, timeout): a fresh bash with the last captured state."""
+        stored = self.sandboxes.registry.latest_session_state(rec.id)
+        state = session_state.SessionState.from_json(stored) if stored else None
+        try:
+            await session.restart(state)
+        except CrabError as exc:
+            log.warning("session revival failed", extra={"sandbox": rec.id, "error": str(exc)})
+
+    async def restart_session(self, rec: SandboxRecord, state_json: str) -> SessionState | None:
+        session = await self.sandboxes.session_for(rec)
+        state = session_state.SessionState.from_json(state_json) if state_json else None
+        await session.restart(state)
+        return await session.capture_state()
+
+    # --- turns -------------------------------------------------------------------
+
+    async def begin_turn(self, rec: SandboxRecord) -> tuple[TurnRecord | None, TurnRecord]:
+        """Open a turn; returns (the implicit turn this closed, if any; the new turn)."""
+        await self.sandboxes.running(rec)
+        current = self.sandboxes.turns.current(rec.id)
+        if current is not None and not current.implicit:
+            raise InvalidRequest(
+                f"turn {current.number} of sandbox {rec.name} is already open", hint="End it with end_turn() first."
+            )
+        closed = await self.end_turn(rec) if current is not None else None
+        return closed, self.sandboxes.turns.begin(rec.id)
+
+    async def end_turn(self, rec: SandboxRecord) -> TurnRecord:
+        current = self.sandboxes.turns.current(rec.id)
+        if current is None:
+            raise InvalidRequest(f"sandbox {rec.name} has no open turn", hint="Call begin_turn() first.")
+        session = await self.sandboxes.session_for(rec)
+        state = await session.capture_state()
+        return self.sandboxes.turns.end(rec.id, current.number, state.to_json() if state else None)
