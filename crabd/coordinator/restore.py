@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import sqlite3
 import time
 from dataclasses import replace
 from typing import Any
@@ -62,6 +63,18 @@ class Restorer:
     def __init__(self, checkpointer: Checkpointer) -> None:
         self.ck = checkpointer
         self.sandboxes = checkpointer.sandboxes
+
+    def _set_head(self, conn: sqlite3.Connection, sandbox_id: str, ckpt: CheckpointRecord, prep: _Prepared) -> None:
+        """Within the caller's transaction: the sandbox's files now descend from ``ckpt``, as ``prep`` wrote them."""
+        self.ck.catalog.set_head(
+            sandbox_id,
+            ckpt.id,
+            prep.stat_blob,
+            prep.racy_ns,
+            prep.blobs.child_of,
+            self.ck.size_of(prep.blobs.sizes),
+            conn=conn,
+        )
 
     def _check_image(self, ckpt: CheckpointRecord) -> None:
         if not self.sandboxes.backend.image_exists(ckpt.image):
@@ -128,7 +141,7 @@ class Restorer:
             t_session = time.monotonic()
             await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
             t_durable = time.monotonic()
-            reg, cat = self.sandboxes.registry, self.ck.catalog
+            reg = self.sandboxes.registry
 
             def swap() -> None:
                 with self.ck.db.tx() as conn:
@@ -138,15 +151,7 @@ class Restorer:
                     current = self.sandboxes.turns.current(rec.id)
                     if current is not None:
                         reg.close_turn(rec.id, current.number, time.time(), None)
-                    cat.set_head(
-                        rec.id,
-                        ckpt.id,
-                        prep.stat_blob,
-                        prep.racy_ns,
-                        prep.blobs.child_of,
-                        self.ck.size_of(prep.blobs.sizes),
-                        conn=conn,
-                    )
+                    self._set_head(conn, rec.id, ckpt, prep)
 
             await asyncio.to_thread(swap)
         except BaseException:
@@ -240,19 +245,11 @@ class Restorer:
         _, st = await self.sandboxes.launch(rec, ckpt.image, prepare=self._preparer(tree, prep))
         session = await self.sandboxes.fresh_session(st, rec.spec, session_json)
         await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
-        reg, cat = self.sandboxes.registry, self.ck.catalog
+        reg = self.sandboxes.registry
 
         def commit() -> None:
             with self.ck.db.tx() as conn:
-                cat.set_head(
-                    rec.id,
-                    ckpt.id,
-                    prep.stat_blob,
-                    prep.racy_ns,
-                    prep.blobs.child_of,
-                    self.ck.size_of(prep.blobs.sizes),
-                    conn=conn,
-                )
+                self._set_head(conn, rec.id, ckpt, prep)
                 reg.update_sandbox(rec.id, state=SandboxState.RUNNING)
 
         await asyncio.to_thread(commit)

@@ -22,7 +22,7 @@ import stat
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from crabd.backends.overlay.entries import Entry, Kind
@@ -221,26 +221,7 @@ def stat_index(entries: list[Entry], target: Path, limits: ScanLimits) -> list[E
         fresh = stat_entry(path, st)
         if e is None or fresh.kind is not e.kind or fresh.size != e.size:
             raise StoreError(f"materialized tree differs from its checkpoint at {path!r}")
-        out.append(
-            Entry(
-                e.path,
-                e.kind,
-                e.mode,
-                e.uid,
-                e.gid,
-                e.size,
-                e.atime_ns,
-                e.mtime_ns,
-                fresh.ctime_ns,
-                fresh.ino,
-                fresh.nlink,
-                e.rdev,
-                e.target,
-                e.link_to,
-                e.xattrs,
-                e.extents,
-            )
-        )
+        out.append(replace(e, ctime_ns=fresh.ctime_ns, ino=fresh.ino, nlink=fresh.nlink))
     if len(out) != len(by_path):
         raise StoreError(f"materialized tree has {len(out)} entries, its checkpoint {len(by_path)}")
     out.sort(key=lambda x: x.path)

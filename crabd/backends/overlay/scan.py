@@ -40,7 +40,7 @@ import os
 import stat
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from crabd.backends.overlay.entries import Entry, Extent, Kind
@@ -400,42 +400,8 @@ def link_hardlinks(entries: list[Entry]) -> list[Entry]:
         if e.kind is Kind.REG and e.nlink > 1:
             primary = first.setdefault(e.ino, e.path)
             if primary != e.path:
-                e = Entry(
-                    e.path,
-                    e.kind,
-                    e.mode,
-                    e.uid,
-                    e.gid,
-                    e.size,
-                    e.atime_ns,
-                    e.mtime_ns,
-                    e.ctime_ns,
-                    e.ino,
-                    e.nlink,
-                    e.rdev,
-                    e.target,
-                    primary,
-                    e.xattrs,
-                    [],
-                )
+                e = replace(e, link_to=primary, extents=[])
             elif e.link_to:
-                e = Entry(
-                    e.path,
-                    e.kind,
-                    e.mode,
-                    e.uid,
-                    e.gid,
-                    e.size,
-                    e.atime_ns,
-                    e.mtime_ns,
-                    e.ctime_ns,
-                    e.ino,
-                    e.nlink,
-                    e.rdev,
-                    e.target,
-                    b"",
-                    e.xattrs,
-                    e.extents,
-                )
+                e = replace(e, link_to=b"")
         out.append(e)
     return out
