@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict
 from typing import Annotated, Any
@@ -11,7 +12,7 @@ from rich.table import Table
 from rich.tree import Tree as RichTree
 
 from crabd.cli.common import JsonOpt, app, client, emit_json, err, fmt_time, out
-from crabd.errors import InvalidRequest
+from crabd.errors import CheckpointNotFound, InvalidRequest
 from crabd.sdk.models import CheckpointInfo, SandboxInfo, Tree
 
 ck_app = typer.Typer(no_args_is_help=True, help="Checkpoints: create, list, inspect, delete.")
@@ -172,9 +173,11 @@ def fork(
     """Start N new sandboxes from a checkpoint, each with its own container and network identity."""
     t0 = time.monotonic()
     with client() as c:
+        sbs = None
         if source.startswith("ck-"):
-            sbs = c.fork(source, n, name_prefix=name_prefix)
-        else:
+            with contextlib.suppress(CheckpointNotFound):  # a sandbox may be named like one
+                sbs = c.fork(source, n, name_prefix=name_prefix)
+        if sbs is None:
             sbs = c.get(source).fork(n, name_prefix=name_prefix)
     infos: list[SandboxInfo] = [s.info for s in sbs]
     if as_json:
@@ -217,7 +220,12 @@ def tree_cmd(
 ) -> None:
     """Draw the lineage of checkpoints, rollbacks and forks around a sandbox."""
     with client() as c:
-        tree = c.tree(checkpoint=target) if target.startswith("ck-") else c.tree(sandbox=target)
+        tree = None
+        if target.startswith("ck-"):
+            with contextlib.suppress(CheckpointNotFound):
+                tree = c.tree(checkpoint=target)
+        if tree is None:
+            tree = c.tree(sandbox=target)
     if as_json:
         emit_json(asdict(tree))
     else:
