@@ -67,6 +67,15 @@ class CheckpointConfig(_Model):
     page_cache_entries: int = Field(1_000_000, ge=0, description="decoded index entries kept in memory")
 
 
+class CriuConfig(_Model):
+    """How crabd dumps processes (through runc and CRIU)."""
+
+    runc: str = Field("runc", description="runc binary (found on PATH unless absolute)")
+    runc_root: Path = Field(Path("/run/docker/runtime-runc/moby"), description="runc state dir of Docker's containers")
+    timeout_s: float = Field(300.0, gt=0, description="longest one dump may take")
+    busy_wait_s: float = Field(10.0, ge=0, description="how long a process checkpoint waits for running commands")
+
+
 class CrabConfig(_Model):
     """The whole configuration file."""
 
@@ -75,6 +84,7 @@ class CrabConfig(_Model):
     doctor: DoctorConfig = DoctorConfig()
     limits: LimitsConfig = LimitsConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    criu: CriuConfig = CriuConfig()
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

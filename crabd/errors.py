@@ -259,10 +259,21 @@ class ImageError(CrabError):
 class CriuError(CrabError):
     """CRIU failed.  Attributes: ``log_path`` and ``log_excerpt`` when known."""
 
+    grpc_code = "FAILED_PRECONDITION"
     log_path: str | None
     log_excerpt: str
 
     default_hint = "Read the CRIU log named above; `crabctl doctor` checks the CRIU install."
+
+
+class IncompleteDump(CriuError):
+    """A process dump would leave out processes of the sandbox.  Attribute: ``pids`` (inside the sandbox)."""
+
+    pids: list[int]
+    default_hint = (
+        "Start long-lived processes from the sandbox's session or with crab's exec (never `docker exec`), "
+        "so they descend from the sandbox's init."
+    )
 
 
 # --- eBPF ----------------------------------------------------------------------
@@ -298,6 +309,7 @@ for _cls in (
     DockerError,
     ImageError,
     CriuError,
+    IncompleteDump,
     BpfError,
     InvalidRequest,
     RequestTooLarge,

@@ -40,8 +40,11 @@ class SandboxSpec:
     env_vars: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
     #: When crabd checkpoints on its own: "fs" (a filesystem checkpoint at
-    #: creation and at every turn end) or "none" (only when asked).
+    #: creation and at every turn end), "full" (processes too) or "none"
+    #: (only when asked).
     checkpoints: str = "fs"
+    #: "manual" (`crabctl recover`) or "auto" (crabd recovers a dead sandbox itself).
+    recovery: str = "manual"
 
 
 @dataclass

@@ -131,6 +131,28 @@ ensure_criu() {
     log "criu: $(/usr/local/sbin/criu --version | head -1) ready"
 }
 
+# runc hands CRIU /etc/criu/runc.conf on every dump and restore (Docker offers
+# no other way to pass CRIU options to `docker start --checkpoint`).
+# tcp-established: a loopback TCP connection between two processes of a
+# sandbox is dumped and restored (connections to other hosts are rewritten as
+# closed by crabd before a restore).
+ensure_criu_config() {
+    local conf=/etc/criu/runc.conf marker="# crab: managed by scripts/setup-host.sh"
+    if [ -f "$conf" ] && grep -qx 'tcp-established' "$conf"; then
+        log "criu config: $conf has tcp-established"
+        return
+    fi
+    if [ -f "$conf" ] && ! grep -qF "$marker" "$conf"; then
+        log "criu config: appending tcp-established to the existing $conf"
+        printf '\n%s\ntcp-established\n' "$marker" >>"$conf"
+        return
+    fi
+    mkdir -p /etc/criu
+    printf '%s\ntcp-established\n' "$marker" >"$conf.tmp"
+    mv -f "$conf.tmp" "$conf"
+    log "criu config: wrote $conf"
+}
+
 # --- 3. kernel headers for bcc ---------------------------------------------------
 ensure_kernel_headers() {
     local mod=/lib/modules/$(uname -r)
@@ -208,6 +230,7 @@ ensure_group() {
 ensure_apt_packages
 ensure_group
 ensure_criu
+ensure_criu_config
 ensure_kernel_headers
 ensure_tracefs
 ensure_dockerd

@@ -20,6 +20,7 @@ def spec_from_pb(req: pb.CreateSandboxRequest) -> SandboxSpec:
         env_vars=dict(req.env_vars),
         workdir=req.workdir or "/",
         checkpoints=req.checkpoints or "fs",
+        recovery=req.recovery or "manual",
     )
 
 
@@ -48,6 +49,7 @@ def sandbox_to_pb(rec: SandboxRecord, head: str = "") -> pb.Sandbox:
         origin=rec.origin,
         branch=rec.branch,
         head=head,
+        recovery=s.recovery,
     )
 
 

@@ -234,7 +234,9 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def CreateCheckpoint(self, request: pb.CreateCheckpointRequest, context: Any) -> pb.Checkpoint:
         async def go(c: Caller) -> pb.Checkpoint:
-            return checkpoint_to_pb(await self.service.create_checkpoint(c, request.sandbox, request.label))
+            return checkpoint_to_pb(
+                await self.service.create_checkpoint(c, request.sandbox, request.label, request.kind)
+            )
 
         return await self._call(context, go)
 
@@ -287,5 +289,30 @@ class CrabServicer(pb_grpc.CrabServicer):
     async def Verify(self, request: pb.VerifyRequest, context: Any) -> pb.VerifyResponse:
         async def go(c: Caller) -> pb.VerifyResponse:
             return verify_to_pb(await self.service.verify(c))
+
+        return await self._call(context, go)
+
+    async def ListCheckpointFailures(self, request: pb.ListCheckpointsRequest, context: Any) -> pb.ListFailuresResponse:
+        async def go(c: Caller) -> pb.ListFailuresResponse:
+            rows = await self.service.failures(c, request.sandbox)
+            return pb.ListFailuresResponse(
+                failures=[
+                    pb.CheckpointFailure(sandbox_id=s, turn=t, kind=k, at=at, error=e, log_path=lp)
+                    for s, t, k, at, e, lp in rows
+                ]
+            )
+
+        return await self._call(context, go)
+
+    async def Recover(self, request: pb.SandboxRef, context: Any) -> pb.RecoverResponse:
+        async def go(c: Caller) -> pb.RecoverResponse:
+            done = await self.service.recover(c, request.sandbox)
+            return pb.RecoverResponse(
+                sandbox=sandbox_to_pb(done.sandbox, done.checkpoint.id),
+                checkpoint=done.checkpoint.id,
+                checkpoint_turn=done.checkpoint.turn,
+                lost_turns=done.lost_turns,
+                kind=done.checkpoint.kind,
+            )
 
         return await self._call(context, go)

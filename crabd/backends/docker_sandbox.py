@@ -7,6 +7,8 @@ specific CrabError) here, at the boundary.
 from __future__ import annotations
 
 import re
+import shutil
+import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,9 @@ import docker.types
 import requests
 
 from crabd.backends import cgroup_freezer
+from crabd.backends.criu.runc import log_excerpt
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus
-from crabd.errors import DockerError, HostError, ImageError
+from crabd.errors import CriuError, DockerError, HostError, ImageError
 from crabd.models import SandboxSpec
 
 #: Default pids limit when the spec leaves it at 0: a fork bomb in a sandbox
@@ -58,7 +61,9 @@ def _status(attrs: dict[str, Any]) -> ContainerStatus:
 class DockerSandboxBackend:
     """:class:`~crabd.backends.sandbox.SandboxBackend` over a Docker engine."""
 
-    def __init__(self, host: str | None = None, timeout_s: float = 60.0) -> None:
+    def __init__(self, host: str | None = None, timeout_s: float = 60.0, *, criu_log_dir: Path | None = None) -> None:
+        self._root: Path | None = None
+        self.criu_log_dir = criu_log_dir
         try:
             if host:
                 self._client = docker.DockerClient(base_url=host, timeout=int(timeout_s))
@@ -160,8 +165,52 @@ class DockerSandboxBackend:
         if not self.status(container_id).paused:  # a `docker pause` is Docker's to undo
             cgroup_freezer.thaw(container_id)
 
-    def start(self, container_id: str) -> None:
-        self._call("start container", self._api.start, container_id)
+    def _docker_root(self) -> Path:
+        if self._root is None:
+            info = self._call("docker info", self._api.info)
+            self._root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
+        return self._root
+
+    def checkpoint_dir(self, container_id: str, name: str) -> Path:
+        # Docker 20.10 refuses `start --checkpoint-dir` ("custom checkpointdir is
+        # not supported"); it restores from <root>/containers/<id>/checkpoints/<name>.
+        if not re.fullmatch(r"[0-9a-f]{64}", container_id) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise DockerError(f"refusing checkpoint dir for {container_id!r}/{name!r}")
+        d = self._docker_root() / "containers" / container_id / "checkpoints" / name
+        d.mkdir(parents=True, mode=0o700)
+        return d
+
+    def start(self, container_id: str, checkpoint: str = "") -> None:
+        if not checkpoint:
+            self._call("start container", self._api.start, container_id)
+            return
+        api: Any = self._api  # docker-py's start() has no checkpoint parameter; the HTTP API does
+        try:
+            res = api._post(api._url("/containers/{0}/start", container_id), params={"checkpoint": checkpoint})
+            api._raise_for_status(res)
+        except docker.errors.APIError as exc:
+            raise self._restore_error(container_id, str(exc.explanation or exc)) from exc
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise DockerError(f"start container {container_id[:12]} from a checkpoint: {exc}") from exc
+        finally:
+            shutil.rmtree(self._docker_root() / "containers" / container_id / "checkpoints", ignore_errors=True)
+
+    def _restore_error(self, container_id: str, text: str) -> CriuError:
+        """Docker reports a failed CRIU restore with the log's path; keep that log and quote it."""
+        found = re.search(r"log file: (\S+restore\.log)", text)
+        kept: Path | None = None
+        if found and self.criu_log_dir is not None and Path(found.group(1)).exists():
+            self.criu_log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            kept = self.criu_log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{container_id[:12]}-restore.log"
+            shutil.copyfile(found.group(1), kept)
+        excerpt = log_excerpt(kept) if kept else ""
+        return CriuError(
+            f"CRIU could not restore the checkpoint into container {container_id[:12]}: {text}"
+            + (f"\n{excerpt}" if excerpt else ""),
+            log_path=str(kept) if kept else None,
+            log_excerpt=excerpt,
+            hint="The sandbox was left as it was; the CRIU log named here says what failed.",
+        )
 
     def status(self, container_id: str) -> ContainerStatus:
         try:
@@ -186,6 +235,15 @@ class DockerSandboxBackend:
             raise DockerError(f"remove container {container_id[:12]}: {exc.explanation or exc}") from exc
         except (docker.errors.DockerException, requests.RequestException) as exc:
             raise DockerError(f"remove container {container_id[:12]}: {exc}") from exc
+
+    def list_exited(self, instance: str) -> list[str]:
+        found = self._call(
+            "list containers",
+            self._api.containers,
+            all=True,
+            filters={"label": f"{LABEL_INSTANCE}={instance}", "status": ["exited", "dead"]},
+        )
+        return [str(c["Id"]) for c in found]
 
     def list_instance(self, instance: str) -> dict[str, ContainerStatus]:
         found = self._call(

@@ -66,7 +66,14 @@ class SandboxBackend(Protocol):
         """Undo a freeze that a crash left behind (no-op when not frozen, or paused through Docker)."""
         ...
 
-    def start(self, container_id: str) -> None: ...
+    def start(self, container_id: str, checkpoint: str = "") -> None:
+        """Start the container; with ``checkpoint``, restore its processes from the images placed
+        in :meth:`checkpoint_dir` under that name (CriuError if that fails)."""
+        ...
+
+    def checkpoint_dir(self, container_id: str, name: str) -> Path:
+        """Where process images must be for ``start(container_id, checkpoint=name)``; created empty."""
+        ...
 
     def status(self, container_id: str) -> ContainerStatus: ...
 
@@ -74,6 +81,10 @@ class SandboxBackend(Protocol):
 
     def remove(self, container_id: str) -> None:
         """Remove the container, running or not; a missing container is not an error."""
+        ...
+
+    def list_exited(self, instance: str) -> list[str]:
+        """Ids of the containers labelled with ``instance`` that are no longer running (one cheap call)."""
         ...
 
     def list_instance(self, instance: str) -> dict[str, ContainerStatus]:

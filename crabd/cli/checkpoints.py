@@ -40,11 +40,23 @@ def _ck_dict(c: CheckpointInfo) -> dict[str, Any]:
 
 def _ck_table(cks: list[CheckpointInfo]) -> Table:
     table = Table(
-        "id", "sandbox", "turn", "branch", "parent", "changed", "new bytes", "freeze", "total", "created", "label"
+        "id",
+        "kind",
+        "sandbox",
+        "turn",
+        "branch",
+        "parent",
+        "changed",
+        "new bytes",
+        "freeze",
+        "total",
+        "created",
+        "label",
     )
     for c in cks:
         table.add_row(
             c.id,
+            c.kind,
             c.sandbox_name,
             str(c.turn),
             str(c.branch),
@@ -63,16 +75,20 @@ def _ck_table(cks: list[CheckpointInfo]) -> Table:
 def ck_create(
     sandbox: str,
     label: Annotated[str, typer.Option("--label", "-l", help="A note kept with the checkpoint.")] = "",
+    full: Annotated[
+        bool | None, typer.Option("--full/--fs", help="Dump every process too (default: the sandbox's policy).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Take a filesystem checkpoint of a sandbox now."""
+    """Take a checkpoint of a sandbox now."""
+    kind = "" if full is None else "full" if full else "fs"
     with client() as c:
-        ck = c.get(sandbox).checkpoint(label)
+        ck = c.get(sandbox).checkpoint(label, kind=kind)
     if as_json:
         emit_json(_ck_dict(ck))
     else:
         out.print(
-            f"{ck.id}  turn {ck.turn}  +{ck.changed} -{ck.deleted}  {_size(ck.new_bytes)} new  "
+            f"{ck.id}  {ck.kind}  turn {ck.turn}  +{ck.changed} -{ck.deleted}  {_size(ck.new_bytes)} new  "
             f"freeze {ck.freeze_s * 1000:.1f} ms  total {ck.total_s * 1000:.0f} ms"
         )
 
@@ -141,6 +157,37 @@ def ck_rm(
     else:
         for ref, freed in done:
             out.print(f"{ref}  freed {_size(freed)}")
+
+
+@ck_app.command("failures")
+def ck_failures(
+    sandbox: Annotated[str, typer.Argument(help="Only this sandbox's.")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Checkpoints that were attempted and not made, and why (with CRIU's log when CRIU failed)."""
+    with client() as c:
+        rows = c.checkpoint_failures(sandbox)
+    if as_json:
+        emit_json([asdict(f) for f in rows])
+        return
+    table = Table("when", "sandbox", "turn", "kind", "error", "CRIU log")
+    for f in rows:
+        table.add_row(fmt_time(f.at), f.sandbox_id, str(f.turn), f.kind, f.error[:300], f.log_path or "-")
+    out.print(table)
+
+
+@app.command()
+def recover(sandbox: str, as_json: JsonOpt = False) -> None:
+    """Recreate a sandbox whose container died (killed, OOM, host reboot) from its latest checkpoint."""
+    with client() as c:
+        done = c.get(sandbox).recover()
+    if as_json:
+        emit_json(asdict(done))
+        return
+    what = "processes and files" if done.kind == "full" else "files and shell state (no processes)"
+    out.print(f"{done.sandbox.name} recreated from {done.checkpoint} (turn {done.checkpoint_turn}): {what}")
+    if done.lost_turns:
+        err.print(f"[yellow]lost: the effects of turns {', '.join(map(str, done.lost_turns))}[/yellow]")
 
 
 @app.command()

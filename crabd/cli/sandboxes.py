@@ -71,8 +71,15 @@ def create(
     env_var: Annotated[list[str] | None, typer.Option("--env-var", "-e", help="KEY=VALUE (repeatable).")] = None,
     workdir: Annotated[str, typer.Option("--workdir", "-w", help="Working directory.")] = "/",
     checkpoints: Annotated[
-        str, typer.Option("--checkpoints", help="fs: checkpoint at creation and every turn end; none: only on request.")
+        str,
+        typer.Option(
+            "--checkpoints",
+            help="fs: files at creation and every turn end; full: processes too; none: only on request.",
+        ),
     ] = "fs",
+    recovery: Annotated[
+        str, typer.Option("--recovery", help="manual: `crabctl recover`; auto: crabd recovers a dead sandbox itself.")
+    ] = "manual",
     as_json: JsonOpt = False,
 ) -> None:
     """Create and start a sandbox."""
@@ -87,6 +94,7 @@ def create(
             env_vars=_parse_env(env_var),
             workdir=workdir,
             checkpoints=checkpoints,
+            recovery=recovery,
         )
     if as_json:
         emit_json(_info_dict(sb.info))

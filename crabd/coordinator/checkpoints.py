@@ -23,13 +23,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from crabd.backends.fsdelta import Change, FsDelta
+from crabd.backends.criu.imagestore import ImageStore
+from crabd.backends.fsdelta import FsDelta
 from crabd.backends.overlay.scan import TICK_NS
+from crabd.backends.procdump import DumpResult, ProcessDumper
 from crabd.backends.sandbox import SandboxBackend
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.errors import CrabError, InvalidRequest
@@ -37,7 +40,6 @@ from crabd.models import CheckpointRecord, SandboxRecord
 from crabd.store.blobs import BlobStore
 from crabd.store.catalog import Catalog, Head, direct_refs
 from crabd.store.db import Database
-from crabd.store.maintenance import GcReport, VerifyReport, collect_garbage, verify
 from crabd.store.registry import spec_to_json
 from crabd.util.aiolock import RWLock
 
@@ -70,12 +72,21 @@ class Checkpointer:
         catalog: Catalog,
         blobs: BlobStore,
         fs: FsDelta,
+        dumper: ProcessDumper,
+        *,
+        dump_root: Path,
+        busy_wait_s: float = 10.0,
     ) -> None:
         self.db = db
         self.sandboxes = sandboxes
         self.catalog = catalog
         self.blobs = blobs
         self.fs = fs
+        self.dumper = dumper
+        self.images = ImageStore(blobs)
+        #: Process dumps are written here first (one directory per checkpoint), then stored and removed.
+        self.dump_root = dump_root
+        self.busy_wait_s = busy_wait_s
         self.store_lock = RWLock()
 
     @property
@@ -114,27 +125,59 @@ class Checkpointer:
                 log.warning("session capture for checkpoint failed", extra={"sandbox": rec.id, "error": str(exc)})
         return self.sandboxes.registry.latest_session_state(rec.id)
 
+    def _kind(self, rec: SandboxRecord, kind: str) -> str:
+        if not kind:
+            return "full" if rec.spec.checkpoints == "full" else "fs"
+        if kind not in ("fs", "full"):
+            raise InvalidRequest(f"unknown checkpoint kind {kind!r}: use fs (files) or full (processes and files)")
+        return kind
+
     async def take(
         self,
         rec: SandboxRecord,
         *,
+        kind: str = "",
         turn: int | None = None,
         label: str = "",
         session_json: str | None = None,
         capture_session: bool = True,
     ) -> CheckpointRecord:
-        """A filesystem checkpoint of a running sandbox, published as its new head."""
+        """A checkpoint of a running sandbox, published as its new head.
+
+        ``kind`` "fs" captures files and the session's semantic state;
+        "full" also dumps every process with CRIU, at the same instant.
+        "" follows the sandbox's policy.  A failure publishes nothing, leaves
+        the sandbox running, and is recorded (``crabctl checkpoint failures``).
+        """
+        kind = self._kind(rec, kind)
         if len(label) > 200 or "\0" in label:
             raise InvalidRequest("a checkpoint label is at most 200 characters, without NUL")
         if session_json is None and capture_session:
             session_json = await self._session_for_checkpoint(rec)
-        async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
-            return await self._take_locked(rec, turn=turn, label=label, session_json=session_json)
+        try:
+            async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
+                return await self._take_locked(rec, kind=kind, turn=turn, label=label, session_json=session_json)
+        except CrabError as exc:
+            log_path = str(exc.attrs.get("log_path") or "")
+            await asyncio.to_thread(
+                self.catalog.record_failure, rec.id, rec.turn if turn is None else turn, kind, exc.message, log_path
+            )
+            raise
+
+    def _previous_image(self, head: Head | None) -> str | None:
+        """The nearest process image up the head's line (its pages are the likeliest duplicates)."""
+        if head is None or head.checkpoint is None:
+            return None
+        for c in reversed(self.catalog.lineage(head.checkpoint.id)[-50:]):
+            if c.process_blob:
+                return c.process_blob
+        return None
 
     async def _take_locked(
-        self, rec: SandboxRecord, *, turn: int | None, label: str, session_json: str | None
+        self, rec: SandboxRecord, *, kind: str, turn: int | None, label: str, session_json: str | None
     ) -> CheckpointRecord:
         t0 = time.monotonic()
+        ckpt_id = new_checkpoint_id()
         rec = self.sandboxes.get(rec.id) or rec
         st = await self.sandboxes.running(rec)
         cid = rec.container_id
@@ -143,35 +186,65 @@ class Checkpointer:
         # One docker inspect gives both the status and the upper dir.
         upper = Path(st.upper_dir) if st.upper_dir else await asyncio.to_thread(self.backend.upper_dir, cid)
         prepared = await asyncio.to_thread(self.fs.prepare, upper, base, head.racy_ns if head else 0)
+        work = self.dump_root / ckpt_id
+        images = work / "images"
+        full = kind == "full"
 
-        def frozen_cut() -> tuple[Any, float, int]:
-            # Freeze, re-walk and thaw in one worker call, so event-loop
+        def frozen_cut() -> tuple[Any, DumpResult | None, float, int]:
+            # Freeze, dump, re-walk and thaw in one worker call, so event-loop
             # scheduling never stretches the time the sandbox stands still.
+            # CRIU finds the cgroup frozen and leaves it so after its dump:
+            # processes and files are one cut.
             with self.backend.frozen(cid):
                 f0 = time.monotonic()
+                dump = self.dumper.dump(cid, images, work) if full else None
                 cut = self.fs.capture(prepared)
                 freeze_s = time.monotonic() - f0
-            return cut, freeze_s, time.time_ns()
+            return cut, dump, freeze_s, time.time_ns()
 
-        cut, freeze_s, thawed_ns = await asyncio.to_thread(frozen_cut)
-        capture, stored = await asyncio.to_thread(self.fs.store, cut)
-        info = Blobs(dict(stored.children), dict(stored.sizes))
+        try:
+            if full:
+                images.mkdir(parents=True, mode=0o700)
+                async with self.sandboxes.quiesced(rec, self.busy_wait_s):
+                    cut, dump, freeze_s, thawed_ns = await asyncio.to_thread(frozen_cut)
+            else:
+                cut, dump, freeze_s, thawed_ns = await asyncio.to_thread(frozen_cut)
+            capture, stored = await asyncio.to_thread(self.fs.store, cut)
+            info = Blobs(dict(stored.children), dict(stored.sizes))
+            new_bytes = capture.new_bytes + stored.new_bytes
+            stats: dict[str, Any] = {}
+            process_blob = None
+            if dump is not None:
+                image = await asyncio.to_thread(self.images.store, images, self._previous_image(head))
+                info.children.update(image.children)
+                info.sizes.update(image.sizes)
+                new_bytes += image.new_bytes
+                process_blob = image.manifest
+                stats.update(
+                    dump_s=dump.seconds,
+                    processes=len(dump.pids),
+                    image_bytes=image.image_bytes,
+                    pages=image.pages,
+                    pages_new=image.pages_new,
+                    process_new_bytes=image.new_bytes,
+                )
+        finally:
+            await asyncio.to_thread(shutil.rmtree, work, True)
         session_blob = None
-        new_bytes = capture.new_bytes + stored.new_bytes
         if session_json is not None:
             put = await asyncio.to_thread(self.blobs.put_bytes, session_json.encode("utf-8", "surrogateescape"))
             session_blob = put.hex
             info.sizes[put.hex] = put.size
             new_bytes += put.stored
         ckpt = CheckpointRecord(
-            id=new_checkpoint_id(),
+            id=ckpt_id,
             sandbox_id=rec.id,
             sandbox_name=rec.name,
             owner_uid=rec.owner_uid,
             parent_id=head.checkpoint.id if head and head.checkpoint else None,
             branch=rec.branch,
             turn=rec.turn if turn is None else turn,
-            kind="fs",
+            kind=kind,
             created_at=time.time(),
             label=label,
             image=rec.image,
@@ -179,20 +252,21 @@ class Checkpointer:
             index_blob=stored.index_blob,
             delta_blob=stored.delta_blob,
             session_blob=session_blob,
+            process_blob=process_blob,
             # Writes after the thaw get a ctime of at least this (see scan.py's "racy" note).
             racy_ns=thawed_ns - TICK_NS,
         )
         p0 = time.monotonic()
         await asyncio.to_thread(self.make_durable, direct_refs(ckpt), info)
-        stats = {
-            **capture.stats,
-            "changed": len(capture.added) + len(capture.changed),
-            "deleted": len(capture.deleted),
-            "logical_bytes": sum(x.length for e in capture.tree for x in e.extents),
-            "new_bytes": new_bytes,
-            "freeze_s": freeze_s,
-            "sync_s": time.monotonic() - p0,
-        }
+        stats.update(
+            capture.stats,
+            changed=len(capture.added) + len(capture.changed),
+            deleted=len(capture.deleted),
+            logical_bytes=sum(x.length for e in capture.tree for x in e.extents),
+            new_bytes=new_bytes,
+            freeze_s=freeze_s,
+            sync_s=time.monotonic() - p0,
+        )
         stats["total_s"] = time.monotonic() - t0
         ckpt = replace(ckpt, stats=stats)
         await asyncio.to_thread(self.catalog.publish, ckpt, info.child_of, self.size_of(info.sizes))
@@ -201,6 +275,7 @@ class Checkpointer:
             extra={
                 "sandbox": rec.id,
                 "checkpoint": ckpt.id,
+                "kind": kind,
                 "turn": ckpt.turn,
                 "changed": stats["changed"],
                 "new_bytes": new_bytes,
@@ -219,6 +294,7 @@ class Checkpointer:
         return await self.take(rec, turn=0, label="created", capture_session=False)
 
     async def after_turn(self, rec: SandboxRecord, turn: int, session_json: str | None) -> CheckpointRecord | None:
+        """The checkpoint of a turn end, of the kind the sandbox's policy asks for."""
         if rec.spec.checkpoints == "none":
             return None
         return await self.take(rec, turn=turn, session_json=session_json, capture_session=False)
@@ -255,58 +331,3 @@ class Checkpointer:
                 hint=f"List them with `crabctl checkpoint ls {rec.name}`.",
             )
         return found[-1]
-
-    async def describe(self, ckpt: CheckpointRecord, max_changes: int) -> tuple[list[Change], bool, str | None]:
-        """(changes recorded in its delta, whether truncated, its session state)."""
-        async with self.store_lock.shared():
-            changes, truncated = await asyncio.to_thread(self.fs.changes, ckpt.delta_blob, max_changes)
-            return changes, truncated, await asyncio.to_thread(self.session_json, ckpt)
-
-    # --- deletion and sweeping ---------------------------------------------------------------
-
-    async def _sweep(self, candidates: list[str]) -> int:
-        """Remove blob files that are no longer live (caller holds the store lock exclusively)."""
-
-        def go() -> int:
-            freed = 0
-            for b in set(candidates):
-                if not self.catalog.is_live(b):
-                    freed += self.blobs.remove(b)
-            return freed
-
-        return await asyncio.to_thread(go)
-
-    async def delete(self, ckpt: CheckpointRecord) -> int:
-        """Delete one checkpoint and the blobs only it used; return bytes freed."""
-        async with self.store_lock.exclusive():
-            dropped = await asyncio.to_thread(self.catalog.delete, ckpt.id)
-            freed = await self._sweep(dropped + self.catalog.take_dropped())
-        log.info("checkpoint deleted", extra={"checkpoint": ckpt.id, "freed": freed})
-        return freed
-
-    async def forget_sandbox(self, rec: SandboxRecord, *, keep: bool) -> int:
-        """After a sandbox is removed: drop its head, and its checkpoints unless kept or still needed."""
-        async with self.store_lock.exclusive():
-            if keep:
-                self.catalog.set_kept([c.id for c in self.catalog.list_checkpoints(rec.id)], True)
-            dropped = self.catalog.drop_head(rec.id)
-            live = {r.id for r in self.sandboxes.list_sandboxes(None)}
-            for ckpt_id in self.catalog.prunable(live):
-                dropped += self.catalog.delete(ckpt_id)
-            return await self._sweep(dropped + self.catalog.take_dropped())
-
-    # --- store maintenance -------------------------------------------------------------------
-
-    async def gc(self) -> GcReport:
-        async with self.store_lock.exclusive():
-            self.catalog.take_dropped()
-            return await asyncio.to_thread(collect_garbage, self.catalog, self.blobs)
-
-    async def verify(self, owner_uid: int | None) -> VerifyReport:
-        """Re-hash every live blob (root), or those the caller's checkpoints need."""
-        async with self.store_lock.shared():
-            only = None
-            if owner_uid is not None:
-                roots = [b for c in self.catalog.list_checkpoints(None, owner_uid) for b in direct_refs(c)]
-                only = await asyncio.to_thread(self.catalog.reachable, roots)
-            return await asyncio.to_thread(verify, self.catalog, self.blobs, only)

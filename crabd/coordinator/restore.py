@@ -35,6 +35,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from crabd.backends.criu.sockets import close_external_connections
 from crabd.backends.overlay.scan import TICK_NS
 from crabd.coordinator.checkpoints import Blobs, Checkpointer
 from crabd.coordinator.runner import Session
@@ -44,6 +45,8 @@ from crabd.store.registry import spec_from_json
 
 log = logging.getLogger("crabd.restore")
 
+#: The name a process checkpoint is restored under (Docker's per-container checkpoint dir).
+PROCESS_CHECKPOINT = "crab"
 #: Clones started at once by one fork (each is a container start plus a tree write).
 FORK_PARALLEL = 4
 MAX_FORKS = 64
@@ -84,12 +87,24 @@ class Restorer:
                 hint="Rebuild that env image (its recipe must be unchanged) or restore another checkpoint.",
             )
 
-    def _preparer(self, tree: list[Any], out: _Prepared) -> Any:
+    def _preparer(self, tree: list[Any], out: _Prepared, ckpt: CheckpointRecord) -> Any:
         fs = self.ck.fs
+        backend = self.sandboxes.backend
 
         def go(container_id: str) -> None:
-            upper = self.sandboxes.backend.upper_dir(container_id)
+            upper = backend.upper_dir(container_id)
             fresh, stats = fs.materialize(tree, upper)
+            if ckpt.process_blob:
+                # Files first: CRIU reopens the processes' files by path and checks their sizes.
+                t0 = time.monotonic()
+                target = backend.checkpoint_dir(container_id, PROCESS_CHECKPOINT)
+                stats["image_bytes"] = self.ck.images.write(ckpt.process_blob, target)
+                stats.update(close_external_connections(target))
+                # Docker uploads the directory to containerd as a tarball named by
+                # its digest; two clones restoring identical images at once collide
+                # there ("content ... already exists").  CRIU ignores this file.
+                (target / "crab-restore-id").write_text(f"{container_id}\n")
+                stats["images_s"] = time.monotonic() - t0
             # Any write after the container starts gets a ctime of at least this.
             out.racy_ns = time.time_ns() - TICK_NS
             stored = fs.store_tree(fresh)
@@ -133,11 +148,17 @@ class Restorer:
         t_load = time.monotonic()
         prep = _Prepared()
         new_cid, st = await self.sandboxes.launch(
-            rec, ckpt.image, generation=secrets.token_hex(3), record_id=False, prepare=self._preparer(tree, prep)
+            rec,
+            ckpt.image,
+            generation=secrets.token_hex(3),
+            record_id=False,
+            prepare=self._preparer(tree, prep, ckpt),
+            checkpoint=PROCESS_CHECKPOINT if ckpt.process_blob else "",
         )
         t_launch = time.monotonic()
         try:
-            session = await self.sandboxes.fresh_session(st, rec.spec, session_json)
+            # A process checkpoint brought the session's bash back itself.
+            session = await self.sandboxes.fresh_session(st, rec.spec, None if ckpt.process_blob else session_json)
             t_session = time.monotonic()
             await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
             t_durable = time.monotonic()
@@ -242,8 +263,13 @@ class Restorer:
         self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: list[Any], session_json: str | None
     ) -> tuple[Session, str]:
         prep = _Prepared()
-        _, st = await self.sandboxes.launch(rec, ckpt.image, prepare=self._preparer(tree, prep))
-        session = await self.sandboxes.fresh_session(st, rec.spec, session_json)
+        _, st = await self.sandboxes.launch(
+            rec,
+            ckpt.image,
+            prepare=self._preparer(tree, prep, ckpt),
+            checkpoint=PROCESS_CHECKPOINT if ckpt.process_blob else "",
+        )
+        session = await self.sandboxes.fresh_session(st, rec.spec, None if ckpt.process_blob else session_json)
         await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
         reg = self.sandboxes.registry
 

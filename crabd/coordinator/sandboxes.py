@@ -15,12 +15,13 @@ running through a crabd restart; nothing is restarted or touched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
@@ -35,6 +36,7 @@ from crabd.errors import (
     ImageError,
     InitUnavailable,
     InvalidRequest,
+    SandboxBusy,
     SandboxDead,
 )
 from crabd.host import images
@@ -89,6 +91,25 @@ class _Live:
         self.sandbox_id = sandbox_id
         self.session: Session | None = None
         self.op_lock = asyncio.Lock()
+        # A process dump must not see a connection from crabd into the sandbox
+        # (CRIU would find a unix socket whose peer is outside the dumped
+        # tree).  ``gate`` is cleared while a dump runs; ``conns`` counts open
+        # connections and ``idle`` is set when there are none.
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.conns = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def opened(self) -> None:
+        self.conns += 1
+        self.idle.clear()
+
+    def closed(self) -> None:
+        self.conns -= 1
+        if self.conns <= 0:
+            self.conns = 0
+            self.idle.set()
 
 
 class SandboxManager:
@@ -166,14 +187,46 @@ class SandboxManager:
         return st
 
     def connector(self, rec: SandboxRecord, pid: int) -> Callable[[], Awaitable[InitConnection]]:
+        live = self._live_for(rec)
+
         async def connect() -> InitConnection:
+            await live.gate.wait()  # a process dump is running: wait for it
+            live.opened()
             try:
-                return await InitConnection.open(netns=f"/proc/{pid}/ns/net")
+                conn = await InitConnection.open(netns=f"/proc/{pid}/ns/net")
             except InitUnavailable as exc:
+                live.closed()
                 await self._running(rec)  # raises SandboxDead if that is why
                 raise InitUnavailable(f"sandbox {rec.name}: {exc.message}", sandbox=rec.id) from exc
+            except BaseException:
+                live.closed()
+                raise
+            conn.on_close = live.closed
+            return conn
 
         return connect
+
+    @contextlib.asynccontextmanager
+    async def quiesced(self, rec: SandboxRecord, wait_s: float) -> AsyncIterator[None]:
+        """No crabd connection into the sandbox for the ``with`` body; new ones wait.
+
+        Waits up to ``wait_s`` for commands in flight to finish, then raises
+        SandboxBusy (a long-running exec holds its connection open).
+        """
+        live = self._live_for(rec)
+        live.gate.clear()
+        try:
+            try:
+                await asyncio.wait_for(live.idle.wait(), wait_s)
+            except TimeoutError:
+                raise SandboxBusy(
+                    f"sandbox {rec.name} has {live.conns} command(s) running; a process checkpoint needs it idle",
+                    sandbox=rec.id,
+                    hint="Checkpoint between commands (at turn end), or wait for the running command.",
+                ) from None
+            yield
+        finally:
+            live.gate.set()
 
     def _drop_session(self, sandbox_id: str) -> None:
         live = self._live.get(sandbox_id)
@@ -237,8 +290,12 @@ class SandboxManager:
         generation: str = "",
         record_id: bool = True,
         prepare: Callable[[str], Awaitable[None]] | None = None,
+        checkpoint: str = "",
     ) -> tuple[str, ContainerStatus]:
         """Create a container for ``rec``, run ``prepare(container_id)`` on it, start it, wait for init.
+
+        With ``checkpoint`` the container starts from the process images that
+        ``prepare`` placed in the backend's checkpoint dir under that name.
 
         With ``record_id`` the container id is written to the registry before
         the container starts, so a crash leaves a trace adoption can clean up;
@@ -255,7 +312,7 @@ class SandboxManager:
                 self.registry.update_sandbox(rec.id, container_id=cid)
             if prepare is not None:
                 await prepare(cid)
-            await self._io(self.backend.start, cid)
+            await asyncio.to_thread(self.backend.start, cid, checkpoint)
             st = await self._wait_init(cid, rec)
         except BaseException:
             await asyncio.shield(self._io(self.backend.remove, cid))

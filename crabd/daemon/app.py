@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 import signal
 from pathlib import Path
 from types import TracebackType
@@ -28,12 +29,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from crabd.api.peercred import CallerTable, FrontDoor
 from crabd.api.servicer import CrabServicer
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
+from crabd.backends.criu.runc import RuncDumper
 from crabd.backends.docker_sandbox import DockerSandboxBackend
 from crabd.backends.overlay.backend import OverlayDelta
 from crabd.backends.overlay.index import PageCache
 from crabd.backends.overlay.scan import ScanLimits
 from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
+from crabd.coordinator.recovery import Recovery
+from crabd.coordinator.restore import Restorer
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.daemon import notify
 from crabd.runtime import initbin
@@ -77,6 +81,7 @@ class Daemon:
         self._grpc: grpc.aio.Server | None = None
         self._front: FrontDoor | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self._recovery: Recovery | None = None
 
     @property
     def private_socket(self) -> Path:
@@ -90,7 +95,9 @@ class Daemon:
         self._db = Database(paths.state_dir / "registry.db")
         self._registry = Registry(self._db)
         init_binary = await asyncio.to_thread(initbin.install, paths.state_dir)
-        self._backend = DockerSandboxBackend(self.cfg.docker.host, self.cfg.docker.timeout_s)
+        self._backend = DockerSandboxBackend(
+            self.cfg.docker.host, self.cfg.docker.timeout_s, criu_log_dir=paths.state_dir / "logs" / "criu"
+        )
         docker_version = await asyncio.to_thread(self._backend.server_version)
         self._manager = SandboxManager(
             self.cfg, self._registry, self._backend, init_binary, instance_id(paths.state_dir)
@@ -104,9 +111,32 @@ class Daemon:
             limits=ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth),
             cache=PageCache(ck.page_cache_entries),
         )
-        checkpointer = Checkpointer(self._db, self._manager, Catalog(self._db), blobs, fs)
+        dumper = RuncDumper(
+            runc=self.cfg.criu.runc,
+            runc_root=self.cfg.criu.runc_root,
+            timeout_s=self.cfg.criu.timeout_s,
+            log_dir=paths.state_dir / "logs" / "criu",
+        )
+        dump_root = paths.state_dir / "run" / "dumps"
+        # Dumps a crash interrupted; nothing references them.
+        await asyncio.to_thread(shutil.rmtree, dump_root, True)
+        dump_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        checkpointer = Checkpointer(
+            self._db,
+            self._manager,
+            Catalog(self._db),
+            blobs,
+            fs,
+            dumper,
+            dump_root=dump_root,
+            busy_wait_s=self.cfg.criu.busy_wait_s,
+        )
+        restorer = Restorer(checkpointer)
+        self._recovery = Recovery(checkpointer, restorer)
         counts = await self._manager.adopt()
-        service = Service(self.cfg, self._manager, checkpointer, docker_version=docker_version)
+        service = Service(
+            self.cfg, self._manager, checkpointer, restorer, self._recovery, docker_version=docker_version
+        )
 
         callers = CallerTable()
         run_dir = self.private_socket.parent
@@ -130,6 +160,8 @@ class Daemon:
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         await health_servicer.set("crab.v1.Crab", health_pb2.HealthCheckResponse.SERVING)
 
+        # Sandboxes that died while crabd was down are recovered (policy "auto") from here on.
+        self._recovery.start()
         notify.notify(f"READY=1\nSTATUS=serving on {paths.socket}\nMAINPID={os.getpid()}")
         interval = notify.watchdog_interval()
         if interval is not None:
@@ -156,6 +188,8 @@ class Daemon:
         log.info("crabd stopping")
         if self._watchdog is not None:
             self._watchdog.cancel()
+        if self._recovery is not None:
+            await self._recovery.close()
         if self._front is not None:
             await self._front.close()
         if self._grpc is not None:

@@ -261,6 +261,57 @@ def check_runc_criu() -> Check:
     return _ok("runc-criu", f"runc ({runc or 'not on PATH?'}) finds CRIU {'.'.join(map(str, ver))} at {criu}")
 
 
+CRIU_RUNC_CONF = Path("/etc/criu/runc.conf")
+
+
+def check_criu_config(path: Path = CRIU_RUNC_CONF) -> Check:
+    """runc hands CRIU this file on every dump and restore; Docker gives no other way to pass options."""
+    try:
+        opts = {ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()}
+    except FileNotFoundError:
+        opts = set()
+    except OSError as exc:
+        return _fail("criu-config", f"cannot read {path}: {exc.strerror}", SETUP_FIX)
+    if "tcp-established" not in opts:
+        return _fail(
+            "criu-config",
+            f"{path} lacks tcp-established: a sandbox holding a TCP connection cannot be restored",
+            f"add a line 'tcp-established' to {path} ({SETUP_FIX})",
+        )
+    return _ok("criu-config", f"{path}: tcp-established")
+
+
+def check_checkpoint_failures(cfg: CrabConfig, hours: float = 24.0) -> Check:
+    """Checkpoints that failed lately, from crabd's database (read-only), with CRIU's log."""
+    import sqlite3
+    import time
+
+    db = cfg.paths.state_dir / "registry.db"
+    if not db.exists():
+        return _ok("checkpoints", "no crabd state yet")
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            rows = conn.execute(
+                "SELECT sandbox_id, kind, at, error, log_path FROM failures WHERE at > ? ORDER BY id DESC",
+                (time.time() - hours * 3600,),
+            ).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return _warn("checkpoints", f"cannot read {db}: {exc}", "start crabd once so it creates its tables")
+    if not rows:
+        return _ok("checkpoints", f"no failed checkpoints in the last {hours:g} h")
+    sandbox, kind, _, error, log_path = rows[0]
+    first = str(error).splitlines()[0][:200]
+    where = f"; CRIU log: {log_path}" if log_path else ""
+    return _warn(
+        "checkpoints",
+        f"{len(rows)} failed checkpoint(s) in the last {hours:g} h; latest ({kind}, sandbox {sandbox}): {first}{where}",
+        "read the error and log; `crabctl checkpoint failures` lists them all",
+    )
+
+
 # --- bcc -----------------------------------------------------------------------
 
 _BCC_PROBE = r"""
@@ -392,9 +443,11 @@ def run_checks(cfg: CrabConfig) -> list[Check]:
         lambda: check_docker(cfg),
         check_criu,
         check_runc_criu,
+        check_criu_config,
         check_bcc,
         lambda: check_overlay(cfg),
         check_cgroups,
         lambda: check_disk(cfg),
+        lambda: check_checkpoint_failures(cfg),
     ]
     return [c() for c in checks]

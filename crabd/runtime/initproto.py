@@ -17,7 +17,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -220,6 +220,8 @@ class InitConnection:
         self._writer = writer
         self._decoder = FrameDecoder()
         self._pending: list[tuple[int, bytes]] = []
+        #: Called once when the connection is closed (crabd counts open connections per sandbox).
+        self.on_close: Callable[[], None] | None = None
 
     @classmethod
     async def open(
@@ -236,6 +238,9 @@ class InitConnection:
         self._writer.close()
         with contextlib.suppress(OSError, ConnectionError):
             await self._writer.wait_closed()
+        callback, self.on_close = self.on_close, None
+        if callback is not None:
+            callback()
 
     async def __aenter__(self) -> InitConnection:
         return self

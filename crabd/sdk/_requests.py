@@ -10,6 +10,7 @@ from pathlib import Path
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.config import load_config
 from crabd.errors import CrabError, InvalidRequest
+from crabd.sdk.models import CheckpointFailure
 
 #: gRPC channel options: bounded messages, and no proxy for a unix socket.
 CHANNEL_OPTIONS = [
@@ -57,6 +58,7 @@ def create_request(
     env_vars: Mapping[str, str] | None = None,
     workdir: str = "/",
     checkpoints: str = "fs",
+    recovery: str = "manual",
 ) -> pb.CreateSandboxRequest:
     return pb.CreateSandboxRequest(
         env=env,
@@ -66,6 +68,7 @@ def create_request(
         env_vars=dict(env_vars or {}),
         workdir=workdir,
         checkpoints=checkpoints,
+        recovery=recovery,
     )
 
 
@@ -123,3 +126,7 @@ def restore_request(sandbox: str, checkpoint: object | None, turn: int | None) -
         checkpoint="" if checkpoint is None else checkpoint_id(checkpoint),
         turn=-1 if turn is None else turn,
     )
+
+
+def failures_from_pb(m: pb.ListFailuresResponse) -> list[CheckpointFailure]:
+    return [CheckpointFailure(f.sandbox_id, f.turn, f.kind, f.at, f.error, f.log_path) for f in m.failures]

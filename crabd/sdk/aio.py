@@ -27,11 +27,13 @@ from crabd.sdk import _requests as rq
 from crabd.sdk.embedded import EmbeddedDaemon
 from crabd.sdk.models import (
     CheckpointDetail,
+    CheckpointFailure,
     CheckpointInfo,
     DaemonStatus,
     ExecResult,
     GcResult,
     OutputChunk,
+    Recovered,
     SandboxInfo,
     Tree,
     Turn,
@@ -99,6 +101,7 @@ class AsyncClient:
         env_vars: Mapping[str, str] | None = None,
         workdir: str = "/",
         checkpoints: str = "fs",
+        recovery: str = "manual",
     ) -> AsyncSandbox:
         req = rq.create_request(
             env,
@@ -110,6 +113,7 @@ class AsyncClient:
             env_vars=env_vars,
             workdir=workdir,
             checkpoints=checkpoints,
+            recovery=recovery,
         )
         return AsyncSandbox(self, SandboxInfo.from_pb(await self._unary("CreateSandbox", req)))
 
@@ -144,6 +148,11 @@ class AsyncClient:
 
     async def tree(self, *, sandbox: str = "", checkpoint: str = "") -> Tree:
         return Tree.from_pb(await self._unary("GetTree", pb.TreeRequest(sandbox=sandbox, checkpoint=checkpoint)))
+
+    async def checkpoint_failures(self, sandbox: str = "") -> builtins.list[CheckpointFailure]:
+        """Checkpoints that were attempted and not made, newest first, with why (and CRIU's log)."""
+        resp = await self._unary("ListCheckpointFailures", pb.ListCheckpointsRequest(sandbox=sandbox))
+        return rq.failures_from_pb(resp)
 
     async def gc(self) -> GcResult:
         return GcResult.from_pb(await self._unary("GarbageCollect", pb.GcRequest(), timeout=3600.0))
@@ -303,8 +312,8 @@ class AsyncSandbox:
 
     # --- checkpoints ------------------------------------------------------------------
 
-    async def checkpoint(self, label: str = "") -> CheckpointInfo:
-        req = pb.CreateCheckpointRequest(sandbox=self.id, label=label)
+    async def checkpoint(self, label: str = "", *, kind: str = "") -> CheckpointInfo:
+        req = pb.CreateCheckpointRequest(sandbox=self.id, label=label, kind=kind)
         return CheckpointInfo.from_pb(await self.client._unary("CreateCheckpoint", req))
 
     async def checkpoints(self) -> list[CheckpointInfo]:
@@ -326,6 +335,15 @@ class AsyncSandbox:
 
     async def tree(self) -> Tree:
         return await self.client.tree(sandbox=self.id)
+
+    async def recover(self) -> Recovered:
+        """Recreate this sandbox, whose container died, from its latest checkpoint.
+
+        The result says which turns' effects were lost (they came after that checkpoint).
+        """
+        done = Recovered.from_pb(await self.client._unary("Recover", pb.SandboxRef(sandbox=self.id), timeout=600.0))
+        self.info = done.sandbox
+        return done
 
     async def __aenter__(self) -> AsyncSandbox:
         return self

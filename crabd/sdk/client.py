@@ -32,11 +32,13 @@ from crabd.sdk import _requests as rq
 from crabd.sdk.embedded import EmbeddedDaemon
 from crabd.sdk.models import (
     CheckpointDetail,
+    CheckpointFailure,
     CheckpointInfo,
     DaemonStatus,
     ExecResult,
     GcResult,
     OutputChunk,
+    Recovered,
     SandboxInfo,
     Tree,
     Turn,
@@ -115,6 +117,7 @@ class Client:
         env_vars: Mapping[str, str] | None = None,
         workdir: str = "/",
         checkpoints: str = "fs",
+        recovery: str = "manual",
     ) -> Sandbox:
         """Create and start a sandbox.
 
@@ -131,6 +134,7 @@ class Client:
             env_vars=env_vars,
             workdir=workdir,
             checkpoints=checkpoints,
+            recovery=recovery,
         )
         return Sandbox(self, SandboxInfo.from_pb(self._unary("CreateSandbox", req)))
 
@@ -166,6 +170,11 @@ class Client:
 
     def tree(self, *, sandbox: str = "", checkpoint: str = "") -> Tree:
         return Tree.from_pb(self._unary("GetTree", pb.TreeRequest(sandbox=sandbox, checkpoint=checkpoint)))
+
+    def checkpoint_failures(self, sandbox: str = "") -> builtins.list[CheckpointFailure]:
+        """Checkpoints that were attempted and not made, newest first, with why (and CRIU's log)."""
+        resp = self._unary("ListCheckpointFailures", pb.ListCheckpointsRequest(sandbox=sandbox))
+        return rq.failures_from_pb(resp)
 
     def gc(self) -> GcResult:
         """Remove blobs nothing references (root only)."""
@@ -342,9 +351,10 @@ class Sandbox:
 
     # --- checkpoints ------------------------------------------------------------------
 
-    def checkpoint(self, label: str = "") -> CheckpointInfo:
-        """Take a filesystem checkpoint now (with the session's current state)."""
-        req = pb.CreateCheckpointRequest(sandbox=self.id, label=label)
+    def checkpoint(self, label: str = "", *, kind: str = "") -> CheckpointInfo:
+        """Take a checkpoint now: ``kind="fs"`` (files and the session's state), ``"full"`` (every
+        process too, with CRIU), or ``""`` for the sandbox's policy."""
+        req = pb.CreateCheckpointRequest(sandbox=self.id, label=label, kind=kind)
         return CheckpointInfo.from_pb(self.client._unary("CreateCheckpoint", req))
 
     def checkpoints(self) -> list[CheckpointInfo]:
@@ -372,6 +382,15 @@ class Sandbox:
 
     def tree(self) -> Tree:
         return self.client.tree(sandbox=self.id)
+
+    def recover(self) -> Recovered:
+        """Recreate this sandbox, whose container died, from its latest checkpoint.
+
+        The result says which turns' effects were lost (they came after that checkpoint).
+        """
+        done = Recovered.from_pb(self.client._unary("Recover", pb.SandboxRef(sandbox=self.id), timeout=600.0))
+        self.info = done.sandbox
+        return done
 
     def __enter__(self) -> Sandbox:
         return self

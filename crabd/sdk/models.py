@@ -35,6 +35,7 @@ class SandboxInfo:
     origin: str = ""
     branch: int = 0
     head: str = ""
+    recovery: str = "manual"
 
     @classmethod
     def from_pb(cls, m: pb.Sandbox) -> SandboxInfo:
@@ -63,6 +64,7 @@ class SandboxInfo:
             origin=m.origin,
             branch=m.branch,
             head=m.head,
+            recovery=m.recovery,
         )
 
 
@@ -335,3 +337,29 @@ class VerifyResult:
             [BlobProblem(p.blob, p.problem, list(p.checkpoints), list(p.sandboxes)) for p in m.problems],
             m.seconds,
         )
+
+
+@dataclass(frozen=True)
+class CheckpointFailure:
+    """A checkpoint that was attempted and not made (nothing was published)."""
+
+    sandbox_id: str
+    turn: int
+    kind: str
+    at: float
+    error: str
+    log_path: str  # CRIU's log, when CRIU failed
+
+
+@dataclass(frozen=True)
+class Recovered:
+    sandbox: SandboxInfo
+    checkpoint: str
+    checkpoint_turn: int
+    kind: str
+    #: Turns whose effects came after the checkpoint and are gone.
+    lost_turns: list[int]
+
+    @classmethod
+    def from_pb(cls, m: pb.RecoverResponse) -> Recovered:
+        return cls(SandboxInfo.from_pb(m.sandbox), m.checkpoint, m.checkpoint_turn, m.kind, list(m.lost_turns))

@@ -25,6 +25,8 @@ from crabd.backends.fsdelta import Change
 from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.commands import Commands
+from crabd.coordinator.housekeeping import Housekeeper
+from crabd.coordinator.recovery import Recovered, Recovery
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.runner import ChunkSink
 from crabd.coordinator.sandboxes import SandboxManager
@@ -45,7 +47,7 @@ from crabd.store.maintenance import GcReport, VerifyReport
 
 log = logging.getLogger("crabd.service")
 
-CHECKPOINT_POLICIES = ("fs", "none")
+CHECKPOINT_POLICIES = ("fs", "full", "none")
 #: Most changed paths one `checkpoint inspect` returns.
 MAX_CHANGES_SHOWN = 10_000
 
@@ -67,13 +69,22 @@ def parse_user(user: str) -> tuple[int | None, int | None]:
 
 class Service:
     def __init__(
-        self, cfg: CrabConfig, sandboxes: SandboxManager, checkpointer: Checkpointer, *, docker_version: str
+        self,
+        cfg: CrabConfig,
+        sandboxes: SandboxManager,
+        checkpointer: Checkpointer,
+        restorer: Restorer,
+        recovery: Recovery,
+        *,
+        docker_version: str,
     ) -> None:
         self.cfg = cfg
         self.sandboxes = sandboxes
         self.commands = Commands(sandboxes)
         self.checkpoints = checkpointer
-        self.restorer = Restorer(checkpointer)
+        self.restorer = restorer
+        self.recovery = recovery
+        self.housekeeping = Housekeeper(checkpointer)
         self.started_at = time.time()
         self.docker_version = docker_version
 
@@ -160,6 +171,8 @@ class Service:
             raise InvalidRequest(
                 f"unknown checkpoint policy {spec.checkpoints!r}; use one of {', '.join(CHECKPOINT_POLICIES)}"
             )
+        if spec.recovery not in ("manual", "auto"):
+            raise InvalidRequest(f"unknown recovery policy {spec.recovery!r}; use manual or auto")
         self._command_size(sum(len(k) + len(v) + 2 for k, v in spec.env_vars.items()), "the environment")
         rec = await self.sandboxes.create(caller.uid, spec)
         try:
@@ -188,7 +201,7 @@ class Service:
     async def remove(self, caller: Caller, ref: str, force: bool, keep_checkpoints: bool = False) -> str:
         rec = self._lookup(caller, ref)
         await self.sandboxes.remove(rec, force=force)
-        await self.checkpoints.forget_sandbox(rec, keep=keep_checkpoints)
+        await self.housekeeping.forget_sandbox(rec, keep=keep_checkpoints)
         return rec.id
 
     # --- commands --------------------------------------------------------------------
@@ -286,8 +299,8 @@ class Service:
 
     # --- checkpoints -------------------------------------------------------------------
 
-    async def create_checkpoint(self, caller: Caller, ref: str, label: str) -> CheckpointRecord:
-        return await self.checkpoints.take(self._lookup(caller, ref), label=label)
+    async def create_checkpoint(self, caller: Caller, ref: str, label: str, kind: str) -> CheckpointRecord:
+        return await self.checkpoints.take(self._lookup(caller, ref), label=label, kind=kind)
 
     async def list_checkpoints(self, caller: Caller, ref: str) -> list[CheckpointRecord]:
         owner = None if caller.is_root else caller.uid
@@ -299,12 +312,12 @@ class Service:
         self, caller: Caller, ckpt_id: str
     ) -> tuple[CheckpointRecord, list[Change], bool, str | None, list[str]]:
         rec = self._checkpoint(caller, ckpt_id)
-        changes, truncated, session_json = await self.checkpoints.describe(rec, MAX_CHANGES_SHOWN)
+        changes, truncated, session_json = await self.housekeeping.describe(rec, MAX_CHANGES_SHOWN)
         lineage = [c.id for c in self.checkpoints.catalog.lineage(rec.id)]
         return rec, changes, truncated, session_json, lineage
 
     async def delete_checkpoint(self, caller: Caller, ckpt_id: str) -> int:
-        return await self.checkpoints.delete(self._checkpoint(caller, ckpt_id))
+        return await self.housekeeping.delete(self._checkpoint(caller, ckpt_id))
 
     async def restore(self, caller: Caller, ref: str, ckpt_id: str, turn: int) -> SandboxRecord:
         rec = self._lookup(caller, ref)
@@ -364,7 +377,16 @@ class Service:
                 uid=caller.uid,
                 hint="Run it as root (e.g. `sudo crabctl gc`).",
             )
-        return await self.checkpoints.gc()
+        return await self.housekeeping.gc()
 
     async def verify(self, caller: Caller) -> VerifyReport:
-        return await self.checkpoints.verify(None if caller.is_root else caller.uid)
+        return await self.housekeeping.verify(None if caller.is_root else caller.uid)
+
+    async def failures(self, caller: Caller, ref: str) -> list[tuple[str, int, str, float, str, str]]:
+        if ref:
+            return self.checkpoints.catalog.failures(self._lookup(caller, ref).id)
+        visible = {r.id for r in self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)}
+        return [f for f in self.checkpoints.catalog.failures(None, limit=200) if caller.is_root or f[0] in visible]
+
+    async def recover(self, caller: Caller, ref: str) -> Recovered:
+        return await self.recovery.recover(self._lookup(caller, ref))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -430,6 +431,32 @@ class Catalog:
                     str(r[0]) for r in self.db.conn.execute("SELECT child FROM blob_edges WHERE parent=?", (b,))
                 )
         return out
+
+    # --- failed attempts ---------------------------------------------------------------
+
+    def record_failure(self, sandbox_id: str, turn: int, kind: str, error: str, log_path: str) -> None:
+        with self.db.tx() as conn:
+            conn.execute(
+                "INSERT INTO failures(sandbox_id, turn, kind, at, error, log_path) VALUES(?,?,?,?,?,?)",
+                (sandbox_id, turn, kind, time.time(), error[:4000], log_path),
+            )
+            # Keep the last 100 per sandbox.
+            conn.execute(
+                "DELETE FROM failures WHERE sandbox_id=? AND id NOT IN"
+                " (SELECT id FROM failures WHERE sandbox_id=? ORDER BY id DESC LIMIT 100)",
+                (sandbox_id, sandbox_id),
+            )
+
+    def failures(self, sandbox_id: str | None, limit: int = 20) -> list[tuple[str, int, str, float, str, str]]:
+        """(sandbox, turn, kind, when, error, CRIU log) of recent failed checkpoints, newest first."""
+        q = "SELECT sandbox_id, turn, kind, at, error, log_path FROM failures"
+        args: list[object] = []
+        if sandbox_id is not None:
+            q += " WHERE sandbox_id=?"
+            args.append(sandbox_id)
+        with self.db.lock:
+            rows = self.db.conn.execute(q + " ORDER BY id DESC LIMIT ?", [*args, limit]).fetchall()
+        return [(str(r[0]), int(r[1]), str(r[2]), float(r[3]), str(r[4]), str(r[5])) for r in rows]
 
     # --- deletion ------------------------------------------------------------------------
 

@@ -32,6 +32,8 @@ Schema (version 2)::
     refs(owner TEXT, blob TEXT, PK(owner, blob))       -- owner: "ck:<id>" or "head:<sandbox>"
     blob_refs(blob TEXT PK, refcount INT, size INT, stored INT)
     blob_edges(parent TEXT, child TEXT, PK(parent, child))
+    failures(id INT PK, sandbox_id TEXT, turn INT, kind TEXT, at REAL,   -- checkpoints that were not made
+             error TEXT, log_path TEXT)
 
 Version 1 (issue 3) had only meta, sandboxes (without origin and branch),
 turns and commands; :func:`_migrate` upgrades it in place.
@@ -83,6 +85,8 @@ CREATE TABLE IF NOT EXISTS blob_refs(blob TEXT PRIMARY KEY, refcount INTEGER NOT
     size INTEGER NOT NULL, stored INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS blob_edges(parent TEXT NOT NULL, child TEXT NOT NULL, PRIMARY KEY(parent, child));
 CREATE INDEX IF NOT EXISTS blob_edges_child ON blob_edges(child);
+CREATE TABLE IF NOT EXISTS failures(id INTEGER PRIMARY KEY AUTOINCREMENT, sandbox_id TEXT NOT NULL,
+    turn INTEGER NOT NULL, kind TEXT NOT NULL, at REAL NOT NULL, error TEXT NOT NULL, log_path TEXT NOT NULL);
 """
 
 _SANDBOX_COLUMNS_V2 = (

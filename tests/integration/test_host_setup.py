@@ -38,6 +38,8 @@ def test_doctor_reports_every_check_ok() -> None:
         "docker",
         "criu",
         "runc-criu",
+        "criu-config",
+        "checkpoints",
         "bcc",
         "overlay",
         "cgroups",

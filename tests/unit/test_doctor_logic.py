@@ -80,3 +80,24 @@ def test_criu_too_old(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     check = doctor.check_criu()
     assert check.status is Status.FAIL
     assert "3.17.1" in check.summary and ">= 4.2" in check.summary
+
+
+def test_criu_config_check(tmp_path: Path) -> None:
+    conf = tmp_path / "runc.conf"
+    assert doctor.check_criu_config(conf).status is doctor.Status.FAIL
+    conf.write_text("# crab\ntcp-established\n")
+    assert doctor.check_criu_config(conf).status is doctor.Status.OK
+
+
+def test_failed_checkpoints_are_reported_with_their_log(tmp_path: Path) -> None:
+    from crabd.config import CrabConfig, PathsConfig
+    from crabd.store.catalog import Catalog
+    from crabd.store.db import Database
+
+    cfg = CrabConfig(paths=PathsConfig(state_dir=tmp_path))
+    assert doctor.check_checkpoint_failures(cfg).status is doctor.Status.OK
+    with Database(tmp_path / "registry.db") as db:
+        Catalog(db).record_failure("sb1", 3, "full", "CRIU could not dump: bad socket", "/var/log/x-dump.log")
+    check = doctor.check_checkpoint_failures(cfg)
+    assert check.status is doctor.Status.WARN
+    assert "/var/log/x-dump.log" in check.summary and "bad socket" in check.summary

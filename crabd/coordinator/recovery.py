@@ -1,0 +1,129 @@
+"""Crash recovery: recreate a sandbox whose container died, from its latest checkpoint.
+
+"Latest" is the sandbox's head — the checkpoint its files descend from on
+its current branch.  A full checkpoint brings its processes back, an fs one
+its files and session state.  Turns recorded after that checkpoint had
+effects that are gone; recovery reports them, so an agent can redo them.
+
+With ``recovery="auto"`` crabd does this by itself: a watcher lists the
+containers of this daemon that exited (one Docker call every
+:data:`WATCH_INTERVAL_S`), marks their sandboxes dead, and recovers those
+whose policy asks for it; adoption at start-up does the same for sandboxes
+that died while crabd was down (a host reboot).  A sandbox stopped on
+request is never recovered behind its owner's back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from crabd.coordinator.checkpoints import Checkpointer
+from crabd.coordinator.restore import Restorer
+from crabd.errors import CrabError, InvalidRequest
+from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
+
+log = logging.getLogger("crabd.recovery")
+
+WATCH_INTERVAL_S = 2.0
+MAX_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Recovered:
+    sandbox: SandboxRecord
+    checkpoint: CheckpointRecord
+    lost_turns: list[int]
+
+
+class Recovery:
+    def __init__(self, checkpointer: Checkpointer, restorer: Restorer) -> None:
+        self.ck = checkpointer
+        self.restorer = restorer
+        self.sandboxes = checkpointer.sandboxes
+        self._task: asyncio.Task[None] | None = None
+        self._busy: set[str] = set()
+        #: sandbox id -> (failed attempts, monotonic time of the last); automatic
+        #: recovery backs off (1, 2, 4 minutes) and gives up after MAX_ATTEMPTS.
+        self._failed: dict[str, tuple[int, float]] = {}
+
+    def _latest(self, rec: SandboxRecord) -> CheckpointRecord:
+        head = self.ck.catalog.head(rec.id)
+        if head is not None and head.checkpoint is not None:
+            return head.checkpoint
+        own = self.ck.catalog.list_checkpoints(rec.id)
+        if not own:
+            raise InvalidRequest(
+                f"sandbox {rec.name} has no checkpoint to recover from",
+                hint="Create sandboxes with checkpoints (the default policy), or remove this one.",
+            )
+        return own[-1]
+
+    async def recover(self, rec: SandboxRecord) -> Recovered:
+        rec, _ = await self.sandboxes.refresh(rec)
+        if rec.state is SandboxState.RUNNING:
+            raise InvalidRequest(
+                f"sandbox {rec.name} is running; recovery is for sandboxes whose container died",
+                hint=f"To go back to a checkpoint, use `crabctl restore {rec.name} CKPT`.",
+            )
+        if rec.state is SandboxState.CREATING:
+            raise InvalidRequest(f"sandbox {rec.name} is still being created")
+        ckpt = self._latest(rec)
+        lost = [t.number for t in self.sandboxes.registry.list_turns(rec.id) if t.number > ckpt.turn]
+        out = await self.restorer.restore(rec, ckpt)
+        log.warning(
+            "sandbox recovered",
+            extra={"sandbox": rec.id, "checkpoint": ckpt.id, "kind": ckpt.kind, "lost_turns": lost},
+        )
+        return Recovered(out, ckpt, lost)
+
+    # --- automatic recovery ---------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name="crab-recovery-watch")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except CrabError as exc:
+                log.warning("recovery watch failed", extra={"error": str(exc)})
+            except Exception:  # never let the watcher die silently
+                log.exception("recovery watch crashed; continuing")
+            await asyncio.sleep(WATCH_INTERVAL_S)
+
+    async def sweep(self) -> list[str]:
+        """Mark sandboxes whose container exited dead; recover those that ask for it.  Returns their ids."""
+        exited = set(await asyncio.to_thread(self.sandboxes.backend.list_exited, self.sandboxes.instance))
+        done = []
+        for rec in self.sandboxes.list_sandboxes(None):
+            if rec.state is SandboxState.RUNNING and rec.container_id in exited:
+                rec, _ = await self.sandboxes.refresh(rec)
+            if rec.state is not SandboxState.DEAD or rec.spec.recovery != "auto" or rec.id in self._busy:
+                continue
+            attempts, last = self._failed.get(rec.id, (0, 0.0))
+            if attempts >= MAX_ATTEMPTS or (attempts and time.monotonic() - last < 60.0 * 2 ** (attempts - 1)):
+                continue
+            self._busy.add(rec.id)
+            try:
+                await self.recover(rec)
+                self._failed.pop(rec.id, None)
+                done.append(rec.id)
+            except CrabError as exc:
+                self._failed[rec.id] = (attempts + 1, time.monotonic())
+                log.error(
+                    "automatic recovery failed",
+                    extra={"sandbox": rec.id, "attempt": attempts + 1, "error": str(exc)},
+                )
+            finally:
+                self._busy.discard(rec.id)
+        return done
