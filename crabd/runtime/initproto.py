@@ -320,7 +320,17 @@ class InitConnection:
 
     async def detach(self) -> None:
         await self._send(DETACH)
-        await self._expect(DETACHED)
+        while True:
+            kind, payload = await self._recv()
+            if kind == DETACHED:
+                return
+            if kind == ERROR:
+                raise _parse_error(payload)
+            # Output that raced the detach: a background job of the session
+            # (or bash's "Terminated" notice for one) wrote after the command's
+            # end marker.  It belongs to no command; drop it.
+            if kind not in (STDOUT, STDERR):
+                raise InitProtocolError(f"unexpected frame 0x{kind:02x} while detaching")
 
     async def forget(self, name: str) -> None:
         await self._send(FORGET, _str(name))

@@ -30,6 +30,7 @@ the error, with an excerpt.
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -43,16 +44,34 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 DEFAULT_RUNC_ROOT = Path("/run/docker/runtime-runc/moby")
 
 
+#: CRIU logs these as errors on every run here and carries on (see PLATFORM.md); they explain nothing.
+_NOISE = ("Can't setup RLIMIT_NOFILE",)
+
+
 def log_excerpt(log: Path, limit: int = 12) -> str:
     """CRIU's error lines (and the last lines) of a log, for an error message."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    errors = [ln for ln in lines if "Error" in ln or "error" in ln.split(")", 1)[-1][:40]]
-    tail = lines[-4:]
+    lines = [ln for ln in lines if not any(n in ln for n in _NOISE)]
+    errors = [ln for ln in lines if "Error" in ln]
+    tail = lines[-3:]
     picked = errors[-limit:] + [ln for ln in tail if ln not in errors]
     return "\n".join(picked)
+
+
+def _culprit(excerpt: str) -> str:
+    """The process CRIU was dumping when it failed, as "pid (command line)", if the log names one."""
+    found = re.search(r"\(pid: (\d+)\)", excerpt)
+    if not found:
+        return ""
+    pid = found.group(1)
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = "?"
+    return f" while dumping process {pid} ({cmd[:120]})"
 
 
 def _container_pids(container_id: str) -> dict[int, str]:
@@ -129,7 +148,8 @@ class RuncDumper:
             kept = self._keep_log(work_dir / "dump.log", container_id, "dump")
             excerpt = log_excerpt(kept) if kept else exc.stderr
             raise CriuError(
-                f"CRIU could not dump sandbox container {container_id[:12]}:\n{excerpt or exc.message}",
+                f"CRIU could not dump sandbox container {container_id[:12]}{_culprit(excerpt)}:\n"
+                f"{excerpt or exc.message}",
                 log_path=str(kept) if kept else None,
                 log_excerpt=excerpt,
                 hint="The sandbox keeps running and no checkpoint was made; the CRIU log named here says what "
