@@ -133,22 +133,29 @@ ensure_criu() {
 
 # runc hands CRIU /etc/criu/runc.conf on every dump and restore (Docker offers
 # no other way to pass CRIU options to `docker start --checkpoint`).
-# tcp-established: a loopback TCP connection between two processes of a
-# sandbox is dumped and restored (connections to other hosts are rewritten as
-# closed by crabd before a restore).
+#  * tcp-established: a loopback TCP connection between two processes of a
+#    sandbox is dumped and restored (connections to other hosts are rewritten
+#    as closed by crabd before a restore);
+#  * network-lock skip: CRIU's default lock runs iptables-restore twice per
+#    dump (~75 ms each here); crabd freezes the whole sandbox for the dump and
+#    closes outside connections at restore, so the lock protects nothing.
+CRIU_CONF_LINES=("tcp-established" "network-lock skip")
 ensure_criu_config() {
-    local conf=/etc/criu/runc.conf marker="# crab: managed by scripts/setup-host.sh"
-    if [ -f "$conf" ] && grep -qx 'tcp-established' "$conf"; then
-        log "criu config: $conf has tcp-established"
-        return
-    fi
-    if [ -f "$conf" ] && ! grep -qF "$marker" "$conf"; then
-        log "criu config: appending tcp-established to the existing $conf"
-        printf '\n%s\ntcp-established\n' "$marker" >>"$conf"
+    local conf=/etc/criu/runc.conf marker="# crab: managed by scripts/setup-host.sh" line missing=()
+    for line in "${CRIU_CONF_LINES[@]}"; do
+        [ -f "$conf" ] && grep -qxF "$line" "$conf" || missing+=("$line")
+    done
+    if [ ${#missing[@]} -eq 0 ]; then
+        log "criu config: $conf is set"
         return
     fi
     mkdir -p /etc/criu
-    printf '%s\ntcp-established\n' "$marker" >"$conf.tmp"
+    if [ -f "$conf" ] && ! grep -qF "$marker" "$conf"; then
+        log "criu config: adding ${missing[*]} to the existing $conf"
+        { printf '\n%s\n' "$marker"; printf '%s\n' "${missing[@]}"; } >>"$conf"
+        return
+    fi
+    { printf '%s\n' "$marker"; printf '%s\n' "${CRIU_CONF_LINES[@]}"; } >"$conf.tmp"
     mv -f "$conf.tmp" "$conf"
     log "criu config: wrote $conf"
 }

@@ -23,6 +23,7 @@ from crabd.backends.criu.runc import log_excerpt
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus
 from crabd.errors import CriuError, DockerError, HostError, ImageError
 from crabd.models import SandboxSpec
+from crabd.util import netns
 
 #: Default pids limit when the spec leaves it at 0: a fork bomb in a sandbox
 #: must not exhaust the host's pid space.
@@ -194,6 +195,15 @@ class DockerSandboxBackend:
             raise DockerError(f"start container {container_id[:12]} from a checkpoint: {exc}") from exc
         finally:
             shutil.rmtree(self._docker_root() / "containers" / container_id / "checkpoints", ignore_errors=True)
+        st = self.status(container_id)
+        if st.running and not st.ip_address:
+            # Without a Docker network, runc creates the netns itself, and on a
+            # restore nobody brings its loopback up (runc does that only in a
+            # fresh container's init; CRIU is told to leave the netns empty).
+            try:
+                netns.loopback_up(st.pid)
+            except OSError as exc:
+                raise DockerError(f"restored container {container_id[:12]}: cannot bring up loopback: {exc}") from exc
 
     def _restore_error(self, container_id: str, text: str) -> CriuError:
         """Docker reports a failed CRIU restore with the log's path; keep that log and quote it."""

@@ -463,3 +463,13 @@ def test_automatic_recovery_after_a_crash(client: Client, sbx: Callable[..., San
     assert b"sleep 300" in sb.run(["ps", "-eo", "args"]).stdout
     assert sb.run(["cat", "/tmp/after"]).stdout == b"after\n"
     assert sb.run(["cat", "/tmp/lost"]).exit_code != 0
+
+
+def test_loopback_works_after_restoring_a_sandbox_without_network(sbx: Callable[..., Sandbox]) -> None:
+    sb = sbx()  # network off: runc makes the netns, and a restore leaves its loopback down unless crab acts
+    with sb.turn():
+        sb.session.run("(setsid python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 </dev/null &); sleep 0.7")
+    ask = "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/').status)\""
+    ck = sb.checkpoint(kind="full")
+    sb.restore(ck)
+    assert sb.session.run(ask).stdout == b"200\n"

@@ -86,6 +86,8 @@ def test_criu_config_check(tmp_path: Path) -> None:
     conf = tmp_path / "runc.conf"
     assert doctor.check_criu_config(conf).status is doctor.Status.FAIL
     conf.write_text("# crab\ntcp-established\n")
+    assert doctor.check_criu_config(conf).status is doctor.Status.WARN
+    conf.write_text("# crab\ntcp-established\nnetwork-lock skip\n")
     assert doctor.check_criu_config(conf).status is doctor.Status.OK
 
 
