@@ -8,6 +8,7 @@ Each step prints what it does and what came back, and the demo fails loudly
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 
@@ -37,6 +38,14 @@ def check(ok: bool, what: str) -> None:
         con.print(f"[red]DEMO FAILED: {what}[/red]")
         sys.exit(1)
     con.print(f"[green]✓[/green] {what}")
+
+
+def crash(sb: Sandbox) -> None:
+    """Kill the sandbox's container behind crabd's back, as a host failure would."""
+    subprocess.run(["docker", "kill", sb.refresh().container_id], check=True, capture_output=True, timeout=60)
+    deadline = time.monotonic() + 30
+    while sb.refresh().state != "dead" and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def agent_turn(sb: Sandbox, *commands: str) -> list[ExecResult]:
@@ -118,6 +127,30 @@ def main() -> None:
         check(
             sb.session.run("python3 -c 'import calc; print(calc.add(6, 3))'").stdout == b"9\n",
             "the parent is untouched",
+        )
+
+        step("a process checkpoint (CRIU), a crash, and recovery")
+        agent_turn(sb, "(setsid python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 </dev/null &); sleep 0.7")
+        full = sb.checkpoint("server up", kind="full")
+        con.print(
+            f"{full.id}: every process and the files at one instant; the sandbox froze "
+            f"{full.freeze_s * 1000:.0f} ms, {full.new_bytes / 1e6:.1f} MB stored"
+        )
+        # The agent's next action is under way when the host loses the container.
+        sb.run(["sh", "-c", "echo 'written after the checkpoint' > /work/app/late.txt"])
+        crash(sb)
+        check(sb.refresh().state == "dead", "the sandbox's container was killed (a simulated crash)")
+        t_recover = time.monotonic()
+        done = sb.recover()
+        con.print(
+            f"recovered from {done.checkpoint} in {(time.monotonic() - t_recover) * 1000:.0f} ms; "
+            f"lost turns: {done.lost_turns}"
+        )
+        ask = "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/').status)\""
+        check(sb.session.run(ask).stdout == b"200\n", "the server started before the checkpoint answers again")
+        check(
+            sb.run(["ls", "/work/app/late.txt"]).exit_code != 0 and len(done.lost_turns) == 1,
+            "the unfinished turn's work is gone, and reported lost",
         )
 
         step("the checkpoint tree: history, the rollback branch and the forks")

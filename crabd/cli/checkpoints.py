@@ -244,7 +244,9 @@ def render_tree(tree: Tree) -> RichTree:
     top = RichTree("[bold]checkpoints[/bold]" + (" [yellow](truncated)[/yellow]" if tree.truncated else ""))
 
     def label(c: CheckpointInfo) -> str:
-        text = f"[cyan]{c.id}[/cyan] {c.sandbox_name} turn {c.turn}"
+        text = f"[cyan]{c.id}[/cyan] {c.sandbox_name} turn {c.turn}" + (
+            " [magenta]full[/magenta]" if c.kind == "full" else ""
+        )
         if c.label:
             text += f" [dim]{c.label}[/dim]"
         text += f" [dim]+{c.changed} -{c.deleted}, {_size(c.new_bytes)}[/dim]"
