@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -76,6 +76,18 @@ class CriuConfig(_Model):
     busy_wait_s: float = Field(10.0, ge=0, description="how long a process checkpoint waits for running commands")
 
 
+class InspectorConfig(_Model):
+    """How crabd decides what each turn needs (see docs/inspector.md)."""
+
+    mode: Literal["auto", "ebpf", "scan"] = Field(
+        "auto",
+        description="auto: the eBPF probes if they load, else the scan inspector; "
+        "ebpf: the probes or crabd does not start; scan: no probes (walk the upper dir and /proc every turn)",
+    )
+    shadow: bool = Field(False, description="also run the scan inspector at every turn end and record its verdict")
+    ring_buffer_pages: int = Field(1024, ge=16, description="pages of the probes' ring buffer (a power of two)")
+
+
 class CrabConfig(_Model):
     """The whole configuration file."""
 
@@ -85,6 +97,7 @@ class CrabConfig(_Model):
     limits: LimitsConfig = LimitsConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     criu: CriuConfig = CriuConfig()
+    inspector: InspectorConfig = InspectorConfig()
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

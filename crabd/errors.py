@@ -286,6 +286,17 @@ class BpfError(CrabError):
     default_hint = "Check kernel headers and tracefs with `crabctl doctor`."
 
 
+class StalePairing(CrabError):
+    """A filesystem checkpoint was to reuse the head's process image, but a process ran since the decision.
+
+    Internal: the turn end then takes a full checkpoint instead.  Attribute: ``sandbox``.
+    """
+
+    sandbox: str
+    grpc_code = "ABORTED"
+    default_hint = "Take a full checkpoint (`crabctl checkpoint create --full SB`)."
+
+
 _ALL: dict[str, type[CrabError]] = {}
 
 
@@ -311,6 +322,7 @@ for _cls in (
     CriuError,
     IncompleteDump,
     BpfError,
+    StalePairing,
     InvalidRequest,
     RequestTooLarge,
     NotFound,

@@ -39,10 +39,11 @@ class SandboxSpec:
     network: bool = False
     env_vars: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
-    #: When crabd checkpoints on its own: "fs" (a filesystem checkpoint at
-    #: creation and at every turn end), "full" (processes too) or "none"
-    #: (only when asked).
-    checkpoints: str = "fs"
+    #: When crabd checkpoints on its own: "auto" (at creation, and at every
+    #: turn end what the inspector finds the turn needs: nothing, files, or
+    #: processes and files), "fs" (files at every turn end), "full"
+    #: (processes too, every turn end) or "none" (only when asked).
+    checkpoints: str = "auto"
     #: "manual" (`crabctl recover`) or "auto" (crabd recovers a dead sandbox itself).
     recovery: str = "manual"
 
@@ -93,6 +94,10 @@ class TurnRecord:
     implicit: bool = False
     commands: list[CommandRecord] = field(default_factory=list)
     session_state_json: str | None = None
+    #: The inspector's decision at the turn end (JSON of crabd.inspector.model.Decision).
+    decision_json: str | None = None
+    #: The checkpoint the turn end took (None: the decision was skip, or the policy takes none).
+    checkpoint_id: str | None = None
 
     @property
     def open(self) -> bool:

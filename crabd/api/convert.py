@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.backends.fsdelta import Change
 from crabd.coordinator.tree import TreeView
@@ -19,7 +21,7 @@ def spec_from_pb(req: pb.CreateSandboxRequest) -> SandboxSpec:
         network=req.network,
         env_vars=dict(req.env_vars),
         workdir=req.workdir or "/",
-        checkpoints=req.checkpoints or "fs",
+        checkpoints=req.checkpoints or "auto",
         recovery=req.recovery or "manual",
     )
 
@@ -92,6 +94,22 @@ def turn_to_pb(t: TurnRecord) -> pb.Turn:
         implicit=t.implicit,
         commands=[command_to_pb(c) for c in t.commands],
         has_session_state=t.session_state_json is not None,
+        decision=decision_to_pb(t.decision_json) if t.decision_json else None,
+        checkpoint_id=t.checkpoint_id or "",
+    )
+
+
+def decision_to_pb(text: str) -> pb.Decision:
+    d = json.loads(text)
+    shadow = d.get("shadow") or {}
+    return pb.Decision(
+        kind=str(d.get("kind", "")),
+        reasons=[str(r) for r in d.get("reasons", [])],
+        inspector=str(d.get("inspector", "")),
+        seconds=float(d.get("seconds", 0.0)),
+        paired_with=str(d.get("paired_with") or ""),
+        shadow_kind=str(shadow.get("kind", "")),
+        shadow_reasons=[str(r) for r in shadow.get("reasons", [])],
     )
 
 

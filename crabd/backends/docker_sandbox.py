@@ -40,6 +40,9 @@ def _status(attrs: dict[str, Any]) -> ContainerStatus:
     if not ip:
         for n in (net.get("Networks") or {}).values():
             ip = (n or {}).get("IPAddress") or ip
+    driver = attrs.get("GraphDriver") or {}
+    driver_data = driver.get("Data") or {}
+    overlay = driver.get("Name") == "overlay2"
     # Docker reports Running=true for a paused (frozen) container too.
     running = bool(state.get("Running"))
     return ContainerStatus(
@@ -51,9 +54,8 @@ def _status(attrs: dict[str, Any]) -> ContainerStatus:
         error=str(state.get("Error") or ""),
         ip_address=ip,
         paused=bool(state.get("Paused")),
-        upper_dir=str(((attrs.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir") or "")
-        if (attrs.get("GraphDriver") or {}).get("Name") == "overlay2"
-        else "",
+        upper_dir=str(driver_data.get("UpperDir") or "") if overlay else "",
+        lower_dirs=tuple(x for x in str(driver_data.get("LowerDir") or "").split(":") if x) if overlay else (),
         env=tuple(config.get("Env") or ()),
         labels=dict(config.get("Labels") or {}),
     )

@@ -30,6 +30,8 @@ class ContainerStatus:
     paused: bool = False
     #: Where the container's filesystem changes live (overlay2's upper dir); "" if unknown.
     upper_dir: str = ""
+    #: The image's layers under it, topmost first (overlay2's lower dirs).
+    lower_dirs: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
 

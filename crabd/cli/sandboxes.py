@@ -12,7 +12,7 @@ from rich.table import Table
 
 from crabd.cli.common import JsonOpt, app, client, emit_json, err, fmt_time, out
 from crabd.errors import InvalidRequest
-from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo
+from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo, Turn
 
 daemon_app = typer.Typer(no_args_is_help=True, help="The crabd daemon.")
 app.add_typer(daemon_app, name="daemon")
@@ -74,9 +74,10 @@ def create(
         str,
         typer.Option(
             "--checkpoints",
-            help="fs: files at creation and every turn end; full: processes too; none: only on request.",
+            help="auto: what the inspector finds each turn needs; fs: files every turn end; "
+            "full: processes too; none: only on request.",
         ),
-    ] = "fs",
+    ] = "auto",
     recovery: Annotated[
         str, typer.Option("--recovery", help="manual: `crabctl recover`; auto: crabd recovers a dead sandbox itself.")
     ] = "manual",
@@ -102,18 +103,81 @@ def create(
         out.print(f"{sb.info.id} {sb.info.name}")
 
 
+_DECISION_STYLE = {"skip": "green", "fs": "cyan", "full": "magenta"}
+
+
+def _decision_dict(t: Turn) -> dict[str, object]:
+    d = t.decision
+    return {
+        "turn": t.number,
+        "decision": d.kind if d else None,
+        "checkpoint": t.checkpoint_id or None,
+        "inspector": d.inspector if d else None,
+        "seconds": d.seconds if d else None,
+        "paired_with": (d.paired_with or None) if d else None,
+        "reasons": d.reasons if d else [],
+        "shadow": {"kind": d.shadow_kind, "reasons": d.shadow_reasons} if d and d.shadow_kind else None,
+    }
+
+
 @app.command()
-def inspect(sandbox: str, as_json: JsonOpt = False) -> None:
-    """Show one sandbox in full."""
+def inspect(
+    sandbox: str,
+    turn: Annotated[int | None, typer.Option("--turn", "-t", help="Explain this turn's decision in full.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Decisions of the last N turns.")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one sandbox, and what the inspector decided at its turn ends, and why."""
     with client() as c:
-        info = c.get(sandbox).info
+        sb = c.get(sandbox)
+        info = sb.info
+        turns = sb.turns(0 if turn is not None else limit)
+    if turn is not None:
+        found = [t for t in turns if t.number == turn]
+        if not found:
+            err.print(f"sandbox {info.name} has no turn {turn} (its last is {info.turn})")
+            raise typer.Exit(1)
+        one = _decision_dict(found[0])
+        if as_json:
+            emit_json(one)
+            return
+        d = found[0].decision
+        if d is None:
+            out.print(f"turn {turn}: no decision (open, or the sandbox's policy is not auto)")
+            return
+        head = f"turn {turn}: [{_DECISION_STYLE.get(d.kind, 'white')}]{d.kind}[/]"
+        head += f" by the {d.inspector} inspector in {d.seconds * 1000:.1f} ms"
+        out.print(head + (f", checkpoint {found[0].checkpoint_id}" if found[0].checkpoint_id else ""))
+        if d.paired_with:
+            out.print(f"  processes unchanged: reuses the process image of {d.paired_with}")
+        for r in d.reasons:
+            out.print(f"  - {r}")
+        if d.shadow_kind:
+            out.print(f"  scan inspector (shadow): {d.shadow_kind}")
+        return
     if as_json:
-        emit_json(_info_dict(info))
+        emit_json({"sandbox": _info_dict(info), "turns": [_decision_dict(t) for t in turns]})
         return
     table = Table("field", "value", show_header=False)
     for key, value in _info_dict(info).items():
         table.add_row(key, str(value))
     out.print(table)
+    decided = [t for t in turns if t.decision is not None]
+    if decided:
+        dt = Table("turn", "decision", "checkpoint", "ms", "why")
+        for t in decided:
+            d = t.decision
+            assert d is not None
+            why = d.reasons[0] if d.reasons else ""
+            more = f" (+{len(d.reasons) - 1} more)" if len(d.reasons) > 1 else ""
+            dt.add_row(
+                str(t.number),
+                f"[{_DECISION_STYLE.get(d.kind, 'white')}]{d.kind}[/]",
+                t.checkpoint_id or "-",
+                f"{d.seconds * 1000:.1f}",
+                why[:100] + more,
+            )
+        out.print(dt)
 
 
 def _print_result(result: ExecResult, as_json: bool, streamed: bool) -> None:

@@ -21,6 +21,7 @@ exclusively, everything else shares it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import shutil
@@ -35,7 +36,9 @@ from crabd.backends.overlay.scan import TICK_NS
 from crabd.backends.procdump import DumpResult, ProcessDumper
 from crabd.backends.sandbox import SandboxBackend
 from crabd.coordinator.sandboxes import SandboxManager
-from crabd.errors import CrabError, InvalidRequest
+from crabd.errors import CrabError, InvalidRequest, StalePairing
+from crabd.inspector.decide import Inspector
+from crabd.inspector.model import Dumped
 from crabd.models import CheckpointRecord, SandboxRecord
 from crabd.store.blobs import BlobStore
 from crabd.store.catalog import Catalog, Head, direct_refs
@@ -88,6 +91,8 @@ class Checkpointer:
         self.dump_root = dump_root
         self.busy_wait_s = busy_wait_s
         self.store_lock = RWLock()
+        #: Told about dumps and publications, so its baselines follow the heads (see coordinator/inspection.py).
+        self.inspector: Inspector | None = None
 
     @property
     def backend(self) -> SandboxBackend:
@@ -141,6 +146,7 @@ class Checkpointer:
         label: str = "",
         session_json: str | None = None,
         capture_session: bool = True,
+        pair: tuple[str, str] | None = None,
     ) -> CheckpointRecord:
         """A checkpoint of a running sandbox, published as its new head.
 
@@ -148,6 +154,11 @@ class Checkpointer:
         "full" also dumps every process with CRIU, at the same instant.
         "" follows the sandbox's policy.  A failure publishes nothing, leaves
         the sandbox running, and is recorded (``crabctl checkpoint failures``).
+
+        ``pair`` (checkpoint id, process image) makes an "fs" checkpoint reuse
+        that process image: the inspector found the processes unchanged since
+        it was dumped.  That is re-checked while the sandbox is frozen;
+        :class:`StalePairing` if a process ran meanwhile (nothing published).
         """
         kind = self._kind(rec, kind)
         if len(label) > 200 or "\0" in label:
@@ -156,7 +167,11 @@ class Checkpointer:
             session_json = await self._session_for_checkpoint(rec)
         try:
             async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
-                return await self._take_locked(rec, kind=kind, turn=turn, label=label, session_json=session_json)
+                return await self._take_locked(
+                    rec, kind=kind, turn=turn, label=label, session_json=session_json, pair=pair
+                )
+        except StalePairing:
+            raise
         except CrabError as exc:
             log_path = str(exc.attrs.get("log_path") or "")
             await asyncio.to_thread(
@@ -174,7 +189,14 @@ class Checkpointer:
         return None
 
     async def _take_locked(
-        self, rec: SandboxRecord, *, kind: str, turn: int | None, label: str, session_json: str | None
+        self,
+        rec: SandboxRecord,
+        *,
+        kind: str,
+        turn: int | None,
+        label: str,
+        session_json: str | None,
+        pair: tuple[str, str] | None,
     ) -> CheckpointRecord:
         t0 = time.monotonic()
         ckpt_id = new_checkpoint_id()
@@ -189,15 +211,37 @@ class Checkpointer:
         work = self.dump_root / ckpt_id
         images = work / "images"
         full = kind == "full"
+        inspector = self.inspector
+        if pair:
+            # Under the shared store lock nothing can delete it between here and the publication.
+            try:
+                owner = self.catalog.get(pair[0])
+            except CrabError:
+                owner = None
+            if owner is None or owner.process_blob != pair[1]:
+                raise StalePairing(f"checkpoint {pair[0]}, whose process image it reuses, was deleted", sandbox=rec.id)
+        session_pid = await self.sandboxes.session_pid(rec) if inspector and (full or pair) else None
+        dumped: Dumped | None = None
 
         def frozen_cut() -> tuple[Any, DumpResult | None, float, int]:
             # Freeze, dump, re-walk and thaw in one worker call, so event-loop
             # scheduling never stretches the time the sandbox stands still.
             # CRIU finds the cgroup frozen and leaves it so after its dump:
             # processes and files are one cut.
+            nonlocal dumped
             with self.backend.frozen(cid):
                 f0 = time.monotonic()
-                dump = self.dumper.dump(cid, images, work) if full else None
+                if pair and inspector:
+                    stale = inspector.unchanged_since_image(rec.id, cid, st.pid, session_pid)
+                    if stale:
+                        raise StalePairing(stale, sandbox=rec.id)
+                if full:
+                    with inspector.source.quiet(rec.id) if inspector else contextlib.nullcontext():
+                        dump = self.dumper.dump(cid, images, work)
+                else:
+                    dump = None
+                if dump is not None and inspector:
+                    dumped = inspector.at_dump(cid, st.pid, session_pid)
                 cut = self.fs.capture(prepared)
                 freeze_s = time.monotonic() - f0
             return cut, dump, freeze_s, time.time_ns()
@@ -230,6 +274,9 @@ class Checkpointer:
                 )
         finally:
             await asyncio.to_thread(shutil.rmtree, work, True)
+        if pair:
+            process_blob = pair[1]
+            stats["paired_with"] = pair[0]
         session_blob = None
         if session_json is not None:
             put = await asyncio.to_thread(self.blobs.put_bytes, session_json.encode("utf-8", "surrogateescape"))
@@ -270,6 +317,10 @@ class Checkpointer:
         stats["total_s"] = time.monotonic() - t0
         ckpt = replace(ckpt, stats=stats)
         await asyncio.to_thread(self.catalog.publish, ckpt, info.child_of, self.size_of(info.sizes))
+        if inspector is not None:
+            inspector.published(rec.id, ckpt.id, process_blob, dumped)
+            if dumped is not None:
+                await asyncio.to_thread(inspector.settled, rec.id, cid)
         log.info(
             "checkpoint published",
             extra={
@@ -318,12 +369,27 @@ class Checkpointer:
         return bool(rec.origin) and any(c.id == ckpt.id for c in self.catalog.lineage(rec.origin))
 
     def resolve_turn(self, rec: SandboxRecord, turn: int) -> CheckpointRecord:
-        """The checkpoint of ``turn`` on the sandbox's current line (its head's ancestry), else its newest."""
+        """The state at the end of ``turn`` on the sandbox's current line (its head's ancestry).
+
+        That is the checkpoint of that turn, or, when the inspector found the
+        turn changed nothing (no checkpoint), the last one before it.  Off the
+        current line: the sandbox's newest checkpoint of that turn.
+        """
         head = self.catalog.head(rec.id)
         if head and head.checkpoint:
-            for c in reversed(self.catalog.lineage(head.checkpoint.id)):
-                if c.turn == turn and self.may_restore(rec, c):
+            line = [c for c in self.catalog.lineage(head.checkpoint.id) if self.may_restore(rec, c)]
+            for c in reversed(line):
+                if c.turn == turn:
                     return c
+            ended = {
+                t.number: t.ended_at
+                for t in self.sandboxes.registry.list_turns(rec.id)
+                if t.decision_json and not t.checkpoint_id and t.ended_at
+            }
+            if turn in ended:  # decided "skip": the state of the line's checkpoint at that moment
+                earlier = [c for c in line if c.turn < turn and c.created_at <= (ended[turn] or 0)]
+                if earlier:
+                    return earlier[-1]
         found = [c for c in self.catalog.by_turn(rec.id, turn)]
         if not found:
             raise InvalidRequest(

@@ -38,6 +38,7 @@ from typing import Any
 from crabd.backends.criu.sockets import close_external_connections
 from crabd.backends.overlay.scan import TICK_NS
 from crabd.coordinator.checkpoints import Blobs, Checkpointer
+from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.runner import Session
 from crabd.errors import ImageError, InvalidRequest, SandboxBusy
 from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
@@ -66,6 +67,24 @@ class Restorer:
     def __init__(self, checkpointer: Checkpointer) -> None:
         self.ck = checkpointer
         self.sandboxes = checkpointer.sandboxes
+        #: Told about every container started from a checkpoint (its processes are the new baseline).
+        self.inspection: TurnInspection | None = None
+
+    async def _watch(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> None:
+        if self.inspection is not None:
+            fresh = self.sandboxes.get(rec.id)
+            await self.inspection.watch(fresh or rec, ckpt)
+
+    @staticmethod
+    def _session_to_apply(ckpt: CheckpointRecord, session_json: str | None) -> str | None:
+        """The session state to re-apply after the container started.
+
+        A full checkpoint's image holds the session's bash itself.  An fs
+        checkpoint paired with an older image (see coordinator/inspection.py)
+        brings back that older bash, so its own session state is applied to
+        it (replacing the bash would end the jobs it started).
+        """
+        return None if ckpt.process_blob and ckpt.kind == "full" else session_json
 
     def _set_head(self, conn: sqlite3.Connection, sandbox_id: str, ckpt: CheckpointRecord, prep: _Prepared) -> None:
         """Within the caller's transaction: the sandbox's files now descend from ``ckpt``, as ``prep`` wrote them."""
@@ -158,7 +177,9 @@ class Restorer:
         t_launch = time.monotonic()
         try:
             # A process checkpoint brought the session's bash back itself.
-            session = await self.sandboxes.fresh_session(st, rec.spec, None if ckpt.process_blob else session_json)
+            session = await self.sandboxes.fresh_session(
+                st, rec.spec, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
+            )
             t_session = time.monotonic()
             await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
             t_durable = time.monotonic()
@@ -179,6 +200,7 @@ class Restorer:
             await asyncio.shield(asyncio.to_thread(self.sandboxes.backend.remove, new_cid))
             raise
         self.sandboxes.bind_session(rec.id, session)
+        await self._watch(rec, ckpt)
         old = rec.container_id
         if old and old != new_cid:
             # Deleting a big upper dir takes seconds; the restore is complete
@@ -252,6 +274,7 @@ class Restorer:
         for r, res in zip(recs, results, strict=True):
             assert not isinstance(res, BaseException)
             self.sandboxes.bind_session(r.id, res[0])
+            await self._watch(r, ckpt)
             got = self.sandboxes.get(r.id)
             assert got is not None
             got.ip_address = res[1]
@@ -269,7 +292,9 @@ class Restorer:
             prepare=self._preparer(tree, prep, ckpt),
             checkpoint=PROCESS_CHECKPOINT if ckpt.process_blob else "",
         )
-        session = await self.sandboxes.fresh_session(st, rec.spec, None if ckpt.process_blob else session_json)
+        session = await self.sandboxes.fresh_session(
+            st, rec.spec, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
+        )
         await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
         reg = self.sandboxes.registry
 

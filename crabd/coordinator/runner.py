@@ -253,6 +253,15 @@ class Session:
         while not isinstance(await conn.next_event(), Exit):
             pass
 
+    async def pid(self) -> int | None:
+        """The session bash's pid inside the sandbox, or None when none runs (crab's init knows it by name)."""
+        conn = await self._connect()
+        async with conn:
+            for p in await conn.list():
+                if p.name == SESSION_NAME and p.alive:
+                    return p.pid
+        return None
+
     async def capture_state(self, *, timeout_s: float = 30.0) -> session_state.SessionState | None:
         """The session's semantic state, or None when no session runs (nothing to capture)."""
         async with self._lock:
@@ -271,6 +280,18 @@ class Session:
                 sandbox="",
             )
         return session_state.parse_state(outcome.stdout)
+
+    async def apply(self, state: session_state.SessionState, *, timeout_s: float = 60.0) -> None:
+        """Make the running bash's state ``state`` without replacing it (its background jobs live on)."""
+        async with self._lock:
+            outcome = await self._run_locked(
+                session_state.render_restore_script(state), timeout_s=timeout_s, max_output=1 << 20, sink=None
+            )
+        if outcome.session_ended:
+            raise InitUnavailable(
+                "the session died while its state was re-applied: " + outcome.stderr[-500:].decode("utf-8", "replace"),
+                sandbox="",
+            )
 
     async def restart(self, state: session_state.SessionState | None, *, timeout_s: float = 60.0) -> None:
         """Replace the session's bash by a fresh one, with ``state`` applied if given."""

@@ -374,14 +374,22 @@ class SandboxManager:
         """Undo a sandbox that never reached ``running`` (its container, if any, and its row)."""
         await self._rollback(rec)
 
-    async def fresh_session(self, st: ContainerStatus, spec: SandboxSpec, state_json: str | None) -> Session:
-        """A session on a just-started container, with ``state_json`` re-applied."""
+    async def fresh_session(
+        self, st: ContainerStatus, spec: SandboxSpec, state_json: str | None, *, keep_bash: bool = False
+    ) -> Session:
+        """A session on a just-started container, with ``state_json`` re-applied.
+
+        ``keep_bash``: a process image brought the session's bash back; apply
+        the state to it rather than replace it, so its background jobs live on.
+        """
 
         async def connect() -> InitConnection:
             return await InitConnection.open(netns=f"/proc/{st.pid}/ns/net")
 
         session = Session(connect, env_dict(st.env), spec.workdir)
-        if state_json:
+        if state_json and keep_bash:
+            await session.apply(session_state.SessionState.from_json(state_json))
+        elif state_json:
             await session.restart(session_state.SessionState.from_json(state_json))
         return session
 
@@ -474,6 +482,11 @@ class SandboxManager:
         log.info("sandbox removed", extra={"sandbox": rec.id})
 
     # --- commands ---------------------------------------------------------------
+
+    async def session_pid(self, rec: SandboxRecord) -> int | None:
+        """The pid (inside the sandbox) of its session's bash, or None if none runs."""
+        session = await self.session_for(rec)
+        return await session.pid()
 
     async def session_state(self, rec: SandboxRecord) -> SessionState | None:
         session = await self.session_for(rec)

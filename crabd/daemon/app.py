@@ -36,10 +36,13 @@ from crabd.backends.overlay.index import PageCache
 from crabd.backends.overlay.scan import ScanLimits
 from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
+from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.daemon import notify
+from crabd.inspector.choose import open_inspector
+from crabd.inspector.decide import Inspector
 from crabd.runtime import initbin
 from crabd.service.service import Service
 from crabd.store.catalog import Catalog
@@ -82,6 +85,7 @@ class Daemon:
         self._front: FrontDoor | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._recovery: Recovery | None = None
+        self._inspector: Inspector | None = None
 
     @property
     def private_socket(self) -> Path:
@@ -103,12 +107,16 @@ class Daemon:
             self.cfg, self._registry, self._backend, init_binary, instance_id(paths.state_dir)
         )
         ck = self.cfg.checkpoint
+        limits = ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth)
+        # Compiling and attaching the probes takes a second or two.
+        inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits)
+        self._inspector = inspector
         blobs = FileBlobStore(paths.state_dir / "blobs", level=ck.zstd_level)
         # Leftovers of writes a crash interrupted; nothing references them.
         await asyncio.to_thread(blobs.clean_tmp, 0)
         fs = OverlayDelta(
             blobs,
-            limits=ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth),
+            limits=limits,
             cache=PageCache(ck.page_cache_entries),
         )
         dumper = RuncDumper(
@@ -131,11 +139,22 @@ class Daemon:
             dump_root=dump_root,
             busy_wait_s=self.cfg.criu.busy_wait_s,
         )
+        checkpointer.inspector = inspector
+        inspection = TurnInspection(inspector, checkpointer)
         restorer = Restorer(checkpointer)
+        restorer.inspection = inspection
         self._recovery = Recovery(checkpointer, restorer)
         counts = await self._manager.adopt()
+        for rec in self._manager.list_sandboxes(None):
+            await inspection.adopted(rec)
         service = Service(
-            self.cfg, self._manager, checkpointer, restorer, self._recovery, docker_version=docker_version
+            self.cfg,
+            self._manager,
+            checkpointer,
+            restorer,
+            self._recovery,
+            inspection,
+            docker_version=docker_version,
         )
 
         callers = CallerTable()
@@ -173,6 +192,7 @@ class Daemon:
                 "state_dir": str(paths.state_dir),
                 "docker": docker_version,
                 "ephemeral": self.ephemeral,
+                "inspector": inspector.name,
                 **counts,
             },
         )
@@ -196,6 +216,8 @@ class Daemon:
             await self._grpc.stop(grace=2.0)
         if self._manager is not None:
             await self._manager.close(remove_all=self.ephemeral)
+        if self._inspector is not None:
+            self._inspector.close()
         if self._backend is not None:
             self._backend.close()
         if self._db is not None:

@@ -24,12 +24,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--ephemeral", action="store_true", help="remove every sandbox of this daemon on shutdown (embedded/test mode)"
     )
+    p.add_argument("--inspector", choices=["auto", "ebpf", "scan"], help="override [inspector] mode")
+    p.add_argument("--inspector-shadow", action="store_true", help="set [inspector] shadow = true")
     args = p.parse_args(argv)
     overrides: dict[str, dict[str, object]] = {"paths": {}}
     for key in ("socket", "state_dir", "log_dir"):
         value = getattr(args, key)
         if value:
             overrides["paths"][key] = value
+    if args.inspector or args.inspector_shadow:
+        overrides["inspector"] = {}
+        if args.inspector:
+            overrides["inspector"]["mode"] = args.inspector
+        if args.inspector_shadow:
+            overrides["inspector"]["shadow"] = True
     logs.setup(args.log_level, Path(args.log_file) if args.log_file else None)
     try:
         cfg = load_config(args.config, overrides=overrides)

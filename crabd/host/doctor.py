@@ -442,6 +442,8 @@ def check_disk(cfg: CrabConfig) -> Check:
 
 
 def run_checks(cfg: CrabConfig) -> list[Check]:
+    from crabd.host.inspector_check import check_inspector  # it builds on this module
+
     checks: list[Callable[[], Check]] = [
         check_root,
         check_kernel,
@@ -455,5 +457,6 @@ def run_checks(cfg: CrabConfig) -> list[Check]:
         check_cgroups,
         lambda: check_disk(cfg),
         lambda: check_checkpoint_failures(cfg),
+        lambda: check_inspector(cfg),
     ]
     return [c() for c in checks]

@@ -57,7 +57,7 @@ def create_request(
     network: bool = False,
     env_vars: Mapping[str, str] | None = None,
     workdir: str = "/",
-    checkpoints: str = "fs",
+    checkpoints: str = "auto",
     recovery: str = "manual",
 ) -> pb.CreateSandboxRequest:
     return pb.CreateSandboxRequest(

@@ -100,7 +100,7 @@ class AsyncClient:
         network: bool = False,
         env_vars: Mapping[str, str] | None = None,
         workdir: str = "/",
-        checkpoints: str = "fs",
+        checkpoints: str = "auto",
         recovery: str = "manual",
     ) -> AsyncSandbox:
         req = rq.create_request(

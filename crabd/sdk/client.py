@@ -116,13 +116,15 @@ class Client:
         network: bool = False,
         env_vars: Mapping[str, str] | None = None,
         workdir: str = "/",
-        checkpoints: str = "fs",
+        checkpoints: str = "auto",
         recovery: str = "manual",
     ) -> Sandbox:
         """Create and start a sandbox.
 
-        ``checkpoints="fs"`` (the default) takes a filesystem checkpoint at
-        creation and at every turn end; ``"none"`` only when asked.
+        ``checkpoints="auto"`` (the default) checkpoints at creation and, at
+        every turn end, what the inspector finds the turn needs (nothing,
+        files, or processes and files); ``"fs"`` and ``"full"`` take that
+        kind at every turn end; ``"none"`` only when asked.
         """
         req = rq.create_request(
             env,

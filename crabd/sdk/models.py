@@ -31,7 +31,7 @@ class SandboxInfo:
     dead_reason: str
     turn: int
     turn_open: bool
-    checkpoints: str = "fs"
+    checkpoints: str = "auto"
     origin: str = ""
     branch: int = 0
     head: str = ""
@@ -135,6 +135,10 @@ class Turn:
     implicit: bool
     has_session_state: bool
     commands: list[CommandInfo] = field(default_factory=list)
+    #: The inspector's decision at the turn end (policy "auto"), else None.
+    decision: Decision | None = None
+    #: The checkpoint the turn end took, else "".
+    checkpoint_id: str = ""
 
     @classmethod
     def from_pb(cls, m: pb.Turn) -> Turn:
@@ -160,6 +164,27 @@ class Turn:
                 )
                 for c in m.commands
             ],
+            decision=Decision.from_pb(m.decision) if m.HasField("decision") else None,
+            checkpoint_id=m.checkpoint_id,
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the inspector found a turn changed: ``kind`` is "skip", "fs" or "full", with the reasons."""
+
+    kind: str
+    reasons: list[str]
+    inspector: str
+    seconds: float
+    paired_with: str = ""
+    shadow_kind: str = ""
+    shadow_reasons: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_pb(cls, m: pb.Decision) -> Decision:
+        return cls(
+            m.kind, list(m.reasons), m.inspector, m.seconds, m.paired_with, m.shadow_kind, list(m.shadow_reasons)
         )
 
 
@@ -173,10 +198,21 @@ class DaemonStatus:
     sandboxes: int
     caller_uid: int
     docker_version: str
+    inspector: str = ""
 
     @classmethod
     def from_pb(cls, m: pb.DaemonStatusResponse) -> DaemonStatus:
-        return cls(m.version, m.pid, m.started_at, m.state_dir, m.socket, m.sandboxes, m.caller_uid, m.docker_version)
+        return cls(
+            m.version,
+            m.pid,
+            m.started_at,
+            m.state_dir,
+            m.socket,
+            m.sandboxes,
+            m.caller_uid,
+            m.docker_version,
+            m.inspector,
+        )
 
 
 def chunk_from_pb(m: pb.OutputChunk) -> OutputChunk:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import replace
 
 from crabd import __version__
 from crabd.backends.fsdelta import Change
@@ -26,6 +27,7 @@ from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.commands import Commands
 from crabd.coordinator.housekeeping import Housekeeper
+from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovered, Recovery
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.runner import ChunkSink
@@ -47,7 +49,7 @@ from crabd.store.maintenance import GcReport, VerifyReport
 
 log = logging.getLogger("crabd.service")
 
-CHECKPOINT_POLICIES = ("fs", "full", "none")
+CHECKPOINT_POLICIES = ("auto", "fs", "full", "none")
 #: Most changed paths one `checkpoint inspect` returns.
 MAX_CHANGES_SHOWN = 10_000
 
@@ -75,6 +77,7 @@ class Service:
         checkpointer: Checkpointer,
         restorer: Restorer,
         recovery: Recovery,
+        inspection: TurnInspection,
         *,
         docker_version: str,
     ) -> None:
@@ -84,6 +87,7 @@ class Service:
         self.checkpoints = checkpointer
         self.restorer = restorer
         self.recovery = recovery
+        self.inspection = inspection
         self.housekeeping = Housekeeper(checkpointer)
         self.started_at = time.time()
         self.docker_version = docker_version
@@ -160,6 +164,7 @@ class Service:
             "sandboxes": len(self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)),
             "caller_uid": caller.uid,
             "docker_version": self.docker_version,
+            "inspector": self.inspection.name,
         }
 
     # --- sandboxes ------------------------------------------------------------------
@@ -175,6 +180,7 @@ class Service:
             raise InvalidRequest(f"unknown recovery policy {spec.recovery!r}; use manual or auto")
         self._command_size(sum(len(k) + len(v) + 2 for k, v in spec.env_vars.items()), "the environment")
         rec = await self.sandboxes.create(caller.uid, spec)
+        await self.inspection.watch(rec, None)
         try:
             await self.checkpoints.after_create(rec)
         except CrabError as exc:
@@ -201,6 +207,7 @@ class Service:
     async def remove(self, caller: Caller, ref: str, force: bool, keep_checkpoints: bool = False) -> str:
         rec = self._lookup(caller, ref)
         await self.sandboxes.remove(rec, force=force)
+        self.inspection.forget(rec.id)
         await self.housekeeping.forget_sandbox(rec, keep=keep_checkpoints)
         return rec.id
 
@@ -281,15 +288,17 @@ class Service:
         rec = self._lookup(caller, ref)
         closed, turn = await self.commands.begin_turn(rec)
         if closed is not None:  # commands outside begin/end formed a turn of their own
-            await self.checkpoints.after_turn(rec, closed.number, closed.session_state_json)
+            await self.inspection.after_turn(rec, closed.number, closed.session_state_json)
         return turn
 
     async def end_turn(self, caller: Caller, ref: str) -> TurnRecord:
         rec = self._lookup(caller, ref)
         turn = await self.commands.end_turn(rec)
         # A failure here reaches the agent: its turn is recorded, but not restorable.
-        await self.checkpoints.after_turn(rec, turn.number, turn.session_state_json)
-        return turn
+        decision, ckpt = await self.inspection.after_turn(rec, turn.number, turn.session_state_json)
+        return replace(
+            turn, decision_json=decision.to_json() if decision else None, checkpoint_id=ckpt.id if ckpt else None
+        )
 
     async def turns(self, caller: Caller, ref: str, limit: int) -> list[TurnRecord]:
         if limit < 0:
@@ -300,7 +309,7 @@ class Service:
     # --- checkpoints -------------------------------------------------------------------
 
     async def create_checkpoint(self, caller: Caller, ref: str, label: str, kind: str) -> CheckpointRecord:
-        return await self.checkpoints.take(self._lookup(caller, ref), label=label, kind=kind)
+        return await self.inspection.checkpoint(self._lookup(caller, ref), label=label, kind=kind)
 
     async def list_checkpoints(self, caller: Caller, ref: str) -> list[CheckpointRecord]:
         owner = None if caller.is_root else caller.uid
@@ -331,7 +340,7 @@ class Service:
             # The state being replaced ends its turn first, so it stays restorable too.
             with contextlib.suppress(SandboxBusy):
                 ended = await self.commands.end_turn(rec)
-                await self.checkpoints.after_turn(rec, ended.number, ended.session_state_json)
+                await self.inspection.after_turn(rec, ended.number, ended.session_state_json)
         return await self.restorer.restore(rec, ckpt)
 
     async def fork(

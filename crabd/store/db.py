@@ -8,7 +8,7 @@ attached WAL databases atomic, which is why this is one file.
 Durability: WAL mode with ``synchronous=FULL``, so a committed transaction
 survives kill -9 and power loss.
 
-Schema (version 2)::
+Schema (version 3)::
 
     meta(key TEXT PK, value TEXT)                      -- schema_version
     sandboxes(id TEXT PK, name TEXT UNIQUE, owner_uid INT, spec_json TEXT,
@@ -17,7 +17,9 @@ Schema (version 2)::
               created_at REAL, exit_code INT NULL, oom_killed INT, dead_reason TEXT,
               origin TEXT,                            -- checkpoint it was forked from ('' = none)
               branch INT)                             -- bumped by every in-place restore
-    turns(sandbox_id, number, started_at, ended_at NULL, implicit, session_state_json NULL)
+    turns(sandbox_id, number, started_at, ended_at NULL, implicit, session_state_json NULL,
+          decision_json NULL,                     -- the inspector's decision (crabd.inspector.model.Decision)
+          checkpoint_id NULL)                     -- the checkpoint the turn end took, if any
     commands(sandbox_id, turn, seq, kind, command, exit_code, timed_out, started_at,
              duration_s, stdout_bytes, stderr_bytes)
     checkpoints(id TEXT PK, sandbox_id TEXT, sandbox_name TEXT, owner_uid INT,
@@ -36,7 +38,8 @@ Schema (version 2)::
              error TEXT, log_path TEXT)
 
 Version 1 (issue 3) had only meta, sandboxes (without origin and branch),
-turns and commands; :func:`_migrate` upgrades it in place.
+turns and commands; version 2 (issue 4) had turns without decision_json and
+checkpoint_id.  :func:`_migrate` upgrades either in place.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from types import TracebackType
 
 from crabd.errors import StoreError, StoreFull
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -93,6 +96,10 @@ _SANDBOX_COLUMNS_V2 = (
     ("origin", "TEXT NOT NULL DEFAULT ''"),
     ("branch", "INTEGER NOT NULL DEFAULT 0"),
 )
+_TURN_COLUMNS_V3 = (
+    ("decision_json", "TEXT"),
+    ("checkpoint_id", "TEXT"),
+)
 
 
 class Database:
@@ -120,11 +127,12 @@ class Database:
     def _migrate(self) -> None:
         # executescript() commits on its own; every statement is idempotent.
         self.conn.executescript(_SCHEMA_V1)
-        have = {str(r[1]) for r in self.conn.execute("PRAGMA table_info(sandboxes)")}
-        with self.tx() as db:
-            for name, decl in _SANDBOX_COLUMNS_V2:
-                if name not in have:
-                    db.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {decl}")
+        for table, columns in (("sandboxes", _SANDBOX_COLUMNS_V2), ("turns", _TURN_COLUMNS_V3)):
+            have = {str(r[1]) for r in self.conn.execute(f"PRAGMA table_info({table})")}
+            with self.tx() as db:
+                for name, decl in columns:
+                    if name not in have:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
         self.conn.executescript(_SCHEMA_V2)
         with self.tx() as db:
             db.execute(

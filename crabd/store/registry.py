@@ -169,6 +169,14 @@ class Registry:
                 (ended_at, session_state_json, sandbox_id, number),
             )
 
+    def set_decision(self, sandbox_id: str, number: int, decision_json: str, checkpoint_id: str | None) -> None:
+        """What the inspector decided at the end of turn ``number``, and the checkpoint that followed."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE turns SET decision_json=?, checkpoint_id=? WHERE sandbox_id=? AND number=?",
+                (decision_json, checkpoint_id, sandbox_id, number),
+            )
+
     def add_command(self, sandbox_id: str, turn: int, rec: CommandRecord) -> None:
         with self._tx() as db:
             db.execute(
@@ -198,14 +206,15 @@ class Registry:
     def list_turns(self, sandbox_id: str, limit: int = 0) -> list[TurnRecord]:
         with self._lock:
             q = (
-                "SELECT number, started_at, ended_at, implicit, session_state_json FROM turns WHERE sandbox_id=?"
+                "SELECT number, started_at, ended_at, implicit, session_state_json, decision_json, checkpoint_id"
+                " FROM turns WHERE sandbox_id=?"
                 " ORDER BY number DESC"
             )
             rows = self._db.execute(
                 q + (" LIMIT ?" if limit > 0 else ""), (sandbox_id, limit) if limit > 0 else (sandbox_id,)
             ).fetchall()
             turns: list[TurnRecord] = []
-            for number, started, ended, implicit, state_json in reversed(rows):
+            for number, started, ended, implicit, state_json, decision_json, ckpt_id in reversed(rows):
                 cmds = self._db.execute(
                     "SELECT seq, kind, command, exit_code, timed_out, started_at, duration_s, stdout_bytes,"
                     " stderr_bytes FROM commands WHERE sandbox_id=? AND turn=? ORDER BY seq",
@@ -233,6 +242,8 @@ class Registry:
                             for c in cmds
                         ],
                         None if state_json is None else str(state_json),
+                        None if decision_json is None else str(decision_json),
+                        None if ckpt_id is None else str(ckpt_id),
                     )
                 )
             return turns

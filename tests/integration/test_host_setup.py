@@ -44,7 +44,10 @@ def test_doctor_reports_every_check_ok() -> None:
         "overlay",
         "cgroups",
         "disk",
+        "inspector",
     }
+    # In CI the eBPF inspector must be the one crabd runs, never a silent fallback.
+    assert by_name(report)["inspector"]["summary"].startswith("ebpf:")
 
 
 def test_doctor_names_missing_criu() -> None:

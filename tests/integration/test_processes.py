@@ -160,6 +160,9 @@ def kill_container(sb: Sandbox) -> None:
 @pytest.fixture
 def sbx(make_sandbox: Callable[..., Sandbox]) -> Callable[..., Sandbox]:
     def make(**kw: Any) -> Sandbox:
+        # These tests take their checkpoints explicitly; turn ends take files only
+        # (the inspector's own tests cover the "auto" policy).
+        kw.setdefault("checkpoints", "fs")
         sb = make_sandbox("bookworm", **kw)
         install(sb)
         return sb

@@ -38,9 +38,8 @@ from pathlib import Path
 from crabd.backends.criu.images import dumped_tasks
 from crabd.backends.procdump import DumpResult
 from crabd.errors import CommandError, CriuError, IncompleteDump
-from crabd.util import proc
+from crabd.util import cgroups, proc
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 DEFAULT_RUNC_ROOT = Path("/run/docker/runtime-runc/moby")
 
 
@@ -76,30 +75,11 @@ def _culprit(excerpt: str) -> str:
 
 def _container_pids(container_id: str) -> dict[int, str]:
     """{pid inside the sandbox: command name} of every process in the container's cgroups."""
-    bases = [
-        CGROUP_ROOT / "freezer" / "docker" / container_id,
-        CGROUP_ROOT / "unified" / "docker" / container_id,
-        CGROUP_ROOT / "docker" / container_id,
-        CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope",
-    ]
-    base = next((b for b in bases if (b / "cgroup.procs").exists()), None)
-    if base is None:
-        return {}
     out: dict[int, str] = {}
-    for procs in [base / "cgroup.procs", *base.rglob("*/cgroup.procs")]:
-        for line in procs.read_text().split():
-            host_pid = int(line)
-            try:
-                status = Path(f"/proc/{host_pid}/status").read_text()
-            except OSError:
-                continue  # gone meanwhile (cannot happen while frozen)
-            name, nspid = "?", host_pid
-            for row in status.splitlines():
-                if row.startswith("Name:"):
-                    name = row.split(None, 1)[1] if " " in row or "\t" in row else "?"
-                elif row.startswith("NSpid:"):
-                    nspid = int(row.split()[-1])
-            out[nspid] = name
+    for host_pid in cgroups.container_host_pids(container_id):
+        pid, name = cgroups.ns_pid(host_pid)
+        if pid:  # 0: gone meanwhile (cannot happen while frozen)
+            out[pid] = name
     return out
 
 

@@ -36,6 +36,7 @@ since the first pass, so the freeze lasts about one ``stat`` per entry.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 import time
@@ -130,7 +131,7 @@ def stat_entry(path: bytes, st: os.stat_result) -> Entry:
     )
 
 
-class _Changed(Exception):
+class Changed(Exception):
     """The tree changed under an unfrozen pass (the frozen pass will see the truth)."""
 
 
@@ -267,25 +268,35 @@ def data_extents(fd: int, size: int, budget: int) -> list[tuple[int, int]]:
 SMALL_FILE = 256 << 10
 
 
-def read_content(
-    dir_fd: int, name: str, st: os.stat_result, store: BlobStore, stats: PassStats, budget: int
-) -> list[Extent]:
+def file_regions(fd: int, fst: os.stat_result, budget: int) -> list[tuple[int, int]]:
+    """The pieces a file's content is stored as (see :func:`read_content`)."""
+    size = fst.st_size
+    if size <= SMALL_FILE and fst.st_blocks * 512 >= size:
+        # Not sparse (no fewer blocks than bytes): one read, no hole probing.
+        return [(0, size)] if size else []
+    return data_extents(fd, size, budget)
+
+
+def open_regular(dir_fd: int, name: str, st: os.stat_result) -> int:
+    """Open a listed regular file without following links or blocking; check it is the inode listed."""
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        raise _Changed(f"cannot open {name!r}: {exc.strerror}") from exc
+        raise Changed(f"cannot open {name!r}: {exc.strerror}") from exc
+    fst = os.fstat(fd)
+    if not stat.S_ISREG(fst.st_mode) or fst.st_ino != st.st_ino or fst.st_dev != st.st_dev:
+        os.close(fd)
+        raise Changed(f"{name!r} was replaced while being read")
+    return fd
+
+
+def read_content(
+    dir_fd: int, name: str, st: os.stat_result, store: BlobStore, stats: PassStats, budget: int
+) -> list[Extent]:
+    fd = open_regular(dir_fd, name, st)
     try:
-        fst = os.fstat(fd)
-        if not stat.S_ISREG(fst.st_mode) or fst.st_ino != st.st_ino or fst.st_dev != st.st_dev:
-            raise _Changed(f"{name!r} was replaced while being read")
-        size = fst.st_size
-        if size <= SMALL_FILE and fst.st_blocks * 512 >= size:
-            # Not sparse (no fewer blocks than bytes): one read, no hole probing.
-            regions = [(0, size)] if size else []
-        else:
-            regions = data_extents(fd, size, budget)
         extents = []
-        for off, length in regions:
+        for off, length in file_regions(fd, os.fstat(fd), budget):
             if length <= SMALL_FILE:
                 put = store.put_bytes(os.pread(fd, length, off))
             else:
@@ -297,6 +308,29 @@ def read_content(
                 stats.new_bytes += put.stored
         stats.read_files += 1
         return extents
+    finally:
+        os.close(fd)
+
+
+def hash_content(dir_fd: int, name: str, st: os.stat_result, budget: int) -> list[tuple[int, int, str]]:
+    """What :func:`read_content` would store for a file, without storing it: (offset, length, sha256)."""
+    fd = open_regular(dir_fd, name, st)
+    try:
+        out = []
+        for off, length in file_regions(fd, os.fstat(fd), budget):
+            h = hashlib.sha256()
+            pos, left, got = off, length, 0
+            while left > 0:
+                data = os.pread(fd, min(1 << 20, left), pos)
+                if not data:
+                    break
+                h.update(data)
+                pos += len(data)
+                left -= len(data)
+                got += len(data)
+            if got:
+                out.append((off, got, h.hexdigest()))
+        return out
     finally:
         os.close(fd)
 
@@ -380,7 +414,7 @@ def scan_pass(
                     extents += len(e.extents)
                     if e.nlink > 1:
                         read_inodes[e.ino] = e.extents
-        except (_Changed, FileNotFoundError, NotADirectoryError) as exc:
+        except (Changed, FileNotFoundError, NotADirectoryError) as exc:
             if strict:
                 raise StoreError(f"{path!r} changed inside a frozen sandbox: {exc}") from exc
             continue

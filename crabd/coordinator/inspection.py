@@ -1,0 +1,197 @@
+"""Turn ends under the "auto" policy: ask the inspector, take what it calls for, record why.
+
+The inspector (``crabd/inspector``) keeps, per sandbox, a *baseline*: the
+process state its head checkpoint stands for.  This module keeps that
+baseline in step with the sandbox's life:
+
+* a new, restored, forked or recovered container is :meth:`watch` -ed as
+  soon as it runs (its processes are then what its checkpoint's image holds);
+* a checkpoint's publication moves the baseline (``Checkpointer`` calls the
+  inspector's ``at_dump``/``published`` hooks itself, inside the freeze);
+* after a crabd restart the baseline is unknown, so the first decision of an
+  adopted sandbox is conservative (:meth:`adopted`).
+
+At a turn end :meth:`after_turn` asks for a decision and takes the checkpoint
+it names: none (skip), a filesystem delta (fs), or a CRIU dump plus a delta
+(full).  An fs decision while live processes are unchanged since the head's
+process image *pairs* the new checkpoint with that image, so a restore still
+brings the processes back; the pairing is re-checked inside the checkpoint's
+freeze, and if a process ran in between, the checkpoint is taken full.
+Every decision is stored with its turn (``crabctl inspect``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from crabd.coordinator.checkpoints import Checkpointer
+from crabd.errors import CrabError, StalePairing
+from crabd.inspector.decide import Inspector, TurnEnd
+from crabd.inspector.model import FS, FULL, SKIP, Decision
+from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
+
+log = logging.getLogger("crabd.inspector")
+
+
+class TurnInspection:
+    def __init__(self, inspector: Inspector, checkpointer: Checkpointer) -> None:
+        self.inspector = inspector
+        self.ck = checkpointer
+        self.sandboxes = checkpointer.sandboxes
+        # Decoded head indexes and session states, by blob: the head rarely
+        # changes between two turn ends, and decoding a big index costs more
+        # than the whole decision otherwise.
+        self._trees: dict[str, tuple[str, list[Any]]] = {}
+        self._sessions: dict[str, tuple[str, str | None]] = {}
+
+    @property
+    def name(self) -> str:
+        return self.inspector.name
+
+    # --- the sandbox's life ------------------------------------------------------------
+
+    async def watch(self, rec: SandboxRecord, ckpt: CheckpointRecord | None) -> None:
+        """``rec``'s container was just started from ``ckpt`` (None: from its image, nothing restored)."""
+        try:
+            st = await self.sandboxes.running(rec)
+            session_pid = await self.sandboxes.session_pid(rec)
+            await asyncio.to_thread(
+                self.inspector.started,
+                rec.id,
+                rec.container_id,
+                st.pid,
+                session_pid,
+                ckpt.process_blob if ckpt else None,
+                ckpt.id if ckpt else None,
+            )
+        except CrabError as exc:
+            # Without a baseline the next decision is conservative (never skip).
+            log.warning("inspector could not watch sandbox", extra={"sandbox": rec.id, "error": str(exc)})
+            self.inspector.forget(rec.id)
+
+    async def adopted(self, rec: SandboxRecord) -> None:
+        """A sandbox crabd found running at start-up: events count from now, the baseline is unknown."""
+        if rec.state is not SandboxState.RUNNING or not rec.container_id:
+            return
+        try:
+            await asyncio.to_thread(self.inspector.adopt, rec.id, rec.container_id)
+        except CrabError as exc:
+            log.warning("inspector could not watch adopted sandbox", extra={"sandbox": rec.id, "error": str(exc)})
+
+    def forget(self, sandbox_id: str) -> None:
+        self.inspector.forget(sandbox_id)
+        self._trees.pop(sandbox_id, None)
+        self._sessions.pop(sandbox_id, None)
+
+    # --- deciding ------------------------------------------------------------------------
+
+    def _head_tree(self, sandbox_id: str, index_blob: str) -> list[Any]:
+        cached = self._trees.get(sandbox_id)
+        if cached is not None and cached[0] == index_blob:
+            return cached[1]
+        tree = self.ck.fs.load(index_blob)
+        self._trees[sandbox_id] = (index_blob, tree)
+        return tree
+
+    def _head_session(self, sandbox_id: str, ckpt: CheckpointRecord) -> str | None:
+        cached = self._sessions.get(sandbox_id)
+        if cached is not None and cached[0] == ckpt.id:
+            return cached[1]
+        text = self.ck.session_json(ckpt)
+        self._sessions[sandbox_id] = (ckpt.id, text)
+        return text
+
+    async def decide(self, rec: SandboxRecord, session_json: str | None) -> Decision:
+        """What the sandbox's state now needs, compared with its head checkpoint."""
+        st = await self.sandboxes.running(rec)
+        session_pid = await self.sandboxes.session_pid(rec)
+        head = self.ck.catalog.head(rec.id)
+        upper = Path(st.upper_dir or await asyncio.to_thread(self.ck.backend.upper_dir, rec.container_id))
+
+        def go() -> Decision:
+            tree = self._head_tree(rec.id, head.index_blob) if head else None
+            head_session = self._head_session(rec.id, head.checkpoint) if head and head.checkpoint else None
+            return self.inspector.decide(
+                TurnEnd(
+                    sandbox_id=rec.id,
+                    container_id=rec.container_id,
+                    init_host_pid=st.pid,
+                    upper=upper,
+                    lowers=[Path(p) for p in st.lower_dirs],
+                    head_tree=tree,
+                    head_racy_ns=head.racy_ns if head else 0,
+                    head_checkpoint=head.checkpoint.id if head and head.checkpoint else None,
+                    session_pid=session_pid,
+                    session_json=session_json,
+                    head_session_json=head_session,
+                )
+            )
+
+        async with self.sandboxes.op_lock(rec.id):
+            return await asyncio.to_thread(go)
+
+    async def _take(
+        self, rec: SandboxRecord, d: Decision, *, turn: int | None, label: str, session_json: str | None
+    ) -> CheckpointRecord:
+        capture = session_json is None
+        if d.kind == FS and d.paired_image and d.paired_with:
+            try:
+                return await self.ck.take(
+                    rec,
+                    kind=FS,
+                    turn=turn,
+                    label=label,
+                    session_json=session_json,
+                    capture_session=capture,
+                    pair=(d.paired_with, d.paired_image),
+                )
+            except StalePairing as exc:
+                d.reasons.append(f"then {exc.message}: took a full checkpoint instead")
+                d.kind = FULL
+        return await self.ck.take(
+            rec, kind=d.kind, turn=turn, label=label, session_json=session_json, capture_session=capture
+        )
+
+    async def after_turn(
+        self, rec: SandboxRecord, turn: int, session_json: str | None
+    ) -> tuple[Decision | None, CheckpointRecord | None]:
+        """The checkpoint a turn end needs under the sandbox's policy (and the decision, under "auto")."""
+        policy = rec.spec.checkpoints
+        if policy == "none":
+            return None, None
+        if policy != "auto":
+            return None, await self.ck.after_turn(rec, turn, session_json)
+        d = await self.decide(rec, session_json)
+        ckpt = None
+        try:
+            if d.kind != SKIP:
+                ckpt = await self._take(rec, d, turn=turn, label="", session_json=session_json)
+        finally:
+            await asyncio.to_thread(
+                self.sandboxes.registry.set_decision, rec.id, turn, d.to_json(), ckpt.id if ckpt else None
+            )
+        log.info(
+            "turn decided",
+            extra={
+                "sandbox": rec.id,
+                "turn": turn,
+                "decision": d.kind,
+                "inspector": d.inspector,
+                "decide_ms": round(d.seconds * 1000, 2),
+                "checkpoint": ckpt.id if ckpt else None,
+                "reasons": d.reasons[:4],
+            },
+        )
+        return d, ckpt
+
+    async def checkpoint(self, rec: SandboxRecord, *, kind: str, label: str) -> CheckpointRecord:
+        """An explicit checkpoint.  Without a kind, under "auto", the inspector picks fs or full."""
+        if kind or rec.spec.checkpoints != "auto":
+            return await self.ck.take(rec, kind=kind, label=label)
+        d = await self.decide(rec, None)
+        if d.kind == SKIP:
+            d.kind = FS  # asked for: a new checkpoint of unchanged files costs next to nothing
+        return await self._take(rec, d, turn=None, label=label, session_json=None)

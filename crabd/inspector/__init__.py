@@ -1,0 +1,1 @@
+"""The inspector: what a turn changed that a recovery needs (skip, fs or full), with reasons."""

@@ -1,0 +1,71 @@
+"""The inspector's event-source interface, and the source for hosts without eBPF.
+
+An event source reports, per sandbox and per turn, the :class:`Evidence` its
+probes gathered.  :class:`ScanEvents` has no probes: every turn is "dirty",
+so the decision compares the whole upper dir with the head (exact, slower),
+and memory that may have changed without its process running is checked by
+digest instead (see ``decide.py``).  Both reach the same decisions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Protocol
+
+from crabd.inspector.model import Evidence
+
+
+class EventSource(Protocol):
+    #: "ebpf" or "scan".
+    name: str
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def track(self, sandbox_id: str, container_id: str) -> None:
+        """Attribute the container's events to the sandbox (from now on)."""
+        ...
+
+    def untrack(self, sandbox_id: str) -> None: ...
+
+    def take(self, sandbox_id: str) -> Evidence:
+        """The evidence since the previous call for this sandbox."""
+        ...
+
+    def quiet(self, sandbox_id: str) -> contextlib.AbstractContextManager[None]:
+        """Ignore the sandbox's events inside the block: crabd's own helpers at work while it is frozen.
+
+        CRIU and runc join the container's cgroup to dump it, and their writes
+        (the dump log, ...) would otherwise count as the sandbox's.  Only call
+        it while the sandbox is frozen, so none of its own events can fall inside.
+        """
+        ...
+
+
+class ScanEvents:
+    """No probes: every turn's files are compared in full."""
+
+    name = "scan"
+
+    def start(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def track(self, sandbox_id: str, container_id: str) -> None:
+        return None
+
+    def untrack(self, sandbox_id: str) -> None:
+        return None
+
+    @contextlib.contextmanager
+    def quiet(self, sandbox_id: str) -> Iterator[None]:
+        yield
+
+    def take(self, sandbox_id: str) -> Evidence:
+        ev = Evidence(files_dirty=True)
+        ev.file_notes.append("no eBPF probes: compared the whole upper dir")
+        return ev

@@ -1,0 +1,298 @@
+"""The eBPF event source: ``ebpf/inspector.c`` loaded with bcc, one instance for the whole host.
+
+A poller thread drains the ring buffer and files each event under its
+sandbox's slot.  What the events are trusted for (see docs/inspector.md):
+
+* **that nothing touched the files**: a turn with no mutation event needs no
+  look at the upper dir.  Any mutation (an open for writing, a rename, a
+  chmod, ...) marks the turn's files dirty, and the decision then compares
+  the upper dir with the head exactly.  Paths are only used to explain.
+  (Resolving a relative path or an fd in userspace races with the process
+  changing its cwd or reusing the fd, so event paths are never trusted to
+  *list* the changes.)
+* **what /proc cannot show**: ptrace and process_vm_writev (another
+  process's memory changed while it did not run), io_uring and AIO
+  (the kernel works on a process's behalf without syscalls the probes see),
+  opens by file handle, and writes to a file named ``mem`` (``/proc/<pid>/mem``).
+* the names of short-lived processes, to explain a turn.
+
+Lost events (a full ring buffer) make the turn dirty, never quietly clean.
+A 32-bit process is flagged: x86 does not report compat-mode syscalls to
+``syscalls:*`` tracepoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from crabd.errors import BpfError
+from crabd.inspector.model import Evidence
+from crabd.util import cgroups
+
+log = logging.getLogger("crabd.inspector")
+
+PROGRAM = Path(__file__).resolve().parents[2] / "ebpf" / "inspector.c"
+BCC_PATH = "/usr/lib/python3/dist-packages"
+#: Syscalls whose tracepoints only newer kernels have; each becomes -DHAVE_<name> when present.
+OPTIONAL = ("openat2", "fchmodat2", "setxattrat", "removexattrat", "pwritev2", "utime", "futimesat")
+EV_OPEN, EV_PATH, EV_PATH2, EV_FD, EV_FORK, EV_EXEC, EV_EXIT, EV_UNCERTAIN = range(1, 9)
+OPS = {
+    1: "truncated", 2: "removed", 3: "made dir", 4: "removed dir", 5: "made node", 6: "chmod", 7: "chown",
+    8: "changed xattrs of", 9: "set times of", 10: "renamed", 11: "linked", 12: "made symlink", 13: "wrote",
+    14: "allocated", 15: "copied into", 16: "mapped for writing",
+}  # fmt: skip
+UNCERTAIN = {
+    17: "ptrace (another process's memory may have changed while it did not run)",
+    18: "process_vm_writev (another process's memory changed while it did not run)",
+    19: "io_uring (the kernel does I/O the syscall probes cannot see)",
+    20: "Linux AIO (the kernel does I/O the syscall probes cannot see)",
+    21: "opened a file by handle for writing (no path to see)",
+}
+#: Files written without changing anything crab checkpoints.
+_QUIET = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/stdout", "/dev/stderr", "/dev/fd/", "/dev/pts/")
+MAX_NOTES = 8
+#: How often the ring buffer is drained between turn ends (it holds about 2,000 events).
+POLL_INTERVAL_S = 0.01
+PATH_BYTES = 1024
+
+
+class _Slot:
+    def __init__(self, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+        self.ev = Evidence()
+        self.muted = False
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "backslashreplace")
+
+
+class BpfEvents:
+    """:class:`~crabd.inspector.base.EventSource` over the eBPF probes."""
+
+    name = "ebpf"
+
+    def __init__(self, *, cgroup_level: int = 2, max_sandboxes: int = 1024, ring_pages: int = 1024) -> None:
+        self.cgroup_level = cgroup_level
+        self.max_sandboxes = max_sandboxes
+        self.ring_pages = ring_pages
+        self._bpf: Any = None
+        self._lock = threading.Lock()
+        self._ring_lock = threading.Lock()
+        self._slots: dict[int, _Slot] = {}
+        self._by_sandbox: dict[str, tuple[int, int]] = {}  # sandbox -> (slot, cgroup id)
+        self._free = list(range(max_sandboxes - 1, -1, -1))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.tracepoints = 0
+
+    # --- lifetime ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Compile, load and attach the probes (a few seconds), then start polling."""
+        if BCC_PATH not in sys.path:
+            sys.path.append(BCC_PATH)
+        try:
+            from bcc import BPF
+        except ImportError as exc:
+            raise BpfError("bcc is not installed (Debian's python3-bpfcc)", hint="Run `make setup`.") from exc
+        have = [n for n in OPTIONAL if Path(f"/sys/kernel/tracing/events/syscalls/sys_enter_{n}").is_dir()]
+        cflags = [
+            f"-DSANDBOX_CGROUP_LEVEL={self.cgroup_level}",
+            f"-DMAX_SANDBOXES={self.max_sandboxes}",
+            f"-DPATH_BYTES={PATH_BYTES}",
+            f"-DRINGBUF_PAGES={self.ring_pages}",
+            "-w",
+            *(f"-DHAVE_{n}" for n in have),
+        ]
+        t0 = time.monotonic()
+        try:
+            self._bpf = BPF(src_file=str(PROGRAM).encode(), cflags=cflags)
+            self._bpf["events"].open_ring_buffer(self._on_event)
+        except Exception as exc:  # bcc raises bare Exceptions
+            raise BpfError(f"cannot load crab's eBPF probes: {exc}") from exc
+        self.tracepoints = int(self._bpf.num_open_tracepoints())
+        log.info(
+            "ebpf probes attached",
+            extra={"tracepoints": self.tracepoints, "seconds": round(time.monotonic() - t0, 2)},
+        )
+        self._thread = threading.Thread(target=self._poll, name="crab-bpf-poll", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Detach the probes (idempotent; also after a failed start)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+
+    def _drain(self) -> None:
+        # libbpf's ring buffer has one consumer position: two threads consuming
+        # at once could hand an event over twice or skip one.  So every drain
+        # goes through one lock, and nothing blocks inside it (consume never
+        # waits), so a turn decision waits at most for one drain in progress.
+        with self._ring_lock:
+            self._bpf.ring_buffer_consume()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(POLL_INTERVAL_S):
+            try:
+                self._drain()
+            except Exception:  # never let the poller die: decisions would go blind
+                log.exception("ebpf ring buffer drain failed")
+
+    # --- sandboxes ------------------------------------------------------------------
+
+    def track(self, sandbox_id: str, container_id: str) -> None:
+        cg = cgroups.cgroup_id(container_id)
+        if cg is None:
+            raise BpfError(f"container {container_id[:12]} has no cgroup v2 directory to attribute events by")
+        with self._lock:
+            self._untrack_locked(sandbox_id)
+            if not self._free:
+                raise BpfError(f"more than {self.max_sandboxes} sandboxes to watch")
+            slot = self._free.pop()
+            self._slots[slot] = _Slot(sandbox_id)
+            self._by_sandbox[sandbox_id] = (slot, cg)
+            self._bpf["dropped"][ctypes.c_int(slot)] = ctypes.c_uint64(0)
+            self._bpf["sandboxes"][ctypes.c_uint64(cg)] = ctypes.c_uint32(slot)
+
+    def _untrack_locked(self, sandbox_id: str) -> None:
+        found = self._by_sandbox.pop(sandbox_id, None)
+        if found is None:
+            return
+        slot, cg = found
+        with contextlib.suppress(KeyError):
+            del self._bpf["sandboxes"][ctypes.c_uint64(cg)]
+        self._slots.pop(slot, None)
+        self._free.append(slot)
+
+    def untrack(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._untrack_locked(sandbox_id)
+
+    @contextlib.contextmanager
+    def quiet(self, sandbox_id: str) -> Iterator[None]:
+        # Events are in the ring before their syscalls return: draining on the
+        # way in keeps everything the sandbox did before it froze, draining on
+        # the way out drops only what crabd's helpers did inside.
+        self._drain()
+        slot = self._set_muted(sandbox_id, True)
+        try:
+            yield
+        finally:
+            self._drain()
+            if slot is not None:
+                self._set_muted(sandbox_id, False)
+
+    def _set_muted(self, sandbox_id: str, muted: bool) -> _Slot | None:
+        with self._lock:
+            found = self._by_sandbox.get(sandbox_id)
+            if found is None:
+                return None
+            state = self._slots[found[0]]
+            state.muted = muted
+            return state
+
+    def take(self, sandbox_id: str) -> Evidence:
+        """Everything seen for the sandbox since the last call; starts a new epoch."""
+        # Events are in the ring before the syscalls they describe return, so
+        # draining now sees everything the turn did.
+        self._drain()
+        with self._lock:
+            found = self._by_sandbox.get(sandbox_id)
+            if found is None:
+                ev = Evidence(files_dirty=True)
+                ev.file_notes.append("the sandbox was not being watched")
+                return ev
+            slot, _ = found
+            state = self._slots[slot]
+            ev, state.ev = state.ev, Evidence()
+            dropped = self._bpf["dropped"]
+            lost = int(dropped[ctypes.c_int(slot)].value)
+            if lost:
+                dropped[ctypes.c_int(slot)] = ctypes.c_uint64(0)
+                ev.lost = lost
+                ev.files_dirty = True
+                ev.file_notes.insert(0, f"{lost} events were lost (ring buffer full)")
+            epochs = self._bpf["epochs"]
+            epochs[ctypes.c_int(slot)] = ctypes.c_uint64(int(epochs[ctypes.c_int(slot)].value) + 1)
+        return ev
+
+    # --- events ------------------------------------------------------------------------
+
+    def _on_event(self, ctx: Any, data: Any, size: int) -> int:
+        e = self._bpf["events"].event(data)
+        with self._lock:
+            state = self._slots.get(int(e.slot))
+            if state is None or state.muted:
+                return 0
+            ev = state.ev
+            ev.events += 1
+            kind = int(e.kind)
+            if kind == EV_UNCERTAIN:
+                note = f"process {e.tgid} used {UNCERTAIN.get(int(e.op), 'an untraceable operation')}"
+                if note not in ev.process_notes:
+                    ev.process_notes.append(note)
+                ev.files_dirty = True
+            elif kind == EV_OPEN:
+                path = _text(bytes(e.path)) or "(a path the probe could not read)"
+                if path.startswith(_QUIET):
+                    return 0
+                if os.path.basename(path) == "mem":
+                    ev.process_notes.append(f"process {e.tgid} opened {path} for writing (another process's memory)")
+                ev.files_dirty = True
+                self._note(ev, f"opened {path} for writing")
+            elif kind in (EV_PATH, EV_PATH2):
+                ev.files_dirty = True
+                what = OPS.get(int(e.op), "changed")
+                target = _text(bytes(e.path2)) if kind == EV_PATH2 else _text(bytes(e.path))
+                self._note(ev, f"{what} {target}")
+            elif kind == EV_FD:
+                op = int(e.op)
+                path = self._fd_path(int(e.tgid), int(e.fd))
+                if op != 13:  # not a plain write: metadata changes need no writable fd
+                    ev.files_dirty = True
+                if path and path.startswith("/") and not path.startswith(_QUIET):
+                    self._note(ev, f"{OPS.get(op, 'changed')} {path}")
+            elif kind == EV_EXEC:
+                self._check_32bit(ev, int(e.tgid), _text(bytes(e.path)))
+                if len(ev.ran) < 50:
+                    ev.ran.append(_text(bytes(e.path)))
+        return 0
+
+    @staticmethod
+    def _note(ev: Evidence, text: str) -> None:
+        if len(ev.file_notes) < MAX_NOTES and text not in ev.file_notes:
+            ev.file_notes.append(text)
+
+    @staticmethod
+    def _fd_path(tgid: int, fd: int) -> str:
+        try:
+            return os.readlink(f"/proc/{tgid}/fd/{fd}")
+        except OSError:
+            return ""
+
+    @staticmethod
+    def _check_32bit(ev: Evidence, tgid: int, filename: str) -> None:
+        try:
+            with open(f"/proc/{tgid}/exe", "rb") as f:
+                header = f.read(5)
+        except OSError:
+            return
+        if header[:4] == b"\x7fELF" and header[4] == 1:
+            ev.files_dirty = True
+            ev.process_notes.append(
+                f"32-bit process {tgid} `{filename}`: its syscalls are invisible to the probes on x86"
+            )

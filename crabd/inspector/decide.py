@@ -1,0 +1,386 @@
+"""The turn decision: skip, fs or full — soundly first, cheaply second, always with reasons.
+
+At a turn end the sandbox is compared with its *head* checkpoint, in three parts:
+
+**Processes.**  The head stands for a process state: the processes in its
+process image (or none, if it has no image — a restore then starts only
+crab's init and a fresh session).  That state is kept as a *baseline*
+(``model.Baseline``): the processes with their start times, CPU times and
+thread ids, and the digest of the sandbox's tmpfs mounts.  Now (from /proc):
+
+* a process alive now that the baseline lacks, or one the baseline has that
+  is gone, is a change;
+* a baseline process that *ran* (CPU time grew, or a thread came or went)
+  is a change — unless proven otherwise: if its threads and open fds are
+  the same and its writable memory hashes to what it was when the image was
+  dumped (read while it does not run: its CPU time must not move across the
+  read), it is unchanged.  This matters more than it seems: every freeze
+  (each checkpoint's) interrupts a process's blocking syscall, which it
+  restarts after the thaw — a few microseconds of CPU that change nothing;
+* a baseline process that did not run did not change, unless something else
+  changed its memory: ptrace, process_vm_writev or ``/proc/<pid>/mem``
+  (the eBPF probes see those; without them the memory digest of each idle
+  process is compared instead), io_uring or AIO (the kernel works for it
+  without it running: always a change), or memory shared with something
+  outside the sandbox;
+* the tmpfs mounts (``/dev/shm``) changed: their content is only in a
+  process image (so that change alone calls for a full checkpoint, and so
+  does any content there when the checkpoint would have no image).
+
+crab's init and the session's bash are not counted: init's state is crab's
+own bookkeeping, and the session's state is captured semantically at every
+turn end (the restore re-applies it).  A REPL or server the agent started
+*from* the session is counted like any process.
+
+**Files.**  The events prove a turn did not touch the files; if it did (or
+the events cannot tell), the upper dir is compared with the head's index,
+exactly and net (``files.py``).  Files that live processes hold open for
+writing are checked even without events.  A changed file that a live
+process holds open or mapped makes the process state inconsistent with the
+old image: a change of processes.
+
+**Session.**  The session's semantic state (cwd, env, ...) differs from the
+head's: a filesystem checkpoint records it.
+
+Verdict: **full** if processes changed and some are alive, or the tmpfs
+mounts changed; **fs** if files or the session changed, or processes
+changed and none are left (an image would hold nothing); else **skip**.  An fs decision with live, unchanged
+processes pairs the new checkpoint with the head's process image.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from crabd.backends.overlay.entries import Entry
+from crabd.backends.overlay.scan import ScanLimits
+from crabd.inspector import files, mounts, procs
+from crabd.inspector.base import EventSource, ScanEvents
+from crabd.inspector.model import FS, FULL, SKIP, Baseline, Decision, Dumped, Evidence, Proc
+
+log = logging.getLogger("crabd.inspector")
+
+#: After a dump's thaw: how long processes get to finish the syscalls CRIU interrupted, and
+#: the most CPU that may take (see :meth:`Inspector.settled`).
+SETTLE_S = 0.02
+SETTLE_CPU_NS = 500_000
+#: Largest writable memory of one process that is hashed to prove it unchanged (see above).
+MEMORY_PROOF_LIMIT = 64 << 20
+
+
+def consistent_digest(host_pid: int, limit: int = MEMORY_PROOF_LIMIT) -> str | None:
+    """The process's memory digest if it did not run while it was read, else None."""
+    before = procs.runtime_ns(host_pid)
+    digest = procs.memory_digest(host_pid, limit)
+    return digest if before is not None and procs.runtime_ns(host_pid) == before else None
+
+
+@dataclass
+class TurnEnd:
+    """What the coordinator knows about a sandbox at a turn end."""
+
+    sandbox_id: str
+    container_id: str
+    init_host_pid: int
+    upper: Path
+    lowers: list[Path]
+    head_tree: list[Entry] | None
+    head_racy_ns: int
+    head_checkpoint: str | None
+    session_pid: int | None
+    session_json: str | None
+    head_session_json: str | None
+
+
+def _excluded(session_pid: int | None) -> set[int]:
+    return {1} | ({session_pid} if session_pid else set())
+
+
+def _session_change(now: str | None, before: str | None) -> str:
+    if now == before or now is None:
+        return ""
+    if before is None:
+        return "the session's state was never checkpointed"
+    import json
+
+    try:
+        a, b = json.loads(now), json.loads(before)
+    except ValueError:
+        return "the session's state changed"
+    parts = []
+    if a.get("cwd") != b.get("cwd"):
+        parts.append(f"cwd {b.get('cwd')} -> {a.get('cwd')}")
+    env_a, env_b = a.get("env", {}), b.get("env", {})
+    diff = sorted(k for k in set(env_a) | set(env_b) if env_a.get(k) != env_b.get(k))
+    if diff:
+        parts.append("env " + ", ".join(diff[:5]) + (" ..." if len(diff) > 5 else ""))
+    for key in ("variables", "functions", "aliases", "set_options", "shopt_options", "traps", "umask", "dirstack"):
+        if a.get(key) != b.get(key):
+            parts.append(key)
+    return "session changed: " + ("; ".join(parts) if parts else "state")
+
+
+class Inspector:
+    """Decides each turn; keeps each sandbox's baseline.  One per daemon."""
+
+    def __init__(
+        self, source: EventSource, *, limits: ScanLimits, shadow: bool = False, check_memory: bool | None = None
+    ) -> None:
+        self.source = source
+        self.limits = limits
+        #: Also decide with the scan inspector, for comparison (evaluation).
+        self.shadow = shadow and source.name != "scan"
+        # Without probes, ptrace and process_vm_writev by a process that has
+        # since exited are invisible: compare idle processes' memory instead.
+        self.check_memory = source.name == "scan" if check_memory is None else check_memory
+        self._baselines: dict[str, Baseline] = {}
+        #: Digest of the tmpfs mounts at the head's process image; None: the head has no image.
+        self._tmpfs: dict[str, str | None] = {}
+        #: Sandboxes whose next turn compares the whole upper dir whatever the events say:
+        #: a restored container ran for a moment before it could be watched.
+        self._scan_next: set[str] = set()
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    def close(self) -> None:
+        self.source.close()
+
+    # --- baselines ------------------------------------------------------------------
+
+    def started(
+        self,
+        sandbox_id: str,
+        container_id: str,
+        init_host_pid: int,
+        session_pid: int | None,
+        image: str | None,
+        image_checkpoint: str | None,
+    ) -> None:
+        """A container was started fresh, restored or forked: its processes are what ``image`` holds."""
+        self.source.track(sandbox_id, container_id)
+        self.source.take(sandbox_id)  # the start itself is nobody's turn
+        now = procs.snapshot(container_id)
+        keep = {p: v for p, v in now.items() if p not in _excluded(session_pid)}
+        self._baselines[sandbox_id] = Baseline(keep, image, image_checkpoint, self._digests(keep))
+        # Without an image the head's tmpfs is what a fresh container has: nothing of the sandbox's own.
+        self._tmpfs[sandbox_id] = mounts.fingerprint(init_host_pid).digest if image else None
+        self._scan_next.add(sandbox_id)
+
+    def adopt(self, sandbox_id: str, container_id: str) -> None:
+        """A running sandbox found after crabd restarted: watch it; its baseline is unknown (conservative)."""
+        self.source.track(sandbox_id, container_id)
+        self._baselines.pop(sandbox_id, None)
+        self._tmpfs.pop(sandbox_id, None)
+        self._scan_next.add(sandbox_id)
+
+    def unchanged_since_image(
+        self, sandbox_id: str, container_id: str, init_host_pid: int, session_pid: int | None
+    ) -> str:
+        """ "" if the processes are still exactly the baseline's (call while frozen), else what changed."""
+        base = self._baselines.get(sandbox_id)
+        if base is None or base.image is None:
+            return "crabd has no process image to pair with"
+        cur = {p: v for p, v in procs.snapshot(container_id).items() if p not in _excluded(session_pid)}
+        for pid, p in cur.items():
+            b = base.procs.get(pid)
+            if b is None or b.start != p.start:
+                return f"process {pid} `{p.cmd}` started"
+            if (p.runtime_ns != b.runtime_ns or p.tids != b.tids) and not self._proven_unchanged(base, p, b):
+                return f"process {pid} `{p.cmd}` ran"
+        gone = set(base.procs) - set(cur)
+        if gone:
+            return f"process {min(gone)} exited"
+        if mounts.fingerprint(init_host_pid).digest != self._tmpfs.get(sandbox_id):
+            return "the tmpfs mounts changed"
+        return ""
+
+    def at_dump(self, container_id: str, init_host_pid: int, session_pid: int | None) -> Dumped:
+        """The baseline of a process dump being taken (call while the sandbox is frozen)."""
+        now = procs.snapshot(container_id)
+        keep = {p: v for p, v in now.items() if p not in _excluded(session_pid)}
+        return Dumped(Baseline(keep, None, None, self._digests(keep)), mounts.fingerprint(init_host_pid).digest)
+
+    def settled(self, sandbox_id: str, container_id: str) -> None:
+        """Let the baseline absorb what a dump itself made its processes do (call after the thaw).
+
+        CRIU interrupts every blocking syscall to dump a process; some return
+        EINTR after the thaw and the program retries (coreutils' sleep writes
+        the time left and sleeps again).  A restore of the image goes through
+        the same motions, so that state is the image's.  A process that spent
+        at most SETTLE_CPU_NS within SETTLE_S, with the same threads and fds,
+        and now waits in the kernel again, has its CPU time and memory digest
+        taken anew.  (An outside request fully served in that window could be
+        missed; docs/inspector.md names this limit.)
+        """
+        base = self._baselines.get(sandbox_id)
+        if base is None or base.image is None or not base.procs:
+            return
+        time.sleep(SETTLE_S)
+        now = procs.snapshot(container_id)
+        for pid, b in list(base.procs.items()):
+            p = now.get(pid)
+            if p is None or p.start != b.start or p.tids != b.tids or p.fds != b.fds:
+                continue
+            if p.runtime_ns == b.runtime_ns or p.runtime_ns - b.runtime_ns > SETTLE_CPU_NS:
+                continue
+            digest = consistent_digest(p.host_pid)
+            if digest is not None:
+                base.procs[pid] = p
+                base.memory[pid] = digest
+
+    def published(self, sandbox_id: str, checkpoint_id: str, image: str | None, dumped: Dumped | None) -> None:
+        """A checkpoint became the sandbox's head: the baseline follows it."""
+        if dumped is not None:
+            base = dumped.baseline
+            base.image, base.image_checkpoint = image, checkpoint_id
+            self._baselines[sandbox_id] = base
+            self._tmpfs[sandbox_id] = dumped.tmpfs
+        elif image is None:  # a head without processes: a restore starts fresh
+            self._baselines[sandbox_id] = Baseline({}, None, None)
+            self._tmpfs[sandbox_id] = None
+        # fs paired with the previous image: the baseline stays
+
+    def forget(self, sandbox_id: str) -> None:
+        self.source.untrack(sandbox_id)
+        self._baselines.pop(sandbox_id, None)
+        self._tmpfs.pop(sandbox_id, None)
+        self._scan_next.discard(sandbox_id)
+
+    def _digests(self, ps: dict[int, Proc]) -> dict[int, str]:
+        out = {}
+        for pid, p in ps.items():
+            d = consistent_digest(p.host_pid)
+            if d is not None:
+                out[pid] = d
+        return out
+
+    def _proven_unchanged(self, base: Baseline, p: Proc, b: Proc) -> bool:
+        """A process that ran, but whose threads, fds and memory are what the image holds."""
+        known = base.memory.get(p.pid)
+        if known is None or p.tids != b.tids or p.fds != b.fds:
+            return False
+        if consistent_digest(p.host_pid) != known:
+            return False
+        base.procs[p.pid] = p  # proven equal now: later turns compare with this CPU time
+        return True
+
+    # --- the decision ---------------------------------------------------------------------
+
+    def decide(self, turn: TurnEnd) -> Decision:
+        t0 = time.monotonic()
+        ev = self.source.take(turn.sandbox_id)
+        if turn.sandbox_id in self._scan_next:
+            self._scan_next.discard(turn.sandbox_id)
+            ev.files_dirty = True
+        decision = self._decide(turn, ev, self.source.name, self.check_memory)
+        decision.seconds = time.monotonic() - t0
+        if self.shadow:
+            t1 = time.monotonic()
+            other = self._decide(turn, ScanEvents().take(turn.sandbox_id), "scan", True)
+            decision.shadow = {
+                "inspector": "scan",
+                "kind": other.kind,
+                "reasons": other.reasons,
+                "seconds": time.monotonic() - t1,
+            }
+        return decision
+
+    def _decide(self, turn: TurnEnd, ev: Evidence, name: str, check_memory: bool) -> Decision:
+        now = procs.snapshot(turn.container_id)
+        cur = {p: v for p, v in now.items() if p not in _excluded(turn.session_pid)}
+        base = self._baselines.get(turn.sandbox_id)
+        proc_changes = self._process_changes(turn, cur, base, ev, check_memory)
+        tmpfs = mounts.fingerprint(turn.init_host_pid)
+        tmpfs_change = self._tmpfs_change(turn, tmpfs) if base is not None else ""
+        file_changes = self._file_changes(turn, ev, now)
+        changed_paths = {c.split(" ", 1)[1] for c in file_changes if " /" in c}
+        for p in cur.values():
+            held = changed_paths.intersection(p.open_files)
+            if held:
+                proc_changes.append(f"changed {sorted(held)[0]}, which process {p.pid} `{p.cmd}` holds open")
+        session = _session_change(turn.session_json, turn.head_session_json)
+        if turn.head_checkpoint is None:
+            session = session or "the sandbox has no checkpoint yet"
+        paired = bool(cur) and base is not None and base.image is not None
+        if (proc_changes and cur) or tmpfs_change:
+            kind = FULL
+        elif proc_changes or file_changes or session:
+            kind = FS
+            if not paired and tmpfs.content:
+                # A checkpoint without a process image would come back with empty tmpfs mounts.
+                kind = FULL
+                tmpfs_change = f"{tmpfs.content} is on a tmpfs: only a process checkpoint keeps it"
+        else:
+            kind = SKIP
+        reasons = proc_changes + ([tmpfs_change] if tmpfs_change else []) + file_changes
+        reasons += [session] if session else []
+        if kind == SKIP:
+            ran = ", ".join(dict.fromkeys(r.rsplit("/", 1)[-1] for r in ev.ran)) if ev.ran else ""
+            reasons.append("no change to files, processes or the session" + (f" (ran: {ran})" if ran else ""))
+        elif not file_changes and ev.file_notes and kind != FULL:
+            reasons.append("file events, but no net change: " + "; ".join(ev.file_notes[:3]))
+        d = Decision(kind=kind, reasons=reasons, inspector=name)
+        if kind == FS and paired and base is not None:
+            d.paired_with, d.paired_image = base.image_checkpoint, base.image
+        return d
+
+    def _process_changes(
+        self, turn: TurnEnd, cur: dict[int, Proc], base: Baseline | None, ev: Evidence, check_memory: bool
+    ) -> list[str]:
+        out: list[str] = []
+        if base is None:
+            # crabd restarted since the head (or could not watch the sandbox): nothing to compare with.
+            return ["crabd has no record of the processes at this sandbox's head (crabd restarted since)"]
+        for pid, p in sorted(cur.items()):
+            b = base.procs.get(pid)
+            if b is None or b.start != p.start:
+                out.append(f"new process {pid} `{p.cmd}` alive at turn end")
+            elif p.runtime_ns > b.runtime_ns or p.tids != b.tids:
+                if not self._proven_unchanged(base, p, b):
+                    ran = (p.runtime_ns - b.runtime_ns) / 1e6
+                    out.append(f"process {pid} `{p.cmd}` ran ({ran:.1f} ms of CPU) and its memory changed")
+            elif check_memory and pid in base.memory and consistent_digest(p.host_pid) != base.memory[pid]:
+                out.append(f"memory of process {pid} `{p.cmd}` changed while it did not run")
+        for pid, b in sorted(base.procs.items()):
+            now = cur.get(pid)
+            if now is None or now.start != b.start:
+                out.append(f"process {pid} `{b.cmd}` exited")
+        for p in cur.values():
+            if p.io_uring:
+                out.append(f"process {p.pid} `{p.cmd}` uses io_uring (the kernel works on its memory unseen)")
+            if p.aio:
+                out.append(f"process {p.pid} `{p.cmd}` uses Linux AIO (the kernel works on its memory unseen)")
+            if p.traced:
+                out.append(f"process {p.pid} `{p.cmd}` is being traced")
+            if p.foreign_shared:
+                out.append(f"process {p.pid} `{p.cmd}` shares memory with {p.foreign_shared}, outside the sandbox")
+        if cur:
+            out += ev.process_notes
+        return out
+
+    def _tmpfs_change(self, turn: TurnEnd, now: mounts.Tmpfs) -> str:
+        known = self._tmpfs.get(turn.sandbox_id)
+        if known is None:
+            if not now.content:
+                return ""
+            return f"{now.content} appeared on a tmpfs: only a process checkpoint keeps it"
+        if now.digest == known:
+            return ""
+        what = f" ({now.content} ...)" if now.content else ""
+        return f"the sandbox's tmpfs mounts changed{what}: only a process checkpoint keeps them"
+
+    def _file_changes(self, turn: TurnEnd, ev: Evidence, now: dict[int, Proc]) -> list[str]:
+        if ev.files_dirty or turn.head_tree is None:
+            return files.changes(turn.upper, turn.head_tree, turn.head_racy_ns, self.limits, turn.lowers)
+        writable = sorted({f for p in now.values() for f in p.writable_files})
+        if not writable:
+            return []
+        changed = files.files_unchanged(
+            turn.upper, turn.head_tree, turn.head_racy_ns, writable, self.limits.max_entries
+        )
+        return [f"changed {p}" for p in changed]

@@ -1,0 +1,88 @@
+"""What the inspector works with: process snapshots, the evidence of a turn, and decisions."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SKIP, FS, FULL = "skip", "fs", "full"
+ORDER = {SKIP: 0, FS: 1, FULL: 2}
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process of a sandbox at one moment (from /proc)."""
+
+    pid: int  # inside the sandbox's pid namespace
+    host_pid: int
+    ppid: int
+    start: int  # clock ticks after boot: tells a process from a later one with the same pid
+    cmd: str  # command line, shortened
+    runtime_ns: int  # CPU time of its current threads (schedstat)
+    tids: frozenset[int]  # thread ids (host): a thread that came or went means the process ran
+    io_uring: bool = False
+    aio: bool = False
+    traced: bool = False
+    foreign_shared: str = ""  # a writable shared mapping of a file outside the sandbox
+    writable_files: tuple[str, ...] = ()  # regular files open for writing (paths inside the sandbox)
+    open_files: tuple[str, ...] = ()  # regular files open or mapped, any mode
+    fds: frozenset[str] = frozenset()  # every open fd and what it is (a socket accepted, a file opened...)
+
+    def key(self) -> tuple[int, int]:
+        return self.pid, self.start
+
+
+@dataclass
+class Evidence:
+    """What a turn's events say (since the previous decision for the sandbox)."""
+
+    #: Something may have changed files: compare the upper dir with the head's index.
+    files_dirty: bool = False
+    #: Why (the first few mutations, for the explanation).
+    file_notes: list[str] = field(default_factory=list)
+    #: Evidence that processes or memory changed beyond what /proc shows (ptrace, io_uring, ...).
+    process_notes: list[str] = field(default_factory=list)
+    #: Short-lived processes seen (for the explanation).
+    ran: list[str] = field(default_factory=list)
+    events: int = 0
+    lost: int = 0
+
+
+@dataclass
+class Baseline:
+    """The process state a sandbox's head process image stands for."""
+
+    procs: dict[int, Proc]
+    image: str | None  # the process image (manifest blob) that holds them
+    image_checkpoint: str | None
+    #: Memory digests of the processes (scan inspector only; see decide.py).
+    memory: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class Dumped:
+    """A process dump's baseline, taken while the sandbox was frozen; its image id comes at publication."""
+
+    baseline: Baseline
+    tmpfs: str
+
+
+@dataclass
+class Decision:
+    kind: str
+    reasons: list[str]
+    inspector: str
+    seconds: float = 0.0
+    #: For an fs decision with live processes: the checkpoint whose process image it pairs with.
+    paired_with: str | None = None
+    paired_image: str | None = None
+    #: The other inspector's verdict, when crabd runs both (evaluation).
+    shadow: dict[str, Any] | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Decision:
+        return cls(**json.loads(text))

@@ -1,0 +1,126 @@
+"""The inspector on real sandboxes: the probes, the wiring, and restores of what it decided.
+
+The labelled corpus (envs/inspector_corpus) runs against both inspectors in
+test_corpus_has_no_false_negatives; the tests here check what the corpus
+cannot: that the probes are really attached, that each decision leads to
+the checkpoint it names, and that restoring those checkpoints is right.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from bench import inspector_eval
+from crabd.sdk import Client, EmbeddedDaemon, Sandbox
+from tests.conftest import CRABCTL
+
+pytestmark = [pytest.mark.bpf, pytest.mark.criu]
+
+
+@pytest.fixture(scope="module")
+def scan_daemon() -> Iterator[EmbeddedDaemon]:
+    with EmbeddedDaemon(extra_args=["--inspector", "scan"]) as d:
+        yield d
+
+
+def test_crabd_runs_the_ebpf_inspector(client: Client) -> None:
+    # In CI the probes must load: a silent fallback to the scan inspector is a failure.
+    assert client.status().inspector == "ebpf"
+
+
+def test_forced_scan_inspector(scan_daemon: EmbeddedDaemon) -> None:
+    with Client(scan_daemon.socket) as c:
+        assert c.status().inspector == "scan"
+
+
+def end(sb: Sandbox, command: str) -> tuple[str, list[str], str]:
+    sb.begin_turn()
+    sb.session.run(command)
+    t = sb.end_turn()
+    assert t.decision is not None
+    return t.decision.kind, t.decision.reasons, t.checkpoint_id
+
+
+def test_each_decision_takes_the_checkpoint_it_names(make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("bookworm")
+    end(sb, "cd /tmp")  # settle the first turn's session state
+    kind, reasons, ck = end(sb, "ls /")
+    assert kind == "skip" and ck == ""
+    kind, reasons, ck = end(sb, "echo hello > /tmp/f")
+    assert kind == "fs" and "created /tmp/f" in reasons
+    kinds = {c.id: c.kind for c in sb.checkpoints()}
+    assert kinds[ck] == "fs"
+    kind, reasons, ck = end(sb, "sleep 300 &")
+    assert kind == "full" and kinds.get(ck) is None
+    assert {c.id: c.kind for c in sb.checkpoints()}[ck] == "full"
+    assert any("new process" in r and "sleep 300" in r for r in reasons)
+
+
+def test_paired_fs_checkpoint_restores_files_session_and_processes(make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("bookworm")
+    end(sb, "python3 -c 'import time; time.sleep(10**6)' & sleep 0.3")
+    kind, _, _full_ck = end(sb, "true")
+    kind, reasons, ck = end(sb, "cd /tmp && export MARK=paired && echo v1 > /tmp/data")
+    assert kind == "fs", reasons
+    (paired,) = [c for c in sb.checkpoints() if c.id == ck]
+    # A later turn changes everything; restoring the paired checkpoint brings it all back.
+    end(sb, "pkill -f time.sleep; cd / && export MARK=later && echo v2 > /tmp/data")
+    sb.restore(paired.id)
+    assert sb.session.run("pwd; echo $MARK; cat /tmp/data").stdout == b"/tmp\npaired\nv1\n"
+    assert sb.session.run("pgrep -f time.sleep >/dev/null && echo alive").stdout == b"alive\n"
+
+
+def test_skip_turns_restore_to_the_checkpoint_before(make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("bookworm")
+    end(sb, "echo one > /work.txt")
+    turn_of_one = sb.turns()[-1].number
+    kind, _, _ = end(sb, "cat /work.txt")
+    assert kind == "skip"
+    end(sb, "echo two > /work.txt")
+    sb.restore(turn=turn_of_one + 1)  # a skipped turn is the state of the checkpoint before it
+    assert sb.session.run("cat /work.txt").stdout == b"one\n"
+
+
+def test_events_outside_the_sandbox_are_not_its(make_sandbox: Callable[..., Sandbox]) -> None:
+    a = make_sandbox("bookworm")
+    b = make_sandbox("bookworm")
+    end(a, "true")
+    end(b, "true")
+    end(b, "echo b > /b.txt")
+    kind, reasons, _ = end(a, "true")
+    assert kind == "skip", reasons
+
+
+def test_crabctl_inspect_explains_decisions(daemon: EmbeddedDaemon, make_sandbox: Callable[..., Sandbox]) -> None:
+    env = dict(os.environ, CRAB_SOCKET=str(daemon.socket))
+    sb = make_sandbox("bookworm")
+    end(sb, "echo x > /explained.txt")
+    n = sb.turns()[-1].number
+    out = subprocess.run(
+        [CRABCTL, "inspect", sb.name, "--turn", str(n), "--json"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["decision"] in ("fs", "full") and any("/explained.txt" in r for r in data["reasons"])
+    table = subprocess.run([CRABCTL, "inspect", sb.name], capture_output=True, text=True, timeout=60, env=env)
+    assert table.returncode == 0 and "explained.txt" in table.stdout
+    bad = subprocess.run(
+        [CRABCTL, "inspect", sb.name, "--turn", "999"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert bad.returncode == 1 and "no turn 999" in bad.stderr
+
+
+@pytest.mark.slow
+def test_corpus_has_no_false_negatives() -> None:
+    scenarios = inspector_eval.load_corpus()
+    assert sum(len(s.turns) for s in scenarios) >= 300
+    for mode in ("ebpf", "scan"):
+        outcomes, _ = inspector_eval.run_corpus(mode, scenarios, workers=8)
+        s = inspector_eval.summarize(outcomes)
+        assert s["false_negatives"] == 0, (mode, s["misses"])
+        assert s["fp_rate"] <= inspector_eval.MAX_FP_RATE, (mode, s["misses"])
