@@ -9,7 +9,8 @@ One bookworm container runs two workloads, timed inside the container:
 
 Samples alternate between *without* (no probes loaded at all) and *with*
 (crab's probes loaded, the container tracked as a sandbox, events drained as
-crabd does), ``--rounds`` times each, so both conditions see the same noise.
+crabd does), ``--rounds`` times each in ABBA order, so both conditions see
+the same noise.
 Reports the median of each and the ratio with/without.
 """
 
@@ -93,18 +94,22 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(["docker", "exec", cid, "bash", "-c", SETUP], check=True, capture_output=True, timeout=600)
         for name in TIMED:
             sample(cid, name)  # warm the page cache
-        for _ in range(args.rounds):
-            for name in TIMED:
-                results[name]["without"].append(sample(cid, name))
-            probes = BpfEvents()
-            probes.start()
-            try:
-                probes.track("bench", cid)
-                for name in TIMED:
-                    results[name]["with"].append(sample(cid, name))
-                events += probes.take("bench").events
-            finally:
-                probes.close()
+        for round_ in range(args.rounds):
+            # ABBA order: neither condition always runs first (warmer caches, drifting load).
+            for with_probes in (False, True) if round_ % 2 == 0 else (True, False):
+                if not with_probes:
+                    for name in TIMED:
+                        results[name]["without"].append(sample(cid, name))
+                    continue
+                probes = BpfEvents()
+                probes.start()
+                try:
+                    probes.track("bench", cid)
+                    for name in TIMED:
+                        results[name]["with"].append(sample(cid, name))
+                    events += probes.take("bench").events
+                finally:
+                    probes.close()
     finally:
         subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
     report: dict[str, Any] = {"rounds": args.rounds, "events_seen": events, "workloads": {}}

@@ -14,6 +14,7 @@
  *   MAX_SANDBOXES         slots in the per-sandbox maps
  *   PATH_BYTES            bytes kept of each path (see below)
  *   RINGBUF_PAGES         size of the event ring buffer, in pages (a power of two)
+ *   EVENT_BUDGET          events sent per sandbox per epoch; past it only counted
  *   HAVE_<syscall>        the syscall's tracepoint exists on this kernel
  *
  * Paths: each path argument is copied into a PATH_BYTES buffer.  A longer
@@ -42,6 +43,9 @@
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 1024
 #endif
+#ifndef EVENT_BUDGET
+#define EVENT_BUDGET 64
+#endif
 #ifndef PATH_BYTES
 #define PATH_BYTES 1024
 #endif
@@ -51,7 +55,7 @@
 #define EV_PATH      2   /* a path-based mutation: path, dfd, op */
 #define EV_PATH2     3   /* rename/link/symlink: path (old/target), path2 (new), dfd, dfd2, op */
 #define EV_FD        4   /* an fd-based mutation: fd, op */
-#define EV_FORK      5   /* tgid = parent, fd = child pid */
+#define EV_FORK      5   /* (unused: forks and exits are counted in `lifecycle`) */
 #define EV_EXEC      6   /* path = filename */
 #define EV_EXIT      7
 #define EV_UNCERTAIN 8   /* op says why: ptrace, process_vm_writev, io_uring, aio, open_by_handle */
@@ -107,6 +111,8 @@ struct wkey {
 BPF_HASH(sandboxes, u64, u32, MAX_SANDBOXES);        /* cgroup id -> slot */
 BPF_ARRAY(epochs, u64, MAX_SANDBOXES);               /* slot -> epoch */
 BPF_ARRAY(dropped, u64, MAX_SANDBOXES);              /* slot -> events lost */
+BPF_ARRAY(budget, u64, MAX_SANDBOXES);               /* slot -> events this epoch (sent or not) */
+BPF_ARRAY(lifecycle, u64, MAX_SANDBOXES * 2);        /* slot*2 -> forks, slot*2+1 -> exits */
 BPF_TABLE("lru_hash", struct wkey, u64, wseen, 65536);   /* (tgid, fd) -> epoch last reported */
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);           /* default 1024 pages: 4 MiB */
 
@@ -126,6 +132,20 @@ static __always_inline void lost(u32 slot) {
 }
 
 static __always_inline struct event *start(u32 slot, u32 kind, u32 op) {
+    /* A turn needs its first few events (one mutation makes its files
+     * "dirty"; a few more explain it).  Past EVENT_BUDGET in one epoch only a
+     * count is kept, and userspace treats the turn as dirty: the cost of a
+     * busy build stays in the kernel, not in crabd. */
+    if (kind != EV_UNCERTAIN) {
+        u64 *b = budget.lookup(&slot);
+        if (!b)
+            return 0;
+        if (*b >= EVENT_BUDGET) {
+            __sync_fetch_and_add(b, 1);
+            return 0;
+        }
+        __sync_fetch_and_add(b, 1);
+    }
     struct event *e = events.ringbuf_reserve(sizeof(struct event));
     if (!e) {
         lost(slot);
@@ -301,6 +321,11 @@ static __always_inline int on_write(int fd) {
     u32 slot;
     if (fd < 0 || !sandbox_slot(&slot))
         return 0;
+    /* A plain write never decides a turn (files held open for writing are
+     * checked at turn end); past the budget it is not worth the LRU update. */
+    u64 *b = budget.lookup(&slot);
+    if (!b || *b >= EVENT_BUDGET)
+        return 0;
     u64 *ep = epochs.lookup(&slot);
     u64 epoch = ep ? *ep : 0;
     struct wkey k = {.tgid = bpf_get_current_pid_tgid() >> 32, .fd = fd};
@@ -373,15 +398,19 @@ TRACEPOINT_PROBE(syscalls, sys_enter_open_by_handle_at) {
 
 /* --- process lifecycle -------------------------------------------------------------------------- */
 
+/* Forks and exits are counted, not sent: the decision reads processes from
+ * /proc, and a build forks thousands of times. */
+static __always_inline void count(u32 slot, u32 what) {
+    u32 k = slot * 2 + what;
+    u64 *n = lifecycle.lookup(&k);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+
 TRACEPOINT_PROBE(sched, sched_process_fork) {
     u32 slot;
-    if (!sandbox_slot(&slot))
-        return 0;
-    struct event *e = start(slot, EV_FORK, 0);
-    if (!e)
-        return 0;
-    e->fd = args->child_pid;
-    events.ringbuf_submit(e, 0);
+    if (sandbox_slot(&slot))
+        count(slot, 0);
     return 0;
 }
 
@@ -402,9 +431,6 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     u64 id = bpf_get_current_pid_tgid();
     if ((u32)id != (u32)(id >> 32) || !sandbox_slot(&slot))   /* the process, not each thread */
         return 0;
-    struct event *e = start(slot, EV_EXIT, 0);
-    if (!e)
-        return 0;
-    events.ringbuf_submit(e, 0);
+    count(slot, 1);
     return 0;
 }

@@ -60,6 +60,8 @@ UNCERTAIN = {
 #: Files written without changing anything crab checkpoints.
 _QUIET = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/stdout", "/dev/stderr", "/dev/fd/", "/dev/pts/")
 MAX_NOTES = 8
+#: Events the probes send per sandbox per turn; past it they only count (see ebpf/inspector.c).
+EVENT_BUDGET = 64
 #: How often the ring buffer is drained between turn ends (it holds about 2,000 events).
 POLL_INTERVAL_S = 0.01
 PATH_BYTES = 1024
@@ -111,6 +113,7 @@ class BpfEvents:
             f"-DMAX_SANDBOXES={self.max_sandboxes}",
             f"-DPATH_BYTES={PATH_BYTES}",
             f"-DRINGBUF_PAGES={self.ring_pages}",
+            f"-DEVENT_BUDGET={EVENT_BUDGET}",
             "-w",
             *(f"-DHAVE_{n}" for n in have),
         ]
@@ -166,6 +169,9 @@ class BpfEvents:
             self._slots[slot] = _Slot(sandbox_id)
             self._by_sandbox[sandbox_id] = (slot, cg)
             self._bpf["dropped"][ctypes.c_int(slot)] = ctypes.c_uint64(0)
+            self._bpf["budget"][ctypes.c_int(slot)] = ctypes.c_uint64(0)
+            for k in (slot * 2, slot * 2 + 1):
+                self._bpf["lifecycle"][ctypes.c_int(k)] = ctypes.c_uint64(0)
             self._bpf["sandboxes"][ctypes.c_uint64(cg)] = ctypes.c_uint32(slot)
 
     def _untrack_locked(self, sandbox_id: str) -> None:
@@ -226,6 +232,18 @@ class BpfEvents:
                 ev.lost = lost
                 ev.files_dirty = True
                 ev.file_notes.insert(0, f"{lost} events were lost (ring buffer full)")
+            budget = self._bpf["budget"]
+            sent_or_not = int(budget[ctypes.c_int(slot)].value)
+            budget[ctypes.c_int(slot)] = ctypes.c_uint64(0)
+            if sent_or_not > EVENT_BUDGET:
+                # Past the budget the probes only counted: what they did not send may be a mutation.
+                ev.files_dirty = True
+                ev.file_notes.append(f"{sent_or_not} events this turn; the first {EVENT_BUDGET} were read")
+            life = self._bpf["lifecycle"]
+            ev.forks = int(life[ctypes.c_int(slot * 2)].value)
+            ev.exits = int(life[ctypes.c_int(slot * 2 + 1)].value)
+            life[ctypes.c_int(slot * 2)] = ctypes.c_uint64(0)
+            life[ctypes.c_int(slot * 2 + 1)] = ctypes.c_uint64(0)
             epochs = self._bpf["epochs"]
             epochs[ctypes.c_int(slot)] = ctypes.c_uint64(int(epochs[ctypes.c_int(slot)].value) + 1)
         return ev

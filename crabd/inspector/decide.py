@@ -67,6 +67,8 @@ log = logging.getLogger("crabd.inspector")
 #: the most CPU that may take (see :meth:`Inspector.settled`).
 SETTLE_S = 0.02
 SETTLE_CPU_NS = 500_000
+#: How long a turn end waits for the session bash's own momentary forks to exit.
+SESSION_FORK_WAIT_S = 0.2
 #: Largest writable memory of one process that is hashed to prove it unchanged (see above).
 MEMORY_PROOF_LIMIT = 64 << 20
 
@@ -185,7 +187,8 @@ class Inspector:
         base = self._baselines.get(sandbox_id)
         if base is None or base.image is None:
             return "crabd has no process image to pair with"
-        cur = {p: v for p, v in procs.snapshot(container_id).items() if p not in _excluded(session_pid)}
+        skip = _excluded(session_pid)
+        cur = {p: v for p, v in procs.snapshot(container_id, skip).items() if p not in skip}
         for pid, p in cur.items():
             b = base.procs.get(pid)
             if b is None or b.start != p.start:
@@ -290,8 +293,36 @@ class Inspector:
             }
         return decision
 
+    def _settled_snapshot(self, turn: TurnEnd) -> dict[int, Proc]:
+        """The sandbox's processes, once the session's own short-lived forks are gone.
+
+        The session protocol's last step, after the done marker, is a
+        subshell that sets ``$?`` (``(exit N)``); on a loaded host it can
+        still be alive when the turn ends.  Likewise a process that is
+        exiting shows an empty command line (its memory is already gone).
+        Such a process still there after SESSION_FORK_WAIT_S counts like any
+        other (a process may blank its own command line).
+        """
+        skip = _excluded(turn.session_pid)
+        base = self._baselines.get(turn.sandbox_id)
+        known = {p.key() for p in base.procs.values()} if base else set()
+        deadline = time.monotonic() + SESSION_FORK_WAIT_S
+        while True:
+            now = procs.snapshot(turn.container_id, skip)
+            shell = now.get(turn.session_pid or 0)
+            forks = [
+                p
+                for p in now.values()
+                if p.pid not in skip
+                and p.key() not in known  # a background subshell already checkpointed is not momentary
+                and (p.cmd in ("", "?") or (shell and p.ppid == shell.pid and p.cmd == shell.cmd))
+            ]
+            if not forks or time.monotonic() > deadline:
+                return now
+            time.sleep(0.002)
+
     def _decide(self, turn: TurnEnd, ev: Evidence, name: str, check_memory: bool) -> Decision:
-        now = procs.snapshot(turn.container_id)
+        now = self._settled_snapshot(turn)
         cur = {p: v for p, v in now.items() if p not in _excluded(turn.session_pid)}
         base = self._baselines.get(turn.sandbox_id)
         proc_changes = self._process_changes(turn, cur, base, ev, check_memory)

@@ -47,6 +47,9 @@ class Evidence:
     ran: list[str] = field(default_factory=list)
     events: int = 0
     lost: int = 0
+    #: Processes forked and exited in the sandbox (counted by the probes).
+    forks: int = 0
+    exits: int = 0
 
 
 @dataclass

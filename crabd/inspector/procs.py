@@ -34,11 +34,11 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def _stat_start(host_pid: int) -> tuple[int, int]:
-    """(ppid in the host namespace, start time in ticks) from /proc/<pid>/stat."""
+def _stat_start(host_pid: int) -> tuple[int, int, str]:
+    """(ppid in the host namespace, start time in ticks, state letter) from /proc/<pid>/stat."""
     raw = _read(f"/proc/{host_pid}/stat")
     rest = raw[raw.rindex(")") + 2 :].split()
-    return int(rest[1]), int(rest[19])
+    return int(rest[1]), int(rest[19]), rest[0]
 
 
 def _cmdline(host_pid: int, limit: int = 120) -> str:
@@ -128,8 +128,13 @@ def _own_devices(host_pid: int) -> set[str]:
     return devs
 
 
-def snapshot(container_id: str) -> dict[int, Proc]:
-    """Every process of the container, by pid inside the sandbox."""
+def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) -> dict[int, Proc]:
+    """Every process of the container, by pid inside the sandbox.
+
+    ``light`` pids (crab's init and the session's bash, which the decision
+    does not count as processes) skip the costly parts: their mappings and
+    tracer.  Their fds are still read: files they hold open for writing count.
+    """
     out: dict[int, Proc] = {}
     host_pids = cgroups.container_host_pids(container_id)
     own: set[str] | None = None
@@ -139,15 +144,22 @@ def snapshot(container_id: str) -> dict[int, Proc]:
         if not pid:
             continue
         try:
-            if own is None:
-                own = _own_devices(hp)
-            host_ppid, start = _stat_start(hp)
+            host_ppid, start, state = _stat_start(hp)
+            if state in ("Z", "X"):
+                continue  # exited, not yet reaped: nothing left to checkpoint
             runtime, tids = _threads(hp)
             uring, writable, opened, table = _fds(hp)
-            aio, foreign, mapped = _maps(hp, own)
-            traced = any(
-                ln.startswith("TracerPid:") and ln.split()[1] != "0" for ln in _read(f"/proc/{hp}/status").splitlines()
-            )
+            mapped: tuple[str, ...] = ()
+            if pid in light:
+                aio, foreign, traced = False, "", False
+            else:
+                if own is None:
+                    own = _own_devices(hp)
+                aio, foreign, mapped = _maps(hp, own)
+                traced = any(
+                    ln.startswith("TracerPid:") and ln.split()[1] != "0"
+                    for ln in _read(f"/proc/{hp}/status").splitlines()
+                )
         except (OSError, ValueError):
             continue  # it ended while we looked: it is simply not there
         out[pid] = Proc(

@@ -124,3 +124,14 @@ def test_corpus_has_no_false_negatives() -> None:
         s = inspector_eval.summarize(outcomes)
         assert s["false_negatives"] == 0, (mode, s["misses"])
         assert s["fp_rate"] <= inspector_eval.MAX_FP_RATE, (mode, s["misses"])
+
+
+def test_a_change_past_the_event_budget_is_still_seen(make_sandbox: Callable[..., Sandbox]) -> None:
+    # The probes send only the first events of a turn (bpf.EVENT_BUDGET); the rest are counted,
+    # and a turn past the budget is compared in full: the last write here must not be missed.
+    sb = make_sandbox("bookworm")
+    end(sb, "true")
+    kind, reasons, _ = end(sb, "for i in $(seq 200); do echo $i > /tmp/t$i; done; rm -f /tmp/t*; echo real > /kept")
+    assert kind == "fs" and "created /kept" in reasons, reasons
+    kind, reasons, _ = end(sb, "for i in $(seq 200); do echo $i > /tmp/t$i; done; rm -f /tmp/t*")
+    assert kind == "skip", reasons

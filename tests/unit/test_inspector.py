@@ -17,6 +17,7 @@ from crabd.backends.overlay.backend import OverlayDelta
 from crabd.backends.overlay.entries import Entry
 from crabd.backends.overlay.index import PageCache
 from crabd.backends.overlay.scan import ScanLimits
+from crabd.inspector import decide as decide_mod
 from crabd.inspector import files, mounts, procs
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.decide import Inspector, TurnEnd
@@ -101,7 +102,7 @@ class Sbx:
 @pytest.fixture
 def sbx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sbx]:
     world = World()
-    monkeypatch.setattr(procs, "snapshot", lambda cid: dict(world.procs))
+    monkeypatch.setattr(procs, "snapshot", lambda cid, light=frozenset(): dict(world.procs))
     monkeypatch.setattr(procs, "runtime_ns", lambda hp: 1)  # never moves while memory is read
     monkeypatch.setattr(procs, "memory_digest", lambda hp, limit=0: None)
     monkeypatch.setattr(mounts, "fingerprint", lambda pid: world.tmpfs)
@@ -369,3 +370,22 @@ def test_files_never_follow_links(sbx: Sbx, tmp_path: Path) -> None:
 def test_files_fifo_is_never_opened(sbx: Sbx) -> None:
     os.mkfifo(sbx.upper / "pipe")
     assert files.changes(sbx.upper, sbx.head, 0, LIMITS) == ["created /pipe"]  # returns: nothing blocked
+
+
+def test_momentary_forks_of_the_session_are_waited_for(sbx: Sbx, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The session protocol's `(exit N)` subshell may outlive the done marker for a moment.
+    calls = {"n": 0}
+    fork = replace(sbx.world.procs[2], pid=90, host_pid=10_090, ppid=2)
+
+    def snap(cid: str, light: frozenset[int] = frozenset()) -> dict[int, Proc]:
+        calls["n"] += 1
+        return {**sbx.world.procs, **({90: fork} if calls["n"] < 3 else {})}
+
+    monkeypatch.setattr(procs, "snapshot", snap)
+    assert sbx.turn().kind == "skip" and calls["n"] >= 3
+
+
+def test_a_lasting_fork_of_the_session_counts(sbx: Sbx, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decide_mod, "SESSION_FORK_WAIT_S", 0.01)
+    sbx.world.procs[90] = replace(sbx.world.procs[2], pid=90, host_pid=10_090, ppid=2)
+    assert sbx.turn().kind == "full"
