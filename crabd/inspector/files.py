@@ -26,9 +26,16 @@ import stat
 from pathlib import Path
 
 from crabd.backends.overlay.entries import Entry, Kind
-from crabd.backends.overlay.scan import Changed, ScanLimits, hash_content, kind_of, read_xattrs, walk
-
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+from crabd.backends.overlay.scan import (
+    DIR_FLAGS,
+    Changed,
+    ScanLimits,
+    hash_content,
+    kind_of,
+    open_dir,
+    read_xattrs,
+    walk,
+)
 
 
 def _show(path: bytes) -> str:
@@ -121,7 +128,7 @@ def changes(
     found: list[str] = []
     count = 0
     seen: set[bytes] = set()
-    lower_fds = [os.open(p, _DIR) for p in lowers or ()]
+    lower_fds = [os.open(p, DIR_FLAGS) for p in lowers or ()]
     try:
         for dir_fd, path, name, st in walk(upper, limits, strict=False):
             seen.add(path)
@@ -168,14 +175,14 @@ def _compare(
 
 def _lookup(root: int, parts: list[bytes]) -> tuple[int, os.stat_result] | None:
     """(fd of the parent directory, lstat of the entry) under the upper dir, or None if it is not there."""
-    fd = os.dup(root)
     try:
-        for part in parts[:-1]:
-            nxt = os.open(part, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
-        return fd, st
+        fd = open_dir(root, parts[:-1])
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+    try:
+        return fd, os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
     except OSError as exc:
         os.close(fd)
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
@@ -191,7 +198,7 @@ def files_unchanged(upper: Path, head: list[Entry] | None, racy_ns: int, paths: 
     """
     base = {e.path: e for e in head or ()}
     changed: list[str] = []
-    root = os.open(upper, _DIR)
+    root = os.open(upper, DIR_FLAGS)
     try:
         for p in paths:
             rel = p.lstrip("/").encode("utf-8", "surrogateescape")

@@ -19,7 +19,8 @@ import os
 import stat
 from dataclasses import dataclass
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+from crabd.backends.overlay.scan import DIR_FLAGS, open_dir
+
 _KINDS = ("tmpfs", "mqueue")
 #: Directories Docker creates in /dev (most are mount points of their own).
 _DOCKER_DEV_DIRS = {"pts", "shm", "mqueue", "fd"}
@@ -50,19 +51,6 @@ def tmpfs_mounts(host_pid: int) -> list[str]:
     return sorted(set(out))
 
 
-def _open_under(root: int, path: str) -> int | None:
-    fd = os.dup(root)
-    try:
-        for part in [p for p in path.split("/") if p]:
-            nxt = os.open(part, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        return fd
-    except OSError:
-        os.close(fd)
-        return None
-
-
 def _is_content(where: str, name: str, st: os.stat_result) -> bool:
     docker_made = (
         stat.S_ISCHR(st.st_mode)
@@ -86,8 +74,9 @@ def fingerprint(host_pid: int) -> Tmpfs:
     entries = 0
     try:
         for mount in tmpfs_mounts(host_pid):
-            top = _open_under(root, mount)
-            if top is None:
+            try:
+                top = open_dir(root, [p for p in mount.split("/") if p])
+            except OSError:
                 h.update(f"missing {mount}\n".encode())
                 continue
             dev = os.fstat(top).st_dev
@@ -111,7 +100,7 @@ def fingerprint(host_pid: int) -> Tmpfs:
                         )
                         if stat.S_ISDIR(st.st_mode):
                             try:
-                                stack.append((os.open(name, _DIR, dir_fd=fd), f"{where}/{name}"))
+                                stack.append((os.open(name, DIR_FLAGS, dir_fd=fd), f"{where}/{name}"))
                             except OSError:
                                 h.update(b"unopenable dir\n")
                 finally:

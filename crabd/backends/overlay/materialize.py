@@ -26,11 +26,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from crabd.backends.overlay.entries import Entry, Kind
-from crabd.backends.overlay.scan import ScanLimits, stat_entry, walk
+from crabd.backends.overlay.scan import DIR_FLAGS, ScanLimits, stat_entry, walk
 from crabd.errors import StoreError, UnsafeEntry
 from crabd.store.blobs import BlobStore
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FD_CACHE = 64
 _SPECIAL = {Kind.CHR: stat.S_IFCHR, Kind.BLK: stat.S_IFBLK, Kind.FIFO: stat.S_IFIFO, Kind.SOCK: stat.S_IFSOCK}
 
@@ -66,7 +65,7 @@ class _Dirs:
             return fd
         parent = self.get(parts[:-1])
         try:
-            fd = os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)
+            fd = os.open(parts[-1], DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
             raise UnsafeEntry(
                 f"parent {key!r} is not a directory inside the tree ({exc.strerror})",
@@ -154,7 +153,7 @@ def materialize(entries: list[Entry], blobs: BlobStore, target: Path) -> Materia
     """
     t0 = time.monotonic()
     stats = MaterializeStats()
-    root = os.open(target, _DIR_FLAGS)
+    root = os.open(target, DIR_FLAGS)
     dirs = _Dirs(root)
     files: list[tuple[Entry, list[bytes]]] = []
     later: list[tuple[Entry, list[bytes]]] = []
