@@ -220,7 +220,7 @@ class Checkpointer:
                 owner = None
             if owner is None or owner.process_blob != pair[1]:
                 raise StalePairing(f"checkpoint {pair[0]}, whose process image it reuses, was deleted", sandbox=rec.id)
-        session_pid = await self.sandboxes.session_pid(rec) if inspector and (full or pair) else None
+        session_pid = await self.sandboxes.session_pid(rec, st) if inspector and (full or pair) else None
         dumped: Dumped | None = None
 
         def frozen_cut() -> tuple[Any, DumpResult | None, float, int]:

@@ -57,7 +57,7 @@ class TurnInspection:
         """``rec``'s container was just started from ``ckpt`` (None: from its image, nothing restored)."""
         try:
             st = await self.sandboxes.running(rec)
-            session_pid = await self.sandboxes.session_pid(rec)
+            session_pid = await self.sandboxes.session_pid(rec, st)
             await asyncio.to_thread(
                 self.inspector.started,
                 rec.id,
@@ -107,7 +107,7 @@ class TurnInspection:
     async def decide(self, rec: SandboxRecord, session_json: str | None) -> Decision:
         """What the sandbox's state now needs, compared with its head checkpoint."""
         st = await self.sandboxes.running(rec)
-        session_pid = await self.sandboxes.session_pid(rec)
+        session_pid = await self.sandboxes.session_pid(rec, st)
         head = self.ck.catalog.head(rec.id)
         upper = Path(st.upper_dir or await asyncio.to_thread(self.ck.backend.upper_dir, rec.container_id))
 

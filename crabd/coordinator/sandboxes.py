@@ -244,7 +244,10 @@ class SandboxManager:
 
     async def session_for(self, rec: SandboxRecord) -> Session:
         """The sandbox's session object, bound to its current container (bash starts on first use)."""
-        st = await self._running(rec)
+        return self._session_on(rec, await self._running(rec))
+
+    def _session_on(self, rec: SandboxRecord, st: ContainerStatus) -> Session:
+        """:meth:`session_for` with the container's status already in hand."""
         live = self._live_for(rec)
         # The container's pid changes only if it was restarted; rebind then.
         connect = self.connector(rec, st.pid)
@@ -483,9 +486,12 @@ class SandboxManager:
 
     # --- commands ---------------------------------------------------------------
 
-    async def session_pid(self, rec: SandboxRecord) -> int | None:
-        """The pid (inside the sandbox) of its session's bash, or None if none runs."""
-        session = await self.session_for(rec)
+    async def session_pid(self, rec: SandboxRecord, st: ContainerStatus | None = None) -> int | None:
+        """The pid (inside the sandbox) of its session's bash, or None if none runs.
+
+        ``st``: the container's status, if the caller just read it (saves a docker inspect).
+        """
+        session = self._session_on(rec, st) if st is not None else await self.session_for(rec)
         return await session.pid()
 
     async def session_state(self, rec: SandboxRecord) -> SessionState | None:
