@@ -168,11 +168,17 @@ class BpfEvents:
             slot = self._free.pop()
             self._slots[slot] = _Slot(sandbox_id)
             self._by_sandbox[sandbox_id] = (slot, cg)
-            self._bpf["dropped"][ctypes.c_int(slot)] = ctypes.c_uint64(0)
-            self._bpf["budget"][ctypes.c_int(slot)] = ctypes.c_uint64(0)
-            for k in (slot * 2, slot * 2 + 1):
-                self._bpf["lifecycle"][ctypes.c_int(k)] = ctypes.c_uint64(0)
+            self._swap_counters(slot)  # a slot's counters start from zero for its new sandbox
             self._bpf["sandboxes"][ctypes.c_uint64(cg)] = ctypes.c_uint32(slot)
+
+    def _swap_counters(self, slot: int) -> tuple[int, int, int, int]:
+        """The slot's (lost, budget used, forks, exits) counters, each reset to zero."""
+        out = []
+        for table, key in (("dropped", slot), ("budget", slot), ("lifecycle", slot * 2), ("lifecycle", slot * 2 + 1)):
+            cell = self._bpf[table]
+            out.append(int(cell[ctypes.c_int(key)].value))
+            cell[ctypes.c_int(key)] = ctypes.c_uint64(0)
+        return out[0], out[1], out[2], out[3]
 
     def _untrack_locked(self, sandbox_id: str) -> None:
         found = self._by_sandbox.pop(sandbox_id, None)
@@ -225,25 +231,15 @@ class BpfEvents:
             slot, _ = found
             state = self._slots[slot]
             ev, state.ev = state.ev, Evidence()
-            dropped = self._bpf["dropped"]
-            lost = int(dropped[ctypes.c_int(slot)].value)
+            lost, sent_or_not, ev.forks, ev.exits = self._swap_counters(slot)
             if lost:
-                dropped[ctypes.c_int(slot)] = ctypes.c_uint64(0)
                 ev.lost = lost
                 ev.files_dirty = True
                 ev.file_notes.insert(0, f"{lost} events were lost (ring buffer full)")
-            budget = self._bpf["budget"]
-            sent_or_not = int(budget[ctypes.c_int(slot)].value)
-            budget[ctypes.c_int(slot)] = ctypes.c_uint64(0)
             if sent_or_not > EVENT_BUDGET:
                 # Past the budget the probes only counted: what they did not send may be a mutation.
                 ev.files_dirty = True
                 ev.file_notes.append(f"{sent_or_not} events this turn; the first {EVENT_BUDGET} were read")
-            life = self._bpf["lifecycle"]
-            ev.forks = int(life[ctypes.c_int(slot * 2)].value)
-            ev.exits = int(life[ctypes.c_int(slot * 2 + 1)].value)
-            life[ctypes.c_int(slot * 2)] = ctypes.c_uint64(0)
-            life[ctypes.c_int(slot * 2 + 1)] = ctypes.c_uint64(0)
             epochs = self._bpf["epochs"]
             epochs[ctypes.c_int(slot)] = ctypes.c_uint64(int(epochs[ctypes.c_int(slot)].value) + 1)
         return ev

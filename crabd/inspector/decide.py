@@ -50,6 +50,7 @@ processes pairs the new checkpoint with the head's process image.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -106,8 +107,6 @@ def _session_change(now: str | None, before: str | None) -> str:
         return ""
     if before is None:
         return "the session's state was never checkpointed"
-    import json
-
     try:
         a, b = json.loads(now), json.loads(before)
     except ValueError:
