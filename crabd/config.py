@@ -8,12 +8,14 @@ default.  Every default is documented in ``docs/config.md``.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from crabd.errors import ConfigError
 
@@ -88,6 +90,93 @@ class InspectorConfig(_Model):
     ring_buffer_pages: int = Field(1024, ge=16, description="pages of the probes' ring buffer (a power of two)")
 
 
+class EngineConfig(_Model):
+    """The host engine that schedules every sandbox's checkpoint work (see docs/engine.md)."""
+
+    max_concurrent: int = Field(2, ge=1, le=64, description="checkpoint jobs running at once, host-wide")
+    max_pending: int = Field(64, ge=1, description="jobs queued at once; a turn end past this waits (backpressure)")
+    bandwidth_mib_s: float = Field(
+        400.0, ge=0, description="store write budget shared by all sandboxes, MiB/s (0 = unlimited)"
+    )
+    burst_s: float = Field(1.0, gt=0, description="seconds of budget that may be spent in one burst")
+    default_llm_latency_s: float = Field(
+        2.0, gt=0, description="a sandbox's expected LLM wait until crab has observed some"
+    )
+    latency_window: int = Field(16, ge=1, description="recent LLM waits per sandbox the deadline estimate uses")
+    drain_timeout_s: float = Field(30.0, ge=0, description="at shutdown, how long queued checkpoints may still run")
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` as ``(host, port)``; ``ValueError`` if it is neither."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{text!r} is not host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        # A bare IPv6 address is ambiguous with its port; insist on brackets.
+        raise ValueError(f"{text!r}: write an IPv6 address in brackets, e.g. [::1]:8731")
+    value = int(port)
+    if value > 65535:
+        raise ValueError(f"{text!r}: port {value} is out of range")
+    return host, value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback IP literal (names are refused: they could resolve elsewhere)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ProxyConfig(_Model):
+    """The OpenAI-compatible proxy that ends a sandbox's turn at each LLM request (see docs/proxy.md)."""
+
+    enabled: bool = Field(False, description="crabd starts the proxy only when this is true")
+    listen: str = Field(
+        "127.0.0.1:8731",
+        description="host:port the proxy listens on; a loopback IP only ([::1]:port for IPv6; port 0 = any free port)",
+    )
+    upstream: str = Field(
+        "http://127.0.0.1:8000", description="the OpenAI-compatible server requests go to, as http(s)://host:port"
+    )
+    connect_timeout_s: float = Field(10.0, gt=0, description="longest wait to connect to the upstream")
+    upstream_timeout_s: float = Field(
+        600.0, gt=0, description="longest one upstream response may take, start to end (time held included)"
+    )
+    max_request_bytes: int = Field(64 << 20, gt=0, description="largest request body the proxy accepts (else 413)")
+
+    @field_validator("listen")
+    @classmethod
+    def _loopback_only(cls, value: str) -> str:
+        host, _ = split_host_port(value)
+        if not is_loopback(host):
+            # Who is calling is read from the kernel's loopback socket table
+            # (crabd/proxy/peer.py); off loopback that identity means nothing.
+            raise ValueError(f"{value!r}: the proxy listens on a loopback address only (127.0.0.1 or [::1])")
+        return value
+
+    @field_validator("upstream")
+    @classmethod
+    def _http_host_port(cls, value: str) -> str:
+        parts = urlsplit(value)
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"{value!r}: {exc}") from exc
+        if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+            raise ValueError(f"{value!r} is not http(s)://host:port")
+        if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError(f"{value!r}: give only scheme, host and port (the proxy appends /v1/...)")
+        return value.rstrip("/")
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        """``listen`` as ``(host, port)``."""
+        return split_host_port(self.listen)
+
+
 class CrabConfig(_Model):
     """The whole configuration file."""
 
@@ -98,6 +187,8 @@ class CrabConfig(_Model):
     checkpoint: CheckpointConfig = CheckpointConfig()
     criu: CriuConfig = CriuConfig()
     inspector: InspectorConfig = InspectorConfig()
+    engine: EngineConfig = EngineConfig()
+    proxy: ProxyConfig = ProxyConfig()
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

@@ -297,6 +297,23 @@ class StalePairing(CrabError):
     default_hint = "Take a full checkpoint (`crabctl checkpoint create --full SB`)."
 
 
+class EngineStopped(CrabError):
+    """crabd stopped before a queued checkpoint was taken; that turn has no checkpoint."""
+
+    grpc_code = "UNAVAILABLE"
+    default_hint = "Restart crabd; the turn's state is in the next checkpoint (or restore to an earlier turn)."
+
+
+class CheckpointFailed(CrabError):
+    """A turn end's checkpoint failed in the background.  Attributes: ``sandbox``, ``turn``, ``cause`` (error kind)."""
+
+    sandbox: str
+    turn: int
+    cause: str
+    grpc_code = "ABORTED"
+    default_hint = "See `crabctl checkpoint failures SB`; the next turn end checkpoints again."
+
+
 _ALL: dict[str, type[CrabError]] = {}
 
 
@@ -323,6 +340,8 @@ for _cls in (
     IncompleteDump,
     BpfError,
     StalePairing,
+    EngineStopped,
+    CheckpointFailed,
     InvalidRequest,
     RequestTooLarge,
     NotFound,

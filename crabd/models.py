@@ -98,6 +98,10 @@ class TurnRecord:
     decision_json: str | None = None
     #: The checkpoint the turn end took (None: the decision was skip, or the policy takes none).
     checkpoint_id: str | None = None
+    #: pending (queued in the host engine), done, skipped, failed, lost (crabd stopped first) or none (policy).
+    checkpoint_state: str | None = None
+    #: Why the checkpoint failed or was lost.
+    checkpoint_error: str | None = None
 
     @property
     def open(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.backends.fsdelta import Change
@@ -96,6 +97,32 @@ def turn_to_pb(t: TurnRecord) -> pb.Turn:
         has_session_state=t.session_state_json is not None,
         decision=decision_to_pb(t.decision_json) if t.decision_json else None,
         checkpoint_id=t.checkpoint_id or "",
+        checkpoint_state=t.checkpoint_state or "",
+        checkpoint_error=t.checkpoint_error or "",
+    )
+
+
+def engine_job_to_pb(j: dict[str, Any]) -> pb.EngineJob:
+    """One job of ``HostEngine.jobs`` (as ``Job.to_dict``) on the wire; unknown times are -1."""
+
+    def num(key: str) -> float:
+        v = j.get(key)
+        return -1.0 if v is None else float(v)
+
+    return pb.EngineJob(
+        id=int(j["id"]),
+        sandbox_id=str(j["sandbox_id"]),
+        turn=-1 if j.get("turn") is None else int(j["turn"]),
+        kind=str(j["kind"]),
+        state=str(j["state"]),
+        priority=str(j["priority"]),
+        age_s=float(j["age_s"]),
+        queue_wait_s=num("queue_wait_s"),
+        run_s=num("run_s"),
+        exposed_s=float(j["exposed_s"]),
+        bytes_written=int(j["bytes_written"]),
+        checkpoint_id=str(j.get("checkpoint_id") or ""),
+        error=str(j.get("error") or ""),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from crabd.api import errors as wire_errors
 from crabd.api.convert import (
     checkpoint_to_pb,
     detail_to_pb,
+    engine_job_to_pb,
     gc_to_pb,
     outcome_to_pb,
     sandbox_to_pb,
@@ -86,6 +88,17 @@ class CrabServicer(pb_grpc.CrabServicer):
     async def DaemonStatus(self, request: pb.DaemonStatusRequest, context: Any) -> pb.DaemonStatusResponse:
         async def go(c: Caller) -> pb.DaemonStatusResponse:
             return pb.DaemonStatusResponse(**self.service.status(c))  # type: ignore[arg-type]
+
+        return await self._call(context, go)
+
+    async def EngineStatus(self, request: pb.EngineStatusRequest, context: Any) -> pb.EngineStatusResponse:
+        async def go(c: Caller) -> pb.EngineStatusResponse:
+            snapshot, jobs, text = self.service.engine_status(c)
+            return pb.EngineStatusResponse(
+                json=json.dumps(snapshot, sort_keys=True),
+                jobs=[engine_job_to_pb(j) for j in jobs],
+                prometheus=text,
+            )
 
         return await self._call(context, go)
 
@@ -217,9 +230,9 @@ class CrabServicer(pb_grpc.CrabServicer):
 
         return await self._call(context, go)
 
-    async def EndTurn(self, request: pb.SandboxRef, context: Any) -> pb.Turn:
+    async def EndTurn(self, request: pb.EndTurnRequest, context: Any) -> pb.Turn:
         async def go(c: Caller) -> pb.Turn:
-            return turn_to_pb(await self.service.end_turn(c, request.sandbox))
+            return turn_to_pb(await self.service.end_turn(c, request.sandbox, wait=request.wait))
 
         return await self._call(context, go)
 

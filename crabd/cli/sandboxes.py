@@ -112,6 +112,8 @@ def _decision_dict(t: Turn) -> dict[str, object]:
         "turn": t.number,
         "decision": d.kind if d else None,
         "checkpoint": t.checkpoint_id or None,
+        "checkpoint_state": t.checkpoint_state or None,
+        "checkpoint_error": t.checkpoint_error or None,
         "inspector": d.inspector if d else None,
         "seconds": d.seconds if d else None,
         "paired_with": (d.paired_with or None) if d else None,
@@ -147,7 +149,10 @@ def inspect(
             return
         head = f"turn {turn}: [{_DECISION_STYLE.get(d.kind, 'white')}]{d.kind}[/]"
         head += f" by the {d.inspector} inspector in {d.seconds * 1000:.1f} ms"
-        out.print(head + (f", checkpoint {found[0].checkpoint_id}" if found[0].checkpoint_id else ""))
+        t0 = found[0]
+        out.print(head + (f", checkpoint {t0.checkpoint_id}" if t0.checkpoint_id else f" ({t0.checkpoint_state})"))
+        if t0.checkpoint_error:
+            out.print(f"  [red]checkpoint {t0.checkpoint_state}:[/red] {t0.checkpoint_error}")
         if d.paired_with:
             out.print(f"  processes unchanged: reuses the process image of {d.paired_with}")
         for r in d.reasons:
@@ -173,7 +178,7 @@ def inspect(
             dt.add_row(
                 str(t.number),
                 f"[{_DECISION_STYLE.get(d.kind, 'white')}]{d.kind}[/]",
-                t.checkpoint_id or "-",
+                t.checkpoint_id or (t.checkpoint_state if t.checkpoint_state in ("pending", "failed", "lost") else "-"),
                 f"{d.seconds * 1000:.1f}",
                 why[:100] + more,
             )

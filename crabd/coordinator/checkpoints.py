@@ -26,6 +26,7 @@ import logging
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,7 @@ class Checkpointer:
         session_json: str | None = None,
         capture_session: bool = True,
         pair: tuple[str, str] | None = None,
+        on_phase: Callable[[str], None] | None = None,
     ) -> CheckpointRecord:
         """A checkpoint of a running sandbox, published as its new head.
 
@@ -157,7 +159,9 @@ class Checkpointer:
 
         ``pair`` (checkpoint id, process image) makes an "fs" checkpoint reuse
         that process image: the inspector found the processes unchanged since
-        it was dumped.  That is re-checked while the sandbox is frozen;
+        it was dumped.  ``on_phase`` hears "versioning" once the sandbox's
+        state is cut and only storing and publishing remain (the host engine's
+        job states).  That is re-checked while the sandbox is frozen;
         :class:`StalePairing` if a process ran meanwhile (nothing published).
         """
         kind = self._kind(rec, kind)
@@ -168,7 +172,7 @@ class Checkpointer:
         try:
             async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
                 return await self._take_locked(
-                    rec, kind=kind, turn=turn, label=label, session_json=session_json, pair=pair
+                    rec, kind=kind, turn=turn, label=label, session_json=session_json, pair=pair, on_phase=on_phase
                 )
         except StalePairing:
             raise
@@ -197,6 +201,7 @@ class Checkpointer:
         label: str,
         session_json: str | None,
         pair: tuple[str, str] | None,
+        on_phase: Callable[[str], None] | None,
     ) -> CheckpointRecord:
         t0 = time.monotonic()
         ckpt_id = new_checkpoint_id()
@@ -253,6 +258,8 @@ class Checkpointer:
                     cut, dump, freeze_s, thawed_ns = await asyncio.to_thread(frozen_cut)
             else:
                 cut, dump, freeze_s, thawed_ns = await asyncio.to_thread(frozen_cut)
+            if on_phase is not None:
+                on_phase("versioning")
             capture, stored = await asyncio.to_thread(self.fs.store, cut)
             info = Blobs(dict(stored.children), dict(stored.sizes))
             new_bytes = capture.new_bytes + stored.new_bytes

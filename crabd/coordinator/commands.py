@@ -87,18 +87,8 @@ class Commands:
 
     # --- turns -------------------------------------------------------------------
 
-    async def begin_turn(self, rec: SandboxRecord) -> tuple[TurnRecord | None, TurnRecord]:
-        """Open a turn; returns (the implicit turn this closed, if any; the new turn)."""
-        await self.sandboxes.running(rec)
-        current = self.sandboxes.turns.current(rec.id)
-        if current is not None and not current.implicit:
-            raise InvalidRequest(
-                f"turn {current.number} of sandbox {rec.name} is already open", hint="End it with end_turn() first."
-            )
-        closed = await self.end_turn(rec) if current is not None else None
-        return closed, self.sandboxes.turns.begin(rec.id)
-
     async def end_turn(self, rec: SandboxRecord) -> TurnRecord:
+        """Close the open turn and store the session's state (the checkpoint is ``turnflow``'s business)."""
         current = self.sandboxes.turns.current(rec.id)
         if current is None:
             raise InvalidRequest(f"sandbox {rec.name} has no open turn", hint="Call begin_turn() first.")

@@ -11,8 +11,9 @@ baseline in step with the sandbox's life:
 * after a crabd restart the baseline is unknown, so the first decision of an
   adopted sandbox is conservative (:meth:`adopted`).
 
-At a turn end :meth:`after_turn` asks for a decision and takes the checkpoint
-it names: none (skip), a filesystem delta (fs), or a CRIU dump plus a delta
+At a turn end :meth:`plan` asks for a decision, and :meth:`execute` (run
+later by the host engine, see ``turnflow.py``) takes the checkpoint it
+names: none (skip), a filesystem delta (fs), or a CRIU dump plus a delta
 (full).  An fs decision while live processes are unchanged since the head's
 process image *pairs* the new checkpoint with that image, so a restore still
 brings the processes back; the pairing is re-checked inside the checkpoint's
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,14 @@ from crabd.inspector.model import FS, FULL, SKIP, Decision
 from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
 
 log = logging.getLogger("crabd.inspector")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one turn end needs: ``kind`` skip, fs or full; ``decision`` under the "auto" policy."""
+
+    kind: str
+    decision: Decision | None
 
 
 class TurnInspection:
@@ -134,7 +145,14 @@ class TurnInspection:
             return await asyncio.to_thread(go)
 
     async def _take(
-        self, rec: SandboxRecord, d: Decision, *, turn: int | None, label: str, session_json: str | None
+        self,
+        rec: SandboxRecord,
+        d: Decision,
+        *,
+        turn: int | None,
+        label: str,
+        session_json: str | None,
+        on_phase: Callable[[str], None] | None = None,
     ) -> CheckpointRecord:
         capture = session_json is None
         if d.kind == FS and d.paired_image and d.paired_with:
@@ -147,32 +165,35 @@ class TurnInspection:
                     session_json=session_json,
                     capture_session=capture,
                     pair=(d.paired_with, d.paired_image),
+                    on_phase=on_phase,
                 )
             except StalePairing as exc:
                 d.reasons.append(f"then {exc.message}: took a full checkpoint instead")
                 d.kind = FULL
         return await self.ck.take(
-            rec, kind=d.kind, turn=turn, label=label, session_json=session_json, capture_session=capture
+            rec,
+            kind=d.kind,
+            turn=turn,
+            label=label,
+            session_json=session_json,
+            capture_session=capture,
+            on_phase=on_phase,
         )
 
-    async def after_turn(
-        self, rec: SandboxRecord, turn: int, session_json: str | None
-    ) -> tuple[Decision | None, CheckpointRecord | None]:
-        """The checkpoint a turn end needs under the sandbox's policy (and the decision, under "auto")."""
+    async def plan(self, rec: SandboxRecord, turn: int, session_json: str | None) -> Plan | None:
+        """What a turn end needs under the sandbox's policy (None: policy "none", nothing ever).
+
+        Under "auto" this asks the inspector now, at the turn end, and
+        records its decision with the turn; the checkpoint itself is taken
+        later by :meth:`execute` (the host engine runs it).
+        """
         policy = rec.spec.checkpoints
         if policy == "none":
-            return None, None
+            return None
         if policy != "auto":
-            return None, await self.ck.after_turn(rec, turn, session_json)
+            return Plan(FULL if policy == "full" else FS, None)
         d = await self.decide(rec, session_json)
-        ckpt = None
-        try:
-            if d.kind != SKIP:
-                ckpt = await self._take(rec, d, turn=turn, label="", session_json=session_json)
-        finally:
-            await asyncio.to_thread(
-                self.sandboxes.registry.set_decision, rec.id, turn, d.to_json(), ckpt.id if ckpt else None
-            )
+        await asyncio.to_thread(self.sandboxes.registry.set_decision, rec.id, turn, d.to_json(), None)
         log.info(
             "turn decided",
             extra={
@@ -181,11 +202,46 @@ class TurnInspection:
                 "decision": d.kind,
                 "inspector": d.inspector,
                 "decide_ms": round(d.seconds * 1000, 2),
-                "checkpoint": ckpt.id if ckpt else None,
                 "reasons": d.reasons[:4],
             },
         )
-        return d, ckpt
+        return Plan(d.kind, d)
+
+    async def execute(
+        self,
+        rec: SandboxRecord,
+        plan: Plan,
+        *,
+        turn: int,
+        session_json: str | None,
+        on_phase: Callable[[str], None] | None = None,
+    ) -> CheckpointRecord | None:
+        """Take the checkpoint ``plan`` calls for (None for skip), and record it with the turn."""
+        if plan.kind == SKIP:
+            return None
+        d = plan.decision
+        if d is None:
+            return await self.ck.take(
+                rec, kind=plan.kind, turn=turn, session_json=session_json, capture_session=False, on_phase=on_phase
+            )
+        ckpt = None
+        try:
+            ckpt = await self._take(rec, d, turn=turn, label="", session_json=session_json, on_phase=on_phase)
+        finally:
+            # The decision may have changed on the way (a stale pairing is taken full).
+            await asyncio.to_thread(
+                self.sandboxes.registry.set_decision, rec.id, turn, d.to_json(), ckpt.id if ckpt else None
+            )
+        return ckpt
+
+    async def after_turn(
+        self, rec: SandboxRecord, turn: int, session_json: str | None
+    ) -> tuple[Decision | None, CheckpointRecord | None]:
+        """Decide and take a turn end's checkpoint now, without the host engine (restore's own turn end)."""
+        plan = await self.plan(rec, turn, session_json)
+        if plan is None:
+            return None, None
+        return plan.decision, await self.execute(rec, plan, turn=turn, session_json=session_json)
 
     async def checkpoint(self, rec: SandboxRecord, *, kind: str, label: str) -> CheckpointRecord:
         """An explicit checkpoint.  Without a kind, under "auto", the inspector picks fs or full."""

@@ -5,13 +5,20 @@ Start-up order matters for safety:
 2. install crab's init binary (content-addressed, immutable);
 3. reach Docker, then *adopt* what the registry knows before serving
    anyone, so no request sees a half-reconciled world;
-4. the private gRPC server, then the public socket (0660 root:crab);
-5. READY=1 to systemd, and watchdog pings.
+4. the host engine (checkpoint queue); turns whose checkpoint was still
+   queued when crabd last stopped are marked lost;
+5. the private gRPC server, then the public socket (0660 root:crab), then
+   the OpenAI proxy if enabled;
+6. READY=1 to systemd, and watchdog pings.
+
+Shut-down runs the other way; the engine drains its queue (bounded by
+``[engine] drain_timeout_s``) after the API stops taking requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import logging
@@ -41,9 +48,12 @@ from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.daemon import notify
+from crabd.engine import HostEngine
 from crabd.inspector.choose import open_inspector
 from crabd.inspector.decide import Inspector
+from crabd.proxy.server import OpenAIProxy
 from crabd.runtime import initbin
+from crabd.service.llm_gate import ServiceGate
 from crabd.service.service import Service
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
@@ -86,6 +96,8 @@ class Daemon:
         self._watchdog: asyncio.Task[None] | None = None
         self._recovery: Recovery | None = None
         self._inspector: Inspector | None = None
+        self._engine: HostEngine | None = None
+        self._proxy: OpenAIProxy | None = None
 
     @property
     def private_socket(self) -> Path:
@@ -96,6 +108,12 @@ class Daemon:
         paths.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(paths.state_dir, 0o700)
         _raise_nofile()
+        # Blocking work (Docker calls, walks, CRIU, fsyncs) runs in worker
+        # threads; the default pool (CPUs + 4) is small enough that a few
+        # checkpoint jobs could delay every other sandbox's turn-end decision.
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="crabd")
+        )
         self._db = Database(paths.state_dir / "registry.db")
         self._registry = Registry(self._db)
         init_binary = await asyncio.to_thread(initbin.install, paths.state_dir)
@@ -145,6 +163,13 @@ class Daemon:
         restorer.inspection = inspection
         self._recovery = Recovery(checkpointer, restorer)
         counts = await self._manager.adopt()
+        lost = await asyncio.to_thread(
+            self._registry.lose_pending_turns, "crabd stopped before this turn's checkpoint was taken"
+        )
+        if lost:
+            log.warning("turn checkpoints lost in the last shutdown", extra={"turns": lost})
+        self._engine = HostEngine(self.cfg.engine)
+        await self._engine.start()
         for rec in self._manager.list_sandboxes(None):
             await inspection.adopted(rec)
         service = Service(
@@ -154,6 +179,7 @@ class Daemon:
             restorer,
             self._recovery,
             inspection,
+            self._engine,
             docker_version=docker_version,
         )
 
@@ -178,6 +204,10 @@ class Daemon:
         await self._front.start()
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         await health_servicer.set("crab.v1.Crab", health_pb2.HealthCheckResponse.SERVING)
+        if self.cfg.proxy.enabled:
+            self._proxy = OpenAIProxy(self.cfg.proxy, ServiceGate(service), self._engine.prometheus)
+            await self._proxy.start()
+            service.proxy_url = self._proxy.url
 
         # Sandboxes that died while crabd was down are recovered (policy "auto") from here on.
         self._recovery.start()
@@ -193,6 +223,7 @@ class Daemon:
                 "docker": docker_version,
                 "ephemeral": self.ephemeral,
                 "inspector": inspector.name,
+                "proxy": self._proxy.url if self._proxy else None,
                 **counts,
             },
         )
@@ -210,10 +241,14 @@ class Daemon:
             self._watchdog.cancel()
         if self._recovery is not None:
             await self._recovery.close()
+        if self._proxy is not None:
+            await self._proxy.close()
         if self._front is not None:
             await self._front.close()
         if self._grpc is not None:
             await self._grpc.stop(grace=2.0)
+        if self._engine is not None:
+            await self._engine.close()
         if self._manager is not None:
             await self._manager.close(remove_all=self.ephemeral)
         if self._inspector is not None:

@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--inspector", choices=["auto", "ebpf", "scan"], help="override [inspector] mode")
     p.add_argument("--inspector-shadow", action="store_true", help="set [inspector] shadow = true")
+    p.add_argument(
+        "--proxy-upstream", help="enable the OpenAI proxy in front of this LLM server (sets [proxy] upstream)"
+    )
+    p.add_argument("--proxy-listen", help="enable the OpenAI proxy on this loopback host:port (sets [proxy] listen)")
     args = p.parse_args(argv)
     overrides: dict[str, dict[str, object]] = {"paths": {}}
     for key in ("socket", "state_dir", "log_dir"):
@@ -38,6 +42,12 @@ def main(argv: list[str] | None = None) -> None:
             overrides["inspector"]["mode"] = args.inspector
         if args.inspector_shadow:
             overrides["inspector"]["shadow"] = True
+    if args.proxy_upstream or args.proxy_listen:
+        overrides["proxy"] = {"enabled": True}
+        if args.proxy_upstream:
+            overrides["proxy"]["upstream"] = args.proxy_upstream
+        if args.proxy_listen:
+            overrides["proxy"]["listen"] = args.proxy_listen
     logs.setup(args.log_level, Path(args.log_file) if args.log_file else None)
     try:
         cfg = load_config(args.config, overrides=overrides)

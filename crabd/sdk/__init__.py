@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from crabd.errors import (
     AlreadyExists,
+    CheckpointFailed,
     CheckpointNotFound,
     CorruptBlob,
     CrabError,
@@ -35,6 +36,8 @@ from crabd.sdk.models import (
     CommandInfo,
     DaemonStatus,
     Decision,
+    EngineJob,
+    EngineStatus,
     ExecResult,
     GcResult,
     OutputChunk,
@@ -54,6 +57,7 @@ __all__ = [
     "AsyncSession",
     "BlobProblem",
     "CheckpointDetail",
+    "CheckpointFailed",
     "CheckpointFailure",
     "CheckpointInfo",
     "CheckpointNotFound",
@@ -66,6 +70,8 @@ __all__ = [
     "DaemonUnavailable",
     "Decision",
     "EmbeddedDaemon",
+    "EngineJob",
+    "EngineStatus",
     "ExecResult",
     "GcResult",
     "IncompleteDump",

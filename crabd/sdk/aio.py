@@ -22,7 +22,7 @@ import grpc
 from crabd.api import errors as wire_errors
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
-from crabd.errors import CrabError
+from crabd.errors import CrabError, InvalidRequest
 from crabd.sdk import _requests as rq
 from crabd.sdk.embedded import EmbeddedDaemon
 from crabd.sdk.models import (
@@ -30,6 +30,7 @@ from crabd.sdk.models import (
     CheckpointFailure,
     CheckpointInfo,
     DaemonStatus,
+    EngineStatus,
     ExecResult,
     GcResult,
     OutputChunk,
@@ -88,6 +89,10 @@ class AsyncClient:
 
     async def status(self) -> DaemonStatus:
         return DaemonStatus.from_pb(await self._unary("DaemonStatus", pb.DaemonStatusRequest()))
+
+    async def engine_status(self) -> EngineStatus:
+        """The host engine's queue, recent jobs (yours; root: all) and metrics."""
+        return EngineStatus.from_pb(await self._unary("EngineStatus", pb.EngineStatusRequest()))
 
     async def create(
         self,
@@ -278,8 +283,30 @@ class AsyncSandbox:
     async def begin_turn(self) -> Turn:
         return Turn.from_pb(await self.client._unary("BeginTurn", pb.SandboxRef(sandbox=self.id)))
 
-    async def end_turn(self) -> Turn:
-        return Turn.from_pb(await self.client._unary("EndTurn", pb.SandboxRef(sandbox=self.id)))
+    async def llm_base_url(self) -> str:
+        """The OpenAI ``base_url`` that routes this sandbox's LLM calls through crabd's proxy.
+
+        Each request then ends the sandbox's turn, and its answer is released
+        once the turn's checkpoint is durable.  InvalidRequest if crabd runs
+        without the proxy (``[proxy] enabled``).
+        """
+        url = (await self.client.status()).proxy_url
+        if not url:
+            raise InvalidRequest(
+                "crabd's OpenAI proxy is not enabled",
+                hint="Set [proxy] enabled = true and upstream in crabd.toml (or start crabd with --proxy-upstream).",
+            )
+        return f"{url}/sandboxes/{self.id}/v1"
+
+    async def end_turn(self, *, wait: bool = False) -> Turn:
+        """End the turn.  crabd decides now and checkpoints in the background.
+
+        The sandbox's next action (command, ``begin_turn``, restore, ...)
+        waits until that checkpoint is durable, so the state it captures is
+        this turn end's.  ``wait=True`` returns only then, with
+        ``checkpoint_id`` set, and raises :class:`CheckpointFailed` if it failed.
+        """
+        return Turn.from_pb(await self.client._unary("EndTurn", pb.EndTurnRequest(sandbox=self.id, wait=wait)))
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[Turn]:

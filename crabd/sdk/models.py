@@ -137,8 +137,13 @@ class Turn:
     commands: list[CommandInfo] = field(default_factory=list)
     #: The inspector's decision at the turn end (policy "auto"), else None.
     decision: Decision | None = None
-    #: The checkpoint the turn end took, else "".
+    #: The checkpoint the turn end took, else "" (also while it is still queued).
     checkpoint_id: str = ""
+    #: pending (queued in crabd's engine; the sandbox's next action waits for it), done, skipped,
+    #: failed, lost (crabd stopped first) or none (policy); "" while the turn is open.
+    checkpoint_state: str = ""
+    #: Why the checkpoint failed or was lost.
+    checkpoint_error: str = ""
 
     @classmethod
     def from_pb(cls, m: pb.Turn) -> Turn:
@@ -166,6 +171,8 @@ class Turn:
             ],
             decision=Decision.from_pb(m.decision) if m.HasField("decision") else None,
             checkpoint_id=m.checkpoint_id,
+            checkpoint_state=m.checkpoint_state,
+            checkpoint_error=m.checkpoint_error,
         )
 
 
@@ -189,6 +196,56 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class EngineJob:
+    """One checkpoint job of crabd's host engine (times in seconds; None: not yet)."""
+
+    id: int
+    sandbox_id: str
+    turn: int | None
+    kind: str
+    state: str
+    priority: str
+    age_s: float
+    queue_wait_s: float | None
+    run_s: float | None
+    exposed_s: float
+    bytes_written: int
+    checkpoint_id: str
+    error: str
+
+    @classmethod
+    def from_pb(cls, m: pb.EngineJob) -> EngineJob:
+        return cls(
+            m.id,
+            m.sandbox_id,
+            None if m.turn < 0 else m.turn,
+            m.kind,
+            m.state,
+            m.priority,
+            m.age_s,
+            None if m.queue_wait_s < 0 else m.queue_wait_s,
+            None if m.run_s < 0 else m.run_s,
+            m.exposed_s,
+            m.bytes_written,
+            m.checkpoint_id,
+            m.error,
+        )
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """crabd's host engine: ``stats`` (queue depth, counters, p50/p95/max of waits), jobs, Prometheus text."""
+
+    stats: dict[str, Any]
+    jobs: list[EngineJob]
+    prometheus: str
+
+    @classmethod
+    def from_pb(cls, m: pb.EngineStatusResponse) -> EngineStatus:
+        return cls(json.loads(m.json) if m.json else {}, [EngineJob.from_pb(j) for j in m.jobs], m.prometheus)
+
+
+@dataclass(frozen=True)
 class DaemonStatus:
     version: str
     pid: int
@@ -199,6 +256,8 @@ class DaemonStatus:
     caller_uid: int
     docker_version: str
     inspector: str = ""
+    #: crabd's OpenAI-compatible proxy ("" = not enabled); see :meth:`Sandbox.llm_base_url`.
+    proxy_url: str = ""
 
     @classmethod
     def from_pb(cls, m: pb.DaemonStatusResponse) -> DaemonStatus:
@@ -212,6 +271,7 @@ class DaemonStatus:
             m.caller_uid,
             m.docker_version,
             m.inspector,
+            m.proxy_url,
         )
 
 

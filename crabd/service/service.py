@@ -19,7 +19,6 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import replace
 
 from crabd import __version__
 from crabd.backends.fsdelta import Change
@@ -33,6 +32,8 @@ from crabd.coordinator.restore import Restorer
 from crabd.coordinator.runner import ChunkSink
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.coordinator.tree import TreeView, build_tree
+from crabd.coordinator.turnflow import TurnFlow
+from crabd.engine import HostEngine
 from crabd.errors import (
     CheckpointNotFound,
     CrabError,
@@ -78,6 +79,7 @@ class Service:
         restorer: Restorer,
         recovery: Recovery,
         inspection: TurnInspection,
+        engine: HostEngine,
         *,
         docker_version: str,
     ) -> None:
@@ -88,11 +90,19 @@ class Service:
         self.restorer = restorer
         self.recovery = recovery
         self.inspection = inspection
+        self.engine = engine
+        self.flow = TurnFlow(cfg.engine, engine, self.commands, inspection)
         self.housekeeping = Housekeeper(checkpointer)
         self.started_at = time.time()
+        #: Set by the daemon once the OpenAI proxy listens ("" = not enabled).
+        self.proxy_url = ""
         self.docker_version = docker_version
 
     # --- access -----------------------------------------------------------------
+
+    def lookup(self, caller: Caller, ref: str) -> SandboxRecord:
+        """The sandbox ``ref`` names, if ``caller`` may act on it (else NotFound / PermissionDenied)."""
+        return self._lookup(caller, ref)
 
     def _lookup(self, caller: Caller, ref: str) -> SandboxRecord:
         if not ref:
@@ -165,7 +175,14 @@ class Service:
             "caller_uid": caller.uid,
             "docker_version": self.docker_version,
             "inspector": self.inspection.name,
+            "proxy_url": self.proxy_url,
         }
+
+    def engine_status(self, caller: Caller) -> tuple[dict[str, object], list[dict[str, object]], str]:
+        """The host engine's counters (host-wide, no sandbox named), the caller's jobs, and Prometheus text."""
+        now = self.engine.clock()
+        jobs = [j.to_dict(now) for j in self.engine.jobs(None if caller.is_root else caller.uid)]
+        return self.engine.snapshot(), jobs, self.engine.prometheus()
 
     # --- sandboxes ------------------------------------------------------------------
 
@@ -202,12 +219,16 @@ class Service:
     async def stop(self, caller: Caller, ref: str, timeout_s: float) -> SandboxRecord:
         if timeout_s < 0:
             raise InvalidRequest("stop timeout must not be negative")
-        return await self.sandboxes.stop(self._lookup(caller, ref), timeout_s or None)
+        rec = self._lookup(caller, ref)
+        await self.flow.settle(rec.id, agent=False)
+        return await self.sandboxes.stop(rec, timeout_s or None)
 
     async def remove(self, caller: Caller, ref: str, force: bool, keep_checkpoints: bool = False) -> str:
         rec = self._lookup(caller, ref)
+        await self.flow.settle(rec.id, agent=False)
         await self.sandboxes.remove(rec, force=force)
         self.inspection.forget(rec.id)
+        self.flow.forget(rec.id)
         await self.housekeeping.forget_sandbox(rec, keep=keep_checkpoints)
         return rec.id
 
@@ -245,6 +266,7 @@ class Service:
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
         rec = self._lookup(caller, ref)
+        await self.flow.before_action(rec)
         return await self.commands.exec(
             rec,
             argv,
@@ -269,6 +291,7 @@ class Service:
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
         rec = self._lookup(caller, ref)
+        await self.flow.before_action(rec)
         return await self.commands.session_run(rec, command, timeout_s=timeout, max_output=limit, sink=sink)
 
     async def session_state(self, caller: Caller, ref: str) -> tuple[str, SessionState | None]:
@@ -280,25 +303,20 @@ class Service:
         if state_json:
             session_state.SessionState.from_json(state_json)  # validate before touching anything
         rec = self._lookup(caller, ref)
+        await self.flow.before_action(rec)
         return rec.id, await self.commands.restart_session(rec, state_json)
 
     # --- turns -------------------------------------------------------------------------
 
     async def begin_turn(self, caller: Caller, ref: str) -> TurnRecord:
-        rec = self._lookup(caller, ref)
-        closed, turn = await self.commands.begin_turn(rec)
-        if closed is not None:  # commands outside begin/end formed a turn of their own
-            await self.inspection.after_turn(rec, closed.number, closed.session_state_json)
+        _, turn = await self.flow.begin_turn(self._lookup(caller, ref))
         return turn
 
-    async def end_turn(self, caller: Caller, ref: str) -> TurnRecord:
-        rec = self._lookup(caller, ref)
-        turn = await self.commands.end_turn(rec)
-        # A failure here reaches the agent: its turn is recorded, but not restorable.
-        decision, ckpt = await self.inspection.after_turn(rec, turn.number, turn.session_state_json)
-        return replace(
-            turn, decision_json=decision.to_json() if decision else None, checkpoint_id=ckpt.id if ckpt else None
-        )
+    async def end_turn(self, caller: Caller, ref: str, *, wait: bool = False) -> TurnRecord:
+        """End the open turn; its checkpoint runs in the host engine (``wait``: until it is durable)."""
+        turn = await self.flow.end_turn(self._lookup(caller, ref), wait=wait)
+        assert turn is not None  # if_open=False: no open turn raised
+        return turn
 
     async def turns(self, caller: Caller, ref: str, limit: int) -> list[TurnRecord]:
         if limit < 0:
@@ -309,12 +327,16 @@ class Service:
     # --- checkpoints -------------------------------------------------------------------
 
     async def create_checkpoint(self, caller: Caller, ref: str, label: str, kind: str) -> CheckpointRecord:
-        return await self.inspection.checkpoint(self._lookup(caller, ref), label=label, kind=kind)
+        rec = self._lookup(caller, ref)
+        await self.flow.settle(rec.id)
+        return await self.inspection.checkpoint(rec, label=label, kind=kind)
 
     async def list_checkpoints(self, caller: Caller, ref: str) -> list[CheckpointRecord]:
         owner = None if caller.is_root else caller.uid
         if ref:
-            return self.checkpoints.list_checkpoints(self._lookup(caller, ref).id, owner)
+            rec = self._lookup(caller, ref)
+            await self.flow.settle(rec.id, agent=False)  # read-your-writes after a turn end
+            return self.checkpoints.list_checkpoints(rec.id, owner)
         return self.checkpoints.list_checkpoints(None, owner)
 
     async def describe_checkpoint(
@@ -336,11 +358,11 @@ class Service:
             ckpt = self.checkpoints.resolve_turn(rec, turn)
         else:
             raise InvalidRequest("name a checkpoint or a turn to restore", hint="e.g. `crabctl restore SB ck-...`")
+        await self.flow.before_action(rec)
         if rec.turn_open and rec.state is SandboxState.RUNNING and self.restorer.ck.may_restore(rec, ckpt):
             # The state being replaced ends its turn first, so it stays restorable too.
             with contextlib.suppress(SandboxBusy):
-                ended = await self.commands.end_turn(rec)
-                await self.inspection.after_turn(rec, ended.number, ended.session_state_json)
+                await self.flow.end_turn(rec, wait=True)
         return await self.restorer.restore(rec, ckpt)
 
     async def fork(
@@ -354,6 +376,7 @@ class Service:
             ckpt = self._checkpoint(caller, ckpt_id)
         elif ref:
             rec = self._lookup(caller, ref)
+            await self.flow.settle(rec.id)
             head = self.checkpoints.head_id(rec.id)
             if head is None:
                 raise InvalidRequest(
@@ -369,6 +392,7 @@ class Service:
         start: SandboxRecord | CheckpointRecord
         if ref:
             start = self._lookup(caller, ref)
+            await self.flow.settle(start.id, agent=False)
         elif ckpt_id:
             start = self._checkpoint(caller, ckpt_id)
         else:
@@ -393,9 +417,13 @@ class Service:
 
     async def failures(self, caller: Caller, ref: str) -> list[tuple[str, int, str, float, str, str]]:
         if ref:
-            return self.checkpoints.catalog.failures(self._lookup(caller, ref).id)
+            rec = self._lookup(caller, ref)
+            await self.flow.settle(rec.id, agent=False)
+            return self.checkpoints.catalog.failures(rec.id)
         visible = {r.id for r in self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)}
         return [f for f in self.checkpoints.catalog.failures(None, limit=200) if caller.is_root or f[0] in visible]
 
     async def recover(self, caller: Caller, ref: str) -> Recovered:
-        return await self.recovery.recover(self._lookup(caller, ref))
+        rec = self._lookup(caller, ref)
+        await self.flow.settle(rec.id, agent=False)
+        return await self.recovery.recover(rec)

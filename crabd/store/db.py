@@ -8,7 +8,7 @@ attached WAL databases atomic, which is why this is one file.
 Durability: WAL mode with ``synchronous=FULL``, so a committed transaction
 survives kill -9 and power loss.
 
-Schema (version 3)::
+Schema (version 4)::
 
     meta(key TEXT PK, value TEXT)                      -- schema_version
     sandboxes(id TEXT PK, name TEXT UNIQUE, owner_uid INT, spec_json TEXT,
@@ -19,7 +19,9 @@ Schema (version 3)::
               branch INT)                             -- bumped by every in-place restore
     turns(sandbox_id, number, started_at, ended_at NULL, implicit, session_state_json NULL,
           decision_json NULL,                     -- the inspector's decision (crabd.inspector.model.Decision)
-          checkpoint_id NULL)                     -- the checkpoint the turn end took, if any
+          checkpoint_id NULL,                     -- the checkpoint the turn end took, if any
+          checkpoint_state NULL,                  -- pending|done|skipped|failed|lost|none (NULL: before v4)
+          checkpoint_error NULL)                  -- why it failed or was lost
     commands(sandbox_id, turn, seq, kind, command, exit_code, timed_out, started_at,
              duration_s, stdout_bytes, stderr_bytes)
     checkpoints(id TEXT PK, sandbox_id TEXT, sandbox_name TEXT, owner_uid INT,
@@ -39,7 +41,8 @@ Schema (version 3)::
 
 Version 1 (issue 3) had only meta, sandboxes (without origin and branch),
 turns and commands; version 2 (issue 4) had turns without decision_json and
-checkpoint_id.  :func:`_migrate` upgrades either in place.
+checkpoint_id; version 3 (issue 6) without checkpoint_state and
+checkpoint_error.  :func:`_migrate` upgrades any of them in place.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from types import TracebackType
 
 from crabd.errors import StoreError, StoreFull
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -96,9 +99,11 @@ _SANDBOX_COLUMNS_V2 = (
     ("origin", "TEXT NOT NULL DEFAULT ''"),
     ("branch", "INTEGER NOT NULL DEFAULT 0"),
 )
-_TURN_COLUMNS_V3 = (
+_TURN_COLUMNS = (
     ("decision_json", "TEXT"),
     ("checkpoint_id", "TEXT"),
+    ("checkpoint_state", "TEXT"),
+    ("checkpoint_error", "TEXT"),
 )
 
 
@@ -127,7 +132,7 @@ class Database:
     def _migrate(self) -> None:
         # executescript() commits on its own; every statement is idempotent.
         self.conn.executescript(_SCHEMA_V1)
-        for table, columns in (("sandboxes", _SANDBOX_COLUMNS_V2), ("turns", _TURN_COLUMNS_V3)):
+        for table, columns in (("sandboxes", _SANDBOX_COLUMNS_V2), ("turns", _TURN_COLUMNS)):
             have = {str(r[1]) for r in self.conn.execute(f"PRAGMA table_info({table})")}
             with self.tx() as db:
                 for name, decl in columns:

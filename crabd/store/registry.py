@@ -177,6 +177,38 @@ class Registry:
                 (decision_json, checkpoint_id, sandbox_id, number),
             )
 
+    def set_turn_checkpoint(
+        self, sandbox_id: str, number: int, state: str, checkpoint_id: str | None = None, error: str | None = None
+    ) -> None:
+        """Where turn ``number``'s checkpoint stands: pending, done, skipped, failed, lost or none."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE turns SET checkpoint_state=?, checkpoint_id=COALESCE(?, checkpoint_id), checkpoint_error=?"
+                " WHERE sandbox_id=? AND number=?",
+                (state, checkpoint_id, error, sandbox_id, number),
+            )
+
+    def lose_pending_turns(self, reason: str) -> int:
+        """Turns whose checkpoint was queued when crabd stopped: they have none, and say why.
+
+        A checkpoint published just before the stop, whose turn was not yet
+        marked done, is found in the catalog and the turn marked done instead.
+        """
+        with self._tx() as db:
+            found = (
+                "SELECT c.id FROM checkpoints c WHERE c.sandbox_id=turns.sandbox_id AND c.turn=turns.number"
+                " AND c.created_at >= turns.ended_at ORDER BY c.created_at DESC LIMIT 1"
+            )
+            db.execute(
+                f"UPDATE turns SET checkpoint_state='done', checkpoint_id=({found})"
+                f" WHERE checkpoint_state='pending' AND EXISTS({found})"
+            )
+            cur = db.execute(
+                "UPDATE turns SET checkpoint_state='lost', checkpoint_error=? WHERE checkpoint_state='pending'",
+                (reason,),
+            )
+            return int(cur.rowcount)
+
     def add_command(self, sandbox_id: str, turn: int, rec: CommandRecord) -> None:
         with self._tx() as db:
             db.execute(
@@ -206,15 +238,17 @@ class Registry:
     def list_turns(self, sandbox_id: str, limit: int = 0) -> list[TurnRecord]:
         with self._lock:
             q = (
-                "SELECT number, started_at, ended_at, implicit, session_state_json, decision_json, checkpoint_id"
-                " FROM turns WHERE sandbox_id=?"
+                "SELECT number, started_at, ended_at, implicit, session_state_json, decision_json, checkpoint_id,"
+                " checkpoint_state, checkpoint_error FROM turns WHERE sandbox_id=?"
                 " ORDER BY number DESC"
             )
             rows = self._db.execute(
                 q + (" LIMIT ?" if limit > 0 else ""), (sandbox_id, limit) if limit > 0 else (sandbox_id,)
             ).fetchall()
             turns: list[TurnRecord] = []
-            for number, started, ended, implicit, state_json, decision_json, ckpt_id in reversed(rows):
+            for number, started, ended, implicit, state_json, decision_json, ckpt_id, ck_state, ck_error in reversed(
+                rows
+            ):
                 cmds = self._db.execute(
                     "SELECT seq, kind, command, exit_code, timed_out, started_at, duration_s, stdout_bytes,"
                     " stderr_bytes FROM commands WHERE sandbox_id=? AND turn=? ORDER BY seq",
@@ -244,6 +278,8 @@ class Registry:
                         None if state_json is None else str(state_json),
                         None if decision_json is None else str(decision_json),
                         None if ckpt_id is None else str(ckpt_id),
+                        None if ck_state is None else str(ck_state),
+                        None if ck_error is None else str(ck_error),
                     )
                 )
             return turns

@@ -41,7 +41,7 @@ def test_forced_scan_inspector(scan_daemon: EmbeddedDaemon) -> None:
 def end(sb: Sandbox, command: str) -> tuple[str, list[str], str]:
     sb.begin_turn()
     sb.session.run(command)
-    t = sb.end_turn()
+    t = sb.end_turn(wait=True)
     assert t.decision is not None
     return t.decision.kind, t.decision.reasons, t.checkpoint_id
 

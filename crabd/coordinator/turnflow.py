@@ -1,0 +1,207 @@
+"""Turn coordination: decide at a turn end, checkpoint while the LLM generates, hold the next action.
+
+The rhythm of an agent is: act in the sandbox, end the turn, wait for the
+LLM, act again.  At a turn end (:meth:`TurnFlow.end_turn`, from the SDK's
+``end_turn`` or from an LLM request through crab's proxy) this module
+
+1. captures the session's state and asks the inspector what the turn
+   changed (``inspection.plan``) — at the turn end, so the decision is
+   about exactly that turn;
+2. queues the checkpoint the decision calls for in the host engine
+   (``crabd/engine``) and returns at once;
+3. makes the sandbox's *next action* (:meth:`before_action`: the next
+   command, ``begin_turn``, restore, fork, ...) or, in proxy mode, the
+   release of the LLM's response wait until that checkpoint is durable.
+   Waiting promotes the job to urgent; the time waited is the delay crab
+   exposes to the agent, zero when the checkpoint fit in the LLM's time.
+
+The checkpoint is taken when the engine runs it, not at the turn end.  In
+between the agent does nothing in the sandbox (its next action waits), so
+the state is the turn end's — except for what background processes do on
+their own meanwhile, which the checkpoint then includes (and a paired
+filesystem checkpoint re-checks; see ``inspection.py``).
+
+Each sandbox's job deadline is its turn end plus its observed LLM latency
+(the median of its recent waits): the engine serves first the agents that
+come back first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from collections import deque
+from dataclasses import replace
+
+from crabd.config import EngineConfig
+from crabd.coordinator.commands import Commands
+from crabd.coordinator.inspection import Plan, TurnInspection
+from crabd.engine import HostEngine, Job, JobControl, Outcome
+from crabd.errors import CheckpointFailed, CrabError, InvalidRequest
+from crabd.inspector.model import SKIP
+from crabd.models import SandboxRecord, TurnRecord
+
+log = logging.getLogger("crabd.turns")
+
+
+class LatencyTracker:
+    """Each sandbox's recent LLM waits; the median predicts the next one."""
+
+    def __init__(self, window: int, default_s: float) -> None:
+        self.window = window
+        self.default_s = default_s
+        self._seen: dict[str, deque[float]] = {}
+
+    def observe(self, sandbox_id: str, seconds: float) -> None:
+        self._seen.setdefault(sandbox_id, deque(maxlen=self.window)).append(seconds)
+
+    def estimate(self, sandbox_id: str) -> float:
+        seen = self._seen.get(sandbox_id)
+        return statistics.median(seen) if seen else self.default_s
+
+    def forget(self, sandbox_id: str) -> None:
+        self._seen.pop(sandbox_id, None)
+
+
+class TurnFlow:
+    def __init__(self, cfg: EngineConfig, engine: HostEngine, commands: Commands, inspection: TurnInspection) -> None:
+        self.engine = engine
+        self.commands = commands
+        self.inspection = inspection
+        self.sandboxes = commands.sandboxes
+        self.latency = LatencyTracker(cfg.latency_window, cfg.default_llm_latency_s)
+        # Monotonic time of each sandbox's last turn end, until its next action
+        # (or its LLM response) turns the gap into a latency sample.
+        self._ended_at: dict[str, float] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+        lock = self._locks.get(sandbox_id)
+        if lock is None:
+            lock = self._locks[sandbox_id] = asyncio.Lock()
+        return lock
+
+    # --- the next action ------------------------------------------------------------
+
+    def observe_llm(self, sandbox_id: str, seconds: float) -> None:
+        """The proxy saw the sandbox's LLM answer after ``seconds`` (a direct latency sample)."""
+        self._ended_at.pop(sandbox_id, None)
+        self.latency.observe(sandbox_id, seconds)
+
+    async def settle(self, sandbox_id: str, *, agent: bool = True) -> Job | None:
+        """Until the sandbox's queued checkpoint is durable or failed; returns that job (None: there was none).
+
+        ``agent``: the sandbox's agent is the one waiting (its wait is exposed
+        delay); False for reads and housekeeping, which still get
+        read-your-writes: a listing right after a turn end shows its checkpoint.
+        """
+        job = self.engine.unfinished(sandbox_id)
+        if job is None:
+            return None
+        return await self.engine.wait(job, agent=agent)
+
+    async def before_action(self, rec: SandboxRecord) -> None:
+        """The sandbox is about to act: its last turn end's checkpoint must be durable first."""
+        ended = self._ended_at.pop(rec.id, None)
+        if ended is not None:
+            # Without the proxy, the time from turn end to the next action is the LLM's time (and the agent's).
+            self.latency.observe(rec.id, time.monotonic() - ended)
+        await self.settle(rec.id)
+
+    # --- turn ends --------------------------------------------------------------------
+
+    async def begin_turn(self, rec: SandboxRecord) -> tuple[TurnRecord | None, TurnRecord]:
+        """Open a turn; an implicit turn still open (commands outside begin/end) is ended first."""
+        await self.before_action(rec)
+        await self.sandboxes.running(rec)
+        current = self.sandboxes.turns.current(rec.id)
+        if current is not None and not current.implicit:
+            raise InvalidRequest(
+                f"turn {current.number} of sandbox {rec.name} is already open", hint="End it with end_turn() first."
+            )
+        closed = await self.end_turn(rec) if current is not None else None
+        return closed, self.sandboxes.turns.begin(rec.id)
+
+    async def end_turn(self, rec: SandboxRecord, *, wait: bool = False, if_open: bool = False) -> TurnRecord | None:
+        """End the open turn: decide now, queue its checkpoint, return.
+
+        ``wait``: return only once the checkpoint is durable (raises
+        :class:`CheckpointFailed` if it failed).  ``if_open``: no open turn is
+        not an error (the proxy: an LLM request with no action since the last
+        one); returns None then.
+        """
+        async with self._lock(rec.id):
+            # Turn ends of one sandbox chain: the previous checkpoint is the next one's parent.
+            await self.settle(rec.id)
+            if if_open and self.sandboxes.turns.current(rec.id) is None:
+                return None
+            turn = await self.commands.end_turn(rec)
+            plan = await self.inspection.plan(rec, turn.number, turn.session_state_json)
+            job = await self._enqueue(rec, turn, plan)
+            self._ended_at[rec.id] = time.monotonic()
+        if wait and job is not None:
+            await self.engine.wait(job)
+        return self._view(turn, plan, job, raise_failed=wait)
+
+    async def _enqueue(self, rec: SandboxRecord, turn: TurnRecord, plan: Plan | None) -> Job | None:
+        registry = self.sandboxes.registry
+        if plan is None or plan.kind == SKIP:
+            await asyncio.to_thread(
+                registry.set_turn_checkpoint, rec.id, turn.number, "none" if plan is None else "skipped"
+            )
+            return None
+        await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, turn.number, "pending")
+        number, session_json = turn.number, turn.session_state_json
+
+        async def work(ctl: JobControl) -> Outcome:
+            try:
+                ckpt = await self.inspection.execute(
+                    rec, plan, turn=number, session_json=session_json, on_phase=ctl.phase
+                )
+            except CrabError as exc:
+                await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, number, "failed", None, exc.message)
+                log.warning("turn checkpoint failed", extra={"sandbox": rec.id, "turn": number, "error": exc.message})
+                raise
+            ckpt_id = ckpt.id if ckpt else None
+            await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, number, "done", ckpt_id)
+            return Outcome(ckpt_id, int(ckpt.stats.get("new_bytes", 0)) if ckpt else 0)
+
+        deadline = time.monotonic() + self.latency.estimate(rec.id)
+        return await self.engine.submit(
+            rec.id, work, owner_uid=rec.owner_uid, kind=plan.kind, turn=number, deadline=deadline
+        )
+
+    def _view(self, turn: TurnRecord, plan: Plan | None, job: Job | None, *, raise_failed: bool) -> TurnRecord:
+        """The turn as the caller sees it right after its end."""
+        decision_json = plan.decision.to_json() if plan and plan.decision else None
+        if job is None:
+            state = "none" if plan is None else "skipped"
+            return replace(turn, decision_json=decision_json, checkpoint_state=state)
+        if job.error is not None:
+            if raise_failed:
+                raise CheckpointFailed(
+                    f"the checkpoint of turn {turn.number} failed: {job.error.message}",
+                    sandbox=turn.sandbox_id,
+                    turn=turn.number,
+                    cause=type(job.error).__name__,
+                ) from job.error
+            return replace(
+                turn, decision_json=decision_json, checkpoint_state="failed", checkpoint_error=job.error.message
+            )
+        if job.outcome is not None:
+            # Re-read: execute() may have changed the decision (a stale pairing is taken full).
+            for t in self.sandboxes.registry.list_turns(turn.sandbox_id, limit=1):
+                if t.number == turn.number:
+                    return t
+            return replace(
+                turn, decision_json=decision_json, checkpoint_id=job.outcome.checkpoint_id, checkpoint_state="done"
+            )
+        return replace(turn, decision_json=decision_json, checkpoint_state="pending")
+
+    def forget(self, sandbox_id: str) -> None:
+        self._ended_at.pop(sandbox_id, None)
+        self._locks.pop(sandbox_id, None)
+        self.latency.forget(sandbox_id)
+        self.engine.forget(sandbox_id)

@@ -1,0 +1,167 @@
+"""crabd's OpenAI proxy in front of the stand-in LLM, over real sockets, with real sandboxes and checkpoints."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from crabd.llm.standin import StandinServer
+from crabd.sdk import Client, EmbeddedDaemon, Sandbox
+from tests.conftest import REPO, have_docker, have_root, require
+from tests.integration.conftest import USER_OUTSIDE
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.criu]
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[StandinServer]:
+    # About a tenth of real time: calls take tens of milliseconds.
+    with StandinServer(seed=7, time_scale=0.1) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def proxied(llm: StandinServer) -> Iterator[tuple[EmbeddedDaemon, str]]:
+    require(have_root(), "needs root")
+    require(have_docker(), "needs a reachable Docker engine (run `make setup`)")
+    d = EmbeddedDaemon(extra_args=["--proxy-upstream", llm.url, "--proxy-listen", "127.0.0.1:0"])
+    d.start()
+    try:
+        with Client(d.socket) as c:
+            url = c.status().proxy_url
+        assert url.startswith("http://127.0.0.1:")
+        yield d, url
+    finally:
+        d.close()
+
+
+@pytest.fixture
+def sandbox(proxied: tuple[EmbeddedDaemon, str]) -> Iterator[Sandbox]:
+    with Client(proxied[0].socket) as c:
+        sb = c.create("bookworm")
+        try:
+            yield sb
+        finally:
+            sb.remove(force=True)
+
+
+def chat(
+    url: str, *, stream: bool = False, headers: dict[str, str] | None = None, tokens: int = 16
+) -> tuple[int, dict[str, str], bytes]:
+    body = {
+        "model": "crab-standin-small",
+        "messages": [{"role": "user", "content": "what next?"}],
+        "max_tokens": tokens,
+        "stream": stream,
+    }
+    req = urllib.request.Request(
+        url + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_llm_request_ends_the_turn_and_answer_waits_for_the_checkpoint(sandbox: Sandbox) -> None:
+    base = sandbox.llm_base_url()
+    # 48 MiB of new data: its checkpoint takes longer than the stand-in's answer.
+    sandbox.session.run("head -c 50331648 /dev/urandom > /root/big")
+    status, headers, body = chat(base)
+    assert status == 200, body
+    assert json.loads(body)["choices"][0]["message"]["content"]
+    held = float(headers["X-Crab-Held-Seconds"])
+    assert held > 0
+    # The answer was released only once the turn's checkpoint was durable:
+    # it is done now, without any further call waiting for it.
+    t = sandbox.turns(limit=1)[0]
+    assert not t.open and t.decision is not None and t.decision.kind == "fs"
+    assert t.checkpoint_state == "done" and t.checkpoint_id
+
+    # A read-only action, then the next LLM call: nothing to checkpoint, nothing held.
+    sandbox.session.run("wc -c /root/big")
+    status, headers, _ = chat(base)
+    assert status == 200 and float(headers["X-Crab-Held-Seconds"]) < 0.05
+    t2 = sandbox.turns(limit=1)[0]
+    assert t2.number == t.number + 1 and t2.checkpoint_state == "skipped"
+
+    # No action at all since the last call: no turn to end, the call just passes.
+    status, _, _ = chat(base)
+    assert status == 200 and sandbox.turns(limit=1)[0].number == t2.number
+
+
+def test_streaming_passes_through_after_release_and_header_routing(
+    proxied: tuple[EmbeddedDaemon, str], sandbox: Sandbox
+) -> None:
+    _, url = proxied
+    sandbox.session.run("echo streamed > /root/s")
+    status, headers, body = chat(url + "/v1", stream=True, headers={"X-Crab-Sandbox": sandbox.id}, tokens=24)
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    events = [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1])
+    assert len(text.split()) == 24
+    t = sandbox.turns(limit=1)[0]
+    assert t.checkpoint_state == "done" and t.decision is not None and t.decision.kind == "fs"
+
+
+def test_models_pass_through_and_metrics_are_exported(
+    proxied: tuple[EmbeddedDaemon, str], sandbox: Sandbox, llm: StandinServer
+) -> None:
+    _, url = proxied
+    sandbox.session.run("true")
+    with urllib.request.urlopen(sandbox.llm_base_url() + "/models", timeout=30) as resp:
+        assert json.loads(resp.read())["data"][0]["id"] == "crab-standin-small"
+    assert sandbox.turns(limit=1)[0].open  # /models does not end a turn
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    assert "crab_proxy_requests_total" in text and "crab_engine_exposed_delay_seconds_count" in text
+
+
+def test_an_upstream_error_passes_through_held_like_an_answer(proxied: tuple[EmbeddedDaemon, str]) -> None:
+    _, url = proxied
+    status, _, body = chat(url + "/v1", headers={"X-Crab-Sandbox": "no-such-sandbox"})
+    assert status == 404 and json.loads(body)["error"]["code"] == "SandboxNotFound"
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps({"model": "nope", "messages": [{"role": "user", "content": "x"}]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=30)
+    assert info.value.code == 404 and "does not exist" in info.value.read().decode()
+
+
+def test_another_user_cannot_end_my_turn(
+    proxied: tuple[EmbeddedDaemon, str], sandbox: Sandbox, users: dict[str, tuple[int, int]]
+) -> None:
+    _, url = proxied
+    sandbox.session.run("echo mine > /root/m")
+    uid, gid = users[USER_OUTSIDE]
+    script = textwrap.dedent(f"""\
+        # encodings.idna is loaded while still root (the interpreter lives under /root).
+        import encodings.idna, json, os, urllib.request, urllib.error
+        os.setgroups([]); os.setgid({gid}); os.setuid({uid})
+        body = json.dumps({{"model": "crab-standin-small", "messages": [{{"role": "user", "content": "x"}}]}})
+        req = urllib.request.Request({url + "/sandboxes/" + sandbox.id + "/v1/chat/completions"!r},
+                                     data=body.encode(), headers={{"Content-Type": "application/json"}})
+        try:
+            urllib.request.urlopen(req, timeout=30)
+            print(json.dumps([200, ""]))
+        except urllib.error.HTTPError as e:
+            print(json.dumps([e.code, json.loads(e.read())["error"]["code"]]))
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [403, "PermissionDenied"]
+    assert sandbox.turns(limit=1)[0].open  # the turn was not ended by the other user
