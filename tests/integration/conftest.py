@@ -30,17 +30,21 @@ def daemon() -> Iterator[EmbeddedDaemon]:
     finally:
         d.close()
         # Belt and braces: no container of this daemon may outlive the module.
-        from crabd.daemon.app import instance_id
+        remove_daemon_containers(d)
 
-        inst = instance_id(d.state_dir)
-        ids = subprocess.run(
-            ["docker", "ps", "-aq", "--filter", f"label=dev.crab.instance={inst}"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout.split()
-        if ids:
-            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, timeout=120)
+
+def remove_daemon_containers(d: EmbeddedDaemon) -> None:
+    """Remove every container the daemon ``d`` made (by its instance label)."""
+    from crabd.daemon.app import instance_id
+
+    ids = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=dev.crab.instance={instance_id(d.state_dir)}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.split()
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, timeout=120)
 
 
 @pytest.fixture

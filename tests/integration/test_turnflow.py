@@ -15,6 +15,7 @@ import pytest
 
 from crabd.sdk import CheckpointFailed, Client, EmbeddedDaemon, Sandbox
 from tests.conftest import have_docker, have_root, require
+from tests.integration.conftest import remove_daemon_containers
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.criu]
 
@@ -137,16 +138,7 @@ def test_turn_queued_when_crabd_is_killed_is_reported_lost(tmp_path: Path) -> No
     finally:
         d.close()
         # Not ephemeral (it had to survive the kill): remove what it made.
-        from crabd.daemon.app import instance_id
-
-        ids = subprocess.run(
-            ["docker", "ps", "-aq", "--filter", f"label=dev.crab.instance={instance_id(d.state_dir)}"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout.split()
-        if ids:
-            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, timeout=120)
+        remove_daemon_containers(d)
 
 
 def test_crabctl_engine_shows_jobs_and_prometheus(daemon: EmbeddedDaemon, make_sandbox: Callable[..., Sandbox]) -> None:
