@@ -173,7 +173,11 @@ def sbx(make_sandbox: Callable[..., Sandbox]) -> Callable[..., Sandbox]:
 def test_background_job_in_the_session(sbx: Callable[..., Sandbox]) -> None:
     sb = sbx()
     with sb.turn():
-        sb.session.run("cd /tmp; export MARK=kept; (while true; do date +%s%N > /tmp/tick; sleep 0.05; done) &")
+        # Written aside and renamed: a reader never sees the file truncated and empty.
+        sb.session.run(
+            "cd /tmp; export MARK=kept; "
+            "(while true; do date +%s%N > /tmp/tick.new; mv /tmp/tick.new /tmp/tick; sleep 0.05; done) &"
+        )
     ck = sb.checkpoint(kind="full")
     assert ck.kind == "full"
     sb.session.run("kill %1; wait; cd / && unset MARK")
