@@ -351,12 +351,6 @@ class Checkpointer:
             return None
         return await self.take(rec, turn=0, label="created", capture_session=False)
 
-    async def after_turn(self, rec: SandboxRecord, turn: int, session_json: str | None) -> CheckpointRecord | None:
-        """The checkpoint of a turn end, of the kind the sandbox's policy asks for."""
-        if rec.spec.checkpoints == "none":
-            return None
-        return await self.take(rec, turn=turn, session_json=session_json, capture_session=False)
-
     # --- lookup ------------------------------------------------------------------------
 
     def get(self, ckpt_id: str) -> CheckpointRecord:

@@ -234,15 +234,6 @@ class TurnInspection:
             )
         return ckpt
 
-    async def after_turn(
-        self, rec: SandboxRecord, turn: int, session_json: str | None
-    ) -> tuple[Decision | None, CheckpointRecord | None]:
-        """Decide and take a turn end's checkpoint now, without the host engine (restore's own turn end)."""
-        plan = await self.plan(rec, turn, session_json)
-        if plan is None:
-            return None, None
-        return plan.decision, await self.execute(rec, plan, turn=turn, session_json=session_json)
-
     async def checkpoint(self, rec: SandboxRecord, *, kind: str, label: str) -> CheckpointRecord:
         """An explicit checkpoint.  Without a kind, under "auto", the inspector picks fs or full."""
         if kind or rec.spec.checkpoints != "auto":
