@@ -64,8 +64,8 @@ from crabd.inspector.model import FS, FULL, SKIP, Baseline, Decision, Dumped, Ev
 
 log = logging.getLogger("crabd.inspector")
 
-#: After a dump's thaw: how long processes get to finish the syscalls CRIU interrupted, and
-#: the most CPU that may take (see :meth:`Inspector.settled`).
+#: After a dump's publication: how long processes get to finish the syscalls CRIU interrupted,
+#: and the most CPU that may take (see :meth:`Inspector.settled`).
 SETTLE_S = 0.02
 SETTLE_CPU_NS = 500_000
 #: How long a turn end waits for the session bash's own momentary forks to exit.
@@ -214,10 +214,18 @@ class Inspector:
         EINTR after the thaw and the program retries (coreutils' sleep writes
         the time left and sleeps again).  A restore of the image goes through
         the same motions, so that state is the image's.  A process that spent
-        at most SETTLE_CPU_NS within SETTLE_S, with the same threads and fds,
-        and now waits in the kernel again, has its CPU time and memory digest
-        taken anew.  (An outside request fully served in that window could be
-        missed; docs/inspector.md names this limit.)
+        at most SETTLE_CPU_NS since the dump, with the same threads and fds,
+        that read or wrote nothing (its I/O counters did not move), and now
+        waits in the kernel again, has its CPU time and memory digest taken
+        anew.
+
+        The I/O condition matters: a full dump freezes the sandbox for longer
+        than many programs' timers, so one that was due during the freeze
+        runs right at the thaw (a logger appends a line, a server answers a
+        request that waited).  That work is real and the image lacks it; it
+        always reads or writes something, so it is never absorbed.  Work
+        without any I/O that was due at the thaw is also due when the image
+        is restored, so the restored process does it too.
         """
         base = self._baselines.get(sandbox_id)
         if base is None or base.image is None or not base.procs:
@@ -229,6 +237,8 @@ class Inspector:
             if p is None or p.start != b.start or p.tids != b.tids or p.fds != b.fds:
                 continue
             if p.runtime_ns == b.runtime_ns or p.runtime_ns - b.runtime_ns > SETTLE_CPU_NS:
+                continue
+            if p.io is None or p.io != b.io:
                 continue
             digest = consistent_digest(p.host_pid)
             if digest is not None:

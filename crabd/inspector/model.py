@@ -21,6 +21,7 @@ class Proc:
     cmd: str  # command line, shortened
     runtime_ns: int  # CPU time of its current threads (schedstat)
     tids: frozenset[int]  # thread ids (host): a thread that came or went means the process ran
+    io: tuple[int, ...] | None = None  # rchar, wchar, syscr, syscw (procs.io_counters)
     io_uring: bool = False
     aio: bool = False
     traced: bool = False

@@ -148,6 +148,7 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
             if state in ("Z", "X"):
                 continue  # exited, not yet reaped: nothing left to checkpoint
             runtime, tids = _threads(hp)
+            io = io_counters(hp)
             uring, writable, opened, table = _fds(hp)
             mapped: tuple[str, ...] = ()
             if pid in light:
@@ -170,6 +171,7 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
             cmd=_cmdline(hp),
             runtime_ns=runtime,
             tids=tids,
+            io=io,
             io_uring=uring,
             aio=aio,
             traced=traced,
@@ -179,6 +181,23 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
             fds=table,
         )
     return out
+
+
+def io_counters(host_pid: int) -> tuple[int, ...] | None:
+    """The process's read/write counters (rchar, wchar, syscr, syscw), or None if it is gone.
+
+    ``/proc/<pid>/io`` sums them over all its threads, dead ones included.
+    They move with every completed read or write of any fd (file, pipe,
+    socket), which is what sets a process's real work apart from a syscall
+    merely restarted after a freeze: the interruption itself is counted at
+    the freeze, before the dump, and a restarted call counts only when it
+    completes.
+    """
+    try:
+        fields = dict(ln.split(": ", 1) for ln in _read(f"/proc/{host_pid}/io").splitlines() if ": " in ln)
+        return tuple(int(fields[k]) for k in ("rchar", "wchar", "syscr", "syscw"))
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def runtime_ns(host_pid: int) -> int | None:

@@ -329,6 +329,26 @@ def test_a_process_that_ran_but_whose_memory_is_unchanged_is_no_change(
     assert sbx.turn().kind == "full"
 
 
+def test_settling_absorbs_a_restarted_syscall_but_not_work_due_at_the_thaw(
+    sbx: Sbx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After a dump, a process that only restarted its interrupted syscall is absorbed into the
+    # baseline (new CPU time and memory digest).  One whose timer fell due during the freeze and
+    # that wrote its log line at the thaw did real work the image lacks: it must stay "ran".
+    monkeypatch.setattr(decide_mod, "SETTLE_S", 0.0)
+    memory = {10_040: "m1", 10_041: "m1"}
+    monkeypatch.setattr(procs, "memory_digest", lambda hp, limit=0: memory.get(hp))
+    _with_image(sbx, proc(40, "sleep 100", io=(10, 0, 1, 0)), proc(41, "python3 ticker.py", io=(10, 0, 1, 0)))
+    memory.update({10_040: "m2", 10_041: "m2"})  # both changed their memory just after the thaw
+    sbx.world.procs[40] = replace(sbx.world.procs[40], runtime_ns=40_000)
+    sbx.world.procs[41] = replace(sbx.world.procs[41], runtime_ns=40_000, io=(10, 28, 1, 1))
+    sbx.inspector.settled("sb", "c")
+    d = sbx.turn()
+    assert d.kind == "full", d.reasons
+    assert any("41 `python3 ticker.py` ran" in r for r in d.reasons), d.reasons
+    assert not any("process 40" in r for r in d.reasons), d.reasons
+
+
 def test_memory_read_while_the_process_runs_proves_nothing(sbx: Sbx, monkeypatch: pytest.MonkeyPatch) -> None:
     ticks = iter(range(100))
     monkeypatch.setattr(procs, "memory_digest", lambda hp, limit=0: "m1")
