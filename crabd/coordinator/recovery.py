@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.restore import Restorer
 from crabd.errors import CrabError, InvalidRequest
-from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
+from crabd.models import CheckpointRecord, SandboxRecord, SandboxState, TurnRecord
 
 log = logging.getLogger("crabd.recovery")
 
@@ -37,6 +37,21 @@ class Recovered:
     sandbox: SandboxRecord
     checkpoint: CheckpointRecord
     lost_turns: list[int]
+
+
+def lost_turns(turns: list[TurnRecord], checkpoint_turn: int) -> list[int]:
+    """The turns (``turns`` in order) whose effects a restore of a checkpoint of ``checkpoint_turn`` loses.
+
+    Turns right after it that the inspector decided to skip are not lost:
+    each ended with the sandbox exactly as that checkpoint holds it.  From
+    the first turn that changed something (or whose checkpoint never became
+    durable, or that never ended) on, everything is lost.
+    """
+    later = [t for t in turns if t.number > checkpoint_turn]
+    for i, t in enumerate(later):
+        if t.checkpoint_state != "skipped":
+            return [x.number for x in later[i:]]
+    return []
 
 
 class Recovery:
@@ -72,7 +87,7 @@ class Recovery:
         if rec.state is SandboxState.CREATING:
             raise InvalidRequest(f"sandbox {rec.name} is still being created")
         ckpt = self._latest(rec)
-        lost = [t.number for t in self.sandboxes.registry.list_turns(rec.id) if t.number > ckpt.turn]
+        lost = lost_turns(self.sandboxes.registry.list_turns(rec.id), ckpt.turn)
         out = await self.restorer.restore(rec, ckpt)
         log.warning(
             "sandbox recovered",

@@ -24,6 +24,7 @@ import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -121,6 +122,15 @@ class ScriptError(ValueError):
     """A script file that cannot be used; the message names the line."""
 
 
+class ScriptedToolCall(BaseModel):
+    """A function call a scripted chat answer makes (OpenAI ``tool_calls``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="The function's name.")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="Its arguments (sent as JSON text).")
+
+
 class ScriptEntry(BaseModel):
     """One scripted answer (a line of the JSON Lines script)."""
 
@@ -133,13 +143,18 @@ class ScriptEntry(BaseModel):
     error_type: str | None = Field(default=None, description="'type' of the error body (default from 'status').")
     delay_s: float = Field(default=0.0, ge=0, description="Extra wait before answering, in real seconds (unscaled).")
     disconnect: bool = Field(default=False, description="Close the connection after half the tokens.")
+    tool_calls: tuple[ScriptedToolCall, ...] = Field(
+        default=(), description="Chat only: the answer calls these tools (finish_reason 'tool_calls')."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ScriptEntry:
         if (self.error is not None or self.error_type is not None) and self.status is None:
             raise ValueError("'error' and 'error_type' need a 'status'")
-        if self.status is not None and (self.content is not None or self.tokens is not None or self.disconnect):
-            raise ValueError("an error entry ('status') cannot also set 'content', 'tokens' or 'disconnect'")
+        if self.status is not None and (
+            self.content is not None or self.tokens is not None or self.disconnect or self.tool_calls
+        ):
+            raise ValueError("an error entry ('status') cannot also set 'content', 'tokens', 'disconnect' or 'tool_calls'")
         return self
 
 

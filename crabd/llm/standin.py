@@ -122,6 +122,18 @@ def _parse(raw: bytes, chat: bool, model: str) -> _Call:
     return _Call(prompt_tokens, max_tokens, stream, bool(options.get("include_usage")), user, seed)
 
 
+def _tool_calls(plan: RequestPlan) -> list[dict[str, Any]]:
+    """The scripted tool calls of a chat answer, as OpenAI spells them (ids from the response's)."""
+    return [
+        {
+            "id": f"call_{plan.response_id[:16]}_{i}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+        }
+        for i, c in enumerate(plan.entry.tool_calls)
+    ]
+
+
 def _sse(payload: dict[str, Any] | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
@@ -327,11 +339,15 @@ class StandinServer:
             _drop_connection(request)
             return web.Response(status=499)  # never reaches the client
         await _sleep_until(start + pace.total_s)
+        calls = _tool_calls(plan) if chat else []
         if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": plan.text}}
+            message: dict[str, Any] = {"role": "assistant", "content": plan.text or (None if calls else "")}
+            if calls:
+                message["tool_calls"] = calls
+            choice: dict[str, Any] = {"index": 0, "message": message}
         else:
             choice = {"index": 0, "text": plan.text}
-        choice.update(logprobs=None, finish_reason=plan.finish_reason)
+        choice.update(logprobs=None, finish_reason="tool_calls" if calls else plan.finish_reason)
         obj = "chat.completion" if chat else "text_completion"
         return web.json_response({**head, "object": obj, "choices": [choice], "usage": usage})
 
@@ -368,7 +384,17 @@ class StandinServer:
         if disconnect:  # no tokens to cut after
             _drop_connection(request)
             return resp
-        await resp.write(_sse(chunk(None, not pieces, plan.finish_reason)))
+        calls = _tool_calls(plan) if chat else []
+        if calls:
+            # One delta carries each call whole (servers may also split the arguments).
+            delta: dict[str, Any] = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
+            if not pieces:
+                delta = {"role": "assistant", **delta}
+            body = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            await resp.write(_sse({**head, "choices": [body]}))
+            await resp.write(_sse(chunk(None, False, "tool_calls")))
+        else:
+            await resp.write(_sse(chunk(None, not pieces, plan.finish_reason)))
         if usage is not None:
             await resp.write(_sse({**head, "choices": [], "usage": usage}))
         await resp.write(_sse("[DONE]"))

@@ -480,3 +480,19 @@ def test_loopback_works_after_restoring_a_sandbox_without_network(sbx: Callable[
     ck = sb.checkpoint(kind="full")
     sb.restore(ck)
     assert sb.session.run(ask).stdout == b"200\n"
+
+
+def test_a_sandbox_whose_workdir_the_image_lacks_restores_and_recovers(sbx: Callable[..., Sandbox]) -> None:
+    # Docker creates a missing working directory in each new container's writable layer;
+    # every restore starts a new container, whose upper dir is then not quite empty.
+    sb = sbx(workdir="/app", checkpoints="full")
+    with sb.turn():
+        sb.session.run("echo kept > note.txt && sleep 300 &")
+    ckpt = sb.checkpoints()[-1]
+    sb.run(["rm", "/app/note.txt"])
+    sb.restore(ckpt)
+    assert sb.run(["cat", "/app/note.txt"]).stdout == b"kept\n"
+    kill_container(sb)
+    sb.recover()
+    assert sb.session.run("pwd; cat note.txt").stdout == b"/app\nkept\n"
+    assert b"sleep 300" in sb.run(["ps", "-eo", "args"]).stdout

@@ -21,7 +21,7 @@ from crabd.backends.overlay.entries import Entry, Kind
 from crabd.backends.overlay.index import PageCache, paginate
 from crabd.backends.overlay.materialize import materialize
 from crabd.backends.overlay.scan import TICK_NS, ScanLimits
-from crabd.errors import CorruptBlob, TooManyEntries, UnsafeEntry
+from crabd.errors import CorruptBlob, StoreError, TooManyEntries, UnsafeEntry
 from crabd.store.fsblobs import FileBlobStore
 from tests.fstree import bound_unix_socket, diff, snapshot
 
@@ -345,3 +345,23 @@ def test_one_change_rewrites_one_page(env: Env) -> None:
     after = paginate(changed)
     differing = sum(1 for a, b in zip(pages, after, strict=True) if a != b)
     assert len(after) == len(pages) and differing == 1
+
+
+def test_materialize_into_an_upper_dir_where_docker_made_the_workdir(env: Env, tmp_path: Path) -> None:
+    # Docker creates a missing WorkingDir (/app/src) in a new container's upper dir before it runs.
+    _populate(env.upper)
+    (env.upper / "app" / "src").mkdir(parents=True)
+    (env.upper / "app" / "src" / "main.py").write_text("print(1)\n")
+    _, stored = env.capture()
+    target = tmp_path / "new-upper"
+    (target / "app" / "src").mkdir(parents=True)
+    (target / "empty-made-by-docker").mkdir()
+    env.fs.materialize(env.fs.load(stored.index_blob), target)
+    assert diff(snapshot(env.upper), snapshot(target)) == []
+    # Anything but empty directories is still refused: a restore never merges into old content.
+    other = tmp_path / "used-upper"
+    (other / "app").mkdir(parents=True)
+    (other / "app" / "stale.txt").write_text("old\n")
+    with pytest.raises(StoreError, match="non-empty"):
+        env.fs.materialize(env.fs.load(stored.index_blob), other)
+    assert (other / "app" / "stale.txt").read_text() == "old\n"

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from crabd.api.peercred import PEER_PREFIX, CallerTable, peer_credentials
+from crabd.coordinator.recovery import lost_turns
 from crabd.coordinator.runner import BoundedOutput
 from crabd.coordinator.sandboxes import validate_spec
 from crabd.daemon import notify
 from crabd.errors import InvalidRequest
-from crabd.models import Caller, SandboxSpec
+from crabd.models import Caller, SandboxSpec, TurnRecord
 from crabd.sdk._requests import parse_memory
 from crabd.service.service import parse_user
 
@@ -107,3 +108,16 @@ def test_bounded_output_keeps_head_and_counts() -> None:
     assert b.add(b"xyz") == b""
     assert b.dropped == 6
     assert b.value("stdout").startswith(b"abcde\n[crab: stdout truncated, 6 more bytes dropped]")
+
+
+def test_recovery_loses_turns_from_the_first_that_changed_after_the_checkpoint() -> None:
+    def turns(*states: str | None) -> list[TurnRecord]:
+        return [TurnRecord("sb", n, 0.0, checkpoint_state=s) for n, s in enumerate(states, start=1)]
+
+    # Turn 2's checkpoint is the one restored; 3 and 4 changed nothing (skipped): nothing is lost.
+    assert lost_turns(turns("done", "done", "skipped", "skipped"), 2) == []
+    # 4 changed things and its checkpoint was still queued: 4 and everything after it are lost.
+    assert lost_turns(turns("done", "done", "skipped", "pending", "skipped", None), 2) == [4, 5, 6]
+    # Under a fixed policy ("none") every later turn is lost.
+    assert lost_turns(turns("none", "none", "none"), 1) == [2, 3]
+    assert lost_turns(turns("done"), 1) == []

@@ -10,7 +10,7 @@ from typing import Any
 from crabd.backends.fsdelta import Change, FsCapture, StoredTree, Tree
 from crabd.backends.overlay.entries import Entry, Kind, decode_delta, encode_delta
 from crabd.backends.overlay.index import MAX_META_BLOB, PageCache, build_index, load_index
-from crabd.backends.overlay.materialize import materialize, stat_index
+from crabd.backends.overlay.materialize import drop_empty_dirs, materialize, stat_index
 from crabd.backends.overlay.scan import PassResult, ScanLimits, link_hardlinks, scan_pass
 from crabd.store.blobs import BlobStore, PutResult
 
@@ -126,6 +126,7 @@ class OverlayDelta:
         return self._finish(tree, None)
 
     def materialize(self, tree: Tree, into: Path) -> tuple[Tree, dict[str, Any]]:
+        drop_empty_dirs(into)  # Docker's pre-created working directory (see drop_empty_dirs)
         stats = materialize(tree, self.blobs, into)
         t0 = time.monotonic()
         fresh = stat_index(tree, into, self.limits)

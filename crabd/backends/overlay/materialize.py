@@ -143,6 +143,44 @@ def _write_batch(root: int, batch: list[tuple[Entry, list[bytes]]], blobs: BlobS
     return stats
 
 
+def drop_empty_dirs(target: Path) -> None:
+    """Remove the empty directories (only those) in a new container's upper dir, deepest first.
+
+    Docker creates a container's working directory in its writable layer
+    when the image lacks it (``WorkingDir=/app`` makes ``upper/app``), before
+    the container ever runs.  A restore materializes into that upper dir,
+    which must otherwise be empty; the checkpoint brings the directory back
+    with its real metadata.  Anything but an empty directory stays (and the
+    materialization then refuses the target).
+    """
+    root = os.open(target, DIR_FLAGS)
+    try:
+        _drop_empty(root)
+    finally:
+        os.close(root)
+
+
+def _drop_empty(fd: int) -> bool:
+    """True if the directory open at ``fd`` is empty once its empty subdirectories are gone."""
+    empty = True
+    with os.scandir(fd) as it:
+        names = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+    for name, is_dir in names:
+        if not is_dir:
+            empty = False
+            continue
+        child = os.open(name, DIR_FLAGS, dir_fd=fd)
+        try:
+            drop = _drop_empty(child)
+        finally:
+            os.close(child)
+        if drop:
+            os.rmdir(name, dir_fd=fd)
+        else:
+            empty = False
+    return empty
+
+
 def materialize(entries: list[Entry], blobs: BlobStore, target: Path) -> MaterializeStats:
     """Create ``entries`` inside the empty directory ``target``.
 

@@ -1,0 +1,258 @@
+"""Task suites (``envs/tasks/<suite>/<task>/``): load them, prepare a sandbox, run the oracle, verify.
+
+On-disk layout of one task, after Terminal-Bench's (``task.yaml``,
+``solution``, ``run-tests.sh`` and ``tests/``), in TOML::
+
+    envs/tasks/<suite>/<task-id>/
+      task.toml        instruction, image, workdir, tags, what live state it depends on
+      files/           optional: copied into the sandbox at ``workdir`` before setup
+      setup.sh         optional: the rest of the environment recipe; bash, run at ``workdir``
+      solution.toml    the oracle: [[turn]] entries, each one agent action (see below)
+      run-tests.sh     the verifier; exit 0 only when the task is really solved
+      tests/           files the verifier uses
+
+``solution.toml``::
+
+    [[turn]]
+    think = "Start the server first."   # what the agent says before acting (optional)
+    run = "python3 server.py &"         # typed into the agent's bash session; may be several lines
+    timeout_s = 120                     # optional, default 120
+
+The verifier's files are copied into the sandbox only when it runs (at
+``/tests``), so an agent never sees them; it runs as a separate program
+(not in the agent's session) with ``workdir`` as its directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import tarfile
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from crabd.sdk import Client, Sandbox
+
+ROOT = Path(__file__).resolve().parent.parent / "envs" / "tasks"
+SUITES = ("shell", "repair")
+#: Where the verifier's files go inside the sandbox.
+TESTS_DIR = "/tests"
+
+
+class TaskError(Exception):
+    """A task that cannot be loaded or whose environment could not be prepared."""
+
+
+class TaskSpec(BaseModel):
+    """``task.toml``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instruction: str = Field(min_length=1, description="What the agent is asked to do.")
+    image: str = Field(default="bookworm", description="crab env image the sandbox starts from.")
+    workdir: str = Field(default="/app", description="Where the agent starts and files/ are copied.")
+    difficulty: Literal["easy", "medium", "hard"] = "medium"
+    tags: tuple[str, ...] = ()
+    depends_on: tuple[Literal["files", "session", "processes"], ...] = Field(
+        default=(), description="Live state the later turns need: what a recovery must bring back."
+    )
+    max_agent_timeout_sec: float = Field(default=600, gt=0)
+    max_test_timeout_sec: float = Field(default=120, gt=0)
+
+
+class OracleTurn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run: str = Field(min_length=1)
+    think: str = ""
+    timeout_s: float = Field(default=120, gt=0)
+
+
+class Solution(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    turn: tuple[OracleTurn, ...] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Task:
+    suite: str
+    id: str
+    path: Path
+    spec: TaskSpec
+    turns: tuple[OracleTurn, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.suite}/{self.id}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    exit_code: int
+    output: str
+    seconds: float
+
+
+def _toml(path: Path) -> dict[str, object]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise TaskError(f"{path}: {exc}") from exc
+
+
+def load_task(path: Path, suite: str = "") -> Task:
+    try:
+        spec = TaskSpec.model_validate(_toml(path / "task.toml"))
+        solution = Solution.model_validate(_toml(path / "solution.toml"))
+    except ValidationError as exc:
+        raise TaskError(f"{path}: {exc}") from exc
+    if not (path / "run-tests.sh").is_file():
+        raise TaskError(f"{path}: no run-tests.sh (every task needs a verifier)")
+    return Task(suite or path.parent.name, path.name, path, spec, solution.turn)
+
+
+def load_suite(suite: str, root: Path = ROOT) -> list[Task]:
+    base = root / suite
+    if not base.is_dir():
+        raise TaskError(f"no suite {suite!r} under {root} (suites: {', '.join(SUITES)})")
+    return [load_task(p, suite) for p in sorted(base.iterdir()) if (p / "task.toml").is_file()]
+
+
+def find(name: str, root: Path = ROOT) -> Task:
+    """A task by ``suite/id``."""
+    suite, _, tid = name.partition("/")
+    path = root / suite / tid
+    if not tid or not (path / "task.toml").is_file():
+        raise TaskError(f"no task {name!r} (expected suite/id under {root})")
+    return load_task(path, suite)
+
+
+def tar_of(src: Path, prefix: str = "") -> bytes:
+    """A tar (in memory) of ``src``'s contents, owned by root, modes kept."""
+
+    def reset(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for p in sorted(src.rglob("*")):
+            tar.add(p, arcname=f"{prefix}{p.relative_to(src)}", recursive=False, filter=reset)
+    return buf.getvalue()
+
+
+def put_dir(sb: Sandbox, src: Path, dest: str) -> None:
+    """Copy a host directory's contents into the sandbox at ``dest``."""
+    r = sb.run(["sh", "-c", 'mkdir -p "$1" && tar -x -C "$1"', "put", dest], stdin=tar_of(src), timeout=120)
+    if r.exit_code != 0:
+        raise TaskError(f"copying {src} into {dest} failed ({r.exit_code}): {r.stderr!r}")
+
+
+def prepare(sb: Sandbox, task: Task) -> None:
+    """The task's environment recipe, on a fresh sandbox: its files, then its setup script."""
+    wd = task.spec.workdir
+    if (task.path / "files").is_dir():
+        put_dir(sb, task.path / "files", wd)
+    else:
+        sb.run(["mkdir", "-p", wd])
+    setup = task.path / "setup.sh"
+    if setup.is_file():
+        r = sb.run(["bash", "-s"], stdin=setup.read_bytes(), workdir=wd, timeout=600)
+        if r.exit_code != 0:
+            raise TaskError(f"{task.name}: setup.sh failed ({r.exit_code}): {r.stderr[-2000:]!r}")
+
+
+def create(client: Client, task: Task, *, name: str = "", checkpoints: str = "auto") -> Sandbox:
+    """A sandbox for ``task``, prepared; removed again if the preparation fails."""
+    sb = client.create(task.spec.image, name=name, workdir=task.spec.workdir, checkpoints=checkpoints)
+    try:
+        prepare(sb, task)
+    except BaseException:
+        sb.remove(force=True)
+        raise
+    return sb
+
+
+def verify(sb: Sandbox, task: Task) -> Verdict:
+    """Run the task's verifier in the sandbox."""
+    t0 = time.monotonic()
+    sb.run(["rm", "-rf", TESTS_DIR])
+    if (task.path / "tests").is_dir():
+        put_dir(sb, task.path / "tests", TESTS_DIR)
+    r = sb.run(
+        ["bash", "-s"],
+        stdin=(task.path / "run-tests.sh").read_bytes(),
+        workdir=task.spec.workdir,
+        timeout=task.spec.max_test_timeout_sec,
+    )
+    out = (r.stdout + r.stderr)[-4000:].decode("utf-8", "replace")
+    return Verdict(r.exit_code == 0, r.exit_code, out, time.monotonic() - t0)
+
+
+@dataclass(frozen=True)
+class OracleCheck:
+    task: str
+    ok: bool
+    problem: str
+    seconds: float
+
+
+def check_oracle(client: Client, task: Task) -> OracleCheck:
+    """On a fresh sandbox the verifier fails, every oracle turn succeeds, and then the verifier passes."""
+    t0 = time.monotonic()
+    slug = "".join(c if c.isalnum() else "-" for c in task.id)[:40]
+    try:
+        with create(client, task, name=f"oracle-{task.suite}-{slug}", checkpoints="none") as sb:
+            before = verify(sb, task)
+            if before.passed:
+                return OracleCheck(task.name, False, "the verifier passes before the task is done", 0.0)
+            for i, turn in enumerate(task.turns):
+                r = sb.session.run(turn.run, timeout=turn.timeout_s)
+                if r.exit_code != 0:
+                    err = (r.stdout + r.stderr)[-1500:].decode("utf-8", "replace")
+                    return OracleCheck(task.name, False, f"oracle turn {i} exited {r.exit_code}: {err}", 0.0)
+            after = verify(sb, task)
+            if not after.passed:
+                return OracleCheck(task.name, False, f"the verifier fails after the oracle: {after.output}", 0.0)
+    except TaskError as exc:
+        return OracleCheck(task.name, False, str(exc), 0.0)
+    return OracleCheck(task.name, True, "", time.monotonic() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agents.tasks check [--suite S] [--task suite/id] [--workers N]``: every oracle solves its task."""
+    from crabd.sdk import EmbeddedDaemon
+
+    ap = argparse.ArgumentParser(prog="python -m agents.tasks", description=main.__doc__)
+    ap.add_argument("command", choices=["check", "list"])
+    ap.add_argument("--suite", action="append", choices=SUITES, help="default: every suite")
+    ap.add_argument("--task", action="append", default=[], help="suite/id (repeatable)")
+    ap.add_argument("--workers", type=int, default=4)
+    args = ap.parse_args(argv)
+    tasks = [find(t) for t in args.task] or [t for s in args.suite or SUITES for t in load_suite(s)]
+    if args.command == "list":
+        for t in tasks:
+            print(f"{t.name:40} {len(t.turns):3} turns  {','.join(t.spec.depends_on):24} {t.spec.instruction[:60]}")
+        return 0
+    with EmbeddedDaemon() as daemon, Client(daemon.socket) as client, ThreadPoolExecutor(args.workers) as pool:
+        results = list(pool.map(lambda t: check_oracle(client, t), tasks))
+    for r in results:
+        print(f"{'ok  ' if r.ok else 'FAIL'} {r.task:40} {r.seconds:6.1f} s  {r.problem}")
+    bad = [r for r in results if not r.ok]
+    print(f"{len(results) - len(bad)}/{len(results)} oracles solve their tasks")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
