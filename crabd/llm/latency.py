@@ -154,7 +154,9 @@ class ScriptEntry(BaseModel):
         if self.status is not None and (
             self.content is not None or self.tokens is not None or self.disconnect or self.tool_calls
         ):
-            raise ValueError("an error entry ('status') cannot also set 'content', 'tokens', 'disconnect' or 'tool_calls'")
+            raise ValueError(
+                "an error entry ('status') cannot also set 'content', 'tokens', 'disconnect' or 'tool_calls'"
+            )
         return self
 
 

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from crabd.llm import (
     LatencyModel,
+    ScriptedToolCall,
     ScriptEntry,
     ScriptError,
     StandinServer,
@@ -160,6 +161,33 @@ def test_completions_streaming_format() -> None:
     assert all(c["object"] == "text_completion" for c in chunks)
     assert len("".join(c["choices"][0]["text"] for c in chunks).split()) == 3
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_scripted_tool_calls_streamed_and_not() -> None:
+    call = ScriptedToolCall(name="bash", arguments={"command": "make -j2"})
+    script = [ScriptEntry(content="build it", tool_calls=(call,))]
+
+    async def scenario() -> tuple[list[bytes], tuple[int, Any]]:
+        async with StandinServer(time_scale=0.01, script=script) as srv:
+            _, events, _ = await _stream(f"{srv.url}/v1/chat/completions", chat("go", stream=True))
+            whole = await asyncio.to_thread(post, f"{srv.url}/v1/chat/completions", chat("go"))
+            return events, whole
+
+    events, (status, body) = asyncio.run(scenario())
+    chunks = [json.loads(e) for e in events[:-1]]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    [streamed] = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert streamed["index"] == 0 and streamed["function"]["name"] == "bash"
+    assert json.loads(streamed["function"]["arguments"]) == {"command": "make -j2"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert "".join(d.get("content", "") for d in deltas) == "build it"
+    assert status == 200
+    msg = body["choices"][0]["message"]
+    assert body["choices"][0]["finish_reason"] == "tool_calls" and msg["content"] == "build it"
+    assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"command": "make -j2"}
+    assert msg["tool_calls"][0]["id"].startswith("call_")
+    with pytest.raises(ValueError, match="tool_calls"):
+        ScriptEntry(status=500, tool_calls=(call,))
 
 
 def _texts(srv: StandinServer, order: list[str]) -> dict[str, list[str]]:

@@ -74,15 +74,12 @@ git diff > ../patches/discounts.patch
 git rm -q --cached discounts.py test_discounts.py && rm discounts.py test_discounts.py
 # The rounding fix: with_tax rounds half up instead of truncating.
 sed -i 's/    return int(cents \* (1 + rate))/    return int(cents * (1 + rate) + 0.5)/' pricing.py
-cat >> test_pricing.py.new <<'PY'
-PY
 python3 - <<'PY'
 s = open("test_pricing.py").read()
 s = s.replace("        self.assertEqual(with_tax(1000, 0.2), 1200)\n",
               "        self.assertEqual(with_tax(1000, 0.2), 1200)\n        self.assertEqual(with_tax(999, 0.07), 1069)\n")
 open("test_pricing.py", "w").write(s)
 PY
-rm -f test_pricing.py.new
 git diff > ../patches/rounding.patch
 git checkout -q -- .
 git status --short
