@@ -25,6 +25,7 @@ import json
 import logging
 import random
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench-results/e2e"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    # SIGTERM unwinds like ^C, so every arm's crabd and sandboxes are cleaned up.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     tasks = [t for t in load_suite(args.suite) if not args.task or t.id in args.task][: args.tasks or None]
     if not tasks:
         ap.error(f"no task of suite {args.suite} matches {args.task}")

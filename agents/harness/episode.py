@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agents.harness.faults import PREEMPT_GRACE_S, FaultPlan, Supervisor, kill_container
 from agents.harness.strategies import Episode, Strategy
@@ -17,6 +19,7 @@ from agents.trace_agent import TraceAgent
 from crabd.errors import CrabError, DaemonUnavailable, SandboxDead
 
 log = logging.getLogger("agents.harness")
+T = TypeVar("T")
 #: Faults (crabd kills by other tasks included) after which one task gives up.
 MAX_RECOVERIES = 6
 
@@ -51,6 +54,15 @@ class Runner:
         self.sup = supervisor
         self.agent = agent
 
+    def _retrying(self, client: Any, fn: Callable[[], T]) -> T:
+        """``fn()``, again after crabd comes back if it died meanwhile (only for calls safe to repeat)."""
+        for _ in range(MAX_RECOVERIES):
+            try:
+                return fn()
+            except DaemonUnavailable:
+                self.sup.wait_back(client)
+        return fn()
+
     def run(self, task: Task, strategy: Strategy, plan: FaultPlan | None, name: str) -> Result:
         from crabd.sdk import Client
 
@@ -63,7 +75,8 @@ class Runner:
                 self._loop(ep, strategy, plan, res)
                 res.seconds = time.monotonic() - t0
                 assert ep.sb is not None
-                verdict = verify(ep.sb, task)
+                sb = ep.sb
+                verdict = self._retrying(client, lambda: verify(sb, task))
                 res.solved, res.verifier = verdict.passed, verdict.output[-300:]
             except (CrabError, OSError, RuntimeError) as exc:
                 res.seconds = time.monotonic() - t0
@@ -77,7 +90,7 @@ class Runner:
         return res
 
     def _loop(self, ep: Episode, strategy: Strategy, plan: FaultPlan | None, res: Result) -> None:
-        strategy.start(ep)
+        self._retrying(ep.client, lambda: strategy.start(ep))
         n = len(ep.task.turns)
         i = 0
         pending = plan
@@ -107,7 +120,7 @@ class Runner:
                     if res.recoveries > MAX_RECOVERIES:
                         raise RuntimeError(f"gave up after {MAX_RECOVERIES} recoveries") from exc
                     r0 = time.monotonic()
-                    i = self._recover(ep, strategy, i, exc)
+                    i = self._retrying(ep.client, functools.partial(self._recover, ep, strategy, i, exc))
                     res.recovery_s += time.monotonic() - r0
 
     def _act(self, ep: Episode, strategy: Strategy, i: int) -> tuple[int, float, float]:
@@ -156,7 +169,11 @@ class Runner:
             raise ValueError(f"unknown fault {plan.kind!r}")
 
     def _account(self, ep: Episode, res: Result, policy: str) -> None:
+        self._retrying(ep.client, lambda: self._count(ep, res, policy))
+
+    def _count(self, ep: Episode, res: Result, policy: str) -> None:
         decisions: Counter[str] = Counter()
+        res.bytes_written = res.checkpoints = 0
         for sb in ep.sandboxes:
             try:
                 for c in ep.client.checkpoints(sb.id):
@@ -169,6 +186,8 @@ class Runner:
                         decisions[t.decision.kind] += 1
                     elif t.checkpoint_state in ("done", "pending", "failed", "lost"):
                         decisions[policy] += 1  # a fixed policy: every turn takes its kind
+            except DaemonUnavailable:
+                raise
             except CrabError as exc:
                 log.warning("could not account for a sandbox", extra={"sandbox": sb.id, "error": str(exc)})
         res.decisions = dict(decisions)

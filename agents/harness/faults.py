@@ -4,7 +4,10 @@ Each faulted task gets one fault, during the LLM wait before a random turn
 (agents spend most of their time there; it is also when crab's checkpoint
 of the previous turn may still be in flight).  A crabd kill hits every
 task in flight on the host, as it would in production; the supervisor here
-plays systemd and starts crabd again at once.
+plays systemd and starts crabd again at once.  So that a task meets about
+one crabd kill rather than one per concurrent task, a task's kill is
+skipped when crabd was killed less than ``KILL_SPACING_S`` before (the
+number of kills is reported).
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from crabd.errors import CrabError
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from crabd.util import proc
 
 FAULTS = ("sandbox-kill", "crabd-kill", "preempt")
 #: Grace period of a preemption notice (cloud spot notices give 30 s to 2 min; a short one here).
 PREEMPT_GRACE_S = 10.0
+#: Least time between two crabd kills (a kill asked for sooner is skipped: that task already met one).
+KILL_SPACING_S = 20.0
 #: How long an agent waits for crabd to come back before it gives up.
 DAEMON_BACK_TIMEOUT_S = 120.0
 
@@ -75,9 +81,9 @@ class Supervisor:
         self.daemon.close()
 
     def kill(self) -> None:
-        """kill -9 crabd, then start it again (several tasks asking at once: one kill)."""
+        """kill -9 crabd, then start it again (skipped within KILL_SPACING_S of the last kill)."""
         with self._lock:
-            if time.monotonic() - self._last_kill < 2.0:
+            if self._last_kill and time.monotonic() - self._last_kill < KILL_SPACING_S:
                 return
             self._ready.clear()
             pid = self.daemon.pid
@@ -99,7 +105,7 @@ class Supervisor:
             try:
                 client.status()
                 return
-            except Exception:
+            except CrabError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
