@@ -16,7 +16,7 @@ from agents.harness.faults import PREEMPT_GRACE_S, FaultPlan, Supervisor, kill_c
 from agents.harness.strategies import Episode, Strategy
 from agents.tasks import Task, verify
 from agents.trace_agent import TraceAgent
-from crabd.errors import CrabError, DaemonUnavailable, SandboxDead
+from crabd.errors import CrabError, DaemonUnavailable, NotFound, SandboxDead
 
 log = logging.getLogger("agents.harness")
 T = TypeVar("T")
@@ -188,6 +188,8 @@ class Runner:
                         decisions[policy] += 1  # a fixed policy: every turn takes its kind
             except DaemonUnavailable:
                 raise
+            except NotFound:
+                continue  # removed by a recovery that started over (its policy took no checkpoints)
             except CrabError as exc:
                 log.warning("could not account for a sandbox", extra={"sandbox": sb.id, "error": str(exc)})
         res.decisions = dict(decisions)
