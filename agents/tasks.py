@@ -19,8 +19,11 @@ On-disk layout of one task, after Terminal-Bench's (``task.yaml``,
     timeout_s = 120                     # optional, default 120
 
 The verifier's files are copied into the sandbox only when it runs (at
-``/tests``), so an agent never sees them; it runs as a separate program
-(not in the agent's session) with ``workdir`` as its directory.
+``/tests``), so an agent never sees them, and ``files/tests`` (a
+repository's own tests) as shipped goes to ``/tests/repo_tests``, so edits
+to them do not count; a suite's ``_shared/`` goes to ``/tests/shared``
+(verifier code its tasks share).  It runs as a separate program (not in the agent's
+session) with ``workdir`` as its directory.
 """
 
 from __future__ import annotations
@@ -190,6 +193,12 @@ def verify(sb: Sandbox, task: Task) -> Verdict:
     sb.run(["rm", "-rf", TESTS_DIR])
     if (task.path / "tests").is_dir():
         put_dir(sb, task.path / "tests", TESTS_DIR)
+    if (task.path.parent / "_shared").is_dir():
+        # Verifier code the suite's tasks share.
+        put_dir(sb, task.path.parent / "_shared", f"{TESTS_DIR}/shared")
+    if (task.path / "files" / "tests").is_dir():
+        # The repository's own tests as shipped: a verifier runs these, not the agent's copy.
+        put_dir(sb, task.path / "files" / "tests", f"{TESTS_DIR}/repo_tests")
     r = sb.run(
         ["bash", "-s"],
         stdin=(task.path / "run-tests.sh").read_bytes(),
