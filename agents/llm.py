@@ -1,7 +1,8 @@
 """A small synchronous client for OpenAI-compatible servers (vLLM, crab's proxy, the stand-in).
 
 Only what the agents here need: ``/v1/models`` and ``/v1/chat/completions``
-(non-streaming), with tools, seeds and logprobs.  Network and HTTP failures
+(non-streaming), with tools, seeds and logprobs; :class:`ChatClient` blocks,
+:class:`AsyncChatClient` is its asyncio twin.  Network and HTTP failures
 become :class:`LLMError` with the status and the server's message.
 """
 
@@ -15,6 +16,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import aiohttp
 
 
 class LLMError(Exception):
@@ -134,37 +137,55 @@ class ChatClient:
         logprobs: bool = False,
         extra: Mapping[str, Any] | None = None,
     ) -> Completion:
-        body: dict[str, Any] = {"model": self.model, "messages": list(messages)}
-        for key, value in (
-            ("tools", list(tools) if tools else None),
-            ("max_tokens", max_tokens),
-            ("temperature", temperature),
-            ("seed", seed),
-            ("user", user),
-        ):
-            if value is not None:
-                body[key] = value
-        if logprobs:
-            body["logprobs"] = True
-        body.update(extra or {})
+        body = chat_body(self.model, messages, tools, max_tokens, temperature, seed, user, logprobs, extra)
         t0 = time.monotonic()
         data, headers = self._request("POST", "/chat/completions", body)
-        seconds = time.monotonic() - t0
-        try:
-            choice = data["choices"][0]
-            msg = choice.get("message") or {}
-            calls = tuple(
-                ToolCall(str(c.get("id", "")), str(c["function"]["name"]), str(c["function"].get("arguments", "")))
-                for c in msg.get("tool_calls") or ()
-            )
-            lp = tuple(
-                (str(t.get("token", "")), float(t.get("logprob", 0.0)))
-                for t in ((choice.get("logprobs") or {}).get("content") or ())
-            )
-            ids = tuple(i for i in (_token_id(t) for t, _ in lp) if i is not None)
-            usage = data.get("usage") or {}
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise LLMError(f"{self.base_url}: malformed completion: {str(data)[:300]}") from exc
+        return parse_completion(self.base_url, data, headers, time.monotonic() - t0)
+
+
+def chat_body(
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    max_tokens: int | None,
+    temperature: float | None,
+    seed: int | None,
+    user: str | None,
+    logprobs: bool,
+    extra: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The JSON body of a ``/chat/completions`` request."""
+    body: dict[str, Any] = {"model": model, "messages": list(messages)}
+    for key, value in (
+        ("tools", list(tools) if tools else None),
+        ("max_tokens", max_tokens),
+        ("temperature", temperature),
+        ("seed", seed),
+        ("user", user),
+    ):
+        if value is not None:
+            body[key] = value
+    if logprobs:
+        body["logprobs"] = True
+    body.update(extra or {})
+    return body
+
+
+def parse_completion(base_url: str, data: Any, headers: Mapping[str, str] | None, seconds: float) -> Completion:
+    """A non-streamed chat completion's JSON, as a :class:`Completion`; LLMError if it is malformed."""
+    try:
+        choice = data["choices"][0]
+        msg = choice.get("message") or {}
+        calls = tuple(
+            ToolCall(str(c.get("id", "")), str(c["function"]["name"]), str(c["function"].get("arguments", "")))
+            for c in msg.get("tool_calls") or ()
+        )
+        lp = tuple(
+            (str(t.get("token", "")), float(t.get("logprob", 0.0)))
+            for t in ((choice.get("logprobs") or {}).get("content") or ())
+        )
+        ids = tuple(i for i in (_token_id(t) for t, _ in lp) if i is not None)
+        usage = data.get("usage") or {}
         held = headers.get("X-Crab-Held-Seconds") if headers is not None else None
         return Completion(
             content=str(msg.get("content") or ""),
@@ -178,3 +199,90 @@ class ChatClient:
             held_s=float(held) if held else 0.0,
             raw=data,
         )
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise LLMError(f"{base_url}: malformed completion: {str(data)[:300]}") from exc
+
+
+class AsyncChatClient:
+    """The asyncio twin of :class:`ChatClient` (aiohttp), for many concurrent rollouts.
+
+    ``async with AsyncChatClient(url) as llm: await llm.chat(messages)``; one
+    connection pool, closed by :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str = "",
+        api_key: str = "",
+        timeout_s: float = 600.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._headers = {"Content-Type": "application/json", **(headers or {})}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._model = model
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def __aenter__(self) -> AsyncChatClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
+        url = self.base_url + path
+        http = await self._http()
+        try:
+            async with http.request(method, url, json=body) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    detail = text[:500]
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        detail = json.loads(text)["error"]["message"]
+                    raise LLMError(f"{method} {url}: HTTP {resp.status}: {detail}", status=resp.status, url=url)
+                return json.loads(text), resp.headers
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise LLMError(f"{method} {url}: {exc or type(exc).__name__}", url=url) from exc
+
+    async def model(self) -> str:
+        if not self._model:
+            body, _ = await self._request("GET", "/models")
+            models = [str(m["id"]) for m in body.get("data", [])]
+            if not models:
+                raise LLMError(f"{self.base_url}/models lists no model")
+            self._model = models[0]
+        return self._model
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+        user: str | None = None,
+        logprobs: bool = False,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Completion:
+        model = await self.model()
+        body = chat_body(model, messages, tools, max_tokens, temperature, seed, user, logprobs, extra)
+        t0 = time.monotonic()
+        data, headers = await self._request("POST", "/chat/completions", body)
+        return parse_completion(self.base_url, data, headers, time.monotonic() - t0)

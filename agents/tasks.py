@@ -29,6 +29,7 @@ session) with ``workdir`` as its directory.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import sys
 import tarfile
@@ -41,7 +42,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from crabd.sdk import Client, Sandbox
+from crabd.sdk import AsyncClient, AsyncSandbox, Client, ExecResult, Sandbox
 
 ROOT = Path(__file__).resolve().parent.parent / "envs" / "tasks"
 SUITES = ("shell", "repair")
@@ -155,25 +156,88 @@ def tar_of(src: Path, prefix: str = "") -> bytes:
     return buf.getvalue()
 
 
+@dataclass(frozen=True)
+class _Exec:
+    """One program the task's recipe or verifier runs in the sandbox (the sync and async paths share these)."""
+
+    argv: tuple[str, ...]
+    what: str
+    stdin: bytes = b""
+    workdir: str = ""
+    timeout: float = 120.0
+
+
+def _copy(src: Path, dest: str) -> _Exec:
+    return _Exec(
+        ("sh", "-c", 'mkdir -p "$1" && tar -x -C "$1"', "put", dest), f"copying {src} into {dest}", tar_of(src)
+    )
+
+
+def _prepare_plan(task: Task) -> list[_Exec]:
+    wd = task.spec.workdir
+    files = task.path / "files"
+    plan = [_copy(files, wd) if files.is_dir() else _Exec(("mkdir", "-p", wd), f"creating {wd}")]
+    setup = task.path / "setup.sh"
+    if setup.is_file():
+        plan.append(_Exec(("bash", "-s"), f"{task.name}: setup.sh", setup.read_bytes(), wd, 600.0))
+    return plan
+
+
+def _verify_plan(task: Task) -> tuple[list[_Exec], _Exec]:
+    """The copies of the verifier's files, then the verifier itself."""
+    copies = [_Exec(("rm", "-rf", TESTS_DIR), f"removing {TESTS_DIR}")]
+    if (task.path / "tests").is_dir():
+        copies.append(_copy(task.path / "tests", TESTS_DIR))
+    if (task.path.parent / "_shared").is_dir():
+        # Verifier code the suite's tasks share.
+        copies.append(_copy(task.path.parent / "_shared", f"{TESTS_DIR}/shared"))
+    if (task.path / "files" / "tests").is_dir():
+        # The repository's own tests as shipped: a verifier runs these, not the agent's copy.
+        copies.append(_copy(task.path / "files" / "tests", f"{TESTS_DIR}/repo_tests"))
+    test = _Exec(
+        ("bash", "-s"),
+        f"{task.name}: run-tests.sh",
+        (task.path / "run-tests.sh").read_bytes(),
+        task.spec.workdir,
+        task.spec.max_test_timeout_sec,
+    )
+    return copies, test
+
+
+def _checked(e: _Exec, r: ExecResult) -> None:
+    if r.exit_code != 0:
+        raise TaskError(f"{e.what} failed ({r.exit_code}): {r.stderr[-2000:]!r}")
+
+
+def _verdict(r: ExecResult, t0: float) -> Verdict:
+    out = (r.stdout + r.stderr)[-4000:].decode("utf-8", "replace")
+    return Verdict(r.exit_code == 0, r.exit_code, out, time.monotonic() - t0)
+
+
+def _run(sb: Sandbox, e: _Exec) -> ExecResult:
+    return sb.run(list(e.argv), stdin=e.stdin, workdir=e.workdir, timeout=e.timeout)
+
+
+async def _arun(sb: AsyncSandbox, e: _Exec) -> ExecResult:
+    return await sb.run(list(e.argv), stdin=e.stdin, workdir=e.workdir, timeout=e.timeout)
+
+
 def put_dir(sb: Sandbox, src: Path, dest: str) -> None:
     """Copy a host directory's contents into the sandbox at ``dest``."""
-    r = sb.run(["sh", "-c", 'mkdir -p "$1" && tar -x -C "$1"', "put", dest], stdin=tar_of(src), timeout=120)
-    if r.exit_code != 0:
-        raise TaskError(f"copying {src} into {dest} failed ({r.exit_code}): {r.stderr!r}")
+    e = _copy(src, dest)
+    _checked(e, _run(sb, e))
 
 
 def prepare(sb: Sandbox, task: Task) -> None:
     """The task's environment recipe, on a fresh sandbox: its files, then its setup script."""
-    wd = task.spec.workdir
-    if (task.path / "files").is_dir():
-        put_dir(sb, task.path / "files", wd)
-    else:
-        sb.run(["mkdir", "-p", wd])
-    setup = task.path / "setup.sh"
-    if setup.is_file():
-        r = sb.run(["bash", "-s"], stdin=setup.read_bytes(), workdir=wd, timeout=600)
-        if r.exit_code != 0:
-            raise TaskError(f"{task.name}: setup.sh failed ({r.exit_code}): {r.stderr[-2000:]!r}")
+    for e in _prepare_plan(task):
+        _checked(e, _run(sb, e))
+
+
+async def aprepare(sb: AsyncSandbox, task: Task) -> None:
+    """:func:`prepare`, with the asyncio SDK."""
+    for e in _prepare_plan(task):
+        _checked(e, await _arun(sb, e))
 
 
 def create(client: Client, task: Task, *, name: str = "", checkpoints: str = "auto") -> Sandbox:
@@ -187,26 +251,33 @@ def create(client: Client, task: Task, *, name: str = "", checkpoints: str = "au
     return sb
 
 
+async def acreate(client: AsyncClient, task: Task, *, name: str = "", checkpoints: str = "auto") -> AsyncSandbox:
+    """:func:`create`, with the asyncio SDK."""
+    sb = await client.create(task.spec.image, name=name, workdir=task.spec.workdir, checkpoints=checkpoints)
+    try:
+        await aprepare(sb, task)
+    except BaseException:
+        await asyncio.shield(sb.remove(force=True))
+        raise
+    return sb
+
+
 def verify(sb: Sandbox, task: Task) -> Verdict:
     """Run the task's verifier in the sandbox."""
     t0 = time.monotonic()
-    sb.run(["rm", "-rf", TESTS_DIR])
-    if (task.path / "tests").is_dir():
-        put_dir(sb, task.path / "tests", TESTS_DIR)
-    if (task.path.parent / "_shared").is_dir():
-        # Verifier code the suite's tasks share.
-        put_dir(sb, task.path.parent / "_shared", f"{TESTS_DIR}/shared")
-    if (task.path / "files" / "tests").is_dir():
-        # The repository's own tests as shipped: a verifier runs these, not the agent's copy.
-        put_dir(sb, task.path / "files" / "tests", f"{TESTS_DIR}/repo_tests")
-    r = sb.run(
-        ["bash", "-s"],
-        stdin=(task.path / "run-tests.sh").read_bytes(),
-        workdir=task.spec.workdir,
-        timeout=task.spec.max_test_timeout_sec,
-    )
-    out = (r.stdout + r.stderr)[-4000:].decode("utf-8", "replace")
-    return Verdict(r.exit_code == 0, r.exit_code, out, time.monotonic() - t0)
+    copies, test = _verify_plan(task)
+    for e in copies:
+        _checked(e, _run(sb, e))
+    return _verdict(_run(sb, test), t0)
+
+
+async def averify(sb: AsyncSandbox, task: Task) -> Verdict:
+    """:func:`verify`, with the asyncio SDK."""
+    t0 = time.monotonic()
+    copies, test = _verify_plan(task)
+    for e in copies:
+        _checked(e, await _arun(sb, e))
+    return _verdict(await _arun(sb, test), t0)
 
 
 @dataclass(frozen=True)

@@ -39,15 +39,19 @@ class Recovered:
     lost_turns: list[int]
 
 
-def lost_turns(turns: list[TurnRecord], checkpoint_turn: int) -> list[int]:
+def lost_turns(turns: list[TurnRecord], checkpoint_turn: int, *, inherited: bool = False) -> list[int]:
     """The turns (``turns`` in order) whose effects a restore of a checkpoint of ``checkpoint_turn`` loses.
 
     Turns right after it that the inspector decided to skip are not lost:
     each ended with the sandbox exactly as that checkpoint holds it.  From
     the first turn that changed something (or whose checkpoint never became
     durable, or that never ended) on, everything is lost.
+
+    ``inherited``: the checkpoint is the one the sandbox was forked from,
+    whose turn number is another sandbox's; a fork numbers its own turns
+    from 1, and all of them came after it.
     """
-    later = [t for t in turns if t.number > checkpoint_turn]
+    later = [t for t in turns if inherited or t.number > checkpoint_turn]
     for i, t in enumerate(later):
         if t.checkpoint_state != "skipped":
             return [x.number for x in later[i:]]
@@ -87,7 +91,8 @@ class Recovery:
         if rec.state is SandboxState.CREATING:
             raise InvalidRequest(f"sandbox {rec.name} is still being created")
         ckpt = self._latest(rec)
-        lost = lost_turns(self.sandboxes.registry.list_turns(rec.id), ckpt.turn)
+        turns = self.sandboxes.registry.list_turns(rec.id)
+        lost = lost_turns(turns, ckpt.turn, inherited=ckpt.sandbox_id != rec.id)
         out = await self.restorer.restore(rec, ckpt)
         log.warning(
             "sandbox recovered",

@@ -3,7 +3,8 @@
 It answers ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions``
 (also under any prefix, e.g. ``/sandboxes/{id}/v1/...``) with filler or
 scripted text, paced by ``crabd.llm.latency.LatencyModel``.  Tokens are
-whitespace-separated words.  See docs/llm.md.
+whitespace-separated words; ``logprobs`` (and vLLM's
+``return_tokens_as_token_ids``) are answered with stable made-up values.  See docs/llm.md.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import hashlib
 import json
 import logging
 import signal
@@ -75,6 +77,10 @@ class _Call:
     user: str | None
     #: OpenAI's request ``seed``: when given, it replaces the per-key request counter.
     seed: int | None = None
+    #: The request asked for logprobs (chat: ``logprobs: true``; completions: ``logprobs: N``).
+    logprobs: bool = False
+    #: vLLM's ``return_tokens_as_token_ids``: each logprob entry's token reads ``token_id:<n>``.
+    token_ids: bool = False
 
 
 def _count_tokens(value: Any) -> int:
@@ -119,7 +125,41 @@ def _parse(raw: bytes, chat: bool, model: str) -> _Call:
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise _ApiError(400, "'seed' must be an integer")
-    return _Call(prompt_tokens, max_tokens, stream, bool(options.get("include_usage")), user, seed)
+    logprobs, as_ids = body.get("logprobs"), body.get("return_tokens_as_token_ids", False)
+    if logprobs is not None and not isinstance(logprobs, bool | int):
+        raise _ApiError(400, "'logprobs' must be a boolean (chat) or an integer (completions)")
+    if not isinstance(as_ids, bool):
+        raise _ApiError(400, "'return_tokens_as_token_ids' must be a boolean")
+    want = logprobs is not None and logprobs is not False
+    return _Call(prompt_tokens, max_tokens, stream, bool(options.get("include_usage")), user, seed, want, as_ids)
+
+
+def token_id(piece: str) -> int:
+    """The stand-in's token id of one output token (stable across runs; 100 and up, as ids below are special)."""
+    return 100 + int.from_bytes(hashlib.sha256(piece.encode()).digest()[:4], "big") % 50_000
+
+
+def _logprobs(plan: RequestPlan, call: _Call, chat: bool, start: int = 0, stop: int | None = None) -> Any:
+    """Logprobs of the answer's tokens ``start:stop``, as chat or (legacy) completions spell them.
+
+    Values are derived from the response id and position, so a seeded request gets the same ones again.
+    """
+    if not call.logprobs:
+        return None
+    pieces = plan.pieces[start:stop]
+    tokens = [f"token_id:{token_id(p)}" if call.token_ids else p for p in pieces]
+    values = [
+        -(int.from_bytes(hashlib.sha256(f"{plan.response_id}/{start + i}".encode()).digest()[:2], "big") % 4000) / 1000
+        for i in range(len(pieces))
+    ]
+    if chat:
+        return {
+            "content": [
+                {"token": t, "logprob": v, "bytes": list(p.encode()), "top_logprobs": []}
+                for t, v, p in zip(tokens, values, pieces, strict=True)
+            ]
+        }
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": None, "text_offset": []}
 
 
 def _tool_calls(plan: RequestPlan) -> list[dict[str, Any]]:
@@ -333,7 +373,7 @@ class StandinServer:
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         start = asyncio.get_running_loop().time()
         if call.stream:
-            return await self._stream(request, chat, head, plan, usage if call.include_usage else None)
+            return await self._stream(request, call, chat, head, plan, usage if call.include_usage else None)
         if entry.disconnect:
             await _sleep_until(start + pace.total_s / 2)
             _drop_connection(request)
@@ -347,12 +387,18 @@ class StandinServer:
             choice: dict[str, Any] = {"index": 0, "message": message}
         else:
             choice = {"index": 0, "text": plan.text}
-        choice.update(logprobs=None, finish_reason="tool_calls" if calls else plan.finish_reason)
+        choice.update(logprobs=_logprobs(plan, call, chat), finish_reason="tool_calls" if calls else plan.finish_reason)
         obj = "chat.completion" if chat else "text_completion"
         return web.json_response({**head, "object": obj, "choices": [choice], "usage": usage})
 
     async def _stream(
-        self, request: web.Request, chat: bool, head: dict[str, Any], plan: RequestPlan, usage: dict[str, int] | None
+        self,
+        request: web.Request,
+        call: _Call,
+        chat: bool,
+        head: dict[str, Any],
+        plan: RequestPlan,
+        usage: dict[str, int] | None,
     ) -> web.StreamResponse:
         assert plan.latency is not None
         pace, pieces, disconnect = plan.latency, plan.pieces, plan.entry.disconnect
@@ -360,7 +406,8 @@ class StandinServer:
         await resp.prepare(request)
         head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
 
-        def chunk(piece: str | None, first: bool, reason: str | None) -> dict[str, Any]:
+        def chunk(piece: str | None, first: bool, reason: str | None, i: int = -1) -> dict[str, Any]:
+            lp = _logprobs(plan, call, chat, i, i + 1) if i >= 0 else None
             if chat:
                 delta = {} if piece is None else {"content": piece}
                 if first:
@@ -368,7 +415,7 @@ class StandinServer:
                 body: dict[str, Any] = {"index": 0, "delta": delta}
             else:
                 body = {"index": 0, "text": piece or ""}
-            return {**head, "choices": [{**body, "logprobs": None, "finish_reason": reason}]}
+            return {**head, "choices": [{**body, "logprobs": lp, "finish_reason": reason}]}
 
         due = asyncio.get_running_loop().time() + pace.ttft_s
         cut = len(pieces) // 2 if disconnect else -1
@@ -379,7 +426,7 @@ class StandinServer:
             if i == cut:
                 _drop_connection(request)
                 return resp
-            await resp.write(_sse(chunk(piece, i == 0, None)))
+            await resp.write(_sse(chunk(piece, i == 0, None, i)))
         await _sleep_until(due)
         if disconnect:  # no tokens to cut after
             _drop_connection(request)

@@ -118,6 +118,10 @@ def test_recovery_loses_turns_from_the_first_that_changed_after_the_checkpoint()
     assert lost_turns(turns("done", "done", "skipped", "skipped"), 2) == []
     # 4 changed things and its checkpoint was still queued: 4 and everything after it are lost.
     assert lost_turns(turns("done", "done", "skipped", "pending", "skipped", None), 2) == [4, 5, 6]
+    # A fork whose latest checkpoint is still its origin (turn 5 of its parent): its own turns 1-3 came after.
+    assert lost_turns(turns("done", "done", "done"), 5) == []
+    assert lost_turns(turns("done", "done", "done"), 5, inherited=True) == [1, 2, 3]
+    assert lost_turns(turns("skipped", "done"), 5, inherited=True) == [2]
     # Under a fixed policy ("none") every later turn is lost.
     assert lost_turns(turns("none", "none", "none"), 1) == [2, 3]
     assert lost_turns(turns("done"), 1) == []
