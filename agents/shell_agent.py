@@ -110,11 +110,15 @@ class ShellAgent:
         if call.name != "bash" or not isinstance(command, str):
             return f"error: unknown tool {call.name!r} or missing 'command'; the only tool is bash(command)"
         r = sb.session.run(command, timeout=self.command_timeout_s)
-        out = (r.stdout + r.stderr).decode("utf-8", "replace")
-        if len(out) > OUTPUT_CHARS:
-            out = f"[... {len(out) - OUTPUT_CHARS} characters cut ...]\n" + out[-OUTPUT_CHARS:]
-        note = " (timed out)" if r.timed_out else ""
-        return f"exit code {r.exit_code}{note}\n{out}"
+        return render_result(r.exit_code, r.timed_out, r.stdout + r.stderr)
+
+
+def render_result(exit_code: int, timed_out: bool, output: bytes) -> str:
+    """One command's result as the model sees it: the exit code, then the output's tail."""
+    text = output.decode("utf-8", "replace")
+    if len(text) > OUTPUT_CHARS:
+        text = f"[... {len(text) - OUTPUT_CHARS} characters cut ...]\n" + text[-OUTPUT_CHARS:]
+    return f"exit code {exit_code}{' (timed out)' if timed_out else ''}\n{text}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,12 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from agents.shell_agent import render_result
 from agents.tasks import Task, acreate, averify
 from crabd.errors import CrabError
 from crabd.sdk import AsyncClient, AsyncSandbox
-
-#: Cap on one command's output in an observation (the tail is kept).
-OUTPUT_CHARS = 4000
 
 
 class EnvError(Exception):
@@ -71,14 +69,6 @@ class Recovery:
     steps: int
     lost_steps: int
     checkpoint_id: str
-
-
-def render(exit_code: int, timed_out: bool, output: bytes) -> str:
-    """One command's result as the policy sees it."""
-    text = output.decode("utf-8", "replace")
-    if len(text) > OUTPUT_CHARS:
-        text = f"[... {len(text) - OUTPUT_CHARS} characters cut ...]\n" + text[-OUTPUT_CHARS:]
-    return f"exit code {exit_code}{' (timed out)' if timed_out else ''}\n{text}"
 
 
 class CrabEnv:
@@ -179,7 +169,7 @@ class CrabEnv:
         try:
             for command in commands:
                 r = await sb.session.run(command, timeout=self.command_timeout_s)
-                outputs.append(render(r.exit_code, r.timed_out, r.stdout + r.stderr))
+                outputs.append(render_result(r.exit_code, r.timed_out, r.stdout + r.stderr))
         finally:
             with contextlib.suppress(CrabError):
                 # Not waited for: crab checkpoints while the policy generates the next action.

@@ -22,8 +22,9 @@ import contextlib
 import copy
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from agents.rl.env import CrabEnv
 from agents.rl.policy import Policy
@@ -34,6 +35,7 @@ from crabd.errors import CrabError, InvalidRequest
 from crabd.sdk import AsyncClient
 
 log = logging.getLogger("agents.rl")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -201,8 +203,8 @@ class Rollouts:
     async def from_reset(self, task: Task, k: int, *, seed: int, checkpoints: str = "none") -> list[Trajectory]:
         """``k`` independent episodes from reset (the baseline branching is measured against)."""
         group = f"{task.id}-{seed}"
-        trajs = await asyncio.gather(
-            *(self.sample(task, seed=seed + i, traj_id=f"{group}/r{i}", checkpoints=checkpoints) for i in range(k))
+        trajs = await together(
+            self.sample(task, seed=seed + i, traj_id=f"{group}/r{i}", checkpoints=checkpoints) for i in range(k)
         )
         for t in trajs:
             t.group = group
@@ -255,8 +257,24 @@ class Rollouts:
         async with forks:
             kids = [traj.branch(f"{traj.id}.{i}", _child_seed(traj.seed, len(traj.steps), i)) for i in range(extra + 1)]
             lines: list[tuple[CrabEnv, Trajectory]] = [(env, kids[0]), *zip(forks, kids[1:], strict=True)]
-            grown = await asyncio.gather(*(self._grow(e, t, points[depth + 1 :], width, spend) for e, t in lines))
+            grown = await together(self._grow(e, t, points[depth + 1 :], width, spend) for e, t in lines)
         return [leaf for leaves in grown for leaf in leaves]
+
+
+async def together(coros: Iterable[Awaitable[T]]) -> list[T]:
+    """Await all concurrently; on the first failure cancel the rest, wait for them, and raise that failure.
+
+    (Plain ``gather`` would leave the others running against environments
+    the caller is about to close.)
+    """
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _child_seed(seed: int, step: int, i: int) -> int:

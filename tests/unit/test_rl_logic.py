@@ -24,7 +24,7 @@ from agents.rl import (
     to_tensors,
 )
 from agents.rl.policy import request_seed
-from agents.rl.rollout import TreeBudget, _Spend
+from agents.rl.rollout import TreeBudget, _Spend, together
 from agents.tasks import find
 from crabd.llm import ScriptedToolCall, ScriptEntry, StandinServer
 from crabd.llm.standin import token_id
@@ -74,6 +74,27 @@ def test_tree_budget_caps_leaves_and_forks() -> None:
     assert [spend.take(3), spend.take(3)] == [1, 0]
     with pytest.raises(ValueError):
         TreeBudget(max_leaves=0)
+
+
+def test_together_cancels_the_rest_on_the_first_failure_and_raises_it() -> None:
+    finished: list[str] = []
+
+    async def slow() -> str:
+        await asyncio.sleep(5)
+        finished.append("slow")
+        return "slow"
+
+    async def bad() -> str:
+        await asyncio.sleep(0.01)
+        raise KeyError("boom")
+
+    async def go() -> None:
+        with pytest.raises(KeyError, match="boom"):
+            await together([slow(), bad()])
+        assert await together(asyncio.sleep(0, result=i) for i in range(3)) == [0, 1, 2]
+
+    asyncio.run(go())
+    assert finished == []  # cancelled, not left running
 
 
 def test_tensors_pad_rows_mark_shared_prefixes_and_link_parents() -> None:
