@@ -105,25 +105,19 @@ class ChatClient:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
                 return json.loads(resp.read()), resp.headers
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode("utf-8", "replace")[:500]
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                detail = json.loads(detail)["error"]["message"]
-            raise LLMError(f"{method} {url}: HTTP {exc.code}: {detail}", status=exc.code, url=url) from exc
+            raise http_error(method, url, exc.code, exc.read().decode("utf-8", "replace")) from exc
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise LLMError(f"{method} {url}: {exc}", url=url) from exc
 
     @property
     def model(self) -> str:
         if not self._model:
-            models = self.models()
-            if not models:
-                raise LLMError(f"{self.base_url}/models lists no model")
-            self._model = models[0]
+            self._model = first_model(self.base_url, self.models())
         return self._model
 
     def models(self) -> list[str]:
         body, _ = self._request("GET", "/models")
-        return [str(m["id"]) for m in body.get("data", [])]
+        return model_ids(body)
 
     def chat(
         self,
@@ -141,6 +135,25 @@ class ChatClient:
         t0 = time.monotonic()
         data, headers = self._request("POST", "/chat/completions", body)
         return parse_completion(self.base_url, data, headers, time.monotonic() - t0)
+
+
+def http_error(method: str, url: str, status: int, text: str) -> LLMError:
+    """An HTTP error answer as LLMError, with the server's own message when it sent the OpenAI error shape."""
+    detail = text[:500]
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        detail = json.loads(text)["error"]["message"]
+    return LLMError(f"{method} {url}: HTTP {status}: {detail}", status=status, url=url)
+
+
+def model_ids(body: Any) -> list[str]:
+    """The model ids of a ``/v1/models`` answer."""
+    return [str(m["id"]) for m in body.get("data", [])]
+
+
+def first_model(base_url: str, models: list[str]) -> str:
+    if not models:
+        raise LLMError(f"{base_url}/models lists no model")
+    return models[0]
 
 
 def chat_body(
@@ -252,10 +265,7 @@ class AsyncChatClient:
             async with http.request(method, url, json=body) as resp:
                 text = await resp.text()
                 if resp.status >= 400:
-                    detail = text[:500]
-                    with contextlib.suppress(ValueError, KeyError, TypeError):
-                        detail = json.loads(text)["error"]["message"]
-                    raise LLMError(f"{method} {url}: HTTP {resp.status}: {detail}", status=resp.status, url=url)
+                    raise http_error(method, url, resp.status, text)
                 return json.loads(text), resp.headers
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise LLMError(f"{method} {url}: {exc or type(exc).__name__}", url=url) from exc
@@ -263,10 +273,7 @@ class AsyncChatClient:
     async def model(self) -> str:
         if not self._model:
             body, _ = await self._request("GET", "/models")
-            models = [str(m["id"]) for m in body.get("data", [])]
-            if not models:
-                raise LLMError(f"{self.base_url}/models lists no model")
-            self._model = models[0]
+            self._model = first_model(self.base_url, model_ids(body))
         return self._model
 
     async def chat(

@@ -106,11 +106,22 @@ class ShellAgent:
                 sb.end_turn()
 
     def _call(self, sb: Sandbox, call: ToolCall) -> str:
-        command = call.args().get("command")
-        if call.name != "bash" or not isinstance(command, str):
-            return f"error: unknown tool {call.name!r} or missing 'command'; the only tool is bash(command)"
+        command = bash_command(call)
+        if command is None:
+            return bad_call(call)
         r = sb.session.run(command, timeout=self.command_timeout_s)
         return render_result(r.exit_code, r.timed_out, r.stdout + r.stderr)
+
+
+def bash_command(call: ToolCall) -> str | None:
+    """The command a tool call asks ``bash`` to run; None if it is not a well-formed bash call."""
+    command = call.args().get("command")
+    return command if call.name == "bash" and isinstance(command, str) else None
+
+
+def bad_call(call: ToolCall) -> str:
+    """The tool result that tells the model its call was not a well-formed bash call."""
+    return f"error: unknown tool {call.name!r} or missing 'command'; the only tool is bash(command)"
 
 
 def render_result(exit_code: int, timed_out: bool, output: bytes) -> str:

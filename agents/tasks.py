@@ -222,12 +222,6 @@ async def _arun(sb: AsyncSandbox, e: _Exec) -> ExecResult:
     return await sb.run(list(e.argv), stdin=e.stdin, workdir=e.workdir, timeout=e.timeout)
 
 
-def put_dir(sb: Sandbox, src: Path, dest: str) -> None:
-    """Copy a host directory's contents into the sandbox at ``dest``."""
-    e = _copy(src, dest)
-    _checked(e, _run(sb, e))
-
-
 def prepare(sb: Sandbox, task: Task) -> None:
     """The task's environment recipe, on a fresh sandbox: its files, then its setup script."""
     for e in _prepare_plan(task):

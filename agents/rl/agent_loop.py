@@ -47,7 +47,7 @@ async def agent_loop(rollouts: Rollouts, task: Task, *, seed: int, name: str = "
                 step=step.index,
                 prompt=traj.messages[: step.messages_before],
                 response=traj.messages[step.messages_before],
-                tool_results=[m for m in traj.messages[end:] if m.get("role") == "tool"][: len(step.action.calls)],
+                tool_results=traj.messages[end:],  # the step was just recorded: what follows is its tool results
                 token_ids=gen.token_ids,
                 logprobs=gen.logprobs,
                 reward=step.reward,

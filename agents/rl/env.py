@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -46,7 +46,7 @@ class StepResult:
     #: ``outputs`` (one per command), ``turn``, ``seconds``; at the end ``truncated``, ``verifier``.
     info: dict[str, object] = field(default_factory=dict)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]  # unpacking: obs, reward, done, info = await env.step(a)
+    def __iter__(self) -> Iterator[object]:  # unpacking: obs, reward, done, info = await env.step(a)
         return iter((self.observation, self.reward, self.done, self.info))
 
 
@@ -57,9 +57,12 @@ class Snapshot:
     task: str
     sandbox_id: str
     checkpoint_id: str
-    steps: int
     #: crab turn number of each step so far (recovery maps lost turns back to steps with it).
     turns: tuple[int, ...]
+
+    @property
+    def steps(self) -> int:
+        return len(self.turns)
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ class CrabEnv:
             # No turn checkpoint covers this state (fresh from reset, or the turn's failed): take one.
             ckpt = (await sb.checkpoint(label or f"rl-step-{self.steps}", kind="full")).id
         self._at_head = True
-        return Snapshot(self.task.name, sb.id, ckpt, self.steps, tuple(self._turns))
+        return Snapshot(self.task.name, sb.id, ckpt, tuple(self._turns))
 
     async def restore(self, snap: Snapshot) -> None:
         """Put this environment back to ``snap`` (its own, or one of the environment it was forked from)."""

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -120,13 +121,6 @@ class OraclePolicy:
                 command = task.turns[at].run
                 at += 1
         traj.policy_state["oracle_turn"] = at
-        calls: tuple[ToolCall, ...] = ()
-        if command:
-            call_id = f"call_{seed:08x}"
-            calls = (ToolCall(call_id, "bash", json.dumps({"command": command})),)
-        message: dict[str, Any] = {"role": "assistant", "content": c.content or None}
-        if calls:
-            message["tool_calls"] = [
-                {"id": x.id, "type": "function", "function": {"name": x.name, "arguments": x.arguments}} for x in calls
-            ]
-        return Action(message, calls, Generation.of(c))
+        calls = (ToolCall(f"call_{seed:08x}", "bash", json.dumps({"command": command})),) if command else ()
+        # The model's thinking with the oracle's call, as if the model had made it.
+        return Action(dataclasses.replace(c, tool_calls=calls).message(), calls, Generation.of(c))

@@ -29,7 +29,7 @@ from typing import TypeVar
 from agents.rl.env import CrabEnv
 from agents.rl.policy import Policy
 from agents.rl.trajectory import Ledger, Step, Trajectory
-from agents.shell_agent import SYSTEM
+from agents.shell_agent import SYSTEM, bad_call, bash_command
 from agents.tasks import Task
 from crabd.errors import CrabError, InvalidRequest
 from crabd.sdk import AsyncClient
@@ -120,32 +120,22 @@ class Rollouts:
         n_messages = len(traj.messages)
         try:
             action = await self.policy.act(traj)
-        except BaseException:
-            traj.policy_state = before
-            raise
-        gen = action.generation
-        self.ledger.llm_calls += 1
-        self.ledger.generated_tokens += gen.completion_tokens
-        self.ledger.prompt_tokens += gen.prompt_tokens
-        commands = [c.args().get("command") for c in action.calls]
-        valid = [c for c, cmd in zip(action.calls, commands, strict=True) if c.name == "bash" and isinstance(cmd, str)]
-        t0 = time.monotonic()
-        try:
-            if action.done:
-                result = await env.step(None)
-                self.ledger.verifications += 1
-            else:
-                result = await env.step([str(c.args()["command"]) for c in valid])
-                self.ledger.env_steps += 1
-                if result.done:
-                    self.ledger.verifications += 1
+            gen = action.generation
+            self.ledger.llm_calls += 1
+            self.ledger.generated_tokens += gen.completion_tokens
+            self.ledger.prompt_tokens += gen.prompt_tokens
+            commands = [bash_command(c) for c in action.calls]
+            t0 = time.monotonic()
+            result = await env.step([c for c in commands if c is not None] if not action.done else None)
         except BaseException:
             traj.policy_state = before  # the step did not happen (a recovery may redo it)
             raise
+        self.ledger.env_steps += not action.done
+        self.ledger.verifications += result.done
         outputs = iter(result.info.get("outputs", ()) or ())  # type: ignore[call-overload]
         messages = [action.message]
-        for call in action.calls if not action.done else ():
-            content = next(outputs) if call in valid else "error: the only tool is bash(command: string)"
+        for call, command in zip(action.calls, commands, strict=True):
+            content = next(outputs) if command is not None else bad_call(call)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
         traj.messages[n_messages:] = messages
         step = Step(

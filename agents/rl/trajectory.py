@@ -186,9 +186,5 @@ class Ledger:
     forks: int = 0
     recoveries: int = 0
 
-    def add(self, other: Ledger) -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
     def to_json(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

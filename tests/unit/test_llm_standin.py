@@ -34,6 +34,7 @@ from crabd.llm import (
     request_rng,
     routing_key,
 )
+from crabd.llm.standin import token_id
 
 # No randomness in the pacing: 0.2 s to the first token, then 0.02 s per token.
 STEADY = LatencyModel(
@@ -161,6 +162,32 @@ def test_completions_streaming_format() -> None:
     assert all(c["object"] == "text_completion" for c in chunks)
     assert len("".join(c["choices"][0]["text"] for c in chunks).split()) == 3
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_logprobs_streamed_per_token_and_in_the_completions_shape() -> None:
+    script = [ScriptEntry(content="alpha beta gamma")]
+
+    async def scenario() -> tuple[list[bytes], tuple[int, Any], tuple[int, Any]]:
+        async with StandinServer(time_scale=0.01, script=script) as srv:
+            ask = chat("go", stream=True, logprobs=True, seed=3, return_tokens_as_token_ids=True)
+            _, events, _ = await _stream(f"{srv.url}/v1/chat/completions", ask)
+            whole = await asyncio.to_thread(post, f"{srv.url}/v1/chat/completions", chat("go", logprobs=True, seed=3))
+            legacy = {"model": "crab-standin-small", "prompt": "go", "logprobs": 0, "seed": 3}
+            completions = await asyncio.to_thread(post, f"{srv.url}/v1/completions", legacy)
+            return events, whole, completions
+
+    events, (_, whole), (_, completions) = asyncio.run(scenario())
+    streamed = [
+        e["logprobs"]["content"] for e in (json.loads(x)["choices"][0] for x in events[:-1]) if e.get("logprobs")
+    ]
+    assert [len(c) for c in streamed] == [1, 1, 1]  # one entry per token chunk
+    assert [c[0]["token"] for c in streamed] == [f"token_id:{token_id(p)}" for p in ("alpha", " beta", " gamma")]
+    # The same seeded answer carries the same values whether streamed or not.
+    plain = whole["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in plain] == ["alpha", " beta", " gamma"]
+    assert [c[0]["logprob"] for c in streamed] == [c["logprob"] for c in plain]
+    lp = completions["choices"][0]["logprobs"]
+    assert lp["tokens"] == ["alpha", " beta", " gamma"] and len(lp["token_logprobs"]) == 3
 
 
 def test_scripted_tool_calls_streamed_and_not() -> None:
