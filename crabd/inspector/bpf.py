@@ -1,24 +1,24 @@
 """The eBPF event source: ``ebpf/inspector.c`` loaded with bcc, one instance for the whole host.
 
-A poller thread drains the ring buffer and files each event under its
-sandbox's slot.  What the events are trusted for (see docs/inspector.md):
+What decides is not an event but two counters per sandbox that the probes
+bump in the kernel (``marks``; see the top of ``ebpf/inspector.c``):
 
-* **that nothing touched the files**: a turn with no mutation event needs no
-  look at the upper dir.  Any mutation (an open for writing, a rename, a
-  chmod, ...) marks the turn's files dirty, and the decision then compares
-  the upper dir with the head exactly.  Paths are only used to explain.
-  (Resolving a relative path or an fd in userspace races with the process
-  changing its cwd or reusing the fd, so event paths are never trusted to
-  *list* the changes.)
-* **what /proc cannot show**: ptrace and process_vm_writev (another
-  process's memory changed while it did not run), io_uring and AIO
-  (the kernel works on a process's behalf without syscalls the probes see),
-  opens by file handle, and writes to a file named ``mem`` (``/proc/<pid>/mem``).
-* the names of short-lived processes, to explain a turn.
+* **files**: some syscall may have changed a file a checkpoint keeps.  The
+  probes judge by the kernel object the syscall acted on (the fd's inode, its
+  type and filesystem), never by a path string, so no spelling of a path,
+  dirfd or magic link hides a write.  A moved counter makes the decision
+  compare the upper dir with the head exactly (net).
+* **processes**: something may have changed a process's memory while it did
+  not run (ptrace, process_vm_writev, a write to a /proc file such as
+  ``/proc/<pid>/mem``, io_uring, AIO).
 
-Lost events (a full ring buffer) make the turn dirty, never quietly clean.
-A 32-bit process is flagged: x86 does not report compat-mode syscalls to
-``syscalls:*`` tracepoints.
+The counters are never reset: each slot remembers the last values it saw, so
+a mark that lands while crabd reads them counts for the next turn rather
+than vanishing.  A poller thread drains the ring buffer of *events*, which
+only explain (paths for the reasons, short-lived processes) — except that
+lost events, a spent event budget, and a 32-bit process (x86 reports no
+compat-mode syscall to ``syscalls:*`` tracepoints: its exec event is the only
+sign of it) still make the turn's files dirty, never quietly clean.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from crabd.errors import BpfError
+from crabd.inspector import btf
 from crabd.inspector.model import Evidence
 from crabd.util import cgroups
 
@@ -48,7 +49,7 @@ EV_OPEN, EV_PATH, EV_PATH2, EV_FD, EV_FORK, EV_EXEC, EV_EXIT, EV_UNCERTAIN = ran
 OPS = {
     1: "truncated", 2: "removed", 3: "made dir", 4: "removed dir", 5: "made node", 6: "chmod", 7: "chown",
     8: "changed xattrs of", 9: "set times of", 10: "renamed", 11: "linked", 12: "made symlink", 13: "wrote",
-    14: "allocated", 15: "copied into", 16: "mapped for writing",
+    14: "allocated", 15: "copied into", 16: "mapped for writing", 23: "ioctl on", 24: "dumped core",
 }  # fmt: skip
 UNCERTAIN = {
     17: "ptrace (another process's memory may have changed while it did not run)",
@@ -56,9 +57,24 @@ UNCERTAIN = {
     19: "io_uring (the kernel does I/O the syscall probes cannot see)",
     20: "Linux AIO (the kernel does I/O the syscall probes cannot see)",
     21: "opened a file by handle for writing (no path to see)",
+    22: "wrote to a /proc file (it may be another process's memory)",
 }
-#: Files written without changing anything crab checkpoints.
+#: Paths not worth naming in an explanation (the probes already judged them by their inodes).
 _QUIET = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/stdout", "/dev/stderr", "/dev/fd/", "/dev/pts/")
+#: Kernel struct members the probes read, as ``-D`` macros: (macro, struct, member).
+KERNEL_OFFSETS = (
+    ("OFF_TASK_FILES", "task_struct", "files"),
+    ("OFF_TASK_EXIT_CODE", "task_struct", "exit_code"),
+    ("OFF_FILES_FDT", "files_struct", "fdt"),
+    ("OFF_FDT_MAX_FDS", "fdtable", "max_fds"),
+    ("OFF_FDT_FD", "fdtable", "fd"),
+    ("OFF_FILE_INODE", "file", "f_inode"),
+    ("OFF_FILE_MODE", "file", "f_mode"),
+    ("OFF_INODE_MODE", "inode", "i_mode"),
+    ("OFF_INODE_SB", "inode", "i_sb"),
+    ("OFF_SB_MAGIC", "super_block", "s_magic"),
+)
+MARK_FILES, MARK_PROC, NMARKS = 0, 1, 2
 MAX_NOTES = 8
 #: Events the probes send per sandbox per turn; past it they only count (see ebpf/inspector.c).
 EVENT_BUDGET = 64
@@ -68,10 +84,12 @@ PATH_BYTES = 1024
 
 
 class _Slot:
-    def __init__(self, sandbox_id: str) -> None:
+    def __init__(self, sandbox_id: str, marks: list[int]) -> None:
         self.sandbox_id = sandbox_id
         self.ev = Evidence()
         self.muted = False
+        #: The mark counters as of the last take (what moved since is this turn's).
+        self.seen = marks
 
 
 def _text(raw: bytes) -> str:
@@ -108,7 +126,9 @@ class BpfEvents:
         except ImportError as exc:
             raise BpfError("bcc is not installed (Debian's python3-bpfcc)", hint="Run `make setup`.") from exc
         have = [n for n in OPTIONAL if Path(f"/sys/kernel/tracing/events/syscalls/sys_enter_{n}").is_dir()]
+        offsets = btf.offsets(KERNEL_OFFSETS)
         cflags = [
+            *(f"-D{name}={value}" for name, value in offsets.items()),
             f"-DSANDBOX_CGROUP_LEVEL={self.cgroup_level}",
             f"-DMAX_SANDBOXES={self.max_sandboxes}",
             f"-DPATH_BYTES={PATH_BYTES}",
@@ -166,10 +186,15 @@ class BpfEvents:
             if not self._free:
                 raise BpfError(f"more than {self.max_sandboxes} sandboxes to watch")
             slot = self._free.pop()
-            self._slots[slot] = _Slot(sandbox_id)
+            # The marks are never reset: the new sandbox's turns count from their values now.
+            self._slots[slot] = _Slot(sandbox_id, self._marks(slot))
             self._by_sandbox[sandbox_id] = (slot, cg)
             self._swap_counters(slot)  # a slot's counters start from zero for its new sandbox
             self._bpf["sandboxes"][ctypes.c_uint64(cg)] = ctypes.c_uint32(slot)
+
+    def _marks(self, slot: int) -> list[int]:
+        table = self._bpf["marks"]
+        return [int(table[ctypes.c_int(slot * NMARKS + m)].value) for m in range(NMARKS)]
 
     def _swap_counters(self, slot: int) -> tuple[int, int, int, int]:
         """The slot's (lost, budget used, forks, exits) counters, each reset to zero."""
@@ -198,24 +223,31 @@ class BpfEvents:
     def quiet(self, sandbox_id: str) -> Iterator[None]:
         # Events are in the ring before their syscalls return: draining on the
         # way in keeps everything the sandbox did before it froze, draining on
-        # the way out drops only what crabd's helpers did inside.
+        # the way out drops only what crabd's helpers did inside.  The marks
+        # that moved inside are crabd's helpers' alone (the sandbox is frozen):
+        # they are added to what the slot has seen, so they count for nobody.
         self._drain()
         slot = self._set_muted(sandbox_id, True)
+        before = self._marks(slot[0]) if slot is not None else []
         try:
             yield
         finally:
             self._drain()
             if slot is not None:
+                with self._lock:
+                    after = self._marks(slot[0])
+                    state = slot[1]
+                    state.seen = [s + (a - b) for s, a, b in zip(state.seen, after, before, strict=True)]
                 self._set_muted(sandbox_id, False)
 
-    def _set_muted(self, sandbox_id: str, muted: bool) -> _Slot | None:
+    def _set_muted(self, sandbox_id: str, muted: bool) -> tuple[int, _Slot] | None:
         with self._lock:
             found = self._by_sandbox.get(sandbox_id)
             if found is None:
                 return None
             state = self._slots[found[0]]
             state.muted = muted
-            return state
+            return found[0], state
 
     def take(self, sandbox_id: str) -> Evidence:
         """Everything seen for the sandbox since the last call; starts a new epoch."""
@@ -231,6 +263,13 @@ class BpfEvents:
             slot, _ = found
             state = self._slots[slot]
             ev, state.ev = state.ev, Evidence()
+            marks = self._marks(slot)
+            moved = [now - seen for now, seen in zip(marks, state.seen, strict=True)]
+            state.seen = marks
+            if moved[MARK_FILES]:
+                ev.files_dirty = True
+            if moved[MARK_PROC] and not ev.process_notes:
+                ev.process_notes.append("a process's memory may have changed while it did not run")
             lost, sent_or_not, ev.forks, ev.exits = self._swap_counters(slot)
             if lost:
                 ev.lost = lost
@@ -255,31 +294,25 @@ class BpfEvents:
             ev = state.ev
             ev.events += 1
             kind = int(e.kind)
+            # Events explain; the marks decide (take()).  Paths here are only shown.
             if kind == EV_UNCERTAIN:
                 note = f"process {e.tgid} used {UNCERTAIN.get(int(e.op), 'an untraceable operation')}"
                 if note not in ev.process_notes:
                     ev.process_notes.append(note)
-                ev.files_dirty = True
             elif kind == EV_OPEN:
                 path = _text(bytes(e.path)) or "(a path the probe could not read)"
-                if path.startswith(_QUIET):
-                    return 0
-                if os.path.basename(path) == "mem":
-                    ev.process_notes.append(f"process {e.tgid} opened {path} for writing (another process's memory)")
-                ev.files_dirty = True
-                self._note(ev, f"opened {path} for writing")
+                if not path.startswith(_QUIET):
+                    self._note(ev, f"opened {path} for writing")
             elif kind in (EV_PATH, EV_PATH2):
-                ev.files_dirty = True
                 what = OPS.get(int(e.op), "changed")
                 target = _text(bytes(e.path2)) if kind == EV_PATH2 else _text(bytes(e.path))
                 self._note(ev, f"{what} {target}")
             elif kind == EV_FD:
                 op = int(e.op)
                 path = self._fd_path(int(e.tgid), int(e.fd))
-                if op != 13:  # not a plain write: metadata changes need no writable fd
-                    ev.files_dirty = True
-                if path and path.startswith("/") and not path.startswith(_QUIET):
-                    self._note(ev, f"{OPS.get(op, 'changed')} {path}")
+                self._note(ev, f"{OPS.get(op, 'changed')} {path if path.startswith('/') else f'fd {e.fd}'}")
+            elif kind == EV_EXIT:
+                self._note(ev, f"process {e.tgid} dumped core")
             elif kind == EV_EXEC:
                 self._check_32bit(ev, int(e.tgid), _text(bytes(e.path)))
                 if len(ev.ran) < 50:

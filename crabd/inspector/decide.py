@@ -32,10 +32,14 @@ own bookkeeping, and the session's state is captured semantically at every
 turn end (the restore re-applies it).  A REPL or server the agent started
 *from* the session is counted like any process.
 
-**Files.**  The events prove a turn did not touch the files; if it did (or
-the events cannot tell), the upper dir is compared with the head's index,
-exactly and net (``files.py``).  Files that live processes hold open for
-writing are checked even without events.  A changed file that a live
+**Files.**  The probes' marks prove a turn did not touch the files (they
+judge each syscall by the inode it acted on; ``ebpf/inspector.c``); if it
+did (or the probes cannot tell), the upper dir is compared with the head's
+index, exactly and net (``files.py``).  Writes through a shared mapping make
+no syscall: a sandbox with a process that may write through one, at this
+turn end or the previous one, is compared in full too.  Files that live
+processes hold open for writing are checked even without marks (a second
+line of defence: the probes already count every write through them).  A changed file that a live
 process holds open or mapped makes the process state inconsistent with the
 old image: a change of processes.
 
@@ -143,6 +147,9 @@ class Inspector:
         #: Sandboxes whose next turn compares the whole upper dir whatever the events say:
         #: a restored container ran for a moment before it could be watched.
         self._scan_next: set[str] = set()
+        #: Sandboxes that had, at their last turn end, a process that may write through a shared
+        #: file mapping (such writes make no syscall; the next turn compares all files).
+        self._mapped: set[str] = set()
 
     @property
     def name(self) -> str:
@@ -262,6 +269,7 @@ class Inspector:
         self._baselines.pop(sandbox_id, None)
         self._tmpfs.pop(sandbox_id, None)
         self._scan_next.discard(sandbox_id)
+        self._mapped.discard(sandbox_id)
 
     def _digests(self, ps: dict[int, Proc]) -> dict[int, str]:
         out = {}
@@ -289,6 +297,9 @@ class Inspector:
         if turn.sandbox_id in self._scan_next:
             self._scan_next.discard(turn.sandbox_id)
             ev.files_dirty = True
+        if turn.sandbox_id in self._mapped:
+            ev.files_dirty = True
+            ev.file_notes.append("a process could write through a shared file mapping (no syscall to see)")
         decision = self._decide(turn, ev, self.source.name, self.check_memory)
         decision.seconds = time.monotonic() - t0
         if self.shadow:
@@ -332,6 +343,14 @@ class Inspector:
 
     def _decide(self, turn: TurnEnd, ev: Evidence, name: str, check_memory: bool) -> Decision:
         now = self._settled_snapshot(turn)
+        if any(p.writes_mapped for p in now.values()):
+            # Writes through it from now on reach no probe: this turn's files and the next's are compared.
+            self._mapped.add(turn.sandbox_id)
+            if not ev.files_dirty:
+                ev.files_dirty = True
+                ev.file_notes.append("a process could write through a shared file mapping (no syscall to see)")
+        else:
+            self._mapped.discard(turn.sandbox_id)
         cur = {p: v for p, v in now.items() if p not in _excluded(turn.session_pid)}
         base = self._baselines.get(turn.sandbox_id)
         proc_changes = self._process_changes(turn, cur, base, ev, check_memory)

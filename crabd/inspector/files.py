@@ -7,9 +7,11 @@ paths, which cannot be resolved without races — see docs/inspector.md):
   index.  An entry whose stat fields are unchanged (and not "racy", see
   ``backends/overlay/scan.py``) is unchanged.  Otherwise it is compared as
   a checkpoint would store it: kind, mode, owner, device, link target,
-  xattrs and content (hashed in the same pieces as the blob store's).  Times
-  are ignored, so a file rewritten with identical content is no change; a
-  file created and deleted within the turn never shows up at all.
+  xattrs, content (hashed in the same pieces as the blob store's) and mtime,
+  which a restore sets back (``touch -d`` changes nothing else).  atime and
+  ctime are not compared: a restore cannot set ctime, and atime is not kept
+  exactly (reads move it).  A file created and deleted within the turn shows
+  up only as its directory's new mtime.
 * :func:`files_unchanged`: the cheap check for a turn without file events —
   are these particular files (those live processes hold open for writing)
   still what the head recorded?
@@ -64,6 +66,7 @@ def _same(old: Entry, st: os.stat_result, dir_fd: int, name: str, racy_ns: int, 
         or old.gid != st.st_gid
         or old.size != size
         or old.rdev != rdev
+        or old.mtime_ns != st.st_mtime_ns  # a restore sets it back (touch -d, a build's clock)
     ):
         return False
     if read_xattrs(dir_fd, name) != old.xattrs:

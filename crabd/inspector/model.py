@@ -26,6 +26,7 @@ class Proc:
     aio: bool = False
     traced: bool = False
     foreign_shared: str = ""  # a writable shared mapping of a file outside the sandbox
+    writes_mapped: bool = False  # a shared file mapping it may write through (no syscall needed)
     writable_files: tuple[str, ...] = ()  # regular files open for writing (paths inside the sandbox)
     open_files: tuple[str, ...] = ()  # regular files open or mapped, any mode
     fds: frozenset[str] = frozenset()  # every open fd and what it is (a socket accepted, a file opened...)

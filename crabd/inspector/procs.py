@@ -9,7 +9,10 @@ io_uring or AIO contexts (the kernel writes their memory without the
 process running), a tracer, and writable shared mappings of files that do
 not belong to the sandbox.  Also the regular files each process holds open
 (and which for writing), so the inspector can tell when a turn changed a
-file under a live process.
+file under a live process, and whether it has a shared mapping of a file that
+it may write through (writes through a mapping make no syscall the probes
+could see, so such a mapping alive at a turn end makes the next turn's files
+suspect).
 
 Everything is read through the host pid; paths are as the process sees them.
 """
@@ -94,11 +97,14 @@ def _fds(host_pid: int) -> tuple[bool, tuple[str, ...], tuple[str, ...], frozens
     return uring, tuple(sorted(set(writable))), tuple(sorted(set(opened))), frozenset(table)
 
 
-def _maps(host_pid: int, own_devs: set[str]) -> tuple[bool, str, tuple[str, ...]]:
-    """(has an AIO context, a foreign writable shared mapping or "", mapped regular files)."""
+def _maps(host_pid: int, devs: _Devices) -> tuple[bool, str, tuple[str, ...], bool]:
+    """(has an AIO context, a foreign writable shared mapping or "", mapped regular files,
+    has a shared mapping of a non-tmpfs file it may write through)."""
     aio = False
     foreign = ""
     mapped: list[str] = []
+    may_write: list[str] = []  # address ranges of read-only shared file mappings
+    writes = False
     for line in _read(f"/proc/{host_pid}/maps").splitlines():
         parts = line.split(None, 5)
         if len(parts) < 6:
@@ -106,38 +112,66 @@ def _maps(host_pid: int, own_devs: set[str]) -> tuple[bool, str, tuple[str, ...]
         perms, dev, inode, path = parts[1], parts[3], parts[4], parts[5]
         if path.startswith("/[aio]"):
             aio = True
-        if inode == "0" or not path.startswith("/"):
+        if inode == "0":
+            continue
+        # SysV and /dev/zero shared memory is anonymous; tmpfs is fingerprinted (mounts.py).
+        shared_file = "s" in perms and dev not in devs.tmpfs and not path.startswith(("/dev/zero", "/SYSV"))
+        if shared_file and "w" in perms:
+            writes = True
+        elif shared_file:
+            may_write.append(parts[0])
+        if not path.startswith("/"):
             continue
         if not path.startswith(_NOT_SANDBOX_FILES) and not path.endswith(" (deleted)"):
             mapped.append(path)
-        if "w" in perms and "s" in perms and dev not in own_devs and not path.startswith(("/dev/zero", "/SYSV")):
+        if "w" in perms and "s" in perms and dev not in devs.own and not path.startswith(("/dev/zero", "/SYSV")):
             foreign = foreign or path
-    return aio, foreign, tuple(sorted(set(mapped)))
+    if may_write and not writes:
+        writes = _may_write(host_pid, set(may_write))
+    return aio, foreign, tuple(sorted(set(mapped))), writes
 
 
-def _own_devices(host_pid: int) -> set[str]:
-    """Devices (major:minor as /proc/<pid>/maps prints them) of the sandbox's own filesystems."""
-    devs = set()
-    for line in _read(f"/proc/{host_pid}/mountinfo").splitlines():
-        parts = line.split()
-        # mountinfo: id parent major:minor root mountpoint ... - fstype source options
-        fstype = parts[parts.index("-") + 1] if "-" in parts else ""
-        if parts[4] == "/" or fstype in ("tmpfs", "mqueue", "devpts", "shm"):
+def _may_write(host_pid: int, ranges: set[str]) -> bool:
+    """Whether one of these read-only shared mappings may become writable (mprotect): VM_MAYWRITE, "mw"."""
+    current = ""
+    for line in _read(f"/proc/{host_pid}/smaps").splitlines():
+        head = line.split(None, 1)[0] if line else ""
+        if "-" in head and not head.endswith(":"):
+            current = head
+        elif head == "VmFlags:" and current in ranges and "mw" in line.split()[1:]:
+            return True
+    return False
+
+
+class _Devices:
+    """Devices (major:minor as /proc/<pid>/maps prints them) of the sandbox's filesystems."""
+
+    def __init__(self, host_pid: int) -> None:
+        self.own: set[str] = set()  # its root and its tmpfs-like mounts
+        self.tmpfs: set[str] = set()
+        for line in _read(f"/proc/{host_pid}/mountinfo").splitlines():
+            parts = line.split()
+            # mountinfo: id parent major:minor root mountpoint ... - fstype source options
+            fstype = parts[parts.index("-") + 1] if "-" in parts else ""
             major, minor = parts[2].split(":")
-            devs.add(f"{int(major):02x}:{int(minor):02x}")
-    return devs
+            dev = f"{int(major):02x}:{int(minor):02x}"
+            if fstype in ("tmpfs", "mqueue", "shm"):
+                self.tmpfs.add(dev)
+            if parts[4] == "/" or fstype in ("tmpfs", "mqueue", "devpts", "shm"):
+                self.own.add(dev)
 
 
 def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) -> dict[int, Proc]:
     """Every process of the container, by pid inside the sandbox.
 
     ``light`` pids (crab's init and the session's bash, which the decision
-    does not count as processes) skip the costly parts: their mappings and
-    tracer.  Their fds are still read: files they hold open for writing count.
+    does not count as processes) skip the costly parts: their tracer and the
+    files they map.  Their fds are still read, and whether they may write
+    through a shared mapping.
     """
     out: dict[int, Proc] = {}
     host_pids = cgroups.container_host_pids(container_id)
-    own: set[str] | None = None
+    devs: _Devices | None = None
     ns_of = {hp: cgroups.ns_pid(hp)[0] for hp in host_pids}
     for hp in host_pids:
         pid = ns_of[hp]
@@ -150,13 +184,14 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
             runtime, tids = _threads(hp)
             io = io_counters(hp)
             uring, writable, opened, table = _fds(hp)
-            mapped: tuple[str, ...] = ()
+            if devs is None:
+                devs = _Devices(hp)
+            # Every process's mappings are read, crab's init and the session's bash too: a bash
+            # builtin loaded with `enable -f` could map a file and write through it.
+            aio, foreign, mapped, writes_mapped = _maps(hp, devs)
             if pid in light:
-                aio, foreign, traced = False, "", False
+                aio, foreign, mapped, traced = False, "", (), False
             else:
-                if own is None:
-                    own = _own_devices(hp)
-                aio, foreign, mapped = _maps(hp, own)
                 traced = any(
                     ln.startswith("TracerPid:") and ln.split()[1] != "0"
                     for ln in _read(f"/proc/{hp}/status").splitlines()
@@ -176,6 +211,7 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
             aio=aio,
             traced=traced,
             foreign_shared=foreign,
+            writes_mapped=writes_mapped,
             writable_files=writable,
             open_files=tuple(sorted(set(opened) | set(mapped))),
             fds=table,

@@ -143,12 +143,24 @@ def test_file_events_with_a_net_change_are_fs_with_the_path(sbx: Sbx) -> None:
 
 
 def test_identical_rewrite_and_create_delete_are_no_change(sbx: Sbx) -> None:
-    (sbx.upper / "app.py").write_text("x = 1\n")  # same bytes, new mtime and ctime
+    # Same bytes and, once the writer has set them back, the same mtimes: only ctime moved.
+    app, root = os.stat(sbx.upper / "app.py"), os.stat(sbx.upper)
+    (sbx.upper / "app.py").write_text("x = 1\n")
     (sbx.upper / "tmp").write_text("gone soon")
     (sbx.upper / "tmp").unlink()
+    os.utime(sbx.upper / "app.py", ns=(app.st_atime_ns, app.st_mtime_ns))
+    os.utime(sbx.upper, ns=(root.st_atime_ns, root.st_mtime_ns))
     sbx.events.next = Evidence(files_dirty=True, file_notes=["opened /app.py for writing"])
     d = sbx.turn()
     assert d.kind == "skip", d.reasons
+
+
+def test_a_new_mtime_alone_is_a_change(sbx: Sbx) -> None:
+    # `touch -d 2001-01-01 app.py`: a restore sets mtime back, so the turn needs a checkpoint.
+    os.utime(sbx.upper / "app.py", ns=(0, 978_307_200 * 10**9))
+    sbx.events.next = Evidence(files_dirty=True)
+    d = sbx.turn()
+    assert d.kind == "fs" and "changed /app.py" in d.reasons
 
 
 def test_without_events_files_are_not_walked(sbx: Sbx) -> None:
