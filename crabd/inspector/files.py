@@ -7,11 +7,12 @@ paths, which cannot be resolved without races — see docs/inspector.md):
   index.  An entry whose stat fields are unchanged (and not "racy", see
   ``backends/overlay/scan.py``) is unchanged.  Otherwise it is compared as
   a checkpoint would store it: kind, mode, owner, device, link target,
-  xattrs, content (hashed in the same pieces as the blob store's) and mtime,
-  which a restore sets back (``touch -d`` changes nothing else).  atime and
-  ctime are not compared: a restore cannot set ctime, and atime is not kept
-  exactly (reads move it).  A file created and deleted within the turn shows
-  up only as its directory's new mtime.
+  xattrs, content (hashed in the same pieces as the blob store's) and, for
+  all but directories, mtime, which a restore sets back (``touch -d`` changes
+  nothing else).  A directory's mtime moves with every entry made or removed
+  in it, so a file created and deleted within the turn is no change.  atime
+  and ctime are not compared: a restore cannot set ctime, and reads move
+  atime.
 * :func:`files_unchanged`: the cheap check for a turn without file events —
   are these particular files (those live processes hold open for writing)
   still what the head recorded?
@@ -66,7 +67,9 @@ def _same(old: Entry, st: os.stat_result, dir_fd: int, name: str, racy_ns: int, 
         or old.gid != st.st_gid
         or old.size != size
         or old.rdev != rdev
-        or old.mtime_ns != st.st_mtime_ns  # a restore sets it back (touch -d, a build's clock)
+        # A restore sets mtime back (`touch -d`, make's clock).  Not a directory's: it moves with
+        # every entry made or removed in it (a temp file), and its entries are compared themselves.
+        or (old.mtime_ns != st.st_mtime_ns and kind is not Kind.DIR)
     ):
         return False
     if read_xattrs(dir_fd, name) != old.xattrs:
