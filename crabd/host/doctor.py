@@ -78,6 +78,7 @@ def check_root() -> Check:
 KERNEL_NEEDS: dict[str, str] = {
     "CONFIG_BPF_SYSCALL": "eBPF inspector",
     "CONFIG_FTRACE_SYSCALLS": "syscall tracepoints for the inspector",
+    "CONFIG_DEBUG_INFO_BTF": "the running kernel's struct layouts for the inspector's probes",
     "CONFIG_CHECKPOINT_RESTORE": "CRIU process dumps",
     "CONFIG_OVERLAY_FS": "Docker overlay2 upper dirs",
     "CONFIG_CGROUP_FREEZER": "freezing a sandbox for a consistent cut",
