@@ -101,17 +101,18 @@ def _join(parent: bytes, name: bytes) -> bytes:
 
 
 def _xattrs(dir_fd: int, name: str) -> tuple[tuple[str, bytes], ...]:
+    """The entry's xattrs (``name == ""``: the directory's own), overlayfs's private ones left out."""
     # os.listxattr has no dir_fd: go through the directory fd's magic link, not following `name`.
-    where = f"/proc/self/fd/{dir_fd}/{name}" if name else f"/proc/self/fd/{dir_fd}"
+    where: int | str = f"/proc/self/fd/{dir_fd}/{name}" if name else dir_fd
+    follow = not name
     try:
-        keys = os.listxattr(where, follow_symlinks=False)
-        return tuple(
-            sorted((k, os.getxattr(where, k, follow_symlinks=False)) for k in keys if not k.startswith(_OVERLAY_XATTR))
-        )
+        keys = os.listxattr(where, follow_symlinks=follow)
+        pairs = [(k, os.getxattr(where, k, follow_symlinks=follow)) for k in keys if not k.startswith(_OVERLAY_XATTR)]
     except OSError as exc:
         if exc.errno in (errno.ENOTSUP, errno.ENOENT, errno.ENODATA):
             return ()
         raise
+    return tuple(sorted(pairs))
 
 
 def _digest(dir_fd: int, name: str, st: os.stat_result) -> str:
@@ -309,7 +310,7 @@ class LowerView:
 
 def _opaque(fd: int) -> bool:
     try:
-        return os.getxattr(f"/proc/self/fd/{fd}", "trusted.overlay.opaque") == b"y"
+        return os.getxattr(fd, "trusted.overlay.opaque") == b"y"
     except OSError:
         return False
 
