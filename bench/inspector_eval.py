@@ -45,6 +45,9 @@ class Turn:
     run: str = ""
     exec: list[str] = field(default_factory=list)
     why: str = ""
+    #: Adversarial corpus only (bench/inspector_adversarial.py): run this in the restore of the
+    #: turn, and compare it with the live sandbox after the next turn (see the corpus's README).
+    settle: str = ""
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Scenario:
     name: str
     setup: list[str]
     turns: list[Turn]
+    network: bool = False
 
 
 @dataclass
@@ -76,22 +80,36 @@ def load_corpus(root: Path = CORPUS) -> list[Scenario]:
             for i, t in enumerate(s.get("turn", [])):
                 if t["expect"] not in CLASSES or bool(t.get("run")) == bool(t.get("exec")):
                     raise ValueError(f"{path.name}: scenario {s['name']!r} turn {i}: needs run or exec, and expect")
-                turns.append(Turn(s["name"], i, t["expect"], t.get("run", ""), t.get("exec", []), t.get("why", "")))
-            out.append(Scenario(s["name"], list(s.get("setup", [])), turns))
+                if not isinstance(t.get("settle", ""), str):
+                    raise ValueError(f"{path.name}: scenario {s['name']!r} turn {i}: settle is a command (a string)")
+                turns.append(
+                    Turn(
+                        s["name"],
+                        i,
+                        t["expect"],
+                        t.get("run", ""),
+                        t.get("exec", []),
+                        t.get("why", ""),
+                        t.get("settle", ""),
+                    )
+                )
+            if not isinstance(s.get("network", False), bool):
+                raise ValueError(f"{path.name}: scenario {s['name']!r}: network is a bool")
+            out.append(Scenario(s["name"], list(s.get("setup", [])), turns, s.get("network", False)))
     names = [s.name for s in out]
     if len(set(names)) != len(names):
         raise ValueError("scenario names must be unique")
     return out
 
 
-def install_helpers(sb: Sandbox) -> None:
-    for f in sorted((CORPUS / "helpers").iterdir()):
-        sb.run(["sh", "-c", f"mkdir -p /opt/t && cat > /opt/t/{f.name}"], stdin=f.read_bytes())
+def install_helpers(sb: Sandbox, src: Path = CORPUS / "helpers", dest: str = "/opt/t") -> None:
+    for f in sorted(src.iterdir()):
+        sb.run(["sh", "-c", f"mkdir -p {dest} && cat > {dest}/{f.name}"], stdin=f.read_bytes())
 
 
 def run_scenario(client: Client, s: Scenario, tag: str) -> list[Outcome]:
     slug = "".join(ch if ch.isalnum() else "-" for ch in s.name)[:40]
-    sb = client.create("bookworm", name=f"ev-{tag}-{slug}", checkpoints="auto")
+    sb = client.create("bookworm", name=f"ev-{tag}-{slug}", checkpoints="auto", network=s.network)
     try:
         install_helpers(sb)
         for cmd in s.setup or ["true"]:
