@@ -101,6 +101,8 @@ def _same_as_lower(
                 or stat.S_IMODE(lst.st_mode) != stat.S_IMODE(st.st_mode)
                 or (lst.st_uid, lst.st_gid) != (st.st_uid, st.st_gid)
                 or read_xattrs(lfd, lname) != read_xattrs(dir_fd, name)
+                # As for upper entries: a file's mtime counts (`touch -d` on an image file), a directory's not.
+                or (kind is not Kind.DIR and lst.st_mtime_ns != st.st_mtime_ns)
             ):
                 return False
             if kind is Kind.LNK:
