@@ -55,22 +55,29 @@ class Plan:
 
 
 def _keep_session_descriptors(d: Decision, session_json: str | None, head_session_json: str | None) -> None:
-    """A turn whose session bash holds other descriptors than at the head is checkpointed full.
+    """A turn end whose session bash holds descriptors a files-only checkpoint would lose is taken full.
 
     A files-only checkpoint restores the session as a fresh bash with its
     semantic state re-applied, and descriptors cannot be re-created exactly
     from outside the process: a re-opened file has another offset (and
     ``>`` would truncate it), and a pipe, socket or eventfd cannot be
     re-opened at all.  CRIU's image holds the bash exactly, offsets and
-    peers included, and such turns are rare (``exec 7>file``), so this is
-    both exact and cheap.  Resource limits need no process image: a restore
-    re-applies them exactly (``runtime/session_os.py``).  A paired fs
-    checkpoint would bring back the head image's bash, with the head's
-    descriptors, so a change rules pairing out too.
+    peers included, and sessions holding descriptors are rare (``exec
+    7>file``), so this is both exact and cheap.  Resource limits need no
+    process image: a restore re-applies them exactly (``runtime/session_os.py``).
+
+    Taken full: a turn whose descriptors differ from the head's (the head's
+    image, which a paired fs checkpoint would bring back, has the old ones),
+    and an fs turn without pairing while the session holds any.  A skip, or
+    an fs turn paired with the head's image, with the same descriptors as
+    the head keeps them as the head does.
     """
     if d.kind == FULL:
         return
     change = session_os.descriptors_changed(session_json, head_session_json)
+    held = session_os.held_descriptors(session_json)
+    if not change and held and d.kind == FS and not d.paired_with:
+        change = "the session holds open descriptors (fd " + ", ".join(map(str, held[:8])) + ")"
     if change:
         d.kind = FULL
         d.paired_with = d.paired_image = None

@@ -216,6 +216,11 @@ def descriptors_changed(now_json: str | None, head_json: str | None) -> str:
     return "the session's open descriptors changed (fd " + ", ".join(map(str, changed[:8])) + ")"
 
 
+def held_descriptors(state_json: str | None) -> list[int]:
+    """The descriptor numbers (beyond 0-2) a stored session state records as open."""
+    return sorted(_fd_map(_fds_of(state_json)))
+
+
 def _fds_of(state_json: str | None) -> Fds | None:
     if not state_json:
         return None

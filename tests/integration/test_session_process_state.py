@@ -58,6 +58,18 @@ def test_auto_takes_the_turn_full_and_recovery_brings_it_all_back(make_sandbox: 
     assert sb.session.run(LOOK + "; cat /work/f").stdout == b"/work/f\n100\n100\none\n"
 
 
+def test_auto_keeps_held_descriptors_in_later_turns_too(make_sandbox: Callable[..., Sandbox]) -> None:
+    # Turn 2 leaves fd 7 as it was but changes a file: a files-only checkpoint of it would lose fd 7.
+    sb = make_sandbox("bookworm")
+    _turn(sb, TURN)
+    t2 = _turn(sb, "echo g > /work/g")
+    assert t2.decision is not None and t2.decision.kind == "full", t2.decision
+    _crash(sb)
+    done = sb.recover()
+    assert done.checkpoint == t2.checkpoint_id and done.not_restored == []
+    assert sb.session.run(LOOK + "; cat /work/g").stdout == b"/work/f\n100\n100\ng\n"
+
+
 def test_a_files_only_recovery_sets_limits_and_names_the_descriptors_it_lost(
     daemon: EmbeddedDaemon, make_sandbox: Callable[..., Sandbox]
 ) -> None:

@@ -7,7 +7,9 @@ import os
 import resource
 from pathlib import Path
 
+from crabd.coordinator.inspection import _keep_session_descriptors
 from crabd.inspector.decide import _session_change
+from crabd.inspector.model import Decision
 from crabd.runtime import session_os as so
 from crabd.runtime import session_state as ss
 from tests.unit.bashproc import Bash
@@ -75,6 +77,26 @@ def test_inspector_sees_limit_and_descriptor_changes() -> None:
     assert "open descriptors changed (fd 7)" in change
     # Pipes restored by CRIU have new inode numbers: not a change of the session.
     assert _session_change(_state([PIPE8], lim), _state([{**PIPE8, "target": "pipe:[9]"}], lim)) == ""
+
+
+def test_turns_whose_descriptors_a_files_only_checkpoint_would_lose_are_taken_full() -> None:
+    def decide(kind: str, now: str, head: str | None, paired: bool = False) -> Decision:
+        d = Decision(kind=kind, reasons=[], inspector="t", paired_with="ck-h" if paired else None)
+        d.paired_image = "img" if paired else None
+        _keep_session_descriptors(d, now, head)
+        return d
+
+    opened = decide("fs", _state([FILE7]), _state([]), paired=True)
+    assert opened.kind == "full" and opened.paired_with is None and "fd 7" in opened.reasons[0]
+    assert decide("fs", _state([]), _state([FILE7]), paired=True).kind == "full"  # closed: the image still has it
+    assert decide("skip", _state([{**FILE7, "pos": 9}]), _state([FILE7])).kind == "full"  # moved offset
+    # Unchanged since the head: kept as the head keeps them (its image), unless no image would be restored.
+    assert decide("fs", _state([FILE7]), _state([FILE7]), paired=True).kind == "fs"
+    assert decide("skip", _state([FILE7]), _state([FILE7])).kind == "skip"
+    held = decide("fs", _state([FILE7]), _state([FILE7]))
+    assert held.kind == "full" and "holds open descriptors (fd 7)" in held.reasons[0]
+    assert decide("fs", _state([]), _state([])).kind == "fs"
+    assert decide("fs", _state(None), _state([FILE7])).kind == "fs"  # not recorded now: nothing to act on
 
 
 def test_differences_name_what_is_missing() -> None:
