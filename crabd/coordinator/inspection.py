@@ -66,18 +66,19 @@ def _keep_session_descriptors(d: Decision, session_json: str | None, head_sessio
     7>file``), so this is both exact and cheap.  Resource limits need no
     process image: a restore re-applies them exactly (``runtime/session_os.py``).
 
-    Taken full: a turn whose descriptors differ from the head's (the head's
-    image, which a paired fs checkpoint would bring back, has the old ones),
-    and an fs turn without pairing while the session holds any.  A skip, or
-    an fs turn paired with the head's image, with the same descriptors as
-    the head keeps them as the head does.
+    What each decision would restore the session's descriptors from:
+    an fs checkpoint without pairing, a fresh bash (none beyond 0-2), so it
+    is taken full if the session holds any; a paired one, the head image's
+    bash, and a skip, the head itself, so either is taken full if they
+    differ from the head's.
     """
     if d.kind == FULL:
         return
-    change = session_os.descriptors_changed(session_json, head_session_json)
-    held = session_os.held_descriptors(session_json)
-    if not change and held and d.kind == FS and not d.paired_with:
-        change = "the session holds open descriptors (fd " + ", ".join(map(str, held[:8])) + ")"
+    if d.kind == FS and not d.paired_with:
+        held = session_os.held_descriptors(session_json)
+        change = "the session holds open descriptors (fd " + ", ".join(map(str, held[:8])) + ")" if held else ""
+    else:
+        change = session_os.descriptors_changed(session_json, head_session_json)
     if change:
         d.kind = FULL
         d.paired_with = d.paired_image = None

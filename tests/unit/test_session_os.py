@@ -89,6 +89,7 @@ def test_turns_whose_descriptors_a_files_only_checkpoint_would_lose_are_taken_fu
     opened = decide("fs", _state([FILE7]), _state([]), paired=True)
     assert opened.kind == "full" and opened.paired_with is None and "fd 7" in opened.reasons[0]
     assert decide("fs", _state([]), _state([FILE7]), paired=True).kind == "full"  # closed: the image still has it
+    assert decide("fs", _state([]), _state([FILE7])).kind == "fs"  # closed, and a fresh bash has none either
     assert decide("skip", _state([{**FILE7, "pos": 9}]), _state([FILE7])).kind == "full"  # moved offset
     # Unchanged since the head: kept as the head keeps them (its image), unless no image would be restored.
     assert decide("fs", _state([FILE7]), _state([FILE7]), paired=True).kind == "fs"
