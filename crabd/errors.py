@@ -178,6 +178,12 @@ class SessionStateError(InvalidRequest):
     default_hint = "Pass a state obtained from session.state() / GetSessionState, unmodified."
 
 
+class SessionProcessError(CrabError):
+    """crabd could not read (or set) the session bash's process state on the host: limits, descriptors."""
+
+    default_hint = "The session's bash may have ended meanwhile; run `crabctl doctor` if it persists."
+
+
 # --- checkpoint store and filesystem layers ------------------------------------
 
 

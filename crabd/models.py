@@ -70,6 +70,9 @@ class SandboxRecord:
     origin: str = ""
     #: Bumped by every in-place restore: checkpoints after it form a new branch.
     branch: int = 0
+    #: Transient, set by a restore, fork or recovery: what of the checkpoint's state the new
+    #: container could not be given (e.g. the session's open descriptors after a files-only restore).
+    not_restored: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,11 @@ class TurnRecord:
     checkpoint_state: str | None = None
     #: Why the checkpoint failed or was lost.
     checkpoint_error: str | None = None
+    #: A skipped turn: the checkpoint whose state it ended in (the head it was compared with).
+    #: None for other turns, and for turns recorded before crab noted it (schema v5).
+    basis_id: str | None = None
+    #: The sandbox's branch when the turn opened (restores bump it); None before schema v5.
+    branch: int | None = None
 
     @property
     def open(self) -> bool:

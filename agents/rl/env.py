@@ -102,6 +102,10 @@ class CrabEnv:
         self.done = False
         self._sb: AsyncSandbox | None = None
         self._turns: list[int] = []
+        # Steps before this index were taken before the sandbox's last restore or fork (or by the
+        # sandbox it was forked from): a recovery never loses them, and their turn numbers may be
+        # another sandbox's or another line's, so lost turn numbers are matched after it only.
+        self._line_start = 0
         # Whether the sandbox's head checkpoint is its current state (after a restore, fork or
         # recovery, until the next step); right after reset no checkpoint exists yet.
         self._at_head = False
@@ -117,6 +121,7 @@ class CrabEnv:
             name=sb.name,
         )
         env._sb, env._turns, env._at_head = sb, list(snap.turns), True
+        env._line_start = len(env._turns)
         return env
 
     # --- lifetime ------------------------------------------------------------------------
@@ -151,7 +156,7 @@ class CrabEnv:
         """A fresh sandbox with the task's environment; the observation is the task's instruction."""
         await self.close()
         self._sb = await acreate(self.client, self.task, name=self.name, checkpoints=self.checkpoints)
-        self._turns, self.done, self._at_head = [], False, False
+        self._turns, self.done, self._at_head, self._line_start = [], False, False, 0
         return self.task.spec.instruction.strip()
 
     async def step(self, action: str | Sequence[str] | None) -> StepResult:
@@ -207,15 +212,14 @@ class CrabEnv:
             raise EnvError(f"{self.task.name}: the episode is over; snapshot before the final step")
         await sb.checkpoints()  # settles: the last turn's checkpoint is now durable, skipped or failed
         info = await sb.refresh()
-        current = self._at_head
-        if self._turns and not current:
+        ckpt = info.head if self._at_head else ""
+        if self._turns and not self._at_head:
             last = await sb.turns(limit=1)
-            # "skipped": the inspector found the turn changed nothing since the head checkpoint.
-            current = bool(last) and last[-1].number == self._turns[-1]
-            current = current and last[-1].checkpoint_state in ("done", "skipped")
-        if current and info.head:
-            ckpt = info.head
-        else:
+            # The checkpoint holding the state the last step's turn ended in: its own, or for a
+            # skipped turn (the inspector found nothing changed) the one it was compared with.
+            if last and last[-1].number == self._turns[-1]:
+                ckpt = last[-1].state_checkpoint
+        if not ckpt:
             # No turn checkpoint covers this state (fresh from reset, or the turn's failed): take one.
             ckpt = (await sb.checkpoint(label or f"rl-step-{self.steps}", kind="full")).id
         self._at_head = True
@@ -228,6 +232,7 @@ class CrabEnv:
             raise EnvError(f"snapshot of task {snap.task} cannot restore an environment of {self.task.name}")
         await sb.restore(snap.checkpoint_id)
         self._turns, self.done, self._at_head = list(snap.turns), False, True
+        self._line_start = len(self._turns)
 
     async def fork(self, n: int, snap: Snapshot | None = None) -> EnvGroup:
         """``n`` new environments in the state of ``snap`` (default: a snapshot taken now)."""
@@ -246,12 +251,12 @@ class CrabEnv:
         sb = self._checkpointed()
         done = await sb.recover()
         lost = set(done.lost_turns)
-        kept = 0
+        kept = self._line_start
         while kept < len(self._turns) and self._turns[kept] not in lost:
             kept += 1
         lost_steps = len(self._turns) - kept
         del self._turns[kept:]
-        self.done, self._at_head = False, True
+        self.done, self._at_head, self._line_start = False, True, kept
         return Recovery(kept, lost_steps, done.checkpoint)
 
 

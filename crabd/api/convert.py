@@ -53,6 +53,7 @@ def sandbox_to_pb(rec: SandboxRecord, head: str = "") -> pb.Sandbox:
         branch=rec.branch,
         head=head,
         recovery=s.recovery,
+        not_restored=rec.not_restored,
     )
 
 
@@ -99,6 +100,7 @@ def turn_to_pb(t: TurnRecord) -> pb.Turn:
         checkpoint_id=t.checkpoint_id or "",
         checkpoint_state=t.checkpoint_state or "",
         checkpoint_error=t.checkpoint_error or "",
+        basis_checkpoint=t.basis_id or "",
     )
 
 

@@ -282,7 +282,10 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def Fork(self, request: pb.ForkRequest, context: Any) -> pb.ForkResponse:
         async def go(c: Caller) -> pb.ForkResponse:
-            ckpt, recs = await self.service.fork(c, request.checkpoint, request.sandbox, request.n, request.name_prefix)
+            turn = request.turn if request.HasField("turn") else None
+            ckpt, recs = await self.service.fork(
+                c, request.checkpoint, request.sandbox, request.n, request.name_prefix, turn
+            )
             return pb.ForkResponse(checkpoint=ckpt, sandboxes=[sandbox_to_pb(r, ckpt) for r in recs])
 
         return await self._call(context, go)
@@ -326,6 +329,7 @@ class CrabServicer(pb_grpc.CrabServicer):
                 checkpoint_turn=done.checkpoint.turn,
                 lost_turns=done.lost_turns,
                 kind=done.checkpoint.kind,
+                not_restored=done.not_restored,
             )
 
         return await self._call(context, go)

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree as RichTree
 
@@ -188,13 +189,22 @@ def recover(sandbox: str, as_json: JsonOpt = False) -> None:
     out.print(f"{done.sandbox.name} recreated from {done.checkpoint} (turn {done.checkpoint_turn}): {what}")
     if done.lost_turns:
         err.print(f"[yellow]lost: the effects of turns {', '.join(map(str, done.lost_turns))}[/yellow]")
+    _print_not_restored(done.not_restored)
+
+
+def _print_not_restored(items: list[str], name: str = "") -> None:
+    """What a restore, fork or recovery could not bring back (on stderr, so scripts still parse stdout)."""
+    for item in items:
+        err.print(f"[yellow]not restored{f' in {name}' if name else ''}: {escape(item)}[/yellow]")
 
 
 @app.command()
 def restore(
     sandbox: str,
     checkpoint: Annotated[str, typer.Argument(help="Checkpoint id (or use --turn).")] = "",
-    turn: Annotated[int | None, typer.Option("--turn", "-t", help="Restore the checkpoint of this turn.")] = None,
+    turn: Annotated[
+        int | None, typer.Option("--turn", "-t", help="Restore the state this turn ended in (0: the start).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Roll a sandbox back (or forward) in place: its files and session become the checkpoint's."""
@@ -208,6 +218,7 @@ def restore(
         emit_json(asdict(info))
     else:
         out.print(f"{info.name} now at {info.head} (branch {info.branch}) in {time.monotonic() - t0:.2f} s")
+        _print_not_restored(info.not_restored)
 
 
 @app.command()
@@ -215,23 +226,27 @@ def fork(
     source: Annotated[str, typer.Argument(help="A checkpoint id, or a sandbox (its latest checkpoint).")],
     n: Annotated[int, typer.Option("-n", help="How many sandboxes to make.")] = 1,
     name_prefix: Annotated[str, typer.Option("--name", help="Name them <name>-1 .. <name>-N.")] = "",
+    turn: Annotated[
+        int | None, typer.Option("--turn", "-t", help="With a sandbox: the state at the end of this turn of it.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Start N new sandboxes from a checkpoint, each with its own container and network identity."""
     t0 = time.monotonic()
     with client() as c:
         sbs = None
-        if source.startswith("ck-"):
+        if source.startswith("ck-") and turn is None:
             with contextlib.suppress(CheckpointNotFound):  # a sandbox may be named like one
                 sbs = c.fork(source, n, name_prefix=name_prefix)
         if sbs is None:
-            sbs = c.get(source).fork(n, name_prefix=name_prefix)
+            sbs = c.get(source).fork(n, name_prefix=name_prefix, turn=turn)
     infos: list[SandboxInfo] = [s.info for s in sbs]
     if as_json:
         emit_json([asdict(i) for i in infos])
         return
     for i in infos:
         out.print(f"{i.id} {i.name} {i.ip_address or ''}".rstrip())
+        _print_not_restored(i.not_restored, i.name)
     err.print(f"[dim]{len(infos)} sandboxes from {infos[0].origin} in {time.monotonic() - t0:.2f} s[/dim]")
 
 

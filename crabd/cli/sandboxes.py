@@ -114,6 +114,7 @@ def _decision_dict(t: Turn) -> dict[str, object]:
         "checkpoint": t.checkpoint_id or None,
         "checkpoint_state": t.checkpoint_state or None,
         "checkpoint_error": t.checkpoint_error or None,
+        "basis_checkpoint": t.basis_checkpoint or None,
         "inspector": d.inspector if d else None,
         "seconds": d.seconds if d else None,
         "paired_with": (d.paired_with or None) if d else None,
@@ -150,7 +151,13 @@ def inspect(
         head = f"turn {turn}: [{_DECISION_STYLE.get(d.kind, 'white')}]{d.kind}[/]"
         head += f" by the {d.inspector} inspector in {d.seconds * 1000:.1f} ms"
         t0 = found[0]
-        out.print(head + (f", checkpoint {t0.checkpoint_id}" if t0.checkpoint_id else f" ({t0.checkpoint_state})"))
+        if t0.checkpoint_id:
+            head += f", checkpoint {t0.checkpoint_id}"
+        elif t0.basis_checkpoint:
+            head += f" (ended in the state of {t0.basis_checkpoint})"
+        else:
+            head += f" ({t0.checkpoint_state})"
+        out.print(head)
         if t0.checkpoint_error:
             out.print(f"  [red]checkpoint {t0.checkpoint_state}:[/red] {t0.checkpoint_error}")
         if d.paired_with:
@@ -178,7 +185,9 @@ def inspect(
             dt.add_row(
                 str(t.number),
                 f"[{_DECISION_STYLE.get(d.kind, 'white')}]{d.kind}[/]",
-                t.checkpoint_id or (t.checkpoint_state if t.checkpoint_state in ("pending", "failed", "lost") else "-"),
+                t.checkpoint_id
+                or (f"= {t.basis_checkpoint}" if t.basis_checkpoint else "")
+                or (t.checkpoint_state if t.checkpoint_state in ("pending", "failed", "lost") else "-"),
                 f"{d.seconds * 1000:.1f}",
                 why[:100] + more,
             )

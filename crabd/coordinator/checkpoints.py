@@ -36,6 +36,7 @@ from crabd.backends.fsdelta import FsDelta
 from crabd.backends.overlay.scan import TICK_NS
 from crabd.backends.procdump import DumpResult, ProcessDumper
 from crabd.backends.sandbox import SandboxBackend
+from crabd.coordinator import turnmap
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.errors import CrabError, InvalidRequest, StalePairing
 from crabd.inspector.decide import Inspector
@@ -370,31 +371,9 @@ class Checkpointer:
         return bool(rec.origin) and any(c.id == ckpt.id for c in self.catalog.lineage(rec.origin))
 
     def resolve_turn(self, rec: SandboxRecord, turn: int) -> CheckpointRecord:
-        """The state at the end of ``turn`` on the sandbox's current line (its head's ancestry).
+        """The checkpoint holding the state ``rec`` ended its turn ``turn`` in, on the line where that turn happened.
 
-        That is the checkpoint of that turn, or, when the inspector found the
-        turn changed nothing (no checkpoint), the last one before it.  Off the
-        current line: the sandbox's newest checkpoint of that turn.
+        See ``coordinator/turnmap.py``: never another state; a turn whose
+        state no checkpoint holds (failed, lost, open, ...) is an error.
         """
-        head = self.catalog.head(rec.id)
-        if head and head.checkpoint:
-            line = [c for c in self.catalog.lineage(head.checkpoint.id) if self.may_restore(rec, c)]
-            for c in reversed(line):
-                if c.turn == turn:
-                    return c
-            ended = {
-                t.number: t.ended_at
-                for t in self.sandboxes.registry.list_turns(rec.id)
-                if t.decision_json and not t.checkpoint_id and t.ended_at
-            }
-            if turn in ended:  # decided "skip": the state of the line's checkpoint at that moment
-                earlier = [c for c in line if c.turn < turn and c.created_at <= (ended[turn] or 0)]
-                if earlier:
-                    return earlier[-1]
-        found = [c for c in self.catalog.by_turn(rec.id, turn)]
-        if not found:
-            raise InvalidRequest(
-                f"sandbox {rec.name} has no checkpoint of turn {turn}",
-                hint=f"List them with `crabctl checkpoint ls {rec.name}`.",
-            )
-        return found[-1]
+        return turnmap.resolve_turn(self.sandboxes.registry, self.catalog, rec, turn)

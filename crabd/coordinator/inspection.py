@@ -35,16 +35,54 @@ from crabd.errors import CrabError, StalePairing
 from crabd.inspector.decide import Inspector, TurnEnd
 from crabd.inspector.model import FS, FULL, SKIP, Decision
 from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
+from crabd.runtime import session_os
 
 log = logging.getLogger("crabd.inspector")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What one turn end needs: ``kind`` skip, fs or full; ``decision`` under the "auto" policy."""
+    """What one turn end needs: ``kind`` skip, fs or full; ``decision`` under the "auto" policy.
+
+    ``basis``: the head checkpoint the decision compared the sandbox with; for
+    a skip, the checkpoint whose state the turn ended in (recorded with the
+    turn, so that its number keeps naming that state after the head moves).
+    """
 
     kind: str
     decision: Decision | None
+    basis: str | None = None
+
+
+def _keep_session_descriptors(d: Decision, session_json: str | None, head_session_json: str | None) -> None:
+    """A turn end whose session bash holds descriptors a files-only checkpoint would lose is taken full.
+
+    A files-only checkpoint restores the session as a fresh bash with its
+    semantic state re-applied, and descriptors cannot be re-created exactly
+    from outside the process: a re-opened file has another offset (and
+    ``>`` would truncate it), and a pipe, socket or eventfd cannot be
+    re-opened at all.  CRIU's image holds the bash exactly, offsets and
+    peers included, and sessions holding descriptors are rare (``exec
+    7>file``), so this is both exact and cheap.  Resource limits need no
+    process image: a restore re-applies them exactly (``runtime/session_os.py``).
+
+    What each decision would restore the session's descriptors from:
+    an fs checkpoint without pairing, a fresh bash (none beyond 0-2), so it
+    is taken full if the session holds any; a paired one, the head image's
+    bash, and a skip, the head itself, so either is taken full if they
+    differ from the head's.
+    """
+    if d.kind == FULL:
+        return
+    if d.kind == FS and not d.paired_with:
+        held = session_os.held_descriptors(session_json)
+        change = "the session holds open descriptors (fd " + ", ".join(map(str, held[:8])) + ")" if held else ""
+    else:
+        change = session_os.descriptors_changed(session_json, head_session_json)
+    if change:
+        d.kind = FULL
+        d.paired_with = d.paired_image = None
+        d.reasons.append(f"{change}: only a process checkpoint brings them back")
 
 
 class TurnInspection:
@@ -117,15 +155,20 @@ class TurnInspection:
 
     async def decide(self, rec: SandboxRecord, session_json: str | None) -> Decision:
         """What the sandbox's state now needs, compared with its head checkpoint."""
+        return (await self._decide(rec, session_json))[0]
+
+    async def _decide(self, rec: SandboxRecord, session_json: str | None) -> tuple[Decision, str | None]:
+        """:meth:`decide`, and the id of the head checkpoint it compared with."""
         st = await self.sandboxes.running(rec)
         session_pid = await self.sandboxes.session_pid(rec, st)
-        head = self.ck.catalog.head(rec.id)
         upper = Path(st.upper_dir or await asyncio.to_thread(self.ck.backend.upper_dir, rec.container_id))
 
-        def go() -> Decision:
+        def go() -> tuple[Decision, str | None]:
+            # Read under the op lock: no restore or checkpoint moves the head while it is compared with.
+            head = self.ck.catalog.head(rec.id)
             tree = self._head_tree(rec.id, head.index_blob) if head else None
             head_session = self._head_session(rec.id, head.checkpoint) if head and head.checkpoint else None
-            return self.inspector.decide(
+            d = self.inspector.decide(
                 TurnEnd(
                     sandbox_id=rec.id,
                     container_id=rec.container_id,
@@ -140,6 +183,8 @@ class TurnInspection:
                     head_session_json=head_session,
                 )
             )
+            _keep_session_descriptors(d, session_json, head_session)
+            return d, head.checkpoint.id if head and head.checkpoint else None
 
         async with self.sandboxes.op_lock(rec.id):
             return await asyncio.to_thread(go)
@@ -192,7 +237,7 @@ class TurnInspection:
             return None
         if policy != "auto":
             return Plan(FULL if policy == "full" else FS, None)
-        d = await self.decide(rec, session_json)
+        d, basis = await self._decide(rec, session_json)
         await asyncio.to_thread(self.sandboxes.registry.set_decision, rec.id, turn, d.to_json(), None)
         log.info(
             "turn decided",
@@ -205,7 +250,7 @@ class TurnInspection:
                 "reasons": d.reasons[:4],
             },
         )
-        return Plan(d.kind, d)
+        return Plan(d.kind, d, basis)
 
     async def execute(
         self,

@@ -3,7 +3,10 @@
 "Latest" is the sandbox's head — the checkpoint its files descend from on
 its current branch.  A full checkpoint brings its processes back, an fs one
 its files and session state.  Turns recorded after that checkpoint had
-effects that are gone; recovery reports them, so an agent can redo them.
+effects that are gone; recovery reports them (``turnmap.lost_turns``), so an
+agent can redo them, and it reports what of the checkpoint's own state the
+new container could not be given (``not_restored``: e.g. the session bash's
+open descriptors after a files-only checkpoint).
 
 With ``recovery="auto"`` crabd does this by itself: a watcher lists the
 containers of this daemon that exited (one Docker call every
@@ -19,12 +22,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.restore import Restorer
+from crabd.coordinator.turnmap import lost_turns
 from crabd.errors import CrabError, InvalidRequest
-from crabd.models import CheckpointRecord, SandboxRecord, SandboxState, TurnRecord
+from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
 
 log = logging.getLogger("crabd.recovery")
 
@@ -37,25 +41,8 @@ class Recovered:
     sandbox: SandboxRecord
     checkpoint: CheckpointRecord
     lost_turns: list[int]
-
-
-def lost_turns(turns: list[TurnRecord], checkpoint_turn: int, *, inherited: bool = False) -> list[int]:
-    """The turns (``turns`` in order) whose effects a restore of a checkpoint of ``checkpoint_turn`` loses.
-
-    Turns right after it that the inspector decided to skip are not lost:
-    each ended with the sandbox exactly as that checkpoint holds it.  From
-    the first turn that changed something (or whose checkpoint never became
-    durable, or that never ended) on, everything is lost.
-
-    ``inherited``: the checkpoint is the one the sandbox was forked from,
-    whose turn number is another sandbox's; a fork numbers its own turns
-    from 1, and all of them came after it.
-    """
-    later = [t for t in turns if inherited or t.number > checkpoint_turn]
-    for i, t in enumerate(later):
-        if t.checkpoint_state != "skipped":
-            return [x.number for x in later[i:]]
-    return []
+    #: What of the checkpoint's state the new container could not be given (see ``SandboxRecord.not_restored``).
+    not_restored: list[str] = field(default_factory=list)
 
 
 class Recovery:
@@ -92,13 +79,19 @@ class Recovery:
             raise InvalidRequest(f"sandbox {rec.name} is still being created")
         ckpt = self._latest(rec)
         turns = self.sandboxes.registry.list_turns(rec.id)
-        lost = lost_turns(turns, ckpt.turn, inherited=ckpt.sandbox_id != rec.id)
+        lost = lost_turns(turns, ckpt, rec)
         out = await self.restorer.restore(rec, ckpt)
         log.warning(
             "sandbox recovered",
-            extra={"sandbox": rec.id, "checkpoint": ckpt.id, "kind": ckpt.kind, "lost_turns": lost},
+            extra={
+                "sandbox": rec.id,
+                "checkpoint": ckpt.id,
+                "kind": ckpt.kind,
+                "lost_turns": lost,
+                "not_restored": out.not_restored,
+            },
         )
-        return Recovered(out, ckpt, lost)
+        return Recovered(out, ckpt, lost, list(out.not_restored))
 
     # --- automatic recovery ---------------------------------------------------------
 

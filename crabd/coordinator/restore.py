@@ -9,7 +9,10 @@ Both work the same way, and neither ever writes into a running sandbox:
 3. record the new files' inode numbers and ctimes as a *stat index*, so the
    next delta is computed against what is really on disk;
 4. start it, wait for crab's init, start a session with the checkpoint's
-   session state re-applied;
+   session state re-applied (its resource limits set from the host), then
+   compare the session's limits and open descriptors with the state's: what
+   differs is reported as ``not_restored`` (a files-only checkpoint cannot
+   re-open descriptors; see ``runtime/session_os.py``);
 5. in ONE transaction, point the sandbox at the new container and its head
    at the checkpoint.
 
@@ -37,11 +40,16 @@ from typing import Any
 
 from crabd.backends.criu.sockets import close_external_connections
 from crabd.backends.overlay.scan import TICK_NS
+from crabd.backends.sandbox import ContainerStatus
 from crabd.coordinator.checkpoints import Blobs, Checkpointer
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.runner import Session
-from crabd.errors import ImageError, InvalidRequest, SandboxBusy
+from crabd.coordinator.sandboxes import env_dict
+from crabd.errors import ImageError, InvalidRequest, SandboxBusy, SessionProcessError
 from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
+from crabd.runtime import session_os
+from crabd.runtime.initproto import InitConnection
+from crabd.runtime.session_state import SessionState
 from crabd.store.registry import spec_from_json
 
 log = logging.getLogger("crabd.restore")
@@ -85,6 +93,40 @@ class Restorer:
         it (replacing the bash would end the jobs it started).
         """
         return None if ckpt.process_blob and ckpt.kind == "full" else session_json
+
+    async def _fresh_session(
+        self, rec: SandboxRecord, container_id: str, st: ContainerStatus, state_json: str | None, *, keep_bash: bool
+    ) -> tuple[Session, list[str]]:
+        """A session on a just-started container, with ``state_json`` re-applied; and what it lacks of it.
+
+        ``keep_bash``: a process image brought the session's bash back; apply
+        the state to it rather than replace it, so its background jobs live on.
+        The bash's resource limits are set from the host, then its limits and
+        descriptors are read back and compared with the state's: what differs
+        is returned, for the caller to report (``runtime/session_os.py``).
+        """
+
+        async def connect() -> InitConnection:
+            return await InitConnection.open(netns=f"/proc/{st.pid}/ns/net")
+
+        session = Session(connect, env_dict(st.env), rec.spec.workdir)
+        session.probe = self.sandboxes.session_probe(container_id, rec.id)
+        if not state_json:
+            return session, []
+        state = SessionState.from_json(state_json)
+        if keep_bash:
+            await session.apply(state)
+        else:
+            await session.restart(state)
+        if state.limits is None and state.fds is None:
+            return session, []  # a capture from before crab recorded them: nothing known to compare
+        nspid = await session.pid()
+        try:
+            if nspid is None:
+                raise SessionProcessError("the session's bash did not start", sandbox=rec.id)
+            return session, await asyncio.to_thread(session_os.restore, container_id, nspid, state.limits, state.fds)
+        except SessionProcessError as exc:
+            return session, [f"the session's resource limits and open descriptors: {exc.message}"]
 
     def _set_head(self, conn: sqlite3.Connection, sandbox_id: str, ckpt: CheckpointRecord, prep: _Prepared) -> None:
         """Within the caller's transaction: the sandbox's files now descend from ``ckpt``, as ``prep`` wrote them."""
@@ -177,8 +219,8 @@ class Restorer:
         t_launch = time.monotonic()
         try:
             # A process checkpoint brought the session's bash back itself.
-            session = await self.sandboxes.fresh_session(
-                st, rec.spec, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
+            session, not_restored = await self._fresh_session(
+                rec, new_cid, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
             )
             t_session = time.monotonic()
             await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
@@ -222,9 +264,12 @@ class Restorer:
                 "total_ms": round((t_end - t0) * 1000, 1),
             },
         )
+        if not_restored:
+            log.warning("restore incomplete", extra={"sandbox": rec.id, "checkpoint": ckpt.id, "lost": not_restored})
         out = self.sandboxes.get(rec.id)
         assert out is not None
         out.ip_address = st.ip_address
+        out.not_restored = not_restored
         return out
 
     # --- fork ----------------------------------------------------------------------------
@@ -257,7 +302,7 @@ class Restorer:
                     )
                 gate = asyncio.Semaphore(FORK_PARALLEL)
 
-                async def one(r: SandboxRecord) -> tuple[Session, str]:
+                async def one(r: SandboxRecord) -> tuple[Session, str, list[str]]:
                     async with gate:
                         return await self._clone(r, ckpt, tree, session_json)
 
@@ -277,23 +322,23 @@ class Restorer:
             await self._watch(r, ckpt)
             got = self.sandboxes.get(r.id)
             assert got is not None
-            got.ip_address = res[1]
+            got.ip_address, got.not_restored = res[1], res[2]
             out.append(got)
         log.info("checkpoint forked", extra={"checkpoint": ckpt.id, "n": n, "sandboxes": [r.id for r in out]})
         return out
 
     async def _clone(
         self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: list[Any], session_json: str | None
-    ) -> tuple[Session, str]:
+    ) -> tuple[Session, str, list[str]]:
         prep = _Prepared()
-        _, st = await self.sandboxes.launch(
+        cid, st = await self.sandboxes.launch(
             rec,
             ckpt.image,
             prepare=self._preparer(tree, prep, ckpt),
             checkpoint=PROCESS_CHECKPOINT if ckpt.process_blob else "",
         )
-        session = await self.sandboxes.fresh_session(
-            st, rec.spec, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
+        session, not_restored = await self._fresh_session(
+            rec, cid, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
         )
         await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
         reg = self.sandboxes.registry
@@ -304,7 +349,7 @@ class Restorer:
                 reg.update_sandbox(rec.id, state=SandboxState.RUNNING)
 
         await asyncio.to_thread(commit)
-        return session, st.ip_address
+        return session, st.ip_address, not_restored
 
     async def _undo_clone(self, rec: SandboxRecord) -> None:
         await asyncio.to_thread(self.ck.catalog.drop_head, rec.id)

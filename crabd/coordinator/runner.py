@@ -21,6 +21,7 @@ import errno as errno_mod
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from crabd.errors import InitSpawnError, InitUnavailable, InvalidRequest, SandboxBusy
 from crabd.models import ExecOutcome
@@ -31,6 +32,9 @@ from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Std
 ChunkSink = Callable[[str, bytes], Awaitable[None]]
 #: Opens a fresh connection to the sandbox's init.
 Connector = Callable[[], Awaitable[InitConnection]]
+#: Given the session bash's pid inside the sandbox: its (limits, descriptors), or None if unreadable
+#: (see ``runtime/session_os.py``).
+ProcessProbe = Callable[[int], Awaitable[tuple[dict[str, list[int]], list[dict[str, Any]]] | None]]
 
 SESSION_NAME = "crab-session"
 SESSION_ARGV = ["bash", "--noprofile", "--norc"]
@@ -140,6 +144,8 @@ class Session:
         self._env = env
         self._workdir = workdir
         self._lock = asyncio.Lock()
+        #: Reads the idle bash's limits and descriptors from the host (set by the coordinator).
+        self.probe: ProcessProbe | None = None
 
     @property
     def busy(self) -> bool:
@@ -267,11 +273,14 @@ class Session:
         async with self._lock:
             conn = await self._connect()
             async with conn:
-                if not any(p.name == SESSION_NAME and p.alive for p in await conn.list()):
+                pids = [p.pid for p in await conn.list() if p.name == SESSION_NAME and p.alive]
+                if not pids:
                     return None
             outcome = await self._run_locked(
                 session_state.CAPTURE_COMMAND, timeout_s=timeout_s, max_output=64 << 20, sink=None, keep_status=True
             )
+            # Still under the lock: bash is idle, holding only its own descriptors.
+            extra = await self.probe(pids[0]) if self.probe and outcome.exit_code == 0 else None
 
         if outcome.exit_code != 0 or outcome.session_ended:
             raise InitUnavailable(
@@ -279,7 +288,10 @@ class Session:
                 f"{outcome.stderr[-500:].decode('utf-8', 'replace')}",
                 sandbox="",
             )
-        return session_state.parse_state(outcome.stdout)
+        state = session_state.parse_state(outcome.stdout)
+        if extra is not None:
+            state.limits, state.fds = extra
+        return state
 
     async def apply(self, state: session_state.SessionState, *, timeout_s: float = 60.0) -> None:
         """Make the running bash's state ``state`` without replacing it (its background jobs live on)."""

@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus, SandboxBackend
 from crabd.config import CrabConfig
-from crabd.coordinator.runner import Session
+from crabd.coordinator.runner import ProcessProbe, Session
 from crabd.coordinator.turns import TurnKeeper
 from crabd.errors import (
     AlreadyExists,
@@ -41,7 +41,7 @@ from crabd.errors import (
 )
 from crabd.host import images
 from crabd.models import SandboxRecord, SandboxSpec, SandboxState
-from crabd.runtime import session_state
+from crabd.runtime import session_os
 from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
 from crabd.store.registry import Registry
@@ -255,6 +255,7 @@ class SandboxManager:
             live.session = Session(connect, env_dict(st.env), rec.spec.workdir)
         else:
             live.session._connect = connect
+        live.session.probe = self.session_probe(rec.container_id, rec.id)
         return live.session
 
     # --- create / adopt / stop / remove ---------------------------------------
@@ -377,24 +378,21 @@ class SandboxManager:
         """Undo a sandbox that never reached ``running`` (its container, if any, and its row)."""
         await self._rollback(rec)
 
-    async def fresh_session(
-        self, st: ContainerStatus, spec: SandboxSpec, state_json: str | None, *, keep_bash: bool = False
-    ) -> Session:
-        """A session on a just-started container, with ``state_json`` re-applied.
+    def session_probe(self, container_id: str, sandbox_id: str) -> ProcessProbe:
+        """Reads the idle session bash's limits and descriptors from /proc (``runtime/session_os.py``).
 
-        ``keep_bash``: a process image brought the session's bash back; apply
-        the state to it rather than replace it, so its background jobs live on.
+        A failure is logged and leaves them unrecorded: the capture itself
+        stands, and a restore reports nothing it cannot know about.
         """
 
-        async def connect() -> InitConnection:
-            return await InitConnection.open(netns=f"/proc/{st.pid}/ns/net")
+        async def probe(nspid: int) -> tuple[session_os.Limits, session_os.Fds] | None:
+            try:
+                return await asyncio.to_thread(session_os.capture, container_id, nspid)
+            except CrabError as exc:
+                log.warning("session process state not read", extra={"sandbox": sandbox_id, "error": str(exc)})
+                return None
 
-        session = Session(connect, env_dict(st.env), spec.workdir)
-        if state_json and keep_bash:
-            await session.apply(session_state.SessionState.from_json(state_json))
-        elif state_json:
-            await session.restart(session_state.SessionState.from_json(state_json))
-        return session
+        return probe
 
     def bind_session(self, sandbox_id: str, session: Session | None) -> None:
         """Make ``session`` the sandbox's session (after its container was replaced)."""

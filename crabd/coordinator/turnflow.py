@@ -148,8 +148,14 @@ class TurnFlow:
     async def _enqueue(self, rec: SandboxRecord, turn: TurnRecord, plan: Plan | None) -> Job | None:
         registry = self.sandboxes.registry
         if plan is None or plan.kind == SKIP:
+            # A skipped turn ended in the state of the head it was compared with: noted, so that
+            # its number names that state even after a restore moves the head (coordinator/turnmap.py).
             await asyncio.to_thread(
-                registry.set_turn_checkpoint, rec.id, turn.number, "none" if plan is None else "skipped"
+                registry.set_turn_checkpoint,
+                rec.id,
+                turn.number,
+                "none" if plan is None else "skipped",
+                basis_id=plan.basis if plan is not None else None,
             )
             return None
         await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, turn.number, "pending")
@@ -178,7 +184,8 @@ class TurnFlow:
         decision_json = plan.decision.to_json() if plan and plan.decision else None
         if job is None:
             state = "none" if plan is None else "skipped"
-            return replace(turn, decision_json=decision_json, checkpoint_state=state)
+            basis = plan.basis if plan is not None else None
+            return replace(turn, decision_json=decision_json, checkpoint_state=state, basis_id=basis)
         if job.error is not None:
             if raise_failed:
                 raise CheckpointFailed(

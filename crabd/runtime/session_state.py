@@ -21,6 +21,11 @@ quotes, ``=`` or non-UTF-8 bytes round-trip exactly.  In Python, text is
 decoded with ``surrogateescape``, and JSON keeps lone surrogates as
 ``\\udcXX`` escapes, so bytes survive storage too.
 
+The bash's resource limits and open descriptors are not in the capture:
+crabd reads them from /proc on the host and adds them (``limits``, ``fds``;
+see ``session_os.py``).  Captures stored before these fields existed load
+with them unset (None: not recorded).
+
 Variables bash manages itself (dynamic, readonly or per-process: BASH*,
 EUID, PPID, RANDOM, SECONDS, LINENO, PIPESTATUS, SHELLOPTS, ...) and crab's
 own ``__crab_*`` helpers are neither captured nor restored; PWD and OLDPWD
@@ -135,6 +140,10 @@ class SessionState:
     shopt_options: str = ""  # `shopt -p` text
     traps: str = ""  # `trap -p` text
     dirstack: list[str] = field(default_factory=list)
+    # Read by crabd from /proc, not by the capture command (formats: runtime/session_os.py).
+    # None: not recorded (a capture older than these fields, or /proc could not be read).
+    limits: dict[str, list[int]] | None = None  # name -> [soft, hard], -1 = unlimited
+    fds: list[dict[str, Any]] | None = None  # open descriptors beyond 0-2
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, ensure_ascii=True)

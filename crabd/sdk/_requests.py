@@ -128,5 +128,15 @@ def restore_request(sandbox: str, checkpoint: object | None, turn: int | None) -
     )
 
 
+def fork_request(sandbox: str, n: int, name_prefix: str, turn: int | None) -> pb.ForkRequest:
+    """Fork a sandbox's latest checkpoint, or (``turn``) the state at the end of that turn of it."""
+    if turn is not None and turn < 0:
+        raise InvalidRequest(f"turn {turn} must be >= 0")
+    req = pb.ForkRequest(sandbox=sandbox, n=n, name_prefix=name_prefix)
+    if turn is not None:
+        req.turn = turn
+    return req
+
+
 def failures_from_pb(m: pb.ListFailuresResponse) -> list[CheckpointFailure]:
     return [CheckpointFailure(f.sandbox_id, f.turn, f.kind, f.at, f.error, f.log_path) for f in m.failures]

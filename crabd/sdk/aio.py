@@ -352,11 +352,19 @@ class AsyncSandbox:
         return self.info
 
     async def fork(
-        self, n: int = 1, checkpoint: str | CheckpointInfo | None = None, *, name_prefix: str = ""
+        self,
+        n: int = 1,
+        checkpoint: str | CheckpointInfo | None = None,
+        *,
+        name_prefix: str = "",
+        turn: int | None = None,
     ) -> list[AsyncSandbox]:
+        """See :meth:`crabd.sdk.Sandbox.fork`."""
+        if checkpoint is not None and turn is not None:
+            raise InvalidRequest("fork needs at most one of: a checkpoint, or turn=N")
         if checkpoint is not None:
             return await self.client.fork(checkpoint, n, name_prefix=name_prefix)
-        req = pb.ForkRequest(sandbox=self.id, n=n, name_prefix=name_prefix)
+        req = rq.fork_request(self.id, n, name_prefix, turn)
         resp = await self.client._unary("Fork", req, timeout=self.client.timeout + 30.0 * n)
         return [AsyncSandbox(self.client, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
 

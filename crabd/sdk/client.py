@@ -392,20 +392,31 @@ class Sandbox:
     def restore(self, checkpoint: str | CheckpointInfo | None = None, *, turn: int | None = None) -> SandboxInfo:
         """Roll back (or forward) in place: files and session become exactly the checkpoint's.
 
-        Name a checkpoint, or ``turn=N`` for the checkpoint of turn N on this
-        sandbox's current line.  Processes do not survive a filesystem restore.
+        Name a checkpoint, or ``turn=N`` for the state this sandbox ended its
+        turn N in — on the line of history where that turn happened, also after
+        restores (an error if no checkpoint holds that state, e.g. its
+        checkpoint failed).  Processes do not survive a filesystem restore;
+        ``info.not_restored`` lists what could not be brought back.
         """
         req = rq.restore_request(self.id, checkpoint, turn)
         self.info = SandboxInfo.from_pb(self.client._unary("Restore", req))
         return self.info
 
     def fork(
-        self, n: int = 1, checkpoint: str | CheckpointInfo | None = None, *, name_prefix: str = ""
+        self,
+        n: int = 1,
+        checkpoint: str | CheckpointInfo | None = None,
+        *,
+        name_prefix: str = "",
+        turn: int | None = None,
     ) -> list[Sandbox]:
-        """``n`` new sandboxes from ``checkpoint`` (default: this sandbox's latest checkpoint)."""
+        """``n`` new sandboxes from ``checkpoint``, or from the state at the end of ``turn=N``
+        (default: this sandbox's latest checkpoint)."""
+        if checkpoint is not None and turn is not None:
+            raise InvalidRequest("fork needs at most one of: a checkpoint, or turn=N")
         if checkpoint is not None:
             return self.client.fork(checkpoint, n, name_prefix=name_prefix)
-        req = pb.ForkRequest(sandbox=self.id, n=n, name_prefix=name_prefix)
+        req = rq.fork_request(self.id, n, name_prefix, turn)
         resp = self.client._unary("Fork", req, timeout=self.client.timeout + 30.0 * n)
         return [Sandbox(self.client, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
 

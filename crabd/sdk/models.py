@@ -36,6 +36,9 @@ class SandboxInfo:
     branch: int = 0
     head: str = ""
     recovery: str = "manual"
+    #: Set by restore, fork and recover: what of the checkpoint's state the new container could
+    #: not be given (e.g. the session's open descriptors after a files-only checkpoint).
+    not_restored: list[str] = field(default_factory=list)
 
     @classmethod
     def from_pb(cls, m: pb.Sandbox) -> SandboxInfo:
@@ -65,6 +68,7 @@ class SandboxInfo:
             branch=m.branch,
             head=m.head,
             recovery=m.recovery,
+            not_restored=list(m.not_restored),
         )
 
 
@@ -144,6 +148,15 @@ class Turn:
     checkpoint_state: str = ""
     #: Why the checkpoint failed or was lost.
     checkpoint_error: str = ""
+    #: A skipped turn: the checkpoint whose state it ended in (what ``restore(turn=N)`` restores).
+    basis_checkpoint: str = ""
+
+    @property
+    def state_checkpoint(self) -> str:
+        """The checkpoint holding the state this turn ended in ("" if none does, or not yet)."""
+        if self.checkpoint_state == "done":
+            return self.checkpoint_id
+        return self.basis_checkpoint if self.checkpoint_state == "skipped" else ""
 
     @classmethod
     def from_pb(cls, m: pb.Turn) -> Turn:
@@ -173,6 +186,7 @@ class Turn:
             checkpoint_id=m.checkpoint_id,
             checkpoint_state=m.checkpoint_state,
             checkpoint_error=m.checkpoint_error,
+            basis_checkpoint=m.basis_checkpoint,
         )
 
 
@@ -455,7 +469,17 @@ class Recovered:
     kind: str
     #: Turns whose effects came after the checkpoint and are gone.
     lost_turns: list[int]
+    #: What of the checkpoint's own state could not be brought back (e.g. the session's open
+    #: descriptors, when the checkpoint holds files and shell state only).
+    not_restored: list[str] = field(default_factory=list)
 
     @classmethod
     def from_pb(cls, m: pb.RecoverResponse) -> Recovered:
-        return cls(SandboxInfo.from_pb(m.sandbox), m.checkpoint, m.checkpoint_turn, m.kind, list(m.lost_turns))
+        return cls(
+            SandboxInfo.from_pb(m.sandbox),
+            m.checkpoint,
+            m.checkpoint_turn,
+            m.kind,
+            list(m.lost_turns),
+            list(m.not_restored),
+        )

@@ -354,11 +354,12 @@ class Service:
         rec = self._lookup(caller, ref)
         if ckpt_id:
             ckpt = self._checkpoint(caller, ckpt_id)
-        elif turn >= 0:
-            ckpt = self.checkpoints.resolve_turn(rec, turn)
-        else:
+        elif turn < 0:
             raise InvalidRequest("name a checkpoint or a turn to restore", hint="e.g. `crabctl restore SB ck-...`")
         await self.flow.before_action(rec)
+        if not ckpt_id:
+            # After the settle: the turn's own checkpoint, if it was still queued, is durable (or failed) now.
+            ckpt = self.checkpoints.resolve_turn(rec, turn)
         if rec.turn_open and rec.state is SandboxState.RUNNING and self.restorer.ck.may_restore(rec, ckpt):
             # The state being replaced ends its turn first, so it stays restorable too.
             with contextlib.suppress(SandboxBusy):
@@ -366,10 +367,13 @@ class Service:
         return await self.restorer.restore(rec, ckpt)
 
     async def fork(
-        self, caller: Caller, ckpt_id: str, ref: str, n: int, prefix: str
+        self, caller: Caller, ckpt_id: str, ref: str, n: int, prefix: str, turn: int | None = None
     ) -> tuple[str, list[SandboxRecord]]:
+        """``n`` new sandboxes from a checkpoint, a sandbox's latest one, or (``turn``) the end of its turn."""
         if ckpt_id and ref:
             raise InvalidRequest("fork either a checkpoint or a sandbox, not both")
+        if turn is not None and not ref:
+            raise InvalidRequest("fork a turn of a sandbox: name the sandbox with the turn")
         if prefix and not prefix.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise InvalidRequest(f"invalid name prefix {prefix!r}: use letters, digits, '_', '.', '-'")
         if ckpt_id:
@@ -377,6 +381,8 @@ class Service:
         elif ref:
             rec = self._lookup(caller, ref)
             await self.flow.settle(rec.id)
+            if turn is not None:
+                return await self._fork_turn(caller, rec, turn, n, prefix)
             head = self.checkpoints.head_id(rec.id)
             if head is None:
                 raise InvalidRequest(
@@ -386,6 +392,13 @@ class Service:
             ckpt = self._checkpoint(caller, head)
         else:
             raise InvalidRequest("name a checkpoint or a sandbox to fork")
+        return ckpt.id, await self.restorer.fork(caller.uid, ckpt, n, prefix)
+
+    async def _fork_turn(
+        self, caller: Caller, rec: SandboxRecord, turn: int, n: int, prefix: str
+    ) -> tuple[str, list[SandboxRecord]]:
+        ckpt = self.checkpoints.resolve_turn(rec, turn)
+        self._checkpoint(caller, ckpt.id)  # the caller may see it (a fork's turn 0 is its origin)
         return ckpt.id, await self.restorer.fork(caller.uid, ckpt, n, prefix)
 
     async def tree(self, caller: Caller, ref: str, ckpt_id: str) -> TreeView:

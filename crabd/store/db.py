@@ -8,7 +8,7 @@ attached WAL databases atomic, which is why this is one file.
 Durability: WAL mode with ``synchronous=FULL``, so a committed transaction
 survives kill -9 and power loss.
 
-Schema (version 4)::
+Schema (version 5)::
 
     meta(key TEXT PK, value TEXT)                      -- schema_version
     sandboxes(id TEXT PK, name TEXT UNIQUE, owner_uid INT, spec_json TEXT,
@@ -21,7 +21,10 @@ Schema (version 4)::
           decision_json NULL,                     -- the inspector's decision (crabd.inspector.model.Decision)
           checkpoint_id NULL,                     -- the checkpoint the turn end took, if any
           checkpoint_state NULL,                  -- pending|done|skipped|failed|lost|none (NULL: before v4)
-          checkpoint_error NULL)                  -- why it failed or was lost
+          checkpoint_error NULL,                  -- why it failed or was lost
+          basis_id NULL,                          -- skipped turns: the checkpoint whose state the turn ended in
+                                                  -- (the head it was compared with); NULL before v5
+          branch NULL)                            -- the sandbox's branch when the turn opened (NULL before v5)
     commands(sandbox_id, turn, seq, kind, command, exit_code, timed_out, started_at,
              duration_s, stdout_bytes, stderr_bytes)
     checkpoints(id TEXT PK, sandbox_id TEXT, sandbox_name TEXT, owner_uid INT,
@@ -42,7 +45,9 @@ Schema (version 4)::
 Version 1 (issue 3) had only meta, sandboxes (without origin and branch),
 turns and commands; version 2 (issue 4) had turns without decision_json and
 checkpoint_id; version 3 (issue 6) without checkpoint_state and
-checkpoint_error.  :func:`_migrate` upgrades any of them in place.
+checkpoint_error; version 4 without basis_id and branch (rows from before
+v5 keep NULL there: see ``coordinator/turnmap.py`` for how such turns are
+resolved).  :func:`_migrate` upgrades any of them in place.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from types import TracebackType
 
 from crabd.errors import StoreError, StoreFull
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -104,6 +109,8 @@ _TURN_COLUMNS = (
     ("checkpoint_id", "TEXT"),
     ("checkpoint_state", "TEXT"),
     ("checkpoint_error", "TEXT"),
+    ("basis_id", "TEXT"),
+    ("branch", "INTEGER"),
 )
 
 

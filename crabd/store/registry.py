@@ -156,11 +156,18 @@ class Registry:
         with self._tx() as db:
             row = db.execute("SELECT COALESCE(MAX(number), 0) FROM turns WHERE sandbox_id=?", (sandbox_id,)).fetchone()
             number = int(row[0]) + 1
+            # The branch the turn starts on: a restore bumps the sandbox's branch, so the turns of
+            # one line of history (since the last restore) are those of the current branch.
             db.execute(
-                "INSERT INTO turns(sandbox_id, number, started_at, implicit) VALUES(?,?,?,?)",
-                (sandbox_id, number, started_at, int(implicit)),
+                "INSERT INTO turns(sandbox_id, number, started_at, implicit, branch)"
+                " VALUES(?,?,?,?,(SELECT branch FROM sandboxes WHERE id=?))",
+                (sandbox_id, number, started_at, int(implicit), sandbox_id),
             )
-        return TurnRecord(sandbox_id, number, started_at, implicit=implicit)
+            got = db.execute(
+                "SELECT branch FROM turns WHERE sandbox_id=? AND number=?", (sandbox_id, number)
+            ).fetchone()
+        branch = None if got is None or got[0] is None else int(got[0])
+        return TurnRecord(sandbox_id, number, started_at, implicit=implicit, branch=branch)
 
     def close_turn(self, sandbox_id: str, number: int, ended_at: float, session_state_json: str | None) -> None:
         with self._tx() as db:
@@ -178,14 +185,24 @@ class Registry:
             )
 
     def set_turn_checkpoint(
-        self, sandbox_id: str, number: int, state: str, checkpoint_id: str | None = None, error: str | None = None
+        self,
+        sandbox_id: str,
+        number: int,
+        state: str,
+        checkpoint_id: str | None = None,
+        error: str | None = None,
+        *,
+        basis_id: str | None = None,
     ) -> None:
-        """Where turn ``number``'s checkpoint stands: pending, done, skipped, failed, lost or none."""
+        """Where turn ``number``'s checkpoint stands: pending, done, skipped, failed, lost or none.
+
+        ``basis_id`` (with "skipped"): the checkpoint whose state the turn ended in.
+        """
         with self._tx() as db:
             db.execute(
-                "UPDATE turns SET checkpoint_state=?, checkpoint_id=COALESCE(?, checkpoint_id), checkpoint_error=?"
-                " WHERE sandbox_id=? AND number=?",
-                (state, checkpoint_id, error, sandbox_id, number),
+                "UPDATE turns SET checkpoint_state=?, checkpoint_id=COALESCE(?, checkpoint_id), checkpoint_error=?,"
+                " basis_id=COALESCE(?, basis_id) WHERE sandbox_id=? AND number=?",
+                (state, checkpoint_id, error, basis_id, sandbox_id, number),
             )
 
     def lose_pending_turns(self, reason: str) -> int:
@@ -235,53 +252,70 @@ class Registry:
             ).fetchone()
             return int(row[0]) + 1
 
+    _TURN_COLS = (
+        "number, started_at, ended_at, implicit, session_state_json, decision_json, checkpoint_id,"
+        " checkpoint_state, checkpoint_error, basis_id, branch"
+    )
+
+    @staticmethod
+    def _opt(value: object) -> str | None:
+        return None if value is None else str(value)
+
+    def _row_to_turn(self, sandbox_id: str, row: tuple[object, ...], cmds: list[CommandRecord]) -> TurnRecord:
+        number, started, ended, implicit, state_json, decision_json, ckpt_id, ck_state, ck_error, basis, branch = row
+        opt = self._opt
+        return TurnRecord(
+            sandbox_id,
+            int(str(number)),
+            float(str(started)),
+            None if ended is None else float(str(ended)),
+            bool(implicit),
+            cmds,
+            opt(state_json),
+            opt(decision_json),
+            opt(ckpt_id),
+            opt(ck_state),
+            opt(ck_error),
+            opt(basis),
+            None if branch is None else int(str(branch)),
+        )
+
+    def get_turn(self, sandbox_id: str, number: int) -> TurnRecord | None:
+        """Turn ``number`` of the sandbox, without its commands; None if it has none of that number."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {self._TURN_COLS} FROM turns WHERE sandbox_id=? AND number=?", (sandbox_id, number)
+            ).fetchone()
+            return None if row is None else self._row_to_turn(sandbox_id, tuple(row), [])
+
     def list_turns(self, sandbox_id: str, limit: int = 0) -> list[TurnRecord]:
         with self._lock:
-            q = (
-                "SELECT number, started_at, ended_at, implicit, session_state_json, decision_json, checkpoint_id,"
-                " checkpoint_state, checkpoint_error FROM turns WHERE sandbox_id=?"
-                " ORDER BY number DESC"
-            )
+            q = f"SELECT {self._TURN_COLS} FROM turns WHERE sandbox_id=? ORDER BY number DESC"
             rows = self._db.execute(
                 q + (" LIMIT ?" if limit > 0 else ""), (sandbox_id, limit) if limit > 0 else (sandbox_id,)
             ).fetchall()
             turns: list[TurnRecord] = []
-            for number, started, ended, implicit, state_json, decision_json, ckpt_id, ck_state, ck_error in reversed(
-                rows
-            ):
+            for row in reversed(rows):
                 cmds = self._db.execute(
                     "SELECT seq, kind, command, exit_code, timed_out, started_at, duration_s, stdout_bytes,"
                     " stderr_bytes FROM commands WHERE sandbox_id=? AND turn=? ORDER BY seq",
-                    (sandbox_id, number),
+                    (sandbox_id, row[0]),
                 ).fetchall()
-                turns.append(
-                    TurnRecord(
-                        sandbox_id,
-                        int(number),
-                        float(started),
-                        None if ended is None else float(ended),
-                        bool(implicit),
-                        [
-                            CommandRecord(
-                                int(c[0]),
-                                str(c[1]),
-                                str(c[2]),
-                                int(c[3]),
-                                bool(c[4]),
-                                float(c[5]),
-                                float(c[6]),
-                                int(c[7]),
-                                int(c[8]),
-                            )
-                            for c in cmds
-                        ],
-                        None if state_json is None else str(state_json),
-                        None if decision_json is None else str(decision_json),
-                        None if ckpt_id is None else str(ckpt_id),
-                        None if ck_state is None else str(ck_state),
-                        None if ck_error is None else str(ck_error),
+                commands = [
+                    CommandRecord(
+                        int(c[0]),
+                        str(c[1]),
+                        str(c[2]),
+                        int(c[3]),
+                        bool(c[4]),
+                        float(c[5]),
+                        float(c[6]),
+                        int(c[7]),
+                        int(c[8]),
                     )
-                )
+                    for c in cmds
+                ]
+                turns.append(self._row_to_turn(sandbox_id, tuple(row), commands))
             return turns
 
     def latest_session_state(self, sandbox_id: str) -> str | None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from crabd.sdk import Client, EmbeddedDaemon, Sandbox
+from crabd.errors import InvalidRequest
+from crabd.sdk import Client, EmbeddedDaemon, Sandbox, Turn
 from tests.fstree import diff, snapshot
 from tests.integration.conftest import docker_inspect
 
@@ -116,6 +117,53 @@ def test_rollback_keeps_later_turns_restorable(client: Client, make_sandbox: Cal
     assert len(tree.children(cks[3].id)) == 2  # turn 4, and the new branch
     sb.restore(turn=eight)
     assert sb.run(["sh", "-c", "cat /t*"]).stdout == b"1\n2\n3\neight\n"
+
+
+def _turn(sb: Sandbox, command: str) -> Turn:
+    """One turn running ``command`` in the session, ended and settled."""
+    sb.begin_turn()
+    sb.session.run(command)
+    return sb.end_turn(wait=True)
+
+
+def test_a_turn_number_names_the_state_that_turn_ended_in(make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("bookworm")  # "auto": a turn that changed nothing takes no checkpoint
+    t1 = _turn(sb, "echo one > /work.txt")
+    t2 = _turn(sb, "echo two > /work.txt")
+    t3 = _turn(sb, "cat /work.txt")
+    assert [t.checkpoint_state for t in (t1, t2, t3)] == ["done", "done", "skipped"]
+    assert t3.basis_checkpoint == t2.checkpoint_id
+    sb.restore(turn=t1.number)
+    assert sb.session.run("cat /work.txt").stdout == b"one\n"
+    # Turn 3 ended in turn 2's state; the head is turn 1's now, and that must not change what "turn 3" means.
+    info = sb.restore(turn=t3.number)
+    assert info.head == t2.checkpoint_id
+    assert sb.session.run("cat /work.txt").stdout == b"two\n"
+    [clone] = sb.fork(1, turn=t3.number)
+    try:
+        assert clone.info.origin == t2.checkpoint_id
+        assert clone.session.run("cat /work.txt").stdout == b"two\n"
+        # The clone numbers its own turns from 1 (the command above was its implicit turn 1): its
+        # turn numbers name its own turns, never its parent's of the same number.
+        c2 = _turn(clone, "echo three > /work.txt")
+        c3 = _turn(clone, "cat /work.txt")
+        assert (c2.number, c3.number, c3.checkpoint_state) == (t2.number, t3.number, "skipped")
+        clone.restore(turn=0)  # where it started
+        assert clone.session.run("cat /work.txt").stdout == b"two\n"
+        clone.restore(turn=c3.number)
+        assert clone.session.run("cat /work.txt").stdout == b"three\n"
+    finally:
+        clone.remove()
+    # A turn that is still open has no end state: refused, and nothing changes.
+    sb.begin_turn()
+    sb.session.run("echo four > /work.txt")
+    open_turn = sb.refresh().turn
+    with pytest.raises(InvalidRequest, match="still open"):
+        sb.restore(turn=open_turn)
+    with pytest.raises(InvalidRequest, match="no turn 99"):
+        sb.fork(1, turn=99)
+    assert sb.session.run("cat /work.txt").stdout == b"four\n"
+    sb.end_turn(wait=True)
 
 
 def test_unchanged_recheckpoint_stores_nothing(make_sandbox: Callable[..., Sandbox]) -> None:

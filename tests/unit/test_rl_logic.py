@@ -18,6 +18,7 @@ from agents.rl import (
     Generation,
     MissingTokenIds,
     OraclePolicy,
+    Snapshot,
     Step,
     Trajectory,
     group_advantages,
@@ -183,6 +184,25 @@ def test_env_used_out_of_order_says_what_to_do() -> None:
         asyncio.run(env.step("ls"))
     with pytest.raises(ValueError):
         CrabEnv(None, find("shell/kv-server"), max_steps=0)  # type: ignore[arg-type]
+
+
+class _DyingSandbox:
+    """Recovers from its fork origin, losing its own turns 1 and 2 (lost turn numbers are its own)."""
+
+    name = "clone"
+
+    async def recover(self) -> Any:
+        return type("Done", (), {"lost_turns": [1, 2], "checkpoint": "ck-origin"})()
+
+
+def test_a_fork_maps_lost_turns_to_its_own_steps_only() -> None:
+    parent = CrabEnv(None, find("shell/kv-server"))  # type: ignore[arg-type]
+    snap = Snapshot("shell/kv-server", "parent", "ck-origin", (1, 2, 3))  # the parent's turns 1-3
+    env = CrabEnv._adopt(parent, _DyingSandbox(), snap)  # type: ignore[arg-type]
+    env._turns += [1, 2]  # the clone's own turns, numbered from 1 again
+    done = asyncio.run(env.recover())
+    # The parent's steps survive (a recovery never loses what came before the fork); the clone's are lost.
+    assert (done.steps, done.lost_steps, env.steps) == (3, 2, 3)
 
 
 def test_standin_logprobs_and_token_ids_reach_the_async_client() -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from crabd.api.peercred import PEER_PREFIX, CallerTable, peer_credentials
-from crabd.coordinator.recovery import lost_turns
 from crabd.coordinator.runner import BoundedOutput
 from crabd.coordinator.sandboxes import validate_spec
+from crabd.coordinator.turnmap import lost_turns
 from crabd.daemon import notify
 from crabd.errors import InvalidRequest
-from crabd.models import Caller, SandboxSpec, TurnRecord
+from crabd.models import Caller, CheckpointRecord, SandboxRecord, SandboxSpec, SandboxState, TurnRecord
 from crabd.sdk._requests import parse_memory
 from crabd.service.service import parse_user
 
@@ -111,17 +111,24 @@ def test_bounded_output_keeps_head_and_counts() -> None:
 
 
 def test_recovery_loses_turns_from_the_first_that_changed_after_the_checkpoint() -> None:
+    # Turns recorded before crab noted their branch (schema < 5) follow the turn-number rule.
     def turns(*states: str | None) -> list[TurnRecord]:
         return [TurnRecord("sb", n, 0.0, checkpoint_state=s) for n, s in enumerate(states, start=1)]
 
+    sb = SandboxRecord("sb", "sb", 0, SandboxSpec(env="busybox"), "img", "c", SandboxState.DEAD, 0.0)
+
+    def ck(turn: int, *, inherited: bool = False) -> CheckpointRecord:
+        owner = "parent" if inherited else "sb"
+        return CheckpointRecord("ck-x", owner, owner, 0, None, 0, turn, "fs", 0.0, "", "img", "{}", "i", "d")
+
     # Turn 2's checkpoint is the one restored; 3 and 4 changed nothing (skipped): nothing is lost.
-    assert lost_turns(turns("done", "done", "skipped", "skipped"), 2) == []
+    assert lost_turns(turns("done", "done", "skipped", "skipped"), ck(2), sb) == []
     # 4 changed things and its checkpoint was still queued: 4 and everything after it are lost.
-    assert lost_turns(turns("done", "done", "skipped", "pending", "skipped", None), 2) == [4, 5, 6]
+    assert lost_turns(turns("done", "done", "skipped", "pending", "skipped", None), ck(2), sb) == [4, 5, 6]
     # A fork whose latest checkpoint is still its origin (turn 5 of its parent): its own turns 1-3 came after.
-    assert lost_turns(turns("done", "done", "done"), 5) == []
-    assert lost_turns(turns("done", "done", "done"), 5, inherited=True) == [1, 2, 3]
-    assert lost_turns(turns("skipped", "done"), 5, inherited=True) == [2]
+    assert lost_turns(turns("done", "done", "done"), ck(5), sb) == []
+    assert lost_turns(turns("done", "done", "done"), ck(5, inherited=True), sb) == [1, 2, 3]
+    assert lost_turns(turns("skipped", "done"), ck(5, inherited=True), sb) == [2]
     # Under a fixed policy ("none") every later turn is lost.
-    assert lost_turns(turns("none", "none", "none"), 1) == [2, 3]
-    assert lost_turns(turns("done"), 1) == []
+    assert lost_turns(turns("none", "none", "none"), ck(1), sb) == [2, 3]
+    assert lost_turns(turns("done"), ck(1), sb) == []
