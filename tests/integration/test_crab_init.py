@@ -287,7 +287,8 @@ def test_pid1_in_a_container(crab_tmp: Path) -> None:
             # Root in the container, Docker's default capabilities (no CAP_SYS_PTRACE):
             # init is not dumpable, so its memory, environment and fds are closed to it.
             async with await InitConnection.open(netns=f"/proc/{pid}/ns/net") as c:
-                script = "cat /proc/1/environ >/dev/null && echo env; readlink /proc/1/fd/0 >/dev/null && echo fd; id -u"
+                script = "cat /proc/1/environ >/dev/null && echo env; readlink /proc/1/fd/0 >/dev/null && echo fd"
+                script += "; id -u"
                 await c.spawn(SpawnSpec(argv=["sh", "-c", script], env=ENV))
                 out, err, _ = await collect(c)
                 return out, err
