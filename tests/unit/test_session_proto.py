@@ -123,7 +123,8 @@ def test_subshell_writing_a_copy_of_the_control_fd_is_rejected(bash: Bash) -> No
         "sleep 0.3; echo after; (exit 4)"
     )
     r = bash.run(cmd, nonce=nonce)
-    assert r is not None and r.exit_code == 4 and r.stdout == b"wrote\nafter\n", r.stderr
+    assert r is not None
+    assert r.exit_code == 4 and r.stdout == b"wrote\nafter\n", r.stderr
     assert r.state is None
     assert bash.rejected and bash.p.pid not in bash.rejected
 
