@@ -5,9 +5,14 @@ Two ways:
 * :func:`run_exec` — a one-shot process spawned by init, bound to one
   connection; killed (whole process group) on timeout or if crabd goes away.
 * :class:`Session` — the sandbox's persistent bash, a *persistent* init child
-  named ``crab-session``.  Each command attaches, writes the framed command
-  (``session_proto.wrap_command``), reads until both done-markers, detaches.
-  The bash outlives crabd restarts; init buffers its output meanwhile.
+  named ``crab-session`` with a control channel (``SpawnSpec.control``).
+  Each command attaches, writes the framed command
+  (``session_proto.wrap_command``), reads output until the done marker
+  arrives on the control channel (authenticated by init: only the bash
+  process itself can write it), detaches.  The bash outlives crabd
+  restarts; init buffers its output meanwhile.  A bash that a restore
+  brought back keeps its channel (CRIU restores the socketpair in init and
+  bash); a re-created one gets a new one when init spawns it.
 
 Output is bounded per stream; what is dropped is counted and a marker line
 is appended so nobody mistakes a truncated output for a complete one.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno as errno_mod
+import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -25,8 +31,10 @@ from typing import Any
 
 from crabd.errors import InitSpawnError, InitUnavailable, InvalidRequest, SandboxBusy
 from crabd.models import ExecOutcome
-from crabd.runtime import session_proto, session_state
-from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
+from crabd.runtime import initproto, session_proto, session_state
+from crabd.runtime.initproto import Control, ControlRejected, Exit, InitConnection, SpawnSpec, Stderr, Stdout
+
+log = logging.getLogger("crabd.session")
 
 #: Called with ("stdout" | "stderr", data) as output arrives (already bounded).
 ChunkSink = Callable[[str, bytes], Awaitable[None]]
@@ -125,6 +133,7 @@ async def run_exec(
                     await sink(name, kept)
             elif isinstance(ev, Exit):
                 exit_event = ev
+            # (Control frames: a one-shot process has no control channel.)
     return ExecOutcome(
         exit_code=exit_event.exit_code,
         timed_out=timed_out,
@@ -146,6 +155,8 @@ class Session:
         self._lock = asyncio.Lock()
         #: Reads the idle bash's limits and descriptors from the host (set by the coordinator).
         self.probe: ProcessProbe | None = None
+        #: Messages other processes wrote into the session's control channel (dropped by init).
+        self.control_rejections = 0
 
     @property
     def busy(self) -> bool:
@@ -161,9 +172,25 @@ class Session:
                 raise SandboxBusy("the sandbox's session is in use by another client", sandbox="") from exc
             if exc.errno != errno_mod.ENOENT:
                 raise InitUnavailable(f"attaching to the session failed: {exc.message}", sandbox="") from exc
+        hello = await conn.hello()
+        if hello.version < initproto.PROTO_VERSION:
+            # An older init has no control channel: the session's markers
+            # would never arrive.  (A sandbox created before an upgrade.)
+            raise InitUnavailable(
+                f"this sandbox's init speaks protocol {hello.version}; the session needs "
+                f"{initproto.PROTO_VERSION} (recreate the sandbox)",
+                sandbox="",
+            )
         try:
             await conn.spawn(
-                SpawnSpec(argv=list(SESSION_ARGV), env=self._env, cwd=self._workdir, name=SESSION_NAME, persistent=True)
+                SpawnSpec(
+                    argv=list(SESSION_ARGV),
+                    env=self._env,
+                    cwd=self._workdir,
+                    name=SESSION_NAME,
+                    persistent=True,
+                    control=True,
+                )
             )
         except InitSpawnError as exc:
             if exc.errno == errno_mod.ENOENT and "exec" in exc.init_message:
@@ -187,11 +214,25 @@ class Session:
             return await self._run_locked(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
 
     async def _run_locked(
-        self, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None, keep_status: bool = False
+        self, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None
     ) -> ExecOutcome:
+        outcome, _ = await self._run_scanned(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
+        return outcome
+
+    async def _run_scanned(
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        max_output: int,
+        sink: ChunkSink | None,
+        keep_status: bool = False,
+        control: bool = False,
+    ) -> tuple[ExecOutcome, session_proto.MarkerScanner]:
+        """Run one command; the scanner holds what its control channel carried (a state capture)."""
         started = time.monotonic()
         nonce = session_proto.new_nonce()
-        payload = session_proto.wrap_command(command, nonce, keep_status=keep_status)
+        payload = session_proto.wrap_command(command, nonce, keep_status=keep_status, control=control)
         scanner = session_proto.MarkerScanner(nonce, max_stdout=max_output, max_stderr=max_output)
         conn = await self._connect()
         async with conn:
@@ -217,6 +258,10 @@ class Session:
                     kept = scanner.feed("stderr", ev.data)
                     if sink is not None and kept:
                         await sink("stderr", kept)
+                elif isinstance(ev, Control):
+                    scanner.feed_control(ev.data)
+                elif isinstance(ev, ControlRejected):
+                    self._rejected(ev)
                 elif isinstance(ev, Exit):
                     ended = ev
             if timed_out:
@@ -243,7 +288,7 @@ class Session:
             code = ended.exit_code
         else:
             code = scanner.exit_code if scanner.exit_code is not None else 0
-        return ExecOutcome(
+        outcome = ExecOutcome(
             exit_code=code,
             timed_out=timed_out,
             stdout=stdout,
@@ -252,6 +297,14 @@ class Session:
             stderr_dropped=scanner.dropped_stderr,
             duration_s=time.monotonic() - started,
             session_ended=timed_out or ended is not None,
+        )
+        return outcome, scanner
+
+    def _rejected(self, ev: ControlRejected) -> None:
+        self.control_rejections += ev.count
+        log.warning(
+            "a process other than the session's bash wrote to its control channel; ignored",
+            extra={"messages": ev.count, "pid_in_sandbox": ev.last_pid, "total": self.control_rejections},
         )
 
     @staticmethod
@@ -276,19 +329,26 @@ class Session:
                 pids = [p.pid for p in await conn.list() if p.name == SESSION_NAME and p.alive]
                 if not pids:
                     return None
-            outcome = await self._run_locked(
-                session_state.CAPTURE_COMMAND, timeout_s=timeout_s, max_output=64 << 20, sink=None, keep_status=True
+            # Only the control channel counts: what the capture (or anything
+            # else) prints on stdout is discarded.
+            outcome, scanner = await self._run_scanned(
+                session_state.CAPTURE_COMMAND,
+                timeout_s=timeout_s,
+                max_output=1 << 20,
+                sink=None,
+                keep_status=True,
+                control=True,
             )
             # Still under the lock: bash is idle, holding only its own descriptors.
             extra = await self.probe(pids[0]) if self.probe and outcome.exit_code == 0 else None
 
-        if outcome.exit_code != 0 or outcome.session_ended:
+        if outcome.exit_code != 0 or outcome.session_ended or scanner.state is None:
+            why = "too large" if scanner.control_overflow else f"exit {outcome.exit_code}"
             raise InitUnavailable(
-                f"capturing the session state failed (exit {outcome.exit_code}): "
-                f"{outcome.stderr[-500:].decode('utf-8', 'replace')}",
+                f"capturing the session state failed ({why}): {outcome.stderr[-500:].decode('utf-8', 'replace')}",
                 sandbox="",
             )
-        state = session_state.parse_state(outcome.stdout)
+        state = session_state.parse_state(scanner.state)
         if extra is not None:
             state.limits, state.fds = extra
         return state

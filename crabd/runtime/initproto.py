@@ -1,5 +1,17 @@
 """crabd's side of the crab-init protocol (the wire format is documented in crab-init.c).
 
+Protocol version 2 (this module's :data:`PROTO_VERSION`) added, over 1:
+
+* init accepts a connection only from a peer outside the sandbox's pid
+  namespace (crabd); ``HELLO_OK`` reports how many it refused
+  (``u64 refused_peers``);
+* SPAWN flag ``F_CONTROL``: the process gets a control channel on fd
+  :data:`CONTROL_FD` whose bytes init relays as ``CONTROL`` frames (``0x89
+  data``) only when the process itself sent them, after every output byte
+  it wrote before them; messages from any other process are dropped and
+  reported (``CONTROL_REJECTED`` ``0x8A u32 count, u32 last pid``; LIST
+  gains ``u64 ctl_rejected`` per process).
+
 :class:`InitConnection` is one asyncio connection to a sandbox's init.  It
 is created *inside the sandbox's network namespace*: init listens on an
 abstract unix socket, and abstract names are per network namespace.  The
@@ -26,10 +38,16 @@ from crabd.errors import InitProtocolError, InitSpawnError, InitUnavailable
 # Request types
 HELLO, SPAWN, STDIN, STDIN_CLOSE, SIGNAL, ATTACH, DETACH, LIST, FORGET = range(1, 10)
 # Reply types
-HELLO_OK, STARTED, STDOUT, STDERR, EXIT, ATTACHED, DETACHED, LIST_OK = range(0x81, 0x89)
+HELLO_OK, STARTED, STDOUT, STDERR, EXIT, ATTACHED, DETACHED, LIST_OK, CONTROL, CONTROL_REJECTED = range(0x81, 0x8B)
 ERROR = 0x8F
 # SPAWN flags
-F_MERGE_STDERR, F_PERSISTENT, F_STDIN_NULL = 1, 2, 4
+F_MERGE_STDERR, F_PERSISTENT, F_STDIN_NULL, F_CONTROL = 1, 2, 4, 8
+
+#: The protocol crabd speaks; crab-init.c's PROTO_VERSION.
+PROTO_VERSION = 2
+#: The fd number of the control channel in a process spawned with ``control``
+#: (crab-init.c's CTL_FD).
+CONTROL_FD = 100
 
 MAX_FRAME = (1 << 20) + 64
 #: Largest data payload crabd sends in one STDIN frame.
@@ -83,12 +101,15 @@ class SpawnSpec:
     merge_stderr: bool = False
     persistent: bool = False
     stdin_null: bool = False
+    #: A control channel on :data:`CONTROL_FD` (the session's bash).
+    control: bool = False
 
     def encode(self) -> bytes:
         flags = (
             (F_MERGE_STDERR if self.merge_stderr else 0)
             | (F_PERSISTENT if self.persistent else 0)
             | (F_STDIN_NULL if self.stdin_null else 0)
+            | (F_CONTROL if self.control else 0)
         )
         env = [f"{k}={v}" for k, v in self.env.items()] if isinstance(self.env, Mapping) else list(self.env)
         out = struct.pack(">III", flags, KEEP if self.uid is None else self.uid, KEEP if self.gid is None else self.gid)
@@ -96,6 +117,15 @@ class SpawnSpec:
         out += struct.pack(">I", len(self.argv)) + b"".join(_str(a) for a in self.argv)
         out += struct.pack(">I", len(env)) + b"".join(_str(e) for e in env)
         return out
+
+
+@dataclass(frozen=True)
+class Hello:
+    version: int
+    #: init's pid in its own namespace (1 in a sandbox).
+    pid: int
+    #: Connections init closed unread because they came from inside the sandbox.
+    refused_peers: int
 
 
 @dataclass(frozen=True)
@@ -123,6 +153,21 @@ class Stderr:
 
 
 @dataclass(frozen=True)
+class Control:
+    """Bytes the process itself wrote to its control fd (authenticated by init)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ControlRejected:
+    """``count`` messages other processes wrote into the control channel, dropped by init."""
+
+    count: int
+    last_pid: int
+
+
+@dataclass(frozen=True)
 class Exit:
     wait_status: int
 
@@ -146,9 +191,11 @@ class PersistentInfo:
     alive: bool
     wait_status: int | None
     attached: bool
+    #: Control-channel messages from other processes that init dropped.
+    control_rejected: int = 0
 
 
-Event = Stdout | Stderr | Exit
+Event = Stdout | Stderr | Control | ControlRejected | Exit
 
 
 def _parse_error(payload: bytes) -> InitSpawnError:
@@ -279,12 +326,15 @@ class InitConnection:
 
     # --- requests ----------------------------------------------------------------
 
-    async def hello(self) -> tuple[int, int]:
-        """(protocol version, init's pid in its namespace)."""
+    async def hello(self) -> Hello:
         await self._send(HELLO)
         _, p = await self._expect(HELLO_OK)
-        version, pid = struct.unpack(">II", p)
-        return version, pid
+        if len(p) == 8:  # protocol 1: no refusal count (it refused nobody)
+            version, pid = struct.unpack(">II", p)
+            return Hello(version, pid, 0)
+        if len(p) != 16:
+            raise InitProtocolError(f"malformed HELLO_OK ({len(p)} bytes)")
+        return Hello(*struct.unpack(">IIQ", p))
 
     async def spawn(self, spec: SpawnSpec) -> Started:
         await self._send(SPAWN, spec.encode())
@@ -309,6 +359,12 @@ class InitConnection:
             return Stderr(payload)
         if kind == EXIT:
             return Exit(struct.unpack(">i", payload)[0])
+        if kind == CONTROL:
+            return Control(payload)
+        if kind == CONTROL_REJECTED:
+            if len(payload) != 8:
+                raise InitProtocolError("malformed CONTROL_REJECTED frame")
+            return ControlRejected(*struct.unpack(">II", payload))
         if kind == ERROR:
             raise _parse_error(payload)
         raise InitProtocolError(f"unexpected frame 0x{kind:02x} while waiting for output")
@@ -328,8 +384,9 @@ class InitConnection:
                 raise _parse_error(payload)
             # Output that raced the detach: a background job of the session
             # (or bash's "Terminated" notice for one) wrote after the command's
-            # end marker.  It belongs to no command; drop it.
-            if kind not in (STDOUT, STDERR):
+            # end marker (and what it wrote on its control channel since).
+            # It belongs to no command; drop it.
+            if kind not in (STDOUT, STDERR, CONTROL, CONTROL_REJECTED):
                 raise InitProtocolError(f"unexpected frame 0x{kind:02x} while detaching")
 
     async def forget(self, name: str) -> None:
@@ -339,13 +396,27 @@ class InitConnection:
     async def list(self) -> list[PersistentInfo]:
         await self._send(LIST)
         _, p = await self._expect(LIST_OK)
+        return parse_list(p)
+
+
+def parse_list(p: bytes) -> list[PersistentInfo]:
+    """A LIST reply's payload (protocol 2)."""
+    try:
         (count,) = struct.unpack_from(">I", p)
         off, out = 4, []
         for _ in range(count):
             (n,) = struct.unpack_from(">I", p, off)
+            if off + 4 + n > len(p):
+                raise InitProtocolError("LIST entry name runs past the frame")
             name = p[off + 4 : off + 4 + n].decode("utf-8", "replace")
             off += 4 + n
-            pid, handle, alive, status, attached = struct.unpack_from(">IIBiB", p, off)
-            off += 14
-            out.append(PersistentInfo(name, pid, handle, bool(alive), None if alive else status, bool(attached)))
-        return out
+            pid, handle, alive, status, attached, rejected = struct.unpack_from(">IIBiBQ", p, off)
+            off += 22
+            out.append(
+                PersistentInfo(name, pid, handle, bool(alive), None if alive else status, bool(attached), rejected)
+            )
+    except struct.error as exc:
+        raise InitProtocolError(f"malformed LIST reply: {exc}") from exc
+    if off != len(p):
+        raise InitProtocolError(f"LIST reply has {len(p) - off} stray bytes")
+    return out

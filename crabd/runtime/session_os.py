@@ -8,8 +8,9 @@ it also holds saved copies of redirected ones at fd 10 and up):
 
 * ``/proc/<pid>/limits``: every resource limit, soft and hard;
 * ``/proc/<pid>/fd/<n>`` (readlink only) and ``/proc/<pid>/fdinfo/<n>``:
-  each open descriptor but 0-2, which are crab's own pipes to init (the
-  session protocol needs them; bash holds no other descriptor of crab's
+  each open descriptor but 0-2, which are crab's own pipes to init, and
+  ``initproto.CONTROL_FD``, the session's control channel (the session
+  protocol needs them; bash holds no other descriptor of crab's
   when idle — "idle" meaning blocked reading fd 0, which crabd waits for
   by watching ``/proc/<pid>/syscall``).
 
@@ -55,6 +56,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from crabd.errors import SessionProcessError
+from crabd.runtime.initproto import CONTROL_FD
 from crabd.util import cgroups
 
 UNLIMITED = -1
@@ -332,7 +334,8 @@ def _proc_dir(container_id: str, nspid: int) -> Iterator[tuple[int, int]]:
 def _read_fds(dirfd: int) -> Fds:
     fdd = os.open("fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
     try:
-        numbers = sorted(int(n) for n in os.listdir(fdd) if n.isdigit() and int(n) > 2)
+        # 0-2 are crab's pipes to init and CONTROL_FD its control channel: crab's own, not the session's.
+        numbers = sorted(int(n) for n in os.listdir(fdd) if n.isdigit() and int(n) > 2 and int(n) != CONTROL_FD)
         out: Fds = []
         for n in numbers[:MAX_FDS]:
             try:

@@ -1,4 +1,4 @@
-"""Driving a persistent, non-interactive bash over pipes.
+"""Driving a persistent, non-interactive bash over pipes, with an authenticated end marker.
 
 crabd writes :data:`BOOTSTRAP` once, then one :func:`wrap_command` block per
 command.  The block, as bash reads it from stdin::
@@ -7,11 +7,41 @@ command.  The block, as bash reads it from stdin::
     IFS= read -r -d '' __crab_cmd <<'__CRAB_EOF_<nonce>' || :
     <the command text, verbatim>
     __CRAB_EOF_<nonce>
-    (exit $__crab_prev); eval "$__crab_cmd" </dev/null
+    (exit $__crab_prev); eval "$__crab_cmd" </dev/null 100>&-
     __crab_rc=$?
-    printf '\\036__CRAB_DONE_<nonce>_%d\\036' "$__crab_rc"            # to stdout
-    printf '\\036__CRAB_DONE_<nonce>_%d\\036' "$__crab_rc" >&2        # and stderr
+    printf 'DONE:<nonce>:%d\0' "$__crab_rc" >&100
     eval "unset __crab_cmd __crab_prev __crab_rc; (exit $__crab_rc)"
+
+Fd 100 (:data:`CONTROL_FD`) is the session's *control channel*: crab-init
+spawns the session bash with one end of a unix socketpair there and relays
+what arrives on its own end to crabd as CONTROL frames, but only bytes the
+bash process itself sent (the kernel stamps every message with its
+sender's pid; see crab-init.c).  The command runs with fd 100 closed
+(``100>&-``), so neither it nor anything it starts inherits the channel; the
+done marker is written by bash's ``printf`` builtin, in bash itself.  So:
+
+* Completion and exit status come only from the control channel.  Whatever
+  a command prints on stdout or stderr is output, returned byte for byte,
+  even if it looks like a marker with the right nonce.
+* A process that gets hold of a copy of the fd (a forked subshell keeps
+  bash's saved copy of it; ``pidfd_getfd``) sends with its own pid: init
+  drops that and reports it (:class:`~crabd.runtime.initproto.ControlRejected`).
+* What the channel does NOT stop: code that runs in the bash process
+  itself (the commands crabd sends, and the functions, traps and aliases
+  they define, e.g. a function named ``printf``) and a process that
+  ptraces bash to make it write (which the eBPF inspector records as
+  ``ptrace``).  They act as the session, which is what they are.
+* crab-init relays a command's stdout/stderr bytes written before the
+  marker before the marker, so the command's output is complete when the
+  marker arrives; output after it (background jobs) is dropped, as before.
+
+Control stream: NUL-terminated words (bash text can never contain NUL).
+``DONE:<nonce>:<status>`` ends a command; ``STATE`` ... ``END`` is a state
+capture (format in ``session_state.py``); content words inside it start
+with ``=``, so no content can look like a structural word.  Anything else
+is ignored.  The nonce is not a secret any more (a process can read it
+from bash's memory); it only tells this command's marker from a stale one
+(a command whose crabd went away).
 
 Why this shape:
 
@@ -26,14 +56,16 @@ Why this shape:
   and can never eat the control stream.
 * ``$?`` seen by a command is the previous command's status, and after the
   block it is this command's status, as at a prompt (two subshell forks).
-* The done marker goes to both streams, so the reader knows both are
-  complete; it is framed by 0x1E bytes and adds no newline, so output
-  ``abc`` comes back as exactly ``abc``.  ``set -x`` traces show the marker
-  *unexpanded* (``\\036``), so they can never be mistaken for it.
+* Nothing is added to the output streams, so output ``abc`` comes back as
+  exactly ``abc``, and a command that closes or redirects stdout for good
+  (``exec >file``) still completes.
 * ``exit N`` ends bash: the reader sees the process exit without a marker
   (reported as "session ended with status N").  Under ``set -e`` a failing
   command ends the session the same way, as it would end an interactive
-  shell.
+  shell.  A command that replaces bash (``exec prog``) ends it when
+  ``prog`` exits; one that closes fd 100 for good (``exec 100>&-``, or
+  ``exec bash``, which does not inherit it) leaves crabd without a marker:
+  the command times out and the session is restarted from its last state.
 
 Interrupting a running command cleanly is not possible for a non-interactive
 bash (SIGINT kills it, and a half-consumed heredoc would desynchronise the
@@ -49,14 +81,16 @@ import secrets
 from typing import Literal
 
 from crabd.errors import SessionCommandError
+from crabd.runtime.initproto import CONTROL_FD
 
 #: Written once to a fresh session.  Aliases expand as at a prompt; no
 #: prompts are printed (bash prints none when not interactive, but keep
 #: PS1/PS2 empty so a user's `bash -i` inside does not inherit ours).
 BOOTSTRAP = b"shopt -s expand_aliases\nPS1=''\nPS2=''\n"
 
-MARK = b"\x1e"
 Stream = Literal["stdout", "stderr"]
+#: The largest control-stream record crabd buffers (a state capture).
+MAX_CONTROL = 64 << 20
 
 
 def new_nonce() -> str:
@@ -67,11 +101,13 @@ def _encode(command: bytes | str) -> bytes:
     return os.fsencode(command) if isinstance(command, str) else command
 
 
-def wrap_command(command: bytes | str, nonce: str, *, keep_status: bool = False) -> bytes:
-    """The bytes that make bash run ``command`` and then print the done markers.
+def wrap_command(command: bytes | str, nonce: str, *, keep_status: bool = False, control: bool = False) -> bytes:
+    """The bytes that make bash run ``command`` and then write the done marker.
 
     With ``keep_status`` the block leaves ``$?`` as it found it (used for
     crab's own commands, such as state capture, so they are invisible).
+    With ``control`` the command keeps the control fd open (only for crab's
+    own fixed text, the state capture).
     """
     text = _encode(command)
     if b"\0" in text:
@@ -81,84 +117,116 @@ def wrap_command(command: bytes | str, nonce: str, *, keep_status: bool = False)
     if not text.endswith(b"\n"):
         text += b"\n"
     eof = f"__CRAB_EOF_{nonce}".encode()
-    marker = f"\\036__CRAB_DONE_{nonce}_%d\\036".encode()
+    fd = str(CONTROL_FD).encode()
+    close = b"" if control else b" " + fd + b">&-"
     final = b"$__crab_prev" if keep_status else b"$__crab_rc"
     return (
         b"__crab_prev=$?\n"
         b"IFS= read -r -d '' __crab_cmd <<'" + eof + b"' || :\n" + text + eof + b"\n"
-        b'(exit $__crab_prev); eval "$__crab_cmd" </dev/null\n'
+        b'(exit $__crab_prev); eval "$__crab_cmd" </dev/null' + close + b"\n"
         b"__crab_rc=$?\n"
-        b"printf '" + marker + b"' \"$__crab_rc\"; printf '" + marker + b'\' "$__crab_rc" >&2\n'
+        b"printf 'DONE:" + nonce.encode() + b':%d\\0\' "$__crab_rc" >&' + fd + b"\n"
         b'eval "unset __crab_cmd __crab_prev __crab_rc; (exit ' + final + b')"\n'
     )
 
 
-class _StreamScan:
-    """Finds the done marker in one stream, keeping output within a bound."""
+class _Output:
+    """Keeps the first ``limit`` bytes of one stream and counts the rest."""
 
-    def __init__(self, prefix: bytes, limit: int) -> None:
-        self.prefix = prefix
+    def __init__(self, limit: int) -> None:
         self.limit = limit
         self.kept = bytearray()
         self.dropped = 0
-        self.carry = b""
-        self.done = False
-        self.code: int | None = None
 
-    def _keep(self, data: bytes) -> bytes:
+    def feed(self, data: bytes) -> bytes:
         room = max(self.limit - len(self.kept), 0)
         part = data[:room]
         self.kept += part
         self.dropped += len(data) - len(part)
         return part
 
-    def feed(self, data: bytes) -> bytes:
-        """Consume ``data``; return the output bytes newly kept."""
-        if self.done:
-            return b""  # after the marker: output of background jobs, not this command's
-        buf = self.carry + data
-        self.carry = b""
-        at = buf.find(self.prefix)
-        if at >= 0:
-            end = buf.find(MARK, at + len(self.prefix))
-            if end < 0:
-                self.carry = buf[at:]  # the digits are still coming
-                return self._keep(buf[:at])
-            digits = buf[at + len(self.prefix) : end]
-            if digits.isdigit():
-                self.done = True
-                self.code = int(digits)
-                return self._keep(buf[:at])
-            # Looked like our marker but is not: plain output.
-            return self._keep(buf[: at + len(self.prefix)]) + self.feed(buf[at + len(self.prefix) :])
-        # Hold back a tail that could be the start of a marker split across reads.
-        hold = 0
-        for n in range(min(len(self.prefix) - 1, len(buf)), 0, -1):
-            if buf.endswith(self.prefix[:n]):
-                hold = n
-                break
-        self.carry = buf[len(buf) - hold :] if hold else b""
-        return self._keep(buf[: len(buf) - hold])
-
 
 class MarkerScanner:
-    """Demarcates one command's output on both streams."""
+    """Demarcates one command: its output, and its end from the control channel.
 
-    def __init__(self, nonce: str, *, max_stdout: int, max_stderr: int) -> None:
-        prefix = b"\x1e__CRAB_DONE_" + nonce.encode() + b"_"
-        self._s = {"stdout": _StreamScan(prefix, max_stdout), "stderr": _StreamScan(prefix, max_stderr)}
+    ``feed`` takes output (never searched for markers); ``feed_control``
+    takes the CONTROL bytes crab-init authenticated.  The command is done at
+    ``DONE:<nonce>:<status>`` with *this* command's nonce; output after that
+    is not the command's.  The last complete ``STATE`` ... ``END`` record
+    seen before it is :attr:`state`.
+    """
+
+    def __init__(self, nonce: str, *, max_stdout: int, max_stderr: int, max_control: int = MAX_CONTROL) -> None:
+        self._done_word = b"DONE:" + nonce.encode() + b":"
+        self._s = {"stdout": _Output(max_stdout), "stderr": _Output(max_stderr)}
+        self._max_control = max_control
+        self._carry = bytearray()  # an unfinished control word
+        self._record: bytearray | None = None  # a STATE record being collected
+        self._skip_word = False  # the current word overflowed; drop it
+        self.done = False
+        self.exit_code: int | None = None
+        self.state: bytes | None = None
+        #: A state record (or a word) exceeded ``max_control`` and was dropped.
+        self.control_overflow = False
 
     def feed(self, stream: Stream, data: bytes) -> bytes:
         """Consume output; return what was newly kept (for live streaming)."""
+        if self.done:
+            return b""  # after the marker: output of background jobs, not this command's
         return self._s[stream].feed(data)
 
-    @property
-    def done(self) -> bool:
-        return self._s["stdout"].done and self._s["stderr"].done
+    def feed_control(self, data: bytes) -> None:
+        """Consume authenticated control-channel bytes."""
+        while data and not self.done:
+            at = data.find(b"\0")
+            if at < 0:
+                self._grow(data)
+                return
+            self._grow(data[:at])
+            word, skip = bytes(self._carry), self._skip_word
+            self._carry.clear()
+            self._skip_word = False
+            data = data[at + 1 :]
+            if skip:
+                self._drop_record()
+            else:
+                self._word(word)
 
-    @property
-    def exit_code(self) -> int | None:
-        return self._s["stdout"].code
+    def _grow(self, part: bytes) -> None:
+        if self._skip_word:
+            return
+        held = len(self._carry) + len(part) + (len(self._record) if self._record is not None else 0)
+        if held > self._max_control:
+            self._carry.clear()
+            self._skip_word = True
+            self.control_overflow = True
+        else:
+            self._carry += part
+
+    def _drop_record(self) -> None:
+        if self._record is not None:
+            self._record = None
+            self.control_overflow = True
+
+    def _word(self, word: bytes) -> None:
+        if word.startswith(b"DONE:"):
+            self._record = None  # a capture cut short never completes
+            if word.startswith(self._done_word) and word[len(self._done_word) :].isdigit():
+                self.done = True
+                self.exit_code = int(word[len(self._done_word) :])
+            return  # else: a stale marker (a command whose crabd went away)
+        if word == b"STATE":
+            self._record = bytearray(b"STATE\0")
+            return
+        if self._record is None:
+            return  # content outside a record: ignore
+        if len(self._record) + len(word) + 1 > self._max_control:
+            self._drop_record()
+            return
+        self._record += word + b"\0"
+        if word == b"END":
+            self.state = bytes(self._record)
+            self._record = None
 
     @property
     def stdout(self) -> bytes:

@@ -6,15 +6,31 @@ associative arrays, integer, readonly, nameref, ...), functions (and which
 are exported), aliases, ``set -o`` and ``shopt`` options, traps, and the
 directory stack.
 
-Capture output format (what :data:`CAPTURE_COMMAND` prints on stdout)::
+Capture format.  :data:`CAPTURE_COMMAND` writes it to the session's
+*control channel* (fd 100, see ``session_proto.py``), never to stdout: only
+bytes the session's bash process itself writes there reach crabd, so the
+capture is made with bash builtins only (``printf``, ``declare``,
+``umask``, parameter expansions; no ``$(...)``, no pipes, no external
+programs: a forked writer would be dropped by crab-init), each redirected
+on its own so a DEBUG trap's output cannot mix in.  A command printing
+something that looks like a capture on stdout changes nothing.  The format
+is a sequence of NUL-terminated words (bash text never contains NUL)::
 
-    capture  := section*  "\\x1eEND\\x1e"
-    section  := "\\x1e" NAME "\\x1e" body
+    capture  := "STATE" section* "END"                  (each word NUL-terminated)
+    section  := NAME item*
+    item     := "=" bytes                               (content; structure never starts with "=")
     NAME     := CWD | OLDPWD | UMASK | ENV | VARS | FUNCS | FUNCX | ALIASES | SETO | SHOPT | TRAPS | DIRS
-    ENV      body: NUL-terminated "KEY=VALUE" items (from `env -0`)
-    VARS     body: per variable: name NUL `declare -p name` output NUL
-    FUNCX, DIRS body: NUL-terminated names / directories
-    others   body: bash's own text (`umask`, `declare -f`, `alias -p`, `set +o`, `shopt -p`, `trap -p`)
+    ENV      items: "KEY=VALUE" of each exported, set, scalar variable
+    VARS     items: per variable: name, then its `declare -p` statement
+    DIRS     items: the directory stack
+    FUNCX    one item: `declare -F -x` (one "declare -fx NAME" line per exported function)
+    others   one item: bash's own text (`umask`, `declare -f`, `alias -p`, `set +o`, `shopt -p`, `trap -p`)
+
+Variable names are listed with ``"${!A@}" ... "${!z@}"`` (every set
+variable, as ``compgen -v`` lists them).  ENV is what ``env`` would print
+for bash's variables, except for environment entries bash cannot name as
+variables (e.g. ``A-B=1`` inherited from the container): those are not
+captured, and a fresh bash gets them from the container anyway.
 
 Everything is re-applied with bash's own quoting, so values with newlines,
 quotes, ``=`` or non-UTF-8 bytes round-trip exactly.  In Python, text is
@@ -39,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from crabd.errors import SessionStateError
+from crabd.runtime.initproto import CONTROL_FD
 
 #: Shell variables never captured or restored (bash owns them).
 EXCLUDED_VARS = frozenset(
@@ -97,24 +114,31 @@ READONLY_SHOPT = ("login_shell", "restricted_shell")
 
 SECTIONS = ("CWD", "OLDPWD", "UMASK", "ENV", "VARS", "FUNCS", "FUNCX", "ALIASES", "SETO", "SHOPT", "TRAPS", "DIRS")
 
+_FD = str(CONTROL_FD)
+#: Every set variable's name: bash's prefix expansion for each possible first character.
+_ALL_NAMES = " ".join(f'"${{!{c}@}}"' for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz")
+
 CAPTURE_COMMAND = (
-    "printf '\\036CWD\\036%s' \"$PWD\"\n"
-    "printf '\\036OLDPWD\\036%s' \"${OLDPWD-}\"\n"
-    "printf '\\036UMASK\\036'; umask\n"
-    "printf '\\036ENV\\036'; env -0\n"
-    "printf '\\036VARS\\036'\n"
-    "for __crab_n in $(compgen -v); do case $__crab_n in " + _EXCLUDED_CASE + ") continue;; esac; "
-    "printf '%s\\0' \"$__crab_n\"; declare -p \"$__crab_n\" 2>/dev/null; printf '\\0'; done; unset __crab_n\n"
-    "printf '\\036FUNCS\\036'; declare -f\n"
-    "printf '\\036FUNCX\\036'; for __crab_n in $(compgen -A function); do "
-    'case "$(declare -F -p "$__crab_n")" in \'declare -fx\'*) printf \'%s\\0\' "$__crab_n";; esac; done; '
-    "unset __crab_n\n"
-    "printf '\\036ALIASES\\036'; alias -p\n"
-    "printf '\\036SETO\\036'; set +o\n"
-    "printf '\\036SHOPT\\036'; shopt -p\n"
-    "printf '\\036TRAPS\\036'; trap -p\n"
-    "printf '\\036DIRS\\036'; printf '%s\\0' \"${DIRSTACK[@]}\"\n"
-    "printf '\\036END\\036'\n"
+    f'printf \'STATE\\0CWD\\0=%s\\0OLDPWD\\0=%s\\0UMASK\\0=\' "$PWD" "${{OLDPWD-}}" >&{_FD}\n'
+    f"umask >&{_FD}\n"
+    f"printf '\\0ENV\\0' >&{_FD}\n"
+    f"for __crab_n in {_ALL_NAMES}; do case $__crab_n in _|__crab_*) continue;; esac; "
+    # `${!n+x}` first: under `set -u` an unset one would end the shell.  A nameref
+    # (`-R`) would report its target's attributes and value; env shows its own.
+    "if [[ -n ${!__crab_n+x} && ! -R $__crab_n && ${!__crab_n@a} == *x* && ${!__crab_n@a} != *[aA]* ]]; then "
+    f'printf \'=%s=%s\\0\' "$__crab_n" "${{!__crab_n}}" >&{_FD}; fi; done\n'
+    f"printf 'VARS\\0' >&{_FD}\n"
+    f"for __crab_n in {_ALL_NAMES}; do case $__crab_n in " + _EXCLUDED_CASE + ") continue;; esac; "
+    f"printf '=%s\\0=' \"$__crab_n\" >&{_FD}; declare -p \"$__crab_n\" >&{_FD} 2>/dev/null; printf '\\0' >&{_FD}; "
+    "done; unset __crab_n\n"
+    f"printf 'FUNCS\\0=' >&{_FD}; declare -f >&{_FD}\n"
+    f"printf '\\0FUNCX\\0=' >&{_FD}; declare -F -x >&{_FD}\n"
+    f"printf '\\0ALIASES\\0=' >&{_FD}; alias -p >&{_FD}\n"
+    f"printf '\\0SETO\\0=' >&{_FD}; set +o >&{_FD}\n"
+    f"printf '\\0SHOPT\\0=' >&{_FD}; shopt -p >&{_FD}\n"
+    f"printf '\\0TRAPS\\0=' >&{_FD}; trap -p >&{_FD}\n"
+    f"printf '\\0DIRS\\0' >&{_FD}; printf '=%s\\0' \"${{DIRSTACK[@]}}\" >&{_FD}\n"
+    f"printf 'END\\0' >&{_FD}\n"
 )
 
 
@@ -159,56 +183,77 @@ class SessionState:
             raise SessionStateError(f"invalid session state: {exc}") from exc
 
 
-def _split0(body: bytes) -> list[bytes]:
-    items = body.split(b"\0")
-    return items[:-1] if items and items[-1] == b"" else items
+_SINGLE = frozenset(SECTIONS) - {"ENV", "VARS", "DIRS"}
+
+
+def _sections(raw: bytes) -> dict[str, list[bytes]]:
+    """The capture's sections, each a list of its items (the leading "=" removed)."""
+    words = raw.split(b"\0")
+    if len(words) < 3 or words[0] != b"STATE" or words[-2:] != [b"END", b""]:
+        raise SessionStateError("session state capture is incomplete or garbled")
+    sections: dict[str, list[bytes]] = {}
+    current: list[bytes] | None = None
+    for word in words[1:-2]:
+        if word.startswith(b"="):
+            if current is None:
+                raise SessionStateError("session state capture has content before its first section")
+            current.append(word[1:])
+            continue
+        name = word.decode("ascii", "replace")
+        if name not in SECTIONS or name in sections:
+            raise SessionStateError(f"session state capture has an unexpected section {name[:40]!r}")
+        current = sections[name] = []
+    for name in SECTIONS:
+        if name not in sections:
+            raise SessionStateError(f"session state capture lacks section {name}")
+        if name in _SINGLE and len(sections[name]) != 1:
+            raise SessionStateError(f"session state capture section {name} is garbled")
+    if len(sections["VARS"]) % 2:
+        raise SessionStateError("session state capture section VARS is garbled")
+    return sections
+
+
+def _exported_functions(text: str) -> list[str]:
+    """Names from `declare -F -x` output ("declare -fx NAME" lines)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[0] == "declare" and parts[1].startswith("-f") and "x" in parts[1]:
+            out.append(parts[2])
+    return out
 
 
 def parse_state(raw: bytes) -> SessionState:
-    """Parse :data:`CAPTURE_COMMAND` output."""
-    if not raw.endswith(b"\x1eEND\x1e") or not raw.startswith(b"\x1eCWD\x1e"):
-        raise SessionStateError("session state capture is incomplete or garbled")
-    sections: dict[str, bytes] = {}
-    rest = raw[1 : -len(b"\x1eEND\x1e")]
-    for i, name in enumerate(SECTIONS):
-        head = name.encode() + b"\x1e"
-        if not rest.startswith(head):
-            raise SessionStateError(f"session state capture lacks section {name}")
-        rest = rest[len(head) :]
-        if i + 1 < len(SECTIONS):
-            nxt = b"\x1e" + SECTIONS[i + 1].encode() + b"\x1e"
-            at = rest.find(nxt)
-            if at < 0:
-                raise SessionStateError(f"session state capture lacks section {SECTIONS[i + 1]}")
-            sections[name], rest = rest[:at], rest[at + 1 :]
-        else:
-            sections[name] = rest
+    """Parse what :data:`CAPTURE_COMMAND` wrote (the control channel's STATE record)."""
+    sections = _sections(raw)
+
+    def one(name: str) -> str:
+        return _dec(sections[name][0])
+
     env: dict[str, str] = {}
-    for item in _split0(sections["ENV"]):
+    for item in sections["ENV"]:
         key, sep, value = item.partition(b"=")
         if sep and key != b"_" and not key.startswith(b"BASH_FUNC_"):
             env[_dec(key)] = _dec(value)
     variables: dict[str, str] = {}
-    items = _split0(sections["VARS"])
+    items = sections["VARS"]
     for j in range(0, len(items) - 1, 2):
         stmt = items[j + 1].rstrip(b"\n")
         if stmt:
             variables[_dec(items[j])] = _dec(stmt)
     return SessionState(
-        cwd=_dec(sections["CWD"]),
-        oldpwd=_dec(sections["OLDPWD"]),
-        umask=_dec(sections["UMASK"]).strip(),
+        cwd=one("CWD"),
+        oldpwd=one("OLDPWD"),
+        umask=one("UMASK").strip(),
         env=env,
         variables=variables,
-        functions=_dec(sections["FUNCS"]),
-        exported_functions=[_dec(n) for n in _split0(sections["FUNCX"])],
-        aliases=_dec(sections["ALIASES"]),
-        set_options=_dec(sections["SETO"]),
-        shopt_options="".join(
-            line + "\n" for line in _dec(sections["SHOPT"]).splitlines() if not line.endswith(READONLY_SHOPT)
-        ),
-        traps=_dec(sections["TRAPS"]),
-        dirstack=[_dec(d) for d in _split0(sections["DIRS"])],
+        functions=one("FUNCS"),
+        exported_functions=_exported_functions(one("FUNCX")),
+        aliases=one("ALIASES"),
+        set_options=one("SETO"),
+        shopt_options="".join(line + "\n" for line in one("SHOPT").splitlines() if not line.endswith(READONLY_SHOPT)),
+        traps=one("TRAPS"),
+        dirstack=[_dec(d) for d in sections["DIRS"]],
     )
 
 

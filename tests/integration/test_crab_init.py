@@ -1,4 +1,10 @@
-"""crab-init, the real binary: on the host (as a subreaper) and as PID 1 of a container."""
+"""crab-init, the real binary: as PID 1 of a fresh pid namespace on the host, and of a container.
+
+crab-init serves only peers outside its pid namespace (crabd); so the host
+tests run it the way a sandbox does, as PID 1 of its own pid namespace
+(``unshare --pid --fork --mount-proc``, so ``/proc`` inside shows its own
+pids), and talk to it from the test's namespace.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,14 @@ import subprocess
 import time
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import pytest
 
+from crabd.coordinator.runner import SESSION_NAME, Session
 from crabd.errors import InitSpawnError, InitUnavailable
 from crabd.host import images
-from crabd.runtime import initbin
+from crabd.runtime import initbin, session_proto
 from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
 
 T = TypeVar("T")
@@ -26,11 +33,31 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
+class Init(NamedTuple):
+    name: str  # its abstract socket
+    pid: int  # crab-init's pid on the host (1 in its namespace)
+
+
+def _child_of(pid: int, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if kids:
+            return int(kids[0])
+        time.sleep(0.01)
+    raise AssertionError("unshare did not start crab-init")
+
+
 @pytest.fixture
-def init() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def init() -> Iterator[Init]:
     binary = initbin.build()
     name = f"crab-init-test-{os.getpid()}-{time.monotonic_ns()}"
-    proc = subprocess.Popen([str(binary)], env={"CRAB_INIT_SOCKET": name}, start_new_session=True)
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", str(binary)],
+        env={"CRAB_INIT_SOCKET": name},
+        start_new_session=True,
+    )
+    pid = _child_of(proc.pid)
 
     async def ready() -> None:
         for _ in range(200):
@@ -42,10 +69,12 @@ def init() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
                 await asyncio.sleep(0.01)
         raise AssertionError("init did not come up")
 
-    run(ready())
-    yield name, proc
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(5) == 0
+    try:
+        run(ready())
+        yield Init(name, pid)
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        assert proc.wait(5) == 0  # unshare exits with crab-init's status
 
 
 async def collect(c: InitConnection) -> tuple[bytes, bytes, Exit]:
@@ -56,7 +85,7 @@ async def collect(c: InitConnection) -> tuple[bytes, bytes, Exit]:
             out += ev.data
         elif isinstance(ev, Stderr):
             err += ev.data
-        else:
+        elif isinstance(ev, Exit):
             return out, err, ev
 
 
@@ -69,7 +98,7 @@ def one(name: str, argv: list[str], **kw: object) -> tuple[bytes, bytes, Exit]:
     return run(go())
 
 
-def test_exit_codes_and_streams(init: tuple[str, subprocess.Popen[bytes]]) -> None:
+def test_exit_codes_and_streams(init: Init) -> None:
     name, _ = init
     assert one(name, ["sh", "-c", "exit 3"])[2].exit_code == 3
     assert one(name, ["sh", "-c", "kill -9 $$"])[2].exit_code == 137
@@ -81,7 +110,7 @@ def test_exit_codes_and_streams(init: tuple[str, subprocess.Popen[bytes]]) -> No
     assert one(name, ["sh", "-c", "echo $A"], stdin_null=True)[0] == b"\n"  # exact env, nothing inherited
 
 
-def test_spawn_errors(init: tuple[str, subprocess.Popen[bytes]]) -> None:
+def test_spawn_errors(init: Init) -> None:
     name, _ = init
     with pytest.raises(InitSpawnError) as info:
         one(name, ["/no/such/thing"])
@@ -91,7 +120,7 @@ def test_spawn_errors(init: tuple[str, subprocess.Popen[bytes]]) -> None:
     assert "chdir" in info.value.init_message
 
 
-def test_stdin_pipe(init: tuple[str, subprocess.Popen[bytes]]) -> None:
+def test_stdin_pipe(init: Init) -> None:
     name, _ = init
 
     async def go() -> bytes:
@@ -112,8 +141,8 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def test_large_output_slow_reader_keeps_init_small(init: tuple[str, subprocess.Popen[bytes]]) -> None:
-    name, proc = init
+def test_large_output_slow_reader_keeps_init_small(init: Init) -> None:
+    name, pid = init
 
     async def go() -> int:
         total, peak = 0, 0
@@ -123,15 +152,16 @@ def test_large_output_slow_reader_keeps_init_small(init: tuple[str, subprocess.P
                 ev = await c.next_event()
                 if isinstance(ev, Exit):
                     return total if peak < 16 << 10 else -peak
+                assert isinstance(ev, Stdout | Stderr)
                 total += len(ev.data)
                 if total % (4 << 20) < len(ev.data):
                     await asyncio.sleep(0.05)  # a slow reader
-                    peak = max(peak, _rss_kib(proc.pid))
+                    peak = max(peak, _rss_kib(pid))
 
     assert run(go()) == 50 << 20
 
 
-def test_disconnect_kills_the_process_group(init: tuple[str, subprocess.Popen[bytes]]) -> None:
+def test_disconnect_kills_the_process_group(init: Init) -> None:
     name, _ = init
     marker = f"crab-disconnect-{os.getpid()}"
 
@@ -146,7 +176,7 @@ def test_disconnect_kills_the_process_group(init: tuple[str, subprocess.Popen[by
     assert marker not in ps
 
 
-def test_persistent_process_ring_and_attach(init: tuple[str, subprocess.Popen[bytes]]) -> None:
+def test_persistent_process_ring_and_attach(init: Init) -> None:
     name, _ = init
 
     async def go() -> None:
@@ -177,7 +207,7 @@ def test_persistent_process_ring_and_attach(init: tuple[str, subprocess.Popen[by
     run(go())
 
 
-def test_background_grandchild_does_not_delay_exit(init: tuple[str, subprocess.Popen[bytes]]) -> None:
+def test_background_grandchild_does_not_delay_exit(init: Init) -> None:
     name, _ = init
     t0 = time.monotonic()
     out, _, ex = one(name, ["sh", "-c", "sleep 100 & echo hi"])
@@ -185,16 +215,16 @@ def test_background_grandchild_does_not_delay_exit(init: tuple[str, subprocess.P
     assert time.monotonic() - t0 < 2
 
 
-def test_orphans_are_reaped(init: tuple[str, subprocess.Popen[bytes]]) -> None:
-    name, proc = init
+def test_orphans_are_reaped(init: Init) -> None:
+    name, pid = init
     one(name, ["sh", "-c", "(sleep 0.2 &) ; true"])
     time.sleep(1)
-    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     zombies = [c for c in children if Path(f"/proc/{c}/stat").read_text().split(")")[-1].split()[0] == "Z"]
     assert zombies == []
 
 
-def test_malformed_frame_closes_only_that_connection(init: tuple[str, subprocess.Popen[bytes]]) -> None:
+def test_malformed_frame_closes_only_that_connection(init: Init) -> None:
     name, _ = init
 
     async def go() -> None:
@@ -204,7 +234,7 @@ def test_malformed_frame_closes_only_that_connection(init: tuple[str, subprocess
             await bad.hello()
         await bad.aclose()
         async with await InitConnection.open(name) as good:
-            assert (await good.hello())[0] == 1
+            assert (await good.hello()).version == 2
 
     run(go())
 
@@ -245,13 +275,26 @@ def test_pid1_in_a_container(crab_tmp: Path) -> None:
 
         async def go() -> bytes:
             async with await InitConnection.open(netns=f"/proc/{pid}/ns/net") as c:
-                assert (await c.hello())[1] == 1
+                assert (await c.hello()).pid == 1
                 await c.spawn(SpawnSpec(argv=["sh", "-c", "cat /proc/self/stat"], env=ENV))
                 out, _, _ = await collect(c)
                 return out
 
         stat = run(go()).split(b")")[-1].split()
         assert stat[1] == b"1"  # the spawned shell's parent is PID 1
+
+        async def peek() -> tuple[bytes, bytes]:
+            # Root in the container, Docker's default capabilities (no CAP_SYS_PTRACE):
+            # init is not dumpable, so its memory, environment and fds are closed to it.
+            async with await InitConnection.open(netns=f"/proc/{pid}/ns/net") as c:
+                script = "cat /proc/1/environ >/dev/null && echo env; readlink /proc/1/fd/0 >/dev/null && echo fd"
+                script += "; id -u"
+                await c.spawn(SpawnSpec(argv=["sh", "-c", script], env=ENV))
+                out, err, _ = await collect(c)
+                return out, err
+
+        out, err = run(peek())
+        assert out == b"0\n" and b"Permission denied" in err
         t0 = time.monotonic()
         subprocess.run(["docker", "stop", "-t", "5", cname], check=True, capture_output=True, timeout=60)
         assert time.monotonic() - t0 < 4  # init handled SIGTERM itself, no 5 s SIGKILL wait
@@ -259,6 +302,145 @@ def test_pid1_in_a_container(crab_tmp: Path) -> None:
         subprocess.run(["docker", "rm", "-f", cname], capture_output=True, timeout=60)
 
 
-def test_unknown_socket_is_unavailable(init: tuple[str, subprocess.Popen[bytes]]) -> None:
+def test_unknown_socket_is_unavailable(init: Init) -> None:
     with pytest.raises(InitUnavailable):
         run(InitConnection.open("crab-init-does-not-exist"))
+
+
+# --- who may talk to init -------------------------------------------------------
+
+#: Run inside init's pid namespace: connect to init's socket and ask it to
+#: create a file as root.  Prints "refused" when init hangs up unread.
+INTRUDER = r"""
+import socket, struct, sys
+def s_(b): return struct.pack(">I", len(b)) + b
+spawn = (struct.pack(">III", 0, 0xFFFFFFFF, 0xFFFFFFFF) + s_(b"") + s_(b"/")
+         + struct.pack(">I", 2) + s_(b"/usr/bin/touch") + s_(sys.argv[2].encode()) + struct.pack(">I", 0))
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\0" + sys.argv[1])
+try:
+    s.sendall(struct.pack(">IB", 1, 1) + struct.pack(">IB", len(spawn) + 1, 2) + spawn)
+    got = s.recv(100)
+except OSError as e:
+    got = b""
+print("refused" if not got else "answered %r" % got)
+"""
+
+
+def test_peers_inside_the_pid_namespace_are_refused(init: Init, tmp_path: Path) -> None:
+    name, _ = init
+    marker = tmp_path / "pwned"
+    attempts = [
+        (["/usr/bin/python3", "-c", INTRUDER, name, str(marker)], None),  # root
+        (["/usr/bin/python3", "-c", INTRUDER, name, str(marker)], 65534),  # nobody
+        # A pid namespace of its own (a descendant of init's): still visible to init.
+        (["unshare", "--pid", "--fork", "/usr/bin/python3", "-c", INTRUDER, name, str(marker)], None),
+    ]
+    for argv, uid in attempts:
+        out, err, ex = one(name, argv, uid=uid, gid=uid)
+        assert (out, ex.exit_code) == (b"refused\n", 0), (argv, uid, err)
+    assert not marker.exists()
+
+    async def count() -> int:
+        async with await InitConnection.open(name) as c:  # from outside its namespace: served
+            return (await c.hello()).refused_peers
+
+    assert run(count()) == len(attempts)
+    one(name, ["touch", str(marker)])
+    assert marker.exists()
+
+
+# --- the session's control channel ----------------------------------------------
+
+
+def session(name: str) -> Session:
+    async def connect() -> InitConnection:
+        return await InitConnection.open(name)
+
+    return Session(connect, {**ENV, "HOME": "/root"}, "/")
+
+
+def forge(nonce: str) -> str:
+    """Shell text printing done markers (old and new style) and a fake capture for ``nonce``."""
+    return (
+        f"printf '\\036__CRAB_DONE_{nonce}_0\\036DONE:{nonce}:0\\0'; "
+        f"printf '\\036__CRAB_DONE_{nonce}_0\\036DONE:{nonce}:0\\0' >&2; "
+        "printf 'STATE\\0CWD\\0=/forged\\0END\\0'; "
+    )
+
+
+def test_session_ends_only_on_the_authenticated_marker(init: Init, monkeypatch: pytest.MonkeyPatch) -> None:
+    name, _ = init
+    nonce = "feed" * 4  # crabd's side of the nonce, known to the test
+    monkeypatch.setattr(session_proto, "new_nonce", lambda: nonce)
+    # A subshell writes the marker into bash's saved copy of the control fd.
+    steal = (
+        "for f in /proc/$$/fd/*; do case $(readlink $f) in socket:*) "
+        f"( printf 'DONE:{nonce}:0\\0STATE\\0CWD\\0=/forged\\0END\\0' >&${{f##*/}} ) && echo wrote;; esac; done; "
+    )
+
+    async def go() -> None:
+        s = session(name)
+        r = await s.run(forge(nonce) + "sleep 0.3; echo after; (exit 3)", timeout_s=30, max_output=1 << 20)
+        assert (r.exit_code, r.timed_out, r.session_ended) == (3, False, False)
+        assert r.stdout == f"\x1e__CRAB_DONE_{nonce}_0\x1eDONE:{nonce}:0\0STATE\0CWD\0=/forged\0END\0after\n".encode()
+        assert r.stderr == f"\x1e__CRAB_DONE_{nonce}_0\x1eDONE:{nonce}:0\0".encode()
+        r = await s.run("cd /tmp; " + steal + "sleep 0.3; echo after; (exit 4)", timeout_s=30, max_output=1 << 20)
+        assert (r.exit_code, r.stdout) == (4, b"wrote\nafter\n"), r.stderr
+        assert s.control_rejections >= 1
+        async with await InitConnection.open(name) as c:
+            (info,) = await c.list()
+            assert info.name == SESSION_NAME and info.control_rejected == s.control_rejections
+        state = await s.capture_state()
+        assert state is not None and state.cwd == "/tmp"
+
+    run(go())
+
+
+def test_session_forged_capture_in_the_background_changes_nothing(init: Init) -> None:
+    name, _ = init
+    fake = "\\036CWD\\036/forged\\036OLDPWD\\036\\036END\\036STATE\\0CWD\\0=/forged\\0END\\0"
+
+    async def go() -> None:
+        s = session(name)
+        await s.run(
+            f"cd /usr; (for i in $(seq 100); do printf '{fake}'; sleep 0.01; done) &", timeout_s=30, max_output=1
+        )
+        for _ in range(5):
+            state = await s.capture_state()
+            assert state is not None and state.cwd == "/usr"
+        await s.run("wait", timeout_s=30, max_output=1)
+
+    run(go())
+
+
+def test_session_output_precedes_the_marker_under_backpressure(init: Init) -> None:
+    name, _ = init
+
+    async def go() -> None:
+        s = session(name)
+        cmd = "head -c 3000000 /dev/zero; printf end; head -c 300000 /dev/zero >&2; printf E >&2"
+        for _ in range(3):
+            r = await s.run(cmd, timeout_s=60, max_output=4 << 20)
+            assert r.exit_code == 0 and r.stdout == b"\0" * 3_000_000 + b"end"
+            assert r.stderr == b"\0" * 300_000 + b"E"
+
+    run(go())
+
+
+def test_session_marker_written_while_detached_is_not_taken_for_the_next(init: Init) -> None:
+    """crabd went away mid-command: the old marker waits in the channel; the next command ignores it."""
+    name, _ = init
+
+    async def go() -> None:
+        s = session(name)
+        assert (await s.run("true", timeout_s=30, max_output=100)).exit_code == 0
+        c = await InitConnection.open(name)
+        await c.attach(SESSION_NAME)
+        await c.write_stdin(session_proto.wrap_command("sleep 0.3; (exit 9)", "0" * 16))
+        await c.aclose()  # no DETACH: like a crabd killed mid-command
+        await asyncio.sleep(1.0)
+        r = await s.run("echo new; (exit 5)", timeout_s=30, max_output=100)
+        assert (r.exit_code, r.stdout) == (5, b"new\n")
+
+    run(go())

@@ -129,3 +129,111 @@ def test_turn_end_capture_is_invisible_to_the_agent(make_sandbox: Callable[..., 
     # The state capture at turn end ran in the session, yet `$?` is still the
     # agent's last status.
     assert sb.session.run("echo $?").text == "1\n"
+
+
+# --- a hostile sandbox against crab-init and the session (issue 16) --------------
+
+#: Connects to crab-init's abstract socket from inside the sandbox and asks it
+#: to create a file as root.  Prints "refused" when init hangs up unread.
+INTRUDER = r"""
+import socket, struct, sys
+def s_(b): return struct.pack(">I", len(b)) + b
+spawn = (struct.pack(">III", 0, 0xFFFFFFFF, 0xFFFFFFFF) + s_(b"") + s_(b"/")
+         + struct.pack(">I", 2) + s_(b"/usr/bin/touch") + s_(b"/tmp/pwned") + struct.pack(">I", 0))
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\0crab-init")
+try:
+    s.sendall(struct.pack(">IB", 1, 1) + struct.pack(">IB", len(spawn) + 1, 2) + spawn)
+    got = s.recv(100)
+except OSError:
+    got = b""
+print("refused" if not got else "answered %r" % got)
+"""
+
+#: Learns the session's nonces the way a hostile process could (reading its
+#: parent bash's memory) and prints done markers, old and new style, with each.
+FORGER = r"""
+import os, re, sys
+bash = os.getppid()
+found = set()
+with open(f"/proc/{bash}/maps") as maps, open(f"/proc/{bash}/mem", "rb", 0) as mem:
+    for line in maps:
+        addr, perms = line.split()[:2]
+        if not perms.startswith("rw"):
+            continue
+        lo, hi = (int(x, 16) for x in addr.split("-"))
+        try:
+            mem.seek(lo)
+            data = mem.read(hi - lo)
+        except OSError:
+            continue
+        found.update(re.findall(rb"__CRAB_(?:EOF|DONE)_([0-9a-f]{16})|DONE:([0-9a-f]{16}):", data))
+nonces = sorted({a or b for a, b in found})
+forged = b"".join(b"\x1e__CRAB_DONE_%s_0\x1eDONE:%s:0\0" % (n, n) for n in nonces)
+os.write(1, forged)
+os.write(2, forged)
+sys.stderr.write(f"|nonces={len(nonces)}\n")
+"""
+
+
+def _put(sb: Sandbox, path: str, text: str) -> None:
+    assert sb.run(["sh", "-c", f"cat > {path}"], stdin=text).ok
+
+
+def test_processes_in_the_sandbox_cannot_talk_to_crab_init(make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("bookworm")
+    _put(sb, "/tmp/intruder.py", INTRUDER)
+    for user in ("", "65534:65534"):
+        r = sb.run(["python3", "/tmp/intruder.py"], user=user)
+        assert (r.exit_code, r.stdout) == (0, b"refused\n"), (user, r.stderr)
+    assert sb.session.run("python3 /tmp/intruder.py").stdout == b"refused\n"  # from the session's bash
+    assert sb.run(["test", "-e", "/tmp/pwned"]).exit_code == 1
+    assert sb.run(["touch", "/tmp/pwned"]).ok  # the same request, through crabd
+    # Root in the sandbox cannot look into init either (it is not dumpable).
+    r = sb.run(["sh", "-c", "cat /proc/1/environ; readlink /proc/1/fd/0"])
+    assert r.exit_code != 0 and r.stdout == b"" and b"Permission denied" in r.stderr
+
+
+def test_a_forged_done_marker_is_plain_output(make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("bookworm")
+    _put(sb, "/tmp/forge.py", FORGER)
+    assert sb.session.run("true").ok  # a few commands' nonces in bash's memory
+    r = sb.session.run("python3 /tmp/forge.py; sleep 0.3; echo after; (exit 3)")
+    found = int(r.stderr.rsplit(b"|nonces=", 1)[1])
+    assert found >= 1, r.stderr  # it did learn nonces (the current one among them)
+    assert (r.exit_code, r.timed_out, r.session_ended) == (3, False, False)
+    assert r.stdout.endswith(b"after\n") and r.stdout.count(b"DONE:") == found
+    assert r.stderr.startswith(r.stdout[: -len(b"after\n")])
+    assert sb.session.run("echo next").stdout == b"next\n"
+
+
+def test_a_forged_state_capture_changes_nothing(make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("bookworm")
+    fake = "\\036CWD\\036/forged\\036OLDPWD\\036\\036END\\036STATE\\0CWD\\0=/forged\\0END\\0"
+    with sb.turn():
+        # A background job keeps printing fake captures while the turn end captures the state.
+        sb.session.run(f"cd /usr; (for i in $(seq 150); do printf '{fake}'; sleep 0.01; done) &")
+    assert sb.turns()[-1].has_session_state
+    assert sb.session.state()["cwd"] == "/usr"
+    sb.session.run("wait")
+    assert sb.session.state()["cwd"] == "/usr"
+
+
+@pytest.mark.criu
+def test_the_control_channel_and_init_protections_survive_a_restore(make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("bookworm", checkpoints="fs")
+    _put(sb, "/tmp/forge.py", FORGER)
+    _put(sb, "/tmp/intruder.py", INTRUDER)
+    with sb.turn():
+        sb.session.run("cd /tmp; export MARK=kept; sleep 1000 &")
+    ck = sb.checkpoint(kind="full")
+    sb.session.run("kill %1; cd /; unset MARK")
+    sb.restore(ck)
+    # The restored bash (its job lives on) still reports through its restored channel.
+    r = sb.session.run("echo $MARK $PWD; jobs -p | wc -l")
+    assert r.stdout == b"kept /tmp\n1\n"
+    r = sb.session.run("python3 /tmp/forge.py; echo after; (exit 3)")
+    assert r.exit_code == 3 and r.stdout.endswith(b"after\n")
+    assert sb.run(["python3", "/tmp/intruder.py"]).stdout == b"refused\n"
+    r = sb.run(["cat", "/proc/1/environ"])
+    assert r.exit_code != 0 and b"Permission denied" in r.stderr

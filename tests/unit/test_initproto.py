@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 
@@ -41,3 +42,73 @@ def test_exit_codes() -> None:
     assert ip.Exit(3 << 8).exit_code == 3
     assert ip.Exit(9).exit_code == 137 and ip.Exit(9).signal == 9
     assert os.WIFEXITED(0) and ip.Exit(0).exit_code == 0
+
+
+def test_spawn_control_flag() -> None:
+    flags = struct.unpack_from(">I", ip.SpawnSpec(argv=["bash"], control=True, persistent=True, name="s").encode())[0]
+    assert flags == ip.F_CONTROL | ip.F_PERSISTENT and ip.F_CONTROL == 8
+
+
+def _entry(name: bytes, pid: int, alive: int, status: int, attached: int, rejected: int) -> bytes:
+    return struct.pack(">I", len(name)) + name + struct.pack(">IIBiBQ", pid, 7, alive, status, attached, rejected)
+
+
+def test_list_reply_carries_control_rejections() -> None:
+    payload = struct.pack(">I", 2) + _entry(b"s", 5, 1, -1, 1, 3) + _entry(b"t", 6, 0, 2 << 8, 0, 0)
+    a, b = ip.parse_list(payload)
+    assert (a.name, a.pid, a.alive, a.wait_status, a.attached, a.control_rejected) == ("s", 5, True, None, True, 3)
+    assert (b.alive, b.wait_status, b.control_rejected) == (False, 2 << 8, 0)
+    for bad in (payload[:-1], payload + b"x", struct.pack(">I", 1) + struct.pack(">I", 99) + b"s"):
+        with pytest.raises(InitProtocolError):
+            ip.parse_list(bad)
+
+
+def _conn(*frames: bytes) -> ip.InitConnection:
+    reader = asyncio.StreamReader()
+    for f in frames:
+        reader.feed_data(f)
+    reader.feed_eof()
+    return ip.InitConnection(reader, None)  # type: ignore[arg-type]  # reading only
+
+
+def test_control_frames_are_events() -> None:
+    async def go() -> list[ip.Event]:
+        c = _conn(
+            ip.encode_frame(ip.STDOUT, b"DONE:ab:0\0"),  # output stays output, whatever it says
+            ip.encode_frame(ip.CONTROL, b"DONE:ab:0\0"),
+            ip.encode_frame(ip.CONTROL_REJECTED, struct.pack(">II", 2, 41)),
+            ip.encode_frame(ip.EXIT, struct.pack(">i", 0)),
+        )
+        return [await c.next_event() for _ in range(4)]
+
+    assert asyncio.run(go()) == [
+        ip.Stdout(b"DONE:ab:0\0"),
+        ip.Control(b"DONE:ab:0\0"),
+        ip.ControlRejected(2, 41),
+        ip.Exit(0),
+    ]
+
+    async def bad() -> None:
+        await _conn(ip.encode_frame(ip.CONTROL_REJECTED, b"\0")).next_event()
+
+    with pytest.raises(InitProtocolError):
+        asyncio.run(bad())
+
+
+def test_hello_reports_refused_peers() -> None:
+    class W:  # a writer that accepts the HELLO request
+        def write(self, data: bytes) -> None:
+            assert data == ip.encode_frame(ip.HELLO)
+
+        async def drain(self) -> None:
+            return None
+
+    async def go(payload: bytes) -> ip.Hello:
+        reader = asyncio.StreamReader()
+        reader.feed_data(ip.encode_frame(ip.HELLO_OK, payload))
+        return await ip.InitConnection(reader, W()).hello()  # type: ignore[arg-type]
+
+    assert asyncio.run(go(struct.pack(">IIQ", 2, 1, 5))) == ip.Hello(2, 1, 5)
+    assert asyncio.run(go(struct.pack(">II", 1, 1))) == ip.Hello(1, 1, 0)  # an old init
+    with pytest.raises(InitProtocolError):
+        asyncio.run(go(b"\0" * 5))

@@ -8,6 +8,8 @@ import pytest
 
 from crabd.errors import SessionCommandError
 from crabd.runtime import session_proto as sp
+from crabd.runtime import session_state as ss
+from crabd.runtime.initproto import CONTROL_FD
 from tests.unit.bashproc import Bash
 
 
@@ -80,16 +82,107 @@ def test_output_bounded(bash: Bash) -> None:
     assert r is not None and len(r.stdout) == 1 << 20 and r.dropped_stdout == 5_000_000 - (1 << 20)
 
 
-def test_marker_split_across_every_byte() -> None:
-    nonce = "ab" * 8
-    sc = sp.MarkerScanner(nonce, max_stdout=100, max_stderr=100)
-    stream = (
-        b"out\x1e__CRAB_DONE_" + nonce.encode() + b"_x\x1e more \x1e__CRAB_DONE_" + nonce.encode() + b"_42\x1elater"
+def _forge(nonce: str) -> str:
+    """Shell text printing done markers (old and new style) and a fake capture for ``nonce``."""
+    return (
+        f"printf '\\036__CRAB_DONE_{nonce}_0\\036'; printf '\\036__CRAB_DONE_{nonce}_0\\036' >&2; "
+        f"printf 'DONE:{nonce}:0\\0'; printf 'DONE:{nonce}:0\\0' >&2; "
+        "printf 'STATE\\0CWD\\0=/forged\\0END\\0'; "
     )
-    got = b""
-    for i in range(len(stream)):
-        got += sc.feed("stdout", stream[i : i + 1])
-    sc.feed("stderr", b"\x1e__CRAB_DONE_" + nonce.encode() + b"_42\x1e")
-    assert sc.done and sc.exit_code == 42
-    # A lookalike with a non-numeric status is output; bytes after the marker are not.
-    assert got == sc.stdout == b"out\x1e__CRAB_DONE_" + nonce.encode() + b"_x\x1e more "
+
+
+def test_forged_marker_on_stdout_is_plain_output(bash: Bash) -> None:
+    nonce = "5eed" * 4
+    r = bash.run(_forge(nonce) + "sleep 0.2; echo after; (exit 3)", nonce=nonce)
+    assert r is not None and r.done and r.exit_code == 3
+    assert r.stdout == (
+        b"\x1e__CRAB_DONE_" + nonce.encode() + b"_0\x1e" + b"DONE:" + nonce.encode() + b":0\0"
+        b"STATE\0CWD\0=/forged\0END\0after\n"
+    )
+    assert r.stderr == b"\x1e__CRAB_DONE_" + nonce.encode() + b"_0\x1eDONE:" + nonce.encode() + b":0\0"
+    assert out(bash, "echo next") == b"next\n"
+
+
+def test_command_cannot_reach_the_control_fd(bash: Bash) -> None:
+    r = bash.run(f"printf 'DONE:x:0\\0' >&{CONTROL_FD}; echo rc=$?")
+    assert r is not None
+    assert r.exit_code == 0 and r.stdout == b"rc=1\n" and b"Bad file descriptor" in r.stderr
+    assert out(bash, "ls -l /proc/self/fd/ | grep -c socket: || :") == b"0\n"  # a child inherits no copy
+
+
+def test_subshell_writing_a_copy_of_the_control_fd_is_rejected(bash: Bash) -> None:
+    """bash keeps a saved copy of fd 100 while the command runs; a forked subshell inherits it.
+
+    It writes a marker with the right nonce and a fake capture; both come
+    with the subshell's pid and are dropped, as crab-init drops them.
+    """
+    nonce = "c0ffee00" * 2
+    cmd = (
+        "for f in /proc/$$/fd/*; do case $(readlink $f) in socket:*) "
+        f"( printf 'DONE:{nonce}:0\\0STATE\\0CWD\\0=/forged\\0END\\0' >&${{f##*/}} ) && echo wrote;; esac; done; "
+        "sleep 0.3; echo after; (exit 4)"
+    )
+    r = bash.run(cmd, nonce=nonce)
+    assert r is not None
+    assert r.exit_code == 4 and r.stdout == b"wrote\nafter\n", r.stderr
+    assert r.state is None
+    assert bash.rejected and bash.p.pid not in bash.rejected
+
+
+def test_state_capture_ignores_stdout_and_debug_traps(bash: Bash) -> None:
+    """A DEBUG trap runs in bash before every command of the capture; what it prints is not the state."""
+    fake = "\\036CWD\\036/forged\\036END\\036STATE\\0CWD\\0=/forged\\0END\\0"
+    assert bash.run(f"cd /tmp; trap 'printf \"{fake}\"' DEBUG") is not None
+    state = ss.parse_state(bash.capture())
+    assert state.cwd == "/tmp" and "DEBUG" in state.traps
+
+
+def test_capture_survives_strict_modes(bash: Bash) -> None:
+    assert bash.run("set -euo pipefail; IFS=:; declare -x HALF; declare -n DANGLING=nothere; cd /usr") is not None
+    state = ss.parse_state(bash.capture())
+    assert state.cwd == "/usr" and "HALF" not in state.env and bash.p.poll() is None
+    assert out(bash, "echo alive") == b"alive\n"
+
+
+def test_exec_closing_stdout_still_completes(bash: Bash) -> None:
+    r = bash.run("exec >&-")
+    assert r is not None and r.exit_code == 0
+    assert bash.run("echo gone; echo err >&2") is not None
+
+
+MARK = "ab" * 8
+
+
+def _scan(control: bytes, step: int = 1) -> sp.MarkerScanner:
+    sc = sp.MarkerScanner(MARK, max_stdout=100, max_stderr=100, max_control=200)
+    for i in range(0, len(control), step):
+        sc.feed_control(control[i : i + step])
+    return sc
+
+
+def test_control_words_split_across_every_byte() -> None:
+    state = b"STATE\0CWD\0=/a\0END\0"
+    stream = b"DONE:" + b"cd" * 8 + b":0\0" + b"=stray\0" + state + b"DONE:" + MARK.encode() + b":42\0DONE:x:1\0"
+    sc = _scan(stream)
+    assert sc.done and sc.exit_code == 42 and sc.state == state
+    assert not _scan(stream[:-20]).done  # a stale nonce and content words end nothing
+
+
+def test_control_state_records() -> None:
+    done = b"DONE:" + MARK.encode() + b":0\0"
+    # The last complete record counts; one cut short by a new STATE or by DONE does not.
+    sc = _scan(b"STATE\0=x\0END\0STATE\0=y\0STATE\0=z\0END\0STATE\0=cut\0" + done)
+    assert sc.done and sc.state == b"STATE\0=z\0END\0"
+    # A record larger than max_control is dropped (and said so); the marker still ends the command.
+    sc = _scan(b"STATE\0=" + b"v" * 300 + b"\0END\0" + done, step=7)
+    assert sc.done and sc.state is None and sc.control_overflow
+    # A status that is not a number is no marker.
+    assert not _scan(b"DONE:" + MARK.encode() + b":x\0").done
+
+
+def test_output_after_the_marker_is_not_the_commands() -> None:
+    sc = sp.MarkerScanner(MARK, max_stdout=3, max_stderr=100)
+    assert sc.feed("stdout", b"abcd") == b"abc" and sc.dropped_stdout == 1
+    assert sc.feed("stdout", b"\x1e__CRAB_DONE_" + MARK.encode() + b"_0\x1e") == b""  # output, dropped by the bound
+    sc.feed_control(b"DONE:" + MARK.encode() + b":0\0")
+    assert sc.feed("stderr", b"late") == b"" and sc.stderr == b""

@@ -31,9 +31,7 @@ pushd /usr >/dev/null; pushd /var >/dev/null; cd '/tmp/crab st/a b'
 
 
 def capture(b: Bash) -> ss.SessionState:
-    r = b.run(ss.CAPTURE_COMMAND, keep=True)
-    assert r is not None and r.exit_code == 0, r and r.stderr
-    return ss.parse_state(r.stdout)
+    return ss.parse_state(b.capture())
 
 
 def test_round_trip_to_a_fresh_bash() -> None:

@@ -8,9 +8,52 @@
  *
  * It listens on an ABSTRACT unix stream socket ("\0crab-init", or
  * $CRAB_INIT_SOCKET).  Abstract names live in the container's network
- * namespace: only a process that enters that namespace (crabd, as root)
- * can connect, and there is no file on the host a hostile sandbox could
- * replace with a symlink.
+ * namespace; there is no file on the host a hostile sandbox could replace
+ * with a symlink.  But every process INSIDE the sandbox shares that network
+ * namespace and could connect too, so:
+ *
+ * Who may connect: only crabd.  crabd connects from the host's pid
+ * namespace, which is an ancestor of the sandbox's; a process of an
+ * ancestor namespace has no pid in ours, so SO_PEERCRED (translated by the
+ * kernel into the reader's pid namespace) reports pid 0 for crabd.  Every
+ * process inside the sandbox, including one in a pid namespace it created
+ * (a descendant of ours, so its processes have pids here too), gets a
+ * nonzero pid, whatever its uid or capabilities; pid namespaces can only be
+ * entered downwards (setns refuses an ancestor), and the peer pid is
+ * recorded at connect() time, so neither a dead connector nor a passed fd
+ * turns into pid 0.  Any connection whose peer pid is not 0 is closed at
+ * once, before a byte of it is read, and counted (HELLO_OK reports the
+ * count).  There is no switch to relax this: tests run this binary as PID 1
+ * of a fresh pid namespace (`unshare --pid --fork`) like a sandbox does.
+ *
+ * Nobody in the sandbox may read or steer this process: it makes itself
+ * non-dumpable (PR_SET_DUMPABLE 0), so ptrace, /proc/1/mem, /proc/1/fd and
+ * pidfd_getfd need CAP_SYS_PTRACE, which Docker's default capability set
+ * does not grant to root in a container.  (Children get a fresh dumpable
+ * flag from execve; CRIU, as root on the host, dumps and restores us as
+ * before, including the flag.)
+ *
+ * The session's control channel.  A persistent process spawned with
+ * F_CONTROL (the session's bash) gets one end of a unix socketpair as fd
+ * CTL_FD (100); init keeps the other end with SO_PASSCRED set, so each
+ * message read from it carries its sender's pid (SCM_CREDENTIALS, filled in
+ * by the kernel from the sending task, translated into our namespace; only
+ * CAP_SYS_ADMIN over our pid namespace could claim another pid, and a
+ * stream socket never glues bytes of different senders into one read).
+ * Only bytes sent by that very process (pid == the child's pid, which
+ * cannot be reused while we have not reaped it) are accepted; anything a
+ * child or another process sends through a copy of the fd (an inherited
+ * one, pidfd_getfd) is dropped and counted (CONTROL_REJECTED, LIST).  crab's
+ * session wrapper closes CTL_FD for the user's command and writes its done
+ * marker and state captures there with bash builtins (no fork), so
+ * command completion and captured state cannot be forged by what a
+ * command prints (see crabd/runtime/session_proto.py).  Order: when
+ * accepted control bytes arrive, the bytes then waiting in the child's
+ * stdout/stderr pipes (FIONREAD) were written before them; those are
+ * relayed first, then the CONTROL frame, and the pipes are not read further
+ * meanwhile, so a command's output always precedes its done marker.  While
+ * no client is attached the channel is not read: the kernel's socket buffer
+ * holds what the session wrote (bash blocks once it is full).
  *
  * One single-threaded poll() loop; every fd non-blocking; memory bounded:
  * output waiting for a client is capped per connection (backpressure stops
@@ -24,17 +67,22 @@
  *   0x01 HELLO
  *   0x02 SPAWN  u32 flags, u32 uid, u32 gid, str name, str cwd,
  *               u32 argc, str*argc, u32 envc, str*envc
- *               flags: 1 MERGE_STDERR, 2 PERSISTENT, 4 STDIN_NULL
+ *               flags: 1 MERGE_STDERR, 2 PERSISTENT, 4 STDIN_NULL,
+ *                      8 CONTROL (control channel on fd 100); others: EINVAL
  *   0x03 STDIN data   0x04 STDIN_CLOSE   0x05 SIGNAL u32 signo
  *   0x06 ATTACH str name   0x07 DETACH   0x08 LIST   0x09 FORGET str name
  * Init -> client:
- *   0x81 HELLO_OK u32 version, u32 pid
+ *   0x81 HELLO_OK u32 version, u32 pid, u64 refused_peers
  *   0x82 STARTED u32 pid, u32 handle
  *   0x83 STDOUT data   0x84 STDERR data   0x85 EXIT i32 wait status
  *   0x86 ATTACHED u32 pid, u32 handle, u64 dropped_out, u64 dropped_err
  *   0x87 DETACHED
  *   0x88 LIST u32 n, n * (str name, u32 pid, u32 handle, u8 alive,
- *                          i32 status, u8 attached)
+ *                          i32 status, u8 attached, u64 ctl_rejected)
+ *   0x89 CONTROL data: bytes the process itself wrote to its control fd
+ *   0x8A CONTROL_REJECTED u32 count, u32 pid: messages on the control fd
+ *        from other processes (pid: the last one), dropped since the last
+ *        report
  *   0x8F ERROR u32 errno, str message
  */
 #define _GNU_SOURCE
@@ -48,6 +96,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -56,7 +105,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROTO_VERSION 1
+#define PROTO_VERSION 2
 #define MAX_FRAME ((1u << 20) + 64)
 #define OUT_CAP (256u * 1024)
 #define RING_CAP (1u << 20)
@@ -65,10 +114,13 @@
 #define POST_EXIT_DRAIN (4u << 20)
 #define MAX_CONNS 256
 #define MAX_PROCS 1024
+#define CTL_FD 100              /* the control fd in the child; session_proto.CONTROL_FD */
+#define CTL_BATCH 64            /* control messages read per wakeup at most */
 
 enum { T_HELLO = 1, T_SPAWN, T_STDIN, T_STDIN_CLOSE, T_SIGNAL, T_ATTACH, T_DETACH, T_LIST, T_FORGET };
-enum { R_HELLO = 0x81, R_STARTED, R_STDOUT, R_STDERR, R_EXIT, R_ATTACHED, R_DETACHED, R_LIST, R_ERROR = 0x8F };
-enum { F_MERGE = 1, F_PERSISTENT = 2, F_STDIN_NULL = 4 };
+enum { R_HELLO = 0x81, R_STARTED, R_STDOUT, R_STDERR, R_EXIT, R_ATTACHED, R_DETACHED, R_LIST, R_CONTROL,
+       R_CONTROL_REJECTED, R_ERROR = 0x8F };
+enum { F_MERGE = 1, F_PERSISTENT = 2, F_STDIN_NULL = 4, F_CONTROL = 8, F_ALL = 15 };
 
 struct buf {
     unsigned char *p;
@@ -95,6 +147,12 @@ struct proc {
     size_t drained;  /* bytes read after exit */
     int conn;        /* attached connection, -1 if none */
     struct ring ring[2];
+    int ctl_fd;      /* our end of the control socketpair, -1 if none */
+    struct buf ctl;  /* accepted control bytes not yet relayed */
+    size_t owe[2];   /* output bytes to relay before `ctl` (written before it) */
+    uint64_t ctl_rejected;  /* control messages from other processes, dropped */
+    uint32_t rej_unreported;
+    pid_t rej_pid;   /* the last process whose message was dropped */
 };
 
 struct conn {
@@ -108,6 +166,7 @@ static struct proc procs[MAX_PROCS];
 static struct conn conns[MAX_CONNS];
 static uint32_t next_handle = 1;
 static int listen_fd = -1, sig_fd = -1;
+static uint64_t refused_peers; /* connections from inside the sandbox, closed unread */
 static int is_pid1;
 static int terminating;
 static struct timespec term_deadline;
@@ -222,7 +281,9 @@ static void free_proc(int pi) {
     close_fd(&p->fd[0]);
     close_fd(&p->fd[1]);
     close_fd(&p->in_fd);
+    close_fd(&p->ctl_fd);
     buf_free(&p->in);
+    buf_free(&p->ctl);
     free(p->ring[0].p);
     free(p->ring[1].p);
     free(p->name);
@@ -233,6 +294,103 @@ static void send_exit(int ci, int status) {
     unsigned char v[4];
     put_u32(v, (uint32_t)status);
     send_frame(ci, R_EXIT, v, 4);
+}
+
+static void put_u64(unsigned char *p, uint64_t v) {
+    put_u32(p, (uint32_t)(v >> 32));
+    put_u32(p + 4, (uint32_t)v);
+}
+
+/* --- the control channel ------------------------------------------------- */
+
+/* Bytes waiting in a pipe right now. */
+static size_t pipe_pending(int fd) {
+    int n = 0;
+    if (fd < 0 || ioctl(fd, FIONREAD, &n) < 0 || n < 0) return 0;
+    return (size_t)n;
+}
+
+/* One message from the control socket and the pid of the process that sent
+ * it (-1 if the kernel attached no credentials).  Room is left for exactly
+ * one SCM_CREDENTIALS: file descriptors someone sends along (SCM_RIGHTS) do
+ * not fit and are discarded by the kernel; any that slipped in are closed. */
+static ssize_t recv_ctl(int fd, unsigned char *b, size_t n, pid_t *from) {
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(struct ucred))];
+    } cm;
+    struct iovec iov = {b, n};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cm.space;
+    mh.msg_controllen = sizeof cm.space;
+    *from = -1;
+    ssize_t r = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (r <= 0) return r;
+    pid_t pid = -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET) continue;
+        if (c->cmsg_type == SCM_CREDENTIALS && c->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
+            struct ucred uc;
+            memcpy(&uc, CMSG_DATA(c), sizeof uc);
+            pid = uc.pid;
+        } else if (c->cmsg_type == SCM_RIGHTS) {
+            size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < k; i++) {
+                int f;
+                memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+                close(f);
+            }
+            pid = -1; /* never from our bash: it sends no fds */
+            break;
+        }
+    }
+    *from = pid;
+    return r;
+}
+
+static void send_ctl_bytes(int ci, struct buf *b) {
+    for (size_t off = 0; off < b->len; off += CHUNK) {
+        size_t n = b->len - off < CHUNK ? b->len - off : CHUNK;
+        send_frame(ci, R_CONTROL, b->p + off, n);
+    }
+    buf_free(b);
+}
+
+static void report_rejections(int pi) {
+    struct proc *p = &procs[pi];
+    if (!p->rej_unreported || p->conn < 0) return;
+    unsigned char v[8];
+    put_u32(v, p->rej_unreported);
+    put_u32(v + 4, (uint32_t)p->rej_pid);
+    send_frame(p->conn, R_CONTROL_REJECTED, v, 8);
+    p->rej_unreported = 0;
+}
+
+/* Read one control message; keep it if the process itself sent it.
+ * Returns 1 kept, 0 dropped (another sender), -1 nothing now / closed. */
+static int take_ctl(int pi) {
+    struct proc *p = &procs[pi];
+    unsigned char tmp[CHUNK];
+    pid_t from;
+    ssize_t n = recv_ctl(p->ctl_fd, tmp, sizeof tmp, &from);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return -1;
+    if (n <= 0) {
+        /* Every holder closed its end (the process exec'd or closed fd 100):
+         * no marker can come any more; the client's timeout deals with it. */
+        close_fd(&p->ctl_fd);
+        return -1;
+    }
+    if (from != p->pid) {
+        p->ctl_rejected++;
+        p->rej_unreported++;
+        p->rej_pid = from;
+        return 0;
+    }
+    buf_put(&p->ctl, tmp, (size_t)n);
+    return 1;
 }
 
 /* The process exited and its pipes are drained: report and unbind. */
@@ -263,13 +421,18 @@ static int pump_output(int pi, int s) {
         size_t wl = conns[p->conn].w.len;
         if (wl >= OUT_CAP) return 0;
         if (OUT_CAP - wl < room) room = OUT_CAP - wl;
+        /* Control bytes wait: relay exactly what was written before them. */
+        if (p->ctl.len && p->owe[s] < room) room = p->owe[s];
+        if (!room) return 0;
     }
     ssize_t n = read(p->fd[s], tmp, room);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
     if (n <= 0) {
         close_fd(&p->fd[s]);
+        p->owe[s] = 0;
         return -1;
     }
+    p->owe[s] = p->owe[s] > (size_t)n ? p->owe[s] - (size_t)n : 0;
     if (p->exited) p->drained += (size_t)n;
     if (p->conn >= 0)
         send_frame(p->conn, s == 0 ? R_STDOUT : R_STDERR, tmp, (size_t)n);
@@ -279,10 +442,45 @@ static int pump_output(int pi, int s) {
     return 1;
 }
 
+/* Relay the pending control bytes once the output written before them is
+ * out.  Returns 1 when nothing is pending any more, 0 while it waits (for
+ * the client to read, or for a client to attach). */
+static int flush_ctl(int pi) {
+    struct proc *p = &procs[pi];
+    if (!p->ctl.len) return 1;
+    if (p->conn < 0) return 0;
+    for (int s = 0; s < 2; s++) {
+        while (p->owe[s] && p->fd[s] >= 0) {
+            if (conns[p->conn].w.len >= OUT_CAP) return 0;
+            /* Nothing there although FIONREAD said so: someone else read the
+             * pipe (it can be opened through /proc/<pid>/fd); owe no more. */
+            if (pump_output(pi, s) == 0) p->owe[s] = 0;
+        }
+        p->owe[s] = 0;
+    }
+    send_ctl_bytes(p->conn, &p->ctl);
+    return 1;
+}
+
+/* The control socket is readable (we poll it only while a client is
+ * attached, has room, and nothing is pending). */
+static void read_ctl(int pi) {
+    struct proc *p = &procs[pi];
+    for (int i = 0; i < CTL_BATCH && p->ctl_fd >= 0 && !p->ctl.len; i++) {
+        int r = take_ctl(pi);
+        if (r < 0) break;
+        if (r == 1)
+            for (int s = 0; s < 2; s++) p->owe[s] = pipe_pending(p->fd[s]);
+    }
+    report_rejections(pi);
+    flush_ctl(pi);
+}
+
 /* After exit: read what is available right now, then finalize. */
 static void try_finish(int pi) {
     struct proc *p = &procs[pi];
     if (!p->used || !p->exited || p->finalized) return;
+    if (p->conn >= 0 && !flush_ctl(pi)) return; /* waits for the client to read */
     for (int s = 0; s < 2; s++) {
         while (p->fd[s] >= 0 && p->drained < POST_EXIT_DRAIN) {
             int r = pump_output(pi, s);
@@ -295,6 +493,13 @@ static void try_finish(int pi) {
         }
         close_fd(&p->fd[s]);
     }
+    /* What the process sent on its control fd before it died comes after
+     * its output and before EXIT (kept for a later ATTACH if detached). */
+    for (int i = 0; i < 16 * CTL_BATCH && p->ctl_fd >= 0 && p->ctl.len < RING_CAP; i++)
+        if (take_ctl(pi) < 0) break;
+    close_fd(&p->ctl_fd);
+    report_rejections(pi);
+    if (p->conn >= 0) send_ctl_bytes(p->conn, &p->ctl);
     finalize(pi);
 }
 
@@ -406,9 +611,9 @@ static void do_spawn(int ci, const unsigned char *pl, size_t n) {
     uint32_t flags = rd_u32(&r), uid = rd_u32(&r), gid = rd_u32(&r);
     char *name = rd_str(&r), *cwd = rd_str(&r);
     char **argv = rd_strv(&r), **envp = r.bad ? NULL : rd_strv(&r);
-    int pipes[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}}, status[2] = {-1, -1};
+    int pipes[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}}, status[2] = {-1, -1}, ctl[2] = {-1, -1};
     int pi = -1;
-    if (r.bad || !argv || !argv[0] || !envp) {
+    if (r.bad || !argv || !argv[0] || !envp || (flags & ~(uint32_t)F_ALL)) {
         send_error(ci, EINVAL, "malformed SPAWN request");
         goto out;
     }
@@ -433,6 +638,14 @@ static void do_spawn(int ci, const unsigned char *pl, size_t n) {
         send_error(ci, errno, "pipe failed");
         goto out_fds;
     }
+    if (flags & F_CONTROL) {
+        int one = 1;
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) ||
+            setsockopt(ctl[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one)) {
+            send_error(ci, errno, "control socketpair failed");
+            goto out_fds;
+        }
+    }
     pid_t pid = fork();
     if (pid < 0) {
         send_error(ci, errno, "fork failed");
@@ -448,9 +661,16 @@ static void do_spawn(int ci, const unsigned char *pl, size_t n) {
         if (in < 0 || dup2(in, 0) < 0 || dup2(pipes[0][1], 1) < 0 ||
             dup2((flags & F_MERGE) ? pipes[0][1] : pipes[1][1], 2) < 0)
             child_fail(status[1], errno, "dup2");
+        if (ctl[1] >= 0) {
+            /* The status pipe must survive until exec: move it off CTL_FD. */
+            if (status[1] == CTL_FD) status[1] = fcntl(status[1], F_DUPFD_CLOEXEC, CTL_FD + 1);
+            /* dup2 onto itself would keep CLOEXEC; dup2 otherwise clears it. */
+            if (ctl[1] == CTL_FD ? fcntl(CTL_FD, F_SETFD, 0) < 0 : dup2(ctl[1], CTL_FD) < 0)
+                child_fail(status[1], errno, "control fd");
+        }
         /* Close everything else except the status pipe (it is CLOEXEC). */
         for (int fd = 3; fd < 65536; fd++)
-            if (fd != status[1]) close(fd);
+            if (fd != status[1] && !(ctl[1] >= 0 && fd == CTL_FD)) close(fd);
         if (gid != 0xFFFFFFFFu && (setgroups(0, NULL) || setgid(gid))) child_fail(status[1], errno, "setgid");
         if (uid != 0xFFFFFFFFu && setuid(uid)) child_fail(status[1], errno, "setuid");
         if (chdir(cwd[0] ? cwd : "/")) child_fail(status[1], errno, "chdir");
@@ -480,6 +700,10 @@ static void do_spawn(int ci, const unsigned char *pl, size_t n) {
     p->fd[0] = pipes[0][0];
     p->fd[1] = (flags & F_MERGE) ? -1 : pipes[1][0];
     p->in_fd = (flags & F_STDIN_NULL) ? -1 : pipes[2][1];
+    p->ctl_fd = ctl[0];
+    ctl[0] = -1;
+    close_fd(&ctl[1]);
+    if (p->ctl_fd >= 0) set_nonblock(p->ctl_fd);
     close_fd(&pipes[0][1]);
     close_fd(&pipes[1][1]);
     close_fd(&pipes[2][0]);
@@ -498,6 +722,8 @@ out_fds:
     for (int i = 0; i < 3; i++) { close_fd(&pipes[i][0]); close_fd(&pipes[i][1]); }
     close_fd(&status[0]);
     close_fd(&status[1]);
+    close_fd(&ctl[0]);
+    close_fd(&ctl[1]);
 out:
     free(name);
     free(cwd);
@@ -543,11 +769,14 @@ static void do_attach(int ci, const unsigned char *pl, size_t n) {
     send_frame(ci, R_ATTACHED, v, 24);
     flush_ring(ci, p);
     if (p->finalized) {
+        send_ctl_bytes(ci, &p->ctl);
         send_exit(ci, p->status);
         return;
     }
     p->conn = ci;
     conns[ci].proc = pi;
+    report_rejections(pi);
+    flush_ctl(pi);
 }
 
 static void do_list(int ci) {
@@ -573,6 +802,9 @@ static void do_list(int ci) {
         buf_put(&b, v, 4);
         unsigned char att = p->conn >= 0;
         buf_put(&b, &att, 1);
+        unsigned char r64[8];
+        put_u64(r64, p->ctl_rejected);
+        buf_put(&b, r64, 8);
     }
     send_frame(ci, R_LIST, b.p, b.len);
     buf_free(&b);
@@ -583,10 +815,11 @@ static void handle_frame(int ci, int type, const unsigned char *pl, size_t n) {
     struct proc *p = c->proc >= 0 ? &procs[c->proc] : NULL;
     switch (type) {
     case T_HELLO: {
-        unsigned char v[8];
+        unsigned char v[16];
         put_u32(v, PROTO_VERSION);
         put_u32(v + 4, (uint32_t)getpid());
-        send_frame(ci, R_HELLO, v, 8);
+        put_u64(v + 8, refused_peers);
+        send_frame(ci, R_HELLO, v, 16);
         break;
     }
     case T_SPAWN:
@@ -675,6 +908,14 @@ static void accept_conn(void) {
     for (;;) {
         int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
+        /* Only crabd, from an ancestor pid namespace (pid 0 here); see the top. */
+        struct ucred uc;
+        socklen_t ul = sizeof uc;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) || ul != sizeof uc || uc.pid != 0) {
+            close(fd);
+            refused_peers++;
+            continue;
+        }
         int ci = -1;
         for (int i = 0; i < MAX_CONNS; i++)
             if (!conns[i].used) { ci = i; break; }
@@ -732,6 +973,9 @@ static void handle_signals(void) {
 /* --- main loop ------------------------------------------------------------------ */
 
 int main(void) {
+    /* Before anything else: no ptrace, /proc/1/mem or /proc/1/fd for the
+     * sandbox (see the top). */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) die("prctl(PR_SET_DUMPABLE)");
     is_pid1 = getpid() == 1;
     if (!is_pid1) prctl(PR_SET_CHILD_SUBREAPER, 1);
     signal(SIGPIPE, SIG_IGN);
@@ -762,8 +1006,8 @@ int main(void) {
     if (listen(listen_fd, 64)) die("listen");
     for (int i = 0; i < MAX_CONNS; i++) conns[i].proc = -1;
 
-    static struct pollfd pfd[2 + MAX_CONNS + 3 * MAX_PROCS];
-    static int kind[2 + MAX_CONNS + 3 * MAX_PROCS], idx[2 + MAX_CONNS + 3 * MAX_PROCS];
+    static struct pollfd pfd[2 + MAX_CONNS + 4 * MAX_PROCS];
+    static int kind[2 + MAX_CONNS + 4 * MAX_PROCS], idx[2 + MAX_CONNS + 4 * MAX_PROCS];
     for (;;) {
         if (terminating && (!children_left() || deadline_passed())) {
             signal_all(SIGKILL);
@@ -786,9 +1030,16 @@ int main(void) {
         for (int i = 0; i < MAX_PROCS; i++) {
             struct proc *p = &procs[i];
             if (!p->used || p->finalized) continue;
-            int room = p->conn < 0 || conns[p->conn].w.len < OUT_CAP;
-            for (int s = 0; s < 2; s++)
-                if (p->fd[s] >= 0 && room) { pfd[n] = (struct pollfd){p->fd[s], POLLIN, 0}; kind[n] = 3 + s; idx[n] = i; n++; }
+            int attached = p->conn >= 0;
+            int room = !attached || conns[p->conn].w.len < OUT_CAP;
+            for (int s = 0; s < 2; s++) {
+                /* With control bytes waiting, read only what was written before them. */
+                int held = attached && p->ctl.len && !p->owe[s];
+                if (p->fd[s] >= 0 && room && !held) { pfd[n] = (struct pollfd){p->fd[s], POLLIN, 0}; kind[n] = 3 + s; idx[n] = i; n++; }
+            }
+            if (p->ctl_fd >= 0 && attached && room && !p->ctl.len) {
+                pfd[n] = (struct pollfd){p->ctl_fd, POLLIN, 0}; kind[n] = 6; idx[n] = i; n++;
+            }
             if (p->in_fd >= 0 && (p->in.len || p->in_close)) {
                 pfd[n] = (struct pollfd){p->in_fd, POLLOUT, 0}; kind[n] = 5; idx[n] = i; n++;
             }
@@ -811,13 +1062,23 @@ int main(void) {
                     if (w > 0) buf_consume(&conns[i].w, (size_t)w);
                     else if (w < 0 && errno != EAGAIN && errno != EINTR) { drop_conn(i); break; }
                     /* Space freed: a drain that waited on backpressure may finish. */
-                    if (conns[i].proc >= 0) try_finish(conns[i].proc);
+                    if (conns[i].proc >= 0) {
+                        flush_ctl(conns[i].proc);
+                        try_finish(conns[i].proc);
+                    }
                 }
                 if (conns[i].used && (pfd[k].revents & (POLLIN | POLLHUP | POLLERR))) read_conn(i);
                 break;
             case 3: case 4:
                 if (procs[i].used && !procs[i].finalized && procs[i].fd[kind[k] - 3] >= 0) {
                     pump_output(i, kind[k] - 3);
+                    flush_ctl(i);
+                    try_finish(i);
+                }
+                break;
+            case 6:
+                if (procs[i].used && !procs[i].finalized && procs[i].ctl_fd >= 0 && procs[i].conn >= 0) {
+                    read_ctl(i);
                     try_finish(i);
                 }
                 break;
