@@ -227,12 +227,11 @@ class Session:
         max_output: int,
         sink: ChunkSink | None,
         keep_status: bool = False,
-        control: bool = False,
     ) -> tuple[ExecOutcome, session_proto.MarkerScanner]:
         """Run one command; the scanner holds what its control channel carried (a state capture)."""
         started = time.monotonic()
         nonce = session_proto.new_nonce()
-        payload = session_proto.wrap_command(command, nonce, keep_status=keep_status, control=control)
+        payload = session_proto.wrap_command(command, nonce, keep_status=keep_status)
         scanner = session_proto.MarkerScanner(nonce, max_stdout=max_output, max_stderr=max_output)
         conn = await self._connect()
         async with conn:
@@ -337,7 +336,6 @@ class Session:
                 max_output=1 << 20,
                 sink=None,
                 keep_status=True,
-                control=True,
             )
             # Still under the lock: bash is idle, holding only its own descriptors.
             extra = await self.probe(pids[0]) if self.probe and outcome.exit_code == 0 else None

@@ -7,7 +7,7 @@ command.  The block, as bash reads it from stdin::
     IFS= read -r -d '' __crab_cmd <<'__CRAB_EOF_<nonce>' || :
     <the command text, verbatim>
     __CRAB_EOF_<nonce>
-    (exit $__crab_prev); eval "$__crab_cmd" </dev/null 100>&-
+    (exit $__crab_prev); eval "$__crab_cmd" </dev/null
     __crab_rc=$?
     printf 'DONE:<nonce>:%d\0' "$__crab_rc" >&100
     eval "unset __crab_cmd __crab_prev __crab_rc; (exit $__crab_rc)"
@@ -16,16 +16,21 @@ Fd 100 (:data:`CONTROL_FD`) is the session's *control channel*: crab-init
 spawns the session bash with one end of a unix socketpair there and relays
 what arrives on its own end to crabd as CONTROL frames, but only bytes the
 bash process itself sent (the kernel stamps every message with its
-sender's pid; see crab-init.c).  The command runs with fd 100 closed
-(``100>&-``), so neither it nor anything it starts inherits the channel; the
-done marker is written by bash's ``printf`` builtin, in bash itself.  So:
+sender's pid; see crab-init.c).  The done marker is written by bash's
+``printf`` builtin, in bash itself.  The command runs with fd 100 open, and
+what it starts inherits it, because closing it for the command is not
+robust: bash would save and restore it around the ``eval`` with dup2(2),
+which fails once the command has set ``ulimit -n`` to 100 or less, and
+the session would lose its channel.  Inheriting it gives nothing: a child
+sends with its own pid.  So:
 
 * Completion and exit status come only from the control channel.  Whatever
   a command prints on stdout or stderr is output, returned byte for byte,
   even if it looks like a marker with the right nonce.
-* A process that gets hold of a copy of the fd (a forked subshell keeps
-  bash's saved copy of it; ``pidfd_getfd``) sends with its own pid: init
-  drops that and reports it (:class:`~crabd.runtime.initproto.ControlRejected`).
+* Any other process that writes to the channel (a child or a forked
+  subshell, which inherit fd 100; a thief with ``pidfd_getfd``) sends with
+  its own pid: init drops that and reports it
+  (:class:`~crabd.runtime.initproto.ControlRejected`).
 * What the channel does NOT stop: code that runs in the bash process
   itself (the commands crabd sends, and the functions, traps and aliases
   they define, e.g. a function named ``printf``) and a process that
@@ -101,13 +106,11 @@ def _encode(command: bytes | str) -> bytes:
     return os.fsencode(command) if isinstance(command, str) else command
 
 
-def wrap_command(command: bytes | str, nonce: str, *, keep_status: bool = False, control: bool = False) -> bytes:
+def wrap_command(command: bytes | str, nonce: str, *, keep_status: bool = False) -> bytes:
     """The bytes that make bash run ``command`` and then write the done marker.
 
     With ``keep_status`` the block leaves ``$?`` as it found it (used for
     crab's own commands, such as state capture, so they are invisible).
-    With ``control`` the command keeps the control fd open (only for crab's
-    own fixed text, the state capture).
     """
     text = _encode(command)
     if b"\0" in text:
@@ -118,12 +121,11 @@ def wrap_command(command: bytes | str, nonce: str, *, keep_status: bool = False,
         text += b"\n"
     eof = f"__CRAB_EOF_{nonce}".encode()
     fd = str(CONTROL_FD).encode()
-    close = b"" if control else b" " + fd + b">&-"
     final = b"$__crab_prev" if keep_status else b"$__crab_rc"
     return (
         b"__crab_prev=$?\n"
         b"IFS= read -r -d '' __crab_cmd <<'" + eof + b"' || :\n" + text + eof + b"\n"
-        b'(exit $__crab_prev); eval "$__crab_cmd" </dev/null' + close + b"\n"
+        b'(exit $__crab_prev); eval "$__crab_cmd" </dev/null\n'
         b"__crab_rc=$?\n"
         b"printf 'DONE:" + nonce.encode() + b':%d\\0\' "$__crab_rc" >&' + fd + b"\n"
         b'eval "unset __crab_cmd __crab_prev __crab_rc; (exit ' + final + b')"\n'

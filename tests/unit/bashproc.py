@@ -30,7 +30,12 @@ class Bash:
         self.rejected: list[int] = []
 
         def give_fd() -> None:  # in the child, before exec
-            os.dup2(theirs.fileno(), CONTROL_FD)  # inheritable; `theirs` itself is CLOEXEC
+            if control:
+                os.dup2(theirs.fileno(), CONTROL_FD)  # inheritable; `theirs` itself is CLOEXEC
+            # Like crab-init's children: nothing of ours but 0-2 and the channel (pytest's own fds
+            # would otherwise show up in bash's descriptor table).
+            os.closerange(3, CONTROL_FD)
+            os.closerange(CONTROL_FD + 1, 65536)
 
         self.p = subprocess.Popen(
             ["bash", "--noprofile", "--norc"],
@@ -39,7 +44,7 @@ class Bash:
             stderr=subprocess.PIPE,
             env=env or {"PATH": "/usr/bin:/bin", "HOME": "/root"},
             close_fds=False,
-            preexec_fn=give_fd if control else None,
+            preexec_fn=give_fd,
         )
         theirs.close()
         assert self.p.stdin and self.p.stdout and self.p.stderr
@@ -81,7 +86,6 @@ class Bash:
         cmd: str | bytes,
         *,
         keep: bool = False,
-        control: bool = False,
         limit: int = 1 << 20,
         timeout: float = 30,
         nonce: str | None = None,
@@ -90,7 +94,7 @@ class Bash:
         assert self.p.stdin and self.p.stdout and self.p.stderr
         nonce = nonce or sp.new_nonce()
         sc = sp.MarkerScanner(nonce, max_stdout=limit, max_stderr=limit)
-        self.p.stdin.write(sp.wrap_command(cmd, nonce, keep_status=keep, control=control))
+        self.p.stdin.write(sp.wrap_command(cmd, nonce, keep_status=keep))
         self.p.stdin.flush()
         open_ = {"stdout": self.p.stdout.fileno(), "stderr": self.p.stderr.fileno()}
         ctl_open = True
@@ -119,7 +123,7 @@ class Bash:
         """Raw state capture (the control channel's STATE record)."""
         from crabd.runtime.session_state import CAPTURE_COMMAND
 
-        r = self.run(CAPTURE_COMMAND, keep=True, control=True)
+        r = self.run(CAPTURE_COMMAND, keep=True)
         assert r is not None and r.exit_code == 0, r and r.stderr
         assert r.state is not None, "no STATE record on the control channel"
         assert not self.rejected, f"control messages from other processes: {self.rejected}"
