@@ -85,7 +85,7 @@ def test_unknown_checkpoint_and_turn(client: Client, make_sandbox: Callable[...,
         sb.restore("ck-000000000000")
     with pytest.raises(CheckpointNotFound):
         client.checkpoint("ck-000000000000")
-    with pytest.raises(InvalidRequest, match="no checkpoint of turn 42"):
+    with pytest.raises(InvalidRequest, match="has no turn 42"):
         sb.restore(turn=42)
     with pytest.raises(InvalidRequest):
         sb.restore()
