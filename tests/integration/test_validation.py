@@ -39,10 +39,10 @@ def stub(daemon: EmbeddedDaemon) -> Iterator[pb_grpc.CrabStub]:
         channel.close()
 
 
-def raw_error(call: Callable[[], Any]) -> CrabError:
-    """The CrabError crabd answered ``call`` with (it must fail)."""
+def raw_error(method: Callable[..., Any], request: Any) -> CrabError:
+    """The CrabError crabd answered ``request`` with (it must fail)."""
     try:
-        result = call()
+        result = method(request, timeout=60)
         if hasattr(result, "__iter__") and not isinstance(result, bytes):
             list(result)  # a server stream fails on reading
     except grpc.RpcError as exc:
@@ -72,13 +72,13 @@ def test_raw_create_with_bad_limits_creates_nothing(
         pb.Limits(pids=-1),
     ]
     for limits in bad:
-        err = raw_error(lambda limits=limits: stub.CreateSandbox(pb.CreateSandboxRequest(env="busybox", limits=limits)))
+        err = raw_error(stub.CreateSandbox, pb.CreateSandboxRequest(env="busybox", limits=limits))
         assert isinstance(err, InvalidRequest), (limits, err)
     # The maximum is in the message, not runc's text about cgroups.
-    err = raw_error(lambda: stub.CreateSandbox(pb.CreateSandboxRequest(env="busybox", limits=pb.Limits(pids=10**9))))
+    err = raw_error(stub.CreateSandbox, pb.CreateSandboxRequest(env="busybox", limits=pb.Limits(pids=10**9)))
     assert "maximum of 4096" in err.message
     for env in ({"A=B": "1"}, {"": "1"}, {"A": "x\0y"}):
-        err = raw_error(lambda env=env: stub.CreateSandbox(pb.CreateSandboxRequest(env="busybox", env_vars=env)))
+        err = raw_error(stub.CreateSandbox, pb.CreateSandboxRequest(env="busybox", env_vars=env))
         assert isinstance(err, InvalidRequest), (env, err)
     assert {s.id for s in client.list()} == sandboxes
     assert containers(daemon) == made
@@ -88,6 +88,7 @@ def test_raw_command_values_are_refused_before_anything_runs(
     client: Client, stub: pb_grpc.CrabStub, make_sandbox: Callable[..., Sandbox]
 ) -> None:
     sb = make_sandbox("busybox")
+    sandboxes = {s.id for s in client.list()}
     turns = [(t.number, len(t.commands)) for t in sb.turns()]
     requests: list[tuple[str, Any]] = []
     for t in NOT_FINITE:
@@ -114,18 +115,16 @@ def test_raw_command_values_are_refused_before_anything_runs(
         ),
     ]
     for method, request in requests:
-        err = raw_error(lambda method=method, request=request: getattr(stub, method)(request, timeout=60))
+        err = raw_error(getattr(stub, method), request)
         assert isinstance(err, InvalidRequest), (method, request, err)
     # Nothing ran, nothing stopped, no turn opened, no sandbox forked.
     assert sb.refresh().state == "running"
     assert [(t.number, len(t.commands)) for t in sb.turns()] == turns
     assert sb.run(["test", "-e", "/ran"]).exit_code == 1
-    assert len(client.list()) == len({s.id for s in client.list()})
+    assert {s.id for s in client.list()} == sandboxes
 
 
-def test_sdk_says_invalid_request_not_daemon_unavailable(
-    client: Client, make_sandbox: Callable[..., Sandbox]
-) -> None:
+def test_sdk_says_invalid_request_not_daemon_unavailable(client: Client, make_sandbox: Callable[..., Sandbox]) -> None:
     sb = make_sandbox("busybox")
     before = {s.id for s in client.list()}
     for t in NOT_FINITE:
