@@ -353,6 +353,11 @@ class Service:
     ) -> tuple[CheckpointRecord, list[Change], bool, str | None, list[str]]:
         rec = self._checkpoint(caller, ckpt_id)
         changes, truncated, session_json = await self.housekeeping.describe(rec, MAX_CHANGES_SHOWN)
+        # A delta blob keeps only the first changes by path when all of them
+        # would not fit one metadata blob (backends/overlay/index.py); the
+        # stats count all of them, so a short list is known to be short.
+        counted = sum(int(v) for k, v in rec.stats.items() if k in ("changed", "deleted") and isinstance(v, int))
+        truncated = truncated or len(changes) < min(MAX_CHANGES_SHOWN, counted)
         lineage = [c.id for c in self.checkpoints.catalog.lineage(rec.id)]
         return rec, changes, truncated, session_json, lineage
 
