@@ -110,7 +110,10 @@ class CheckpointConfig(_Model):
 class CriuConfig(_Model):
     """How crabd dumps processes (through runc and CRIU)."""
 
-    runc: str = Field("runc", description="runc binary (found on PATH unless absolute)")
+    # Absolute by default: the same runc as Docker's (Debian's runc and
+    # docker-ce's both provide /usr/bin/runc), never whatever a PATH lookup
+    # finds first (/usr/local comes before /usr on most PATHs).
+    runc: str = Field("/usr/bin/runc", description="runc binary (found on PATH if not absolute)")
     runc_root: Path = Field(Path("/run/docker/runtime-runc/moby"), description="runc state dir of Docker's containers")
     timeout_s: float = Field(300.0, gt=0, description="longest one dump may take")
     busy_wait_s: float = Field(10.0, ge=0, description="how long a process checkpoint waits for running commands")
