@@ -143,9 +143,9 @@ def stop_request(sandbox: str, timeout: float) -> pb.StopSandboxRequest:
     return pb.StopSandboxRequest(sandbox=sandbox, timeout_s=validate.seconds(timeout, "stop timeout"))
 
 
-def fork_request(*, checkpoint: str = "", sandbox: str = "", n: int, name_prefix: str) -> pb.ForkRequest:
-    n = validate.integer(n, "n (sandboxes to fork)", minimum=1, maximum=INT32_MAX)
-    return pb.ForkRequest(checkpoint=checkpoint, sandbox=sandbox, n=n, name_prefix=name_prefix)
+def fork_count(n: int) -> int:
+    """How many sandboxes a fork makes: at least 1, and an int32 on the wire."""
+    return validate.integer(n, "n (sandboxes to fork)", minimum=1, maximum=INT32_MAX)
 
 
 def turns_request(sandbox: str, limit: int) -> pb.ListTurnsRequest:

@@ -147,7 +147,7 @@ class AsyncClient:
     async def fork(
         self, checkpoint: str | CheckpointInfo, n: int = 1, *, name_prefix: str = ""
     ) -> builtins.list[AsyncSandbox]:
-        req = rq.fork_request(checkpoint=rq.checkpoint_id(checkpoint), n=n, name_prefix=name_prefix)
+        req = pb.ForkRequest(checkpoint=rq.checkpoint_id(checkpoint), n=rq.fork_count(n), name_prefix=name_prefix)
         resp = await self._unary("Fork", req, timeout=self.timeout + 30.0 * n)
         return [AsyncSandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
 
@@ -356,7 +356,7 @@ class AsyncSandbox:
     ) -> list[AsyncSandbox]:
         if checkpoint is not None:
             return await self.client.fork(checkpoint, n, name_prefix=name_prefix)
-        req = rq.fork_request(sandbox=self.id, n=n, name_prefix=name_prefix)
+        req = pb.ForkRequest(sandbox=self.id, n=n, name_prefix=name_prefix)
         resp = await self.client._unary("Fork", req, timeout=self.client.timeout + 30.0 * n)
         return [AsyncSandbox(self.client, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
 

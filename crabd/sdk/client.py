@@ -171,7 +171,7 @@ class Client:
 
     def fork(self, checkpoint: str | CheckpointInfo, n: int = 1, *, name_prefix: str = "") -> builtins.list[Sandbox]:
         """``n`` new, independent sandboxes with the checkpoint's files and session state."""
-        req = rq.fork_request(checkpoint=rq.checkpoint_id(checkpoint), n=n, name_prefix=name_prefix)
+        req = pb.ForkRequest(checkpoint=rq.checkpoint_id(checkpoint), n=rq.fork_count(n), name_prefix=name_prefix)
         resp = self._unary("Fork", req, timeout=self.timeout + 30.0 * n)
         return [Sandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
 
@@ -405,7 +405,7 @@ class Sandbox:
         """``n`` new sandboxes from ``checkpoint`` (default: this sandbox's latest checkpoint)."""
         if checkpoint is not None:
             return self.client.fork(checkpoint, n, name_prefix=name_prefix)
-        req = rq.fork_request(sandbox=self.id, n=n, name_prefix=name_prefix)
+        req = pb.ForkRequest(sandbox=self.id, n=n, name_prefix=name_prefix)
         resp = self.client._unary("Fork", req, timeout=self.client.timeout + 30.0 * n)
         return [Sandbox(self.client, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
 

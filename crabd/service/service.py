@@ -385,9 +385,9 @@ class Service:
     ) -> tuple[str, list[SandboxRecord]]:
         if ckpt_id and ref:
             raise InvalidRequest("fork either a checkpoint or a sandbox, not both")
-        n = validate.integer(n, "n (sandboxes to fork)", minimum=1, maximum=MAX_FORKS)
         if prefix and not prefix.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise InvalidRequest(f"invalid name prefix {prefix!r}: use letters, digits, '_', '.', '-'")
+        n = validate.integer(n, "n (sandboxes to fork)", minimum=1, maximum=MAX_FORKS)
         if ckpt_id:
             ckpt = self._checkpoint(caller, ckpt_id)
         elif ref:

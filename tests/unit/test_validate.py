@@ -211,8 +211,8 @@ def test_sdk_refuses_bad_counts_and_env() -> None:
         lambda: rq.exec_request("sb", ["true"], env={"": "x"}),
         lambda: rq.exec_request("sb", ["true"], env={"A": "x\0"}),
         lambda: rq.exec_request("sb", ["true"], max_output=-1),
-        lambda: rq.fork_request(checkpoint="ck", n=0, name_prefix=""),
-        lambda: rq.fork_request(checkpoint="ck", n=1 << 40, name_prefix=""),
+        lambda: rq.fork_count(0),
+        lambda: rq.fork_count(1 << 40),
         lambda: rq.turns_request("sb", -1),
         lambda: rq.restore_request("sb", None, -2),
     ):
