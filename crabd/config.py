@@ -15,15 +15,22 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from crabd.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/crab/crabd.toml")
+#: Most stdout + stderr one command's result may carry: the gRPC message
+#: limit (80 MiB, crabd/daemon/app.py and the SDK) less room for the rest.
+MAX_REPLY_OUTPUT = 64 << 20
+#: Docker refuses memory limits below this.
+MIN_MEMORY = 6 << 20
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # TOML has `nan` and `inf`; no setting of crabd means anything with them
+    # (an infinite maximum would pass every bound check).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PathsConfig(_Model):
@@ -49,7 +56,7 @@ class DoctorConfig(_Model):
 
 
 class LimitsConfig(_Model):
-    """Bounds on what one request may ask of crabd."""
+    """Bounds on what one request may ask of crabd (checked in ``crabd/service/limits.py``)."""
 
     max_command_bytes: int = Field(1 << 20, gt=0, description="argv+env of an exec, or a session command's text")
     max_stdin_bytes: int = Field(8 << 20, ge=0, description="stdin attached to one exec")
@@ -57,7 +64,38 @@ class LimitsConfig(_Model):
     max_timeout_s: float = Field(86400.0, gt=0, description="largest timeout a request may ask for")
     default_max_output_bytes: int = Field(1 << 20, gt=0, description="kept per stream when the request gives none")
     max_output_bytes: int = Field(64 << 20, gt=0, description="largest per-stream output a request may keep")
+    max_reply_output_bytes: int = Field(
+        MAX_REPLY_OUTPUT,
+        gt=0,
+        le=MAX_REPLY_OUTPUT,
+        description="stdout + stderr one command's result carries (the gRPC message limit is 80 MiB)",
+    )
     stop_timeout_s: float = Field(10.0, ge=0, description="grace before SIGKILL when stopping a sandbox")
+    max_stop_timeout_s: float = Field(600.0, gt=0, description="largest stop grace a request may ask for")
+    max_cpus: float | None = Field(None, gt=0, description="most CPUs a sandbox may ask for; unset: the host's count")
+    default_memory_bytes: int = Field(
+        4 << 30, ge=MIN_MEMORY, description="memory limit of a sandbox whose request gives none (or 0)"
+    )
+    max_memory_bytes: int | None = Field(
+        None, ge=MIN_MEMORY, description="largest memory limit a sandbox may ask for; unset: the host's memory"
+    )
+    default_pids: int = Field(4096, gt=0, description="process limit of a sandbox whose request gives none (or 0)")
+    max_pids: int = Field(4096, gt=0, description="largest process limit a sandbox may ask for")
+
+    @model_validator(mode="after")
+    def _defaults_within_maxima(self) -> LimitsConfig:
+        pairs = [
+            ("default_timeout_s", self.default_timeout_s, "max_timeout_s", self.max_timeout_s),
+            ("default_max_output_bytes", self.default_max_output_bytes, "max_output_bytes", self.max_output_bytes),
+            ("stop_timeout_s", self.stop_timeout_s, "max_stop_timeout_s", self.max_stop_timeout_s),
+            ("default_pids", self.default_pids, "max_pids", self.max_pids),
+        ]
+        if self.max_memory_bytes is not None:
+            pairs.append(("default_memory_bytes", self.default_memory_bytes, "max_memory_bytes", self.max_memory_bytes))
+        for low_name, low, high_name, high in pairs:
+            if low > high:
+                raise ValueError(f"{low_name} ({low:g}) is above {high_name} ({high:g})")
+        return self
 
 
 class CheckpointConfig(_Model):
@@ -72,7 +110,10 @@ class CheckpointConfig(_Model):
 class CriuConfig(_Model):
     """How crabd dumps processes (through runc and CRIU)."""
 
-    runc: str = Field("runc", description="runc binary (found on PATH unless absolute)")
+    # Absolute by default: the same runc as Docker's (Debian's runc and
+    # docker-ce's both provide /usr/bin/runc), never whatever a PATH lookup
+    # finds first (/usr/local comes before /usr on most PATHs).
+    runc: str = Field("/usr/bin/runc", description="runc binary (found on PATH if not absolute)")
     runc_root: Path = Field(Path("/run/docker/runtime-runc/moby"), description="runc state dir of Docker's containers")
     timeout_s: float = Field(300.0, gt=0, description="longest one dump may take")
     busy_wait_s: float = Field(10.0, ge=0, description="how long a process checkpoint waits for running commands")

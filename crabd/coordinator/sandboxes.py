@@ -45,13 +45,13 @@ from crabd.runtime import session_os
 from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
 from crabd.store.registry import Registry
+from crabd.util import validate
 
 log = logging.getLogger("crabd.sandboxes")
 
 T = TypeVar("T")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Docker refuses memory limits below this.
 MIN_MEMORY = 6 << 20
 INIT_READY_TIMEOUT_S = 10.0
@@ -60,17 +60,14 @@ INIT_READY_TIMEOUT_S = 10.0
 def validate_spec(spec: SandboxSpec) -> None:
     if spec.name and not NAME_RE.match(spec.name):
         raise InvalidRequest(f"invalid sandbox name {spec.name!r}: use 1-63 letters, digits, '_', '.', '-'")
-    if spec.cpus < 0 or spec.cpus > (os.cpu_count() or 1):
-        raise InvalidRequest(f"cpus={spec.cpus:g} is out of range (0 = unlimited, at most {os.cpu_count()})")
+    validate.fraction(spec.cpus, "cpus", maximum=os.cpu_count() or 1)
     if spec.memory_bytes < 0 or 0 < spec.memory_bytes < MIN_MEMORY:
         raise InvalidRequest(f"memory={spec.memory_bytes} bytes is too small (0 = unlimited, else >= 6 MiB)")
     if spec.pids < 0:
         raise InvalidRequest(f"pids={spec.pids} must be >= 0")
     if not spec.workdir.startswith("/") or "\0" in spec.workdir:
         raise InvalidRequest(f"workdir {spec.workdir!r} must be an absolute path")
-    for key, value in spec.env_vars.items():
-        if not ENV_KEY_RE.match(key) or "\0" in value:
-            raise InvalidRequest(f"invalid environment variable {key!r}")
+    validate.env_vars(spec.env_vars)
 
 
 def env_dict(env: tuple[str, ...]) -> dict[str, str]:

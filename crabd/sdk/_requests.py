@@ -1,7 +1,16 @@
-"""Request builders shared by the sync and async clients."""
+"""Request builders shared by the sync and async clients.
+
+Every value is checked here, with the daemon's own rules
+(``crabd.util.validate``), before anything is sent: a NaN or infinite
+timeout would otherwise turn into a gRPC deadline that expires before the
+call leaves, and the caller would see ``DaemonUnavailable`` instead of
+``InvalidRequest``.  The daemon checks everything again (and knows its
+configured maxima); this is for clear errors, not for safety.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -11,6 +20,11 @@ from crabd.api.v1 import crab_pb2 as pb
 from crabd.config import load_config
 from crabd.errors import CrabError, InvalidRequest
 from crabd.sdk.models import CheckpointFailure
+from crabd.util import validate
+
+#: Largest values of the wire's integer fields (protobuf raises a bare ValueError past them).
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
 
 #: gRPC channel options: bounded messages, and no proxy for a unix socket.
 CHANNEL_OPTIONS = [
@@ -35,14 +49,17 @@ def parse_memory(value: int | str | None) -> int:
     """Bytes from 123, "512m", "2g", "1.5GiB"."""
     if value is None:
         return 0
-    if isinstance(value, int):
-        return value
+    if not isinstance(value, str):
+        return validate.integer(value, "memory", maximum=INT64_MAX)
     text = value.strip().lower().removesuffix("ib").removesuffix("b")
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     try:
         if text and text[-1] in units:
-            return int(float(text[:-1]) * units[text[-1]])
-        return int(text)
+            number = float(text[:-1]) * units[text[-1]]
+            if not math.isfinite(number):  # "infg", "nanm": float() takes them
+                raise ValueError(text)
+            return validate.integer(int(number), "memory", maximum=INT64_MAX)
+        return validate.integer(int(text), "memory", maximum=INT64_MAX)
     except ValueError as exc:
         raise InvalidRequest(f"cannot parse memory size {value!r} (use e.g. 512m or 2g)") from exc
 
@@ -63,9 +80,13 @@ def create_request(
     return pb.CreateSandboxRequest(
         env=env,
         name=name,
-        limits=pb.Limits(cpus=cpus, memory_bytes=parse_memory(memory), pids=pids),
+        limits=pb.Limits(
+            cpus=validate.fraction(cpus, "cpus"),
+            memory_bytes=parse_memory(memory),
+            pids=validate.integer(pids, "pids", maximum=INT64_MAX),
+        ),
         network=network,
-        env_vars=dict(env_vars or {}),
+        env_vars=validate.env_vars(env_vars or {}),
         workdir=workdir,
         checkpoints=checkpoints,
         recovery=recovery,
@@ -88,10 +109,10 @@ def exec_request(
     return pb.ExecRequest(
         sandbox=sandbox,
         argv=argv,
-        env=dict(env or {}),
+        env=validate.env_vars(env or {}),
         workdir=workdir,
-        timeout_s=timeout,
-        max_output_bytes=max_output,
+        timeout_s=validate.seconds(timeout, "timeout"),
+        max_output_bytes=validate.integer(max_output, "max_output", maximum=INT64_MAX),
         stdin=stdin.encode() if isinstance(stdin, str) else stdin,
         stream=stream,
         user=user,
@@ -102,8 +123,33 @@ def session_request(
     sandbox: str, command: str, *, timeout: float = 0.0, max_output: int = 0, stream: bool = False
 ) -> pb.SessionRunRequest:
     return pb.SessionRunRequest(
-        sandbox=sandbox, command=command, timeout_s=timeout, max_output_bytes=max_output, stream=stream
+        sandbox=sandbox,
+        command=command,
+        timeout_s=validate.seconds(timeout, "timeout"),
+        max_output_bytes=validate.integer(max_output, "max_output", maximum=INT64_MAX),
+        stream=stream,
     )
+
+
+def client_timeout(timeout: float) -> float:
+    """A client's per-call timeout: finite and positive (it becomes every call's gRPC deadline)."""
+    t = validate.seconds(timeout, "client timeout")
+    if t <= 0:
+        raise InvalidRequest("client timeout must be positive")
+    return t
+
+
+def stop_request(sandbox: str, timeout: float) -> pb.StopSandboxRequest:
+    return pb.StopSandboxRequest(sandbox=sandbox, timeout_s=validate.seconds(timeout, "stop timeout"))
+
+
+def fork_count(n: int) -> int:
+    """How many sandboxes a fork makes: at least 1, and an int32 on the wire."""
+    return validate.integer(n, "n (sandboxes to fork)", minimum=1, maximum=INT32_MAX)
+
+
+def turns_request(sandbox: str, limit: int) -> pb.ListTurnsRequest:
+    return pb.ListTurnsRequest(sandbox=sandbox, limit=validate.integer(limit, "limit", maximum=INT64_MAX))
 
 
 def checkpoint_id(checkpoint: object) -> str:
@@ -119,8 +165,8 @@ def checkpoint_id(checkpoint: object) -> str:
 def restore_request(sandbox: str, checkpoint: object | None, turn: int | None) -> pb.RestoreRequest:
     if (checkpoint is None) == (turn is None):
         raise InvalidRequest("restore needs exactly one of: a checkpoint, or turn=N")
-    if turn is not None and turn < 0:
-        raise InvalidRequest(f"turn {turn} must be >= 0")
+    if turn is not None:
+        turn = validate.integer(turn, "turn", maximum=INT64_MAX)
     return pb.RestoreRequest(
         sandbox=sandbox,
         checkpoint="" if checkpoint is None else checkpoint_id(checkpoint),

@@ -46,7 +46,7 @@ from crabd.sdk.models import (
 class AsyncClient:
     def __init__(self, socket: str | Path | None = None, *, timeout: float = 120.0) -> None:
         self.socket = str(socket or rq.default_socket())
-        self.timeout = timeout
+        self.timeout = rq.client_timeout(timeout)
         self._channel = grpc.aio.insecure_channel(f"unix:{self.socket}", options=rq.CHANNEL_OPTIONS)
         self._stub = pb_grpc.CrabStub(self._channel)
         self._daemon: EmbeddedDaemon | None = None
@@ -147,7 +147,7 @@ class AsyncClient:
     async def fork(
         self, checkpoint: str | CheckpointInfo, n: int = 1, *, name_prefix: str = ""
     ) -> builtins.list[AsyncSandbox]:
-        req = pb.ForkRequest(checkpoint=rq.checkpoint_id(checkpoint), n=n, name_prefix=name_prefix)
+        req = pb.ForkRequest(checkpoint=rq.checkpoint_id(checkpoint), n=rq.fork_count(n), name_prefix=name_prefix)
         resp = await self._unary("Fork", req, timeout=self.timeout + 30.0 * n)
         return [AsyncSandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
 
@@ -320,13 +320,13 @@ class AsyncSandbox:
         await self.end_turn()
 
     async def turns(self, limit: int = 0) -> list[Turn]:
-        resp = await self.client._unary("ListTurns", pb.ListTurnsRequest(sandbox=self.id, limit=limit))
+        resp = await self.client._unary("ListTurns", rq.turns_request(self.id, limit))
         return [Turn.from_pb(t) for t in resp.turns]
 
     async def stop(self, timeout: float = 0.0) -> SandboxInfo:
         resp = await self.client._unary(
             "StopSandbox",
-            pb.StopSandboxRequest(sandbox=self.id, timeout_s=timeout),
+            rq.stop_request(self.id, timeout),
             timeout=timeout + self.client.timeout,
         )
         self.info = SandboxInfo.from_pb(resp)

@@ -53,7 +53,7 @@ class Client:
 
     def __init__(self, socket: str | Path | None = None, *, timeout: float = 120.0) -> None:
         self.socket = str(socket or rq.default_socket())
-        self.timeout = timeout
+        self.timeout = rq.client_timeout(timeout)
         self._channel = grpc.insecure_channel(f"unix:{self.socket}", options=rq.CHANNEL_OPTIONS)
         self._stub = pb_grpc.CrabStub(self._channel)
         self._daemon: EmbeddedDaemon | None = None
@@ -171,7 +171,7 @@ class Client:
 
     def fork(self, checkpoint: str | CheckpointInfo, n: int = 1, *, name_prefix: str = "") -> builtins.list[Sandbox]:
         """``n`` new, independent sandboxes with the checkpoint's files and session state."""
-        req = pb.ForkRequest(checkpoint=rq.checkpoint_id(checkpoint), n=n, name_prefix=name_prefix)
+        req = pb.ForkRequest(checkpoint=rq.checkpoint_id(checkpoint), n=rq.fork_count(n), name_prefix=name_prefix)
         resp = self._unary("Fork", req, timeout=self.timeout + 30.0 * n)
         return [Sandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
 
@@ -359,14 +359,14 @@ class Sandbox:
         self.end_turn()
 
     def turns(self, limit: int = 0) -> list[Turn]:
-        resp = self.client._unary("ListTurns", pb.ListTurnsRequest(sandbox=self.id, limit=limit))
+        resp = self.client._unary("ListTurns", rq.turns_request(self.id, limit))
         return [Turn.from_pb(t) for t in resp.turns]
 
     def stop(self, timeout: float = 0.0) -> SandboxInfo:
         self.info = SandboxInfo.from_pb(
             self.client._unary(
                 "StopSandbox",
-                pb.StopSandboxRequest(sandbox=self.id, timeout_s=timeout),
+                rq.stop_request(self.id, timeout),
                 timeout=timeout + self.client.timeout,
             )
         )

@@ -10,7 +10,11 @@ Rules:
   but it never appears in that caller's listing).
 
 Requests are validated completely before anything changes, so a bad
-request gets a clear error and has no effect.
+request gets a clear error and has no effect.  This layer is the one edge
+every request crosses: each numeric field is checked here (finite, in
+range, within ``[limits]``: ``limits.py``), and environment variables by
+the one shared rule (``crabd.util.validate.env_vars``) wherever they come
+from.  Results are bounded so a reply always fits a gRPC message.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from crabd.coordinator.commands import Commands
 from crabd.coordinator.housekeeping import Housekeeper
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovered, Recovery
-from crabd.coordinator.restore import Restorer
+from crabd.coordinator.restore import MAX_FORKS, Restorer
 from crabd.coordinator.runner import ChunkSink
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.coordinator.tree import TreeView, build_tree
@@ -46,7 +50,9 @@ from crabd.errors import (
 from crabd.models import Caller, CheckpointRecord, ExecOutcome, SandboxRecord, SandboxSpec, SandboxState, TurnRecord
 from crabd.runtime import session_state
 from crabd.runtime.session_state import SessionState
+from crabd.service.limits import RequestLimits, fit_output
 from crabd.store.maintenance import GcReport, VerifyReport
+from crabd.util import validate
 
 log = logging.getLogger("crabd.service")
 
@@ -91,6 +97,7 @@ class Service:
         self.recovery = recovery
         self.inspection = inspection
         self.engine = engine
+        self.limits = RequestLimits(cfg.limits)
         self.flow = TurnFlow(cfg.engine, engine, self.commands, inspection)
         self.housekeeping = Housekeeper(checkpointer)
         self.started_at = time.time()
@@ -138,17 +145,11 @@ class Service:
     # --- limits -------------------------------------------------------------------
 
     def _timeout(self, requested: float) -> float:
-        lim = self.cfg.limits
-        if requested < 0:
-            raise InvalidRequest(f"timeout {requested:g} s must not be negative")
-        if requested > lim.max_timeout_s:
-            raise InvalidRequest(f"timeout {requested:g} s exceeds the maximum of {lim.max_timeout_s:g} s")
-        return requested or lim.default_timeout_s
+        return self.limits.timeout(requested)
 
     def _max_output(self, requested: int) -> int:
         lim = self.cfg.limits
-        if requested < 0:
-            raise InvalidRequest("max_output_bytes must not be negative")
+        requested = validate.integer(requested, "max_output_bytes", minimum=0)
         if requested > lim.max_output_bytes:
             raise RequestTooLarge(
                 f"max_output_bytes {requested} exceeds the limit of {lim.max_output_bytes}",
@@ -195,7 +196,9 @@ class Service:
             )
         if spec.recovery not in ("manual", "auto"):
             raise InvalidRequest(f"unknown recovery policy {spec.recovery!r}; use manual or auto")
+        validate.env_vars(spec.env_vars)
         self._command_size(sum(len(k) + len(v) + 2 for k, v in spec.env_vars.items()), "the environment")
+        spec = self.limits.resources(spec)
         rec = await self.sandboxes.create(caller.uid, spec)
         await self.inspection.watch(rec, None)
         try:
@@ -217,11 +220,10 @@ class Service:
         return rec
 
     async def stop(self, caller: Caller, ref: str, timeout_s: float) -> SandboxRecord:
-        if timeout_s < 0:
-            raise InvalidRequest("stop timeout must not be negative")
+        grace = self.limits.stop_timeout(timeout_s)
         rec = self._lookup(caller, ref)
         await self.flow.settle(rec.id, agent=False)
-        return await self.sandboxes.stop(rec, timeout_s or None)
+        return await self.sandboxes.stop(rec, grace)
 
     async def remove(self, caller: Caller, ref: str, force: bool, keep_checkpoints: bool = False) -> str:
         rec = self._lookup(caller, ref)
@@ -252,6 +254,7 @@ class Service:
             raise InvalidRequest("empty command", hint="Give the program and its arguments, e.g. ['ls', '-l'].")
         if any("\0" in a for a in argv):
             raise InvalidRequest("command arguments must not contain NUL bytes")
+        validate.env_vars(env)
         size = sum(len(a.encode()) + 1 for a in argv) + sum(len(k) + len(v) + 2 for k, v in env.items())
         self._command_size(size, "the command")
         if len(stdin) > self.cfg.limits.max_stdin_bytes:
@@ -260,14 +263,14 @@ class Service:
                 limit=self.cfg.limits.max_stdin_bytes,
                 size=len(stdin),
             )
-        if workdir and not workdir.startswith("/"):
+        if workdir and (not workdir.startswith("/") or "\0" in workdir):
             raise InvalidRequest(f"workdir {workdir!r} must be an absolute path")
         uid, gid = parse_user(user)
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
         rec = self._lookup(caller, ref)
         await self.flow.before_action(rec)
-        return await self.commands.exec(
+        outcome = await self.commands.exec(
             rec,
             argv,
             env=env,
@@ -279,6 +282,7 @@ class Service:
             gid=gid,
             sink=sink,
         )
+        return fit_output(outcome, self.cfg.limits.max_reply_output_bytes)
 
     async def session_run(
         self, caller: Caller, ref: str, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None
@@ -292,7 +296,8 @@ class Service:
         limit = self._max_output(max_output)
         rec = self._lookup(caller, ref)
         await self.flow.before_action(rec)
-        return await self.commands.session_run(rec, command, timeout_s=timeout, max_output=limit, sink=sink)
+        outcome = await self.commands.session_run(rec, command, timeout_s=timeout, max_output=limit, sink=sink)
+        return fit_output(outcome, self.cfg.limits.max_reply_output_bytes)
 
     async def session_state(self, caller: Caller, ref: str) -> tuple[str, SessionState | None]:
         rec = self._lookup(caller, ref)
@@ -301,7 +306,12 @@ class Service:
     async def restart_session(self, caller: Caller, ref: str, state_json: str) -> tuple[str, SessionState | None]:
         self._command_size(len(state_json.encode()), "the session state")
         if state_json:
-            session_state.SessionState.from_json(state_json)  # validate before touching anything
+            # Validate before touching anything; its environment obeys the same rule as create's and exec's.
+            state = session_state.SessionState.from_json(state_json)
+            validate.env_vars(state.env, "session environment")
+            if not isinstance(state.variables, dict):
+                raise InvalidRequest("invalid session state: 'variables' must map names to declarations")
+            validate.env_vars(dict.fromkeys(state.variables, ""), "session")
         rec = self._lookup(caller, ref)
         await self.flow.before_action(rec)
         return rec.id, await self.commands.restart_session(rec, state_json)
@@ -319,8 +329,7 @@ class Service:
         return turn
 
     async def turns(self, caller: Caller, ref: str, limit: int) -> list[TurnRecord]:
-        if limit < 0:
-            raise InvalidRequest("limit must not be negative")
+        limit = validate.integer(limit, "limit", minimum=0)
         rec = self._lookup(caller, ref)
         return self.sandboxes.registry.list_turns(rec.id, limit)
 
@@ -344,6 +353,11 @@ class Service:
     ) -> tuple[CheckpointRecord, list[Change], bool, str | None, list[str]]:
         rec = self._checkpoint(caller, ckpt_id)
         changes, truncated, session_json = await self.housekeeping.describe(rec, MAX_CHANGES_SHOWN)
+        # A delta blob keeps only the first changes by path when all of them
+        # would not fit one metadata blob (backends/overlay/index.py); the
+        # stats count all of them, so a short list is known to be short.
+        counted = sum(int(v) for k, v in rec.stats.items() if k in ("changed", "deleted") and isinstance(v, int))
+        truncated = truncated or len(changes) < min(MAX_CHANGES_SHOWN, counted)
         lineage = [c.id for c in self.checkpoints.catalog.lineage(rec.id)]
         return rec, changes, truncated, session_json, lineage
 
@@ -351,6 +365,7 @@ class Service:
         return await self.housekeeping.delete(self._checkpoint(caller, ckpt_id))
 
     async def restore(self, caller: Caller, ref: str, ckpt_id: str, turn: int) -> SandboxRecord:
+        turn = validate.integer(turn, "turn", minimum=-1)  # -1: none (a checkpoint is named)
         rec = self._lookup(caller, ref)
         if ckpt_id:
             ckpt = self._checkpoint(caller, ckpt_id)
@@ -376,6 +391,7 @@ class Service:
             raise InvalidRequest("fork a turn of a sandbox: name the sandbox with the turn")
         if prefix and not prefix.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise InvalidRequest(f"invalid name prefix {prefix!r}: use letters, digits, '_', '.', '-'")
+        n = validate.integer(n, "n (sandboxes to fork)", minimum=1, maximum=MAX_FORKS)
         if ckpt_id:
             ckpt = self._checkpoint(caller, ckpt_id)
         elif ref:

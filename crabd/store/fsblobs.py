@@ -5,12 +5,25 @@ On disk, under ``<state_dir>/blobs``::
     sha256/<hh>/<64 hex>   one blob: a single zstd frame of the content; <hex> = sha256(content)
     tmp/<random>           a blob being written; never referenced; removed by gc
 
-A blob is written to ``tmp/`` while it is hashed and compressed, then
-renamed to its address; if the address exists already the temporary file
-is dropped.  ``rename`` is atomic, so a blob file is either complete or
-absent, and a crash leaves at most ``tmp/`` debris.  Files are not fsync'd
-one by one on write: :meth:`FileBlobStore.sync` makes a checkpoint's blobs
-durable in one batch before the catalog publishes the checkpoint.
+A blob is written to ``tmp/`` while it is hashed and compressed,
+fsync'd, then renamed to its address.  ``rename`` is atomic and the data is
+on disk before the name, so after a crash or a power cut a file at an
+address is complete (a crash leaves at most ``tmp/`` debris).  Without the
+fsync a power cut could leave the *name* durable and the data not (ext4's
+delayed allocation: a zero-length or short file at the address).
+
+The rename itself (the directory entry) is made durable in one batch:
+:meth:`FileBlobStore.sync` runs before the catalog publishes a checkpoint,
+so every published blob survives a power cut, and nothing unpublished
+needs to.
+
+A file already at a blob's address is adopted (the blob is "already
+stored") only once it is known good: this process wrote it, or read it back
+and its content hashes to its address.  Anything else -- a file from before
+a restart that a torn write, a bad disk or a hand left damaged -- is
+replaced by the new, verified copy.  Each address is verified at most once
+per process (:data:`TRUSTED_MAX` addresses are remembered), so a restart
+costs one read of each blob re-stored afterwards, never of the whole store.
 
 A zstd frame written in one call records the content size in its header;
 reads of blobs up to :data:`ONE_SHOT` decompress in one call, larger ones
@@ -40,6 +53,9 @@ from crabd.store.blobs import PutResult, valid_address
 PIECE = 1 << 20
 #: Blobs whose content is at most this big are compressed and decompressed in one call.
 ONE_SHOT = 8 << 20
+#: Addresses remembered as good (written or verified by this process); past
+#: it the memory is cleared and re-verification starts over (about 90 bytes each).
+TRUSTED_MAX = 1 << 18
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -80,6 +96,8 @@ class FileBlobStore:
         self._tmp = str(self.tmp)
         # zstd contexts are not thread-safe; checkpoints run on worker threads.
         self._local = _Contexts(level)
+        self._trusted: set[bytes] = set()
+        self._trusted_lock = threading.Lock()
 
     def _p(self, hex_: str) -> str:
         # Plain strings, not pathlib: this runs once per file of a checkpoint.
@@ -93,12 +111,37 @@ class FileBlobStore:
     def exists(self, hex_: str) -> bool:
         return os.path.exists(self._p(hex_))
 
-    def _publish_tmp(self, tmp: str, target: str) -> None:
+    def _publish_tmp(self, tmp: str, target: str, hex_: str) -> None:
+        """Rename the (already fsync'd) ``tmp`` to ``target``, replacing whatever is there."""
         try:
             os.rename(tmp, target)
         except FileNotFoundError:
             os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
             os.rename(tmp, target)
+        self._trust(hex_)
+
+    # --- adoption of what is already there ------------------------------------
+
+    def _trust(self, hex_: str) -> None:
+        with self._trusted_lock:
+            if len(self._trusted) >= TRUSTED_MAX:
+                self._trusted.clear()
+            self._trusted.add(bytes.fromhex(hex_))
+
+    def _adoptable(self, hex_: str, target: str) -> bool:
+        """Whether the file at ``target`` holds blob ``hex_`` intact (verified once, then remembered)."""
+        if not os.path.exists(target):
+            return False
+        with self._trusted_lock:
+            if bytes.fromhex(hex_) in self._trusted:
+                return True
+        try:
+            for _ in self.iter_content(hex_):
+                pass
+        except StoreError:  # CorruptBlob (torn, damaged, vanished) or unreadable: write ours over it
+            return False
+        self._trust(hex_)
+        return True
 
     # --- writing -------------------------------------------------------------
 
@@ -107,18 +150,25 @@ class FileBlobStore:
         h = hashlib.sha256()
         size = 0
         try:
-            with open(tmp, "wb") as raw, self._local.compressor().stream_writer(raw, closefd=False) as z:
-                for piece in pieces:
-                    h.update(piece)
-                    size += len(piece)
-                    z.write(piece)
-            hex_ = h.hexdigest()
-            target = self._p(hex_)
-            if os.path.exists(target):
+            with open(tmp, "wb") as raw:
+                with self._local.compressor().stream_writer(raw, closefd=False) as z:
+                    for piece in pieces:
+                        h.update(piece)
+                        size += len(piece)
+                        z.write(piece)
+                hex_ = h.hexdigest()
+                target = self._p(hex_)
+                if self._adoptable(hex_, target):
+                    adopted = True
+                else:
+                    adopted = False
+                    raw.flush()
+                    os.fsync(raw.fileno())
+            if adopted:
                 tmp.unlink()
                 return PutResult(hex_, size, 0)
             stored = tmp.stat().st_size
-            self._publish_tmp(str(tmp), target)
+            self._publish_tmp(str(tmp), target, hex_)
             return PutResult(hex_, size, stored)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
@@ -128,7 +178,7 @@ class FileBlobStore:
         # In-memory data: hash first, so content already stored costs no write at all.
         hex_ = hashlib.sha256(data).hexdigest()
         target = self._p(hex_)
-        if os.path.exists(target):
+        if self._adoptable(hex_, target):
             return PutResult(hex_, len(data), 0)
         if len(data) > ONE_SHOT:
             view = memoryview(data)
@@ -141,9 +191,10 @@ class FileBlobStore:
                 view = memoryview(packed)
                 while view:
                     view = view[os.write(fd, view) :]
+                os.fsync(fd)
             finally:
                 os.close(fd)
-            self._publish_tmp(tmp, target)
+            self._publish_tmp(tmp, target, hex_)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -266,6 +317,8 @@ class FileBlobStore:
 
     def remove(self, hex_: str) -> int:
         p = self._p(hex_)
+        with self._trusted_lock:
+            self._trusted.discard(bytes.fromhex(hex_))
         try:
             n = os.stat(p).st_size
             os.unlink(p)

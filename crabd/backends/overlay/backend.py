@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from crabd.backends.fsdelta import Change, FsCapture, StoredTree, Tree
-from crabd.backends.overlay.entries import Entry, Kind, decode_delta, encode_delta
-from crabd.backends.overlay.index import MAX_META_BLOB, PageCache, build_index, load_index
+from crabd.backends.overlay.entries import Entry, Kind, decode_delta
+from crabd.backends.overlay.index import MAX_META_BLOB, PageCache, bounded_delta, build_index, load_index
 from crabd.backends.overlay.materialize import drop_empty_dirs, materialize, stat_index
 from crabd.backends.overlay.scan import PassResult, ScanLimits, link_hardlinks, scan_pass
 from crabd.store.blobs import BlobStore, PutResult
@@ -119,7 +119,7 @@ class OverlayDelta:
     def store(self, cut: OverlayCut) -> tuple[FsCapture, StoredTree]:
         capture = self._finish_capture(cut)
         empty = not (capture.added or capture.changed or capture.deleted)
-        delta = None if empty else encode_delta(capture.added, capture.changed, capture.deleted)
+        delta = None if empty else bounded_delta(capture.added, capture.changed, capture.deleted)
         return capture, self._finish(capture.tree, delta)
 
     def store_tree(self, tree: Tree) -> StoredTree:

@@ -145,6 +145,28 @@ def encode_entry(e: Entry, out: bytearray) -> None:
         out += _EXTENT.pack(x.offset, x.length, bytes.fromhex(x.blob))
 
 
+#: Bytes of a page before its first entry (magic and count).
+PAGE_HEADER = len(PAGE_MAGIC) + _U32.size
+#: Bytes of a delta besides its entries and deleted paths (magic and three counts).
+DELTA_HEADER = len(DELTA_MAGIC) + 3 * _U64.size
+
+
+def encoded_size(e: Entry) -> int:
+    """``len`` of what :func:`encode_entry` writes for ``e``, without encoding it."""
+    return (
+        _U32.size
+        + len(e.path)
+        + _FIXED.size
+        + 2 * _U32.size
+        + len(e.target)
+        + len(e.link_to)
+        + _U32.size
+        + sum(2 * _U32.size + len(k) + len(v) for k, v in e.xattrs)
+        + _U32.size
+        + _EXTENT.size * len(e.extents)
+    )
+
+
 def encode_page(entries: list[Entry]) -> bytes:
     out = bytearray(PAGE_MAGIC)
     out += _U32.pack(len(entries))

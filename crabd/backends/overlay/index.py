@@ -8,6 +8,24 @@ at most one boundary, and every other page is byte-identical to the
 previous checkpoint's — the same blob, stored once.  An unchanged tree
 re-encodes to the identical root: zero new bytes.
 
+Metadata blobs are bounded by construction, so a checkpoint is never
+published that cannot be loaded again (readers refuse blobs over
+:data:`MAX_META_BLOB`):
+
+* a page also ends before it would grow past :data:`PAGE_MAX_BYTES`.  Paths
+  are chosen by the sandbox, and with ``max_depth`` levels of 255-byte names
+  one path is ~256 KB, so 2048 of them made a 500 MB page.  Like the count
+  cap, this cut depends only on the entries since the last hash boundary;
+  ordinary trees (pages of a few hundred KB) never reach it, so their pages
+  are the same as before it existed.
+* one entry larger than a whole metadata blob (only possible with enormous
+  xattrs) refuses the checkpoint before any metadata is written;
+* the root holds one 36-byte reference per page and is checked likewise;
+* the delta (``checkpoint inspect``'s change list, nothing else reads it)
+  keeps the changes that come first by path within :data:`DELTA_MAX_BYTES`;
+  the checkpoint's stats keep the full counts, so the listing says it is
+  truncated (``crabd/service``).
+
 Decoded pages are cached by address (they are immutable), bounded by a
 total number of entries, so re-checkpointing a big tree does not re-read
 its index from disk each time.
@@ -20,14 +38,36 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from crabd.backends.overlay.entries import Entry, decode_page, decode_root, encode_page, encode_root
-from crabd.errors import StoreError
+from crabd.backends.overlay.entries import (
+    DELTA_HEADER,
+    PAGE_HEADER,
+    Entry,
+    decode_page,
+    decode_root,
+    encode_delta,
+    encode_page,
+    encode_root,
+    encoded_size,
+)
+from crabd.errors import StoreError, TooManyEntries
 from crabd.store.blobs import BlobStore, PutResult
 
 PAGE_FANOUT = 256
 PAGE_MAX = 2048
 #: Largest page or root blob we agree to decode (a corrupt store must not exhaust memory).
 MAX_META_BLOB = 256 << 20
+#: A page is closed before it would grow past this many bytes (a lone entry may exceed it).
+PAGE_MAX_BYTES = 4 << 20
+#: Most bytes of a delta blob; past it the first changes by path are kept.
+DELTA_MAX_BYTES = 64 << 20
+#: Bytes of the root per page (sha256 and count), and before the first.
+_ROOT_REF, _ROOT_HEADER = 36, 20
+
+
+def _too_big(what: str, size: int, limit: int, hint: str) -> TooManyEntries:
+    return TooManyEntries(
+        f"{what} is {size} bytes, more than the {limit} one checkpoint may hold", limit=limit, hint=hint
+    )
 
 
 def _boundary(path: bytes) -> bool:
@@ -35,16 +75,61 @@ def _boundary(path: bytes) -> bool:
 
 
 def paginate(entries: list[Entry]) -> list[list[Entry]]:
+    """Pages of ``entries``, each encoding to at most :data:`PAGE_MAX_BYTES` unless it is one entry.
+
+    TooManyEntries (before anything is stored) for an entry that no page can hold.
+    """
     pages: list[list[Entry]] = []
     cur: list[Entry] = []
+    held = PAGE_HEADER
     for e in entries:
+        size = encoded_size(e)
+        if PAGE_HEADER + size > MAX_META_BLOB:
+            raise _too_big(
+                f"the metadata of {e.path[:60]!r}... ({len(e.path)}-byte path, {len(e.xattrs)} xattrs)",
+                PAGE_HEADER + size,
+                MAX_META_BLOB,
+                "Shorten that path or drop its extended attributes in the sandbox; it keeps running and earlier "
+                "checkpoints are intact.",
+            )
+        if cur and held + size > PAGE_MAX_BYTES:
+            pages.append(cur)
+            cur, held = [], PAGE_HEADER
         cur.append(e)
+        held += size
         if _boundary(e.path) or len(cur) >= PAGE_MAX:
             pages.append(cur)
-            cur = []
+            cur, held = [], PAGE_HEADER
     if cur:
         pages.append(cur)
     return pages
+
+
+def bounded_delta(added: list[Entry], changed: list[Entry], deleted: list[bytes]) -> bytes:
+    """The delta blob: every change, or the first ones by path that fit :data:`DELTA_MAX_BYTES`."""
+    sizes = {id(e): encoded_size(e) for group in (added, changed) for e in group}
+    total = DELTA_HEADER + sum(sizes.values()) + sum(4 + len(p) for p in deleted)
+    if total <= DELTA_MAX_BYTES:
+        return encode_delta(added, changed, deleted)
+    # `checkpoint inspect` lists changes by path: keep the head of that order.
+    order = sorted(
+        [(e.path, 0, sizes[id(e)]) for e in added]
+        + [(e.path, 1, sizes[id(e)]) for e in changed]
+        + [(p, 2, 4 + len(p)) for p in deleted],
+        key=lambda t: t[0],
+    )
+    kept: list[set[bytes]] = [set(), set(), set()]
+    room = DELTA_MAX_BYTES - DELTA_HEADER
+    for path, group, size in order:
+        if size > room:
+            break
+        room -= size
+        kept[group].add(path)
+    return encode_delta(
+        [e for e in added if e.path in kept[0]],
+        [e for e in changed if e.path in kept[1]],
+        [p for p in deleted if p in kept[2]],
+    )
 
 
 @dataclass
@@ -63,7 +148,16 @@ def build_index(entries: list[Entry], store: BlobStore, cache: PageCache | None 
     """Encode and store ``entries`` (sorted by path) as pages plus a root."""
     built = BuiltIndex(root="")
     refs: list[tuple[str, int]] = []
-    for page in paginate(entries):
+    pages = paginate(entries)
+    root_size = _ROOT_HEADER + _ROOT_REF * len(pages)
+    if root_size > MAX_META_BLOB:
+        raise _too_big(
+            "the index of the sandbox's files",
+            root_size,
+            MAX_META_BLOB,
+            "Remove files in the sandbox (or lower [checkpoint] max_entries); it keeps running.",
+        )
+    for page in pages:
         # A page made of the very entry objects of a page built or loaded
         # before (unchanged files are carried over as the same objects)
         # encodes to the same bytes: skip encoding and hashing it again.
