@@ -176,9 +176,9 @@ def restore_request(sandbox: str, checkpoint: object | None, turn: int | None) -
 
 def fork_request(sandbox: str, n: int, name_prefix: str, turn: int | None) -> pb.ForkRequest:
     """Fork a sandbox's latest checkpoint, or (``turn``) the state at the end of that turn of it."""
-    if turn is not None and turn < 0:
-        raise InvalidRequest(f"turn {turn} must be >= 0")
-    req = pb.ForkRequest(sandbox=sandbox, n=n, name_prefix=name_prefix)
+    if turn is not None:
+        turn = validate.integer(turn, "turn", maximum=INT64_MAX)
+    req = pb.ForkRequest(sandbox=sandbox, n=fork_count(n), name_prefix=name_prefix)
     if turn is not None:
         req.turn = turn
     return req
