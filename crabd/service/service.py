@@ -101,6 +101,8 @@ class Service:
         self.limits = RequestLimits(cfg.limits)
         self.flow = TurnFlow(cfg.engine, engine, self.commands, inspection)
         self.housekeeping = Housekeeper(checkpointer)
+        # The engine reports the store lock's waits with its own metrics (util/aiolock.py).
+        engine.store_lock = checkpointer.store_lock.stats
         self.started_at = time.time()
         #: Set by the daemon once the OpenAI proxy listens ("" = not enabled).
         self.proxy_url = ""
@@ -184,9 +186,7 @@ class Service:
         """The host engine's counters (host-wide, no sandbox named), the caller's jobs, and Prometheus text."""
         now = self.engine.clock()
         jobs = [j.to_dict(now) for j in self.engine.jobs(None if caller.is_root else caller.uid)]
-        lock = self.checkpoints.store_lock.stats  # waits for the store lock, per mode (util/aiolock.py)
-        stats = {**self.engine.snapshot(), "store_lock": lock.snapshot()}
-        return stats, jobs, self.engine.prometheus() + "\n".join(lock.prometheus()) + "\n"
+        return self.engine.snapshot(), jobs, self.engine.prometheus()
 
     # --- sandboxes ------------------------------------------------------------------
 

@@ -11,8 +11,10 @@ from typing import Any, cast
 
 import pytest
 
+from crabd.config import EngineConfig
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
+from crabd.engine import HostEngine
 from crabd.errors import StoreBusy
 from crabd.models import CheckpointRecord
 from crabd.store import maintenance
@@ -180,6 +182,11 @@ def test_stats_reach_the_prometheus_text() -> None:
     assert 'crab_engine_store_lock_waits_total{mode="exclusive"} 1' in text
     snap = lock.stats.snapshot()
     assert set(snap) == {"shared", "exclusive", "max_exclusive_hold_s"}
+    # The engine reports them with its own metrics (crabctl engine, /metrics).
+    engine = HostEngine(EngineConfig())
+    engine.store_lock = lock.stats
+    assert engine.snapshot()["store_lock"]["exclusive"]["count"] == 1
+    assert 'crab_engine_store_lock_wait_seconds_max{mode="shared"}' in engine.prometheus()
 
 
 # --- housekeeping over a real catalog and blob store -------------------------------------------
