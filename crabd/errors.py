@@ -200,6 +200,14 @@ class StoreFull(StoreError):
     default_hint = "Free disk space or run `crabctl gc`; earlier checkpoints are intact and the sandbox keeps running."
 
 
+class StoreBusy(StoreError):
+    """The store lock could not be taken in time (see ``util/aiolock.py``).  Attribute: ``waited_s``."""
+
+    grpc_code = "ABORTED"
+    waited_s: float
+    default_hint = "Checkpoints in progress kept the store busy; try again in a moment. Nothing was changed."
+
+
 class CorruptBlob(StoreError):
     """A stored blob does not match its hash.  Attributes: ``blob``, ``checkpoints``."""
 
@@ -363,6 +371,7 @@ for _cls in (
     SessionStateError,
     StoreError,
     StoreFull,
+    StoreBusy,
     CorruptBlob,
     CheckpointNotFound,
     TooManyEntries,

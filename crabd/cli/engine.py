@@ -47,6 +47,17 @@ def engine(
             f"max {_ms(h.get('max'))} ms"
         )
     out.print(f"written: {s.get('bytes_written', 0) / (1 << 20):.1f} MiB; finished: {s.get('finished', {})}")
+    lock = s.get("store_lock", {})
+    out.print(
+        "store lock waits: "
+        + "; ".join(
+            f"{mode} n={w.get('count', 0)} total {_ms(w.get('total_s'))} ms, max {_ms(w.get('max_s'))} ms"
+            + (f", {w['timeouts']} timed out" if w.get("timeouts") else "")
+            for mode in ("shared", "exclusive")
+            for w in [lock.get(mode, {})]
+        )
+        + f"; longest exclusive hold {_ms(lock.get('max_exclusive_hold_s'))} ms"
+    )
     table = Table("job", "sandbox", "turn", "kind", "state", "prio", "wait ms", "run ms", "exposed ms", "checkpoint")
     for j in status.jobs[-jobs:] if jobs > 0 else []:
         table.add_row(

@@ -1,22 +1,42 @@
 """Housekeeping of the checkpoint store: inspecting, deleting, forgetting a removed sandbox, gc, verify.
 
-Everything here that deletes blob files holds the store lock exclusively
-(see ``util/aiolock.py``): a checkpoint in progress may have found a blob
-already stored and count on it being there when it publishes.
+Fair store access (issue 17): nothing here holds the store lock (see
+``util/aiolock.py``) for longer than a short step, so one user's delete,
+gc or verify delays another user's checkpoint by a bounded time:
+
+* delete / forget / gc take the lock exclusively only for the catalog
+  transaction that drops references, and then for each batch of blob
+  unlinks (:func:`~crabd.store.maintenance.sweep_some`, at most
+  ``SWEEP_BATCH`` files or ``SWEEP_BUDGET_S`` seconds), releasing it in
+  between.  Each batch re-checks under the lock that a blob is still not
+  live: a checkpoint that adopted an already-stored blob between two
+  batches has published it (exclusive means no checkpoint is in flight),
+  so it is live again and stays.
+* verify holds no lock while it hashes: a published blob is immutable
+  (content-addressed, written to a temporary file and renamed), so hashing
+  it needs no lock.  A blob found missing or damaged is checked again under
+  a short shared hold and dropped from the report if a delete released it
+  meanwhile.
+* every catalog and file call runs in a worker thread, never on the event
+  loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from crabd.backends.fsdelta import Change
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.models import CheckpointRecord, SandboxRecord
 from crabd.store.catalog import direct_refs
-from crabd.store.maintenance import GcReport, VerifyReport, collect_garbage, verify
+from crabd.store.maintenance import GcReport, VerifyReport, gc_candidates, recheck, sweep_some, verify
 
 log = logging.getLogger("crabd.housekeeping")
+
+#: Seconds a user's delete waits for the store lock before it fails with StoreBusy (nothing changed).
+DELETE_WAIT_S = 60.0
 
 
 class Housekeeper:
@@ -31,49 +51,75 @@ class Housekeeper:
 
     # --- deletion and sweeping ---------------------------------------------------------------
 
-    async def _sweep(self, candidates: list[str]) -> int:
-        """Remove blob files that are no longer live (caller holds the store lock exclusively)."""
-
-        def go() -> int:
-            freed = 0
-            for b in set(candidates):
-                if not self.ck.catalog.is_live(b):
-                    freed += self.ck.blobs.remove(b)
-            return freed
-
-        return await asyncio.to_thread(go)
+    async def _sweep(self, candidates: list[str], report: GcReport | None = None) -> int:
+        """Remove the blob files among ``candidates`` that are not live, one short exclusive hold per batch."""
+        report = report if report is not None else GcReport()
+        todo = sorted(set(candidates))
+        while todo:
+            async with self.ck.store_lock.exclusive():
+                todo = await asyncio.to_thread(sweep_some, self.ck.catalog, self.ck.blobs, todo, report)
+        return report.bytes_freed
 
     async def delete(self, ckpt: CheckpointRecord) -> int:
         """Delete one checkpoint and the blobs only it used; return bytes freed."""
-        async with self.ck.store_lock.exclusive():
-            dropped = await asyncio.to_thread(self.ck.catalog.delete, ckpt.id)
-            freed = await self._sweep(dropped + self.ck.catalog.take_dropped())
+
+        def drop() -> list[str]:
+            return self.ck.catalog.delete(ckpt.id) + self.ck.catalog.take_dropped()
+
+        async with self.ck.store_lock.exclusive(DELETE_WAIT_S, what=f"deleting {ckpt.id}"):
+            dropped = await asyncio.to_thread(drop)
+        freed = await self._sweep(dropped)
         log.info("checkpoint deleted", extra={"checkpoint": ckpt.id, "freed": freed})
         return freed
 
     async def forget_sandbox(self, rec: SandboxRecord, *, keep: bool) -> int:
         """After a sandbox is removed: drop its head, and its checkpoints unless kept or still needed."""
-        async with self.ck.store_lock.exclusive():
+
+        def drop() -> list[str]:
+            cat = self.ck.catalog
             if keep:
-                self.ck.catalog.set_kept([c.id for c in self.ck.catalog.list_checkpoints(rec.id)], True)
-            dropped = self.ck.catalog.drop_head(rec.id)
+                cat.set_kept([c.id for c in cat.list_checkpoints(rec.id)], True)
+            dropped = cat.drop_head(rec.id)
             live = {r.id for r in self.ck.sandboxes.list_sandboxes(None)}
-            for ckpt_id in self.ck.catalog.prunable(live):
-                dropped += self.ck.catalog.delete(ckpt_id)
-            return await self._sweep(dropped + self.ck.catalog.take_dropped())
+            for ckpt_id in cat.prunable(live):
+                dropped += cat.delete(ckpt_id)
+            return dropped + cat.take_dropped()
+
+        # No timeout: the sandbox is gone already, its head must go too.
+        async with self.ck.store_lock.exclusive():
+            dropped = await asyncio.to_thread(drop)
+        return await self._sweep(dropped)
 
     # --- store maintenance -------------------------------------------------------------------
 
     async def gc(self) -> GcReport:
+        t0 = time.monotonic()
+        report = GcReport()
+        # Head moves' releases are among the files gc lists anyway.
+        await asyncio.to_thread(self.ck.catalog.take_dropped)
+        candidates = await asyncio.to_thread(gc_candidates, self.ck.catalog, self.ck.blobs)
+        await self._sweep(candidates, report)
+        # Temporary files belong to writes in flight until no checkpoint is: only under the lock.
         async with self.ck.store_lock.exclusive():
-            self.ck.catalog.take_dropped()
-            return await asyncio.to_thread(collect_garbage, self.ck.catalog, self.ck.blobs)
+            report.tmp_bytes_freed = await asyncio.to_thread(self.ck.blobs.clean_tmp, 0)
+        live = await asyncio.to_thread(self.ck.catalog.live_blobs)
+        report.live_blobs = len(live)
+        report.live_bytes = sum(stored for _, _, stored in live.values())
+        report.seconds = time.monotonic() - t0
+        return report
 
     async def verify(self, owner_uid: int | None) -> VerifyReport:
         """Re-hash every live blob (root), or those the caller's checkpoints need."""
-        async with self.ck.store_lock.shared():
-            only = None
-            if owner_uid is not None:
-                roots = [b for c in self.ck.catalog.list_checkpoints(None, owner_uid) for b in direct_refs(c)]
-                only = await asyncio.to_thread(self.ck.catalog.reachable, roots)
-            return await asyncio.to_thread(verify, self.ck.catalog, self.ck.blobs, only)
+
+        def plan() -> set[str] | None:
+            if owner_uid is None:
+                return None
+            roots = [b for c in self.ck.catalog.list_checkpoints(None, owner_uid) for b in direct_refs(c)]
+            return set(self.ck.catalog.reachable(roots))
+
+        only = await asyncio.to_thread(plan)
+        report = await asyncio.to_thread(verify, self.ck.catalog, self.ck.blobs, only)
+        if report.problems:
+            async with self.ck.store_lock.shared():
+                await asyncio.to_thread(recheck, self.ck.catalog, self.ck.blobs, report)
+        return report

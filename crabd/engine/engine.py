@@ -43,6 +43,7 @@ from crabd.config import EngineConfig
 from crabd.engine.jobs import Job, JobControl, JobState, Priority, Work
 from crabd.engine.metrics import EngineMetrics
 from crabd.errors import CrabError, EngineStopped
+from crabd.util.aiolock import LockStats
 
 log = logging.getLogger("crabd.engine")
 
@@ -57,6 +58,8 @@ class HostEngine:
         self.cfg = cfg
         self.clock = clock
         self.metrics = EngineMetrics()
+        #: Waits for the checkpoint store's lock, reported with the engine's metrics (set by the service).
+        self.store_lock: LockStats | None = None
         self._pending: list[Job] = []
         self._running: set[Job] = set()
         self._unfinished: dict[str, Job] = {}
@@ -287,7 +290,9 @@ class HostEngine:
             "bandwidth_mib_s": self.cfg.bandwidth_mib_s,
             "tokens_mib": self._tokens / (1 << 20) if self._rate > 0 else None,
             **self.metrics.snapshot(),
+            **({"store_lock": self.store_lock.snapshot()} if self.store_lock is not None else {}),
         }
 
     def prometheus(self) -> str:
-        return self.metrics.prometheus(pending=self.pending_by_priority(), running=len(self._running))
+        text = self.metrics.prometheus(pending=self.pending_by_priority(), running=len(self._running))
+        return text + ("\n".join(self.store_lock.prometheus()) + "\n" if self.store_lock is not None else "")

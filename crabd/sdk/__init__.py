@@ -22,6 +22,7 @@ from crabd.errors import (
     SandboxBusy,
     SandboxDead,
     SandboxNotFound,
+    StoreBusy,
     StoreError,
     StoreFull,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxNotFound",
     "Session",
+    "StoreBusy",
     "StoreError",
     "StoreFull",
     "Tree",

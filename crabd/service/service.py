@@ -19,6 +19,7 @@ from.  Results are bounded so a reply always fits a gRPC message.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -100,6 +101,8 @@ class Service:
         self.limits = RequestLimits(cfg.limits)
         self.flow = TurnFlow(cfg.engine, engine, self.commands, inspection)
         self.housekeeping = Housekeeper(checkpointer)
+        # The engine reports the store lock's waits with its own metrics (util/aiolock.py).
+        engine.store_lock = checkpointer.store_lock.stats
         self.started_at = time.time()
         #: Set by the daemon once the OpenAI proxy listens ("" = not enabled).
         self.proxy_url = ""
@@ -345,24 +348,24 @@ class Service:
         if ref:
             rec = self._lookup(caller, ref)
             await self.flow.settle(rec.id, agent=False)  # read-your-writes after a turn end
-            return self.checkpoints.list_checkpoints(rec.id, owner)
-        return self.checkpoints.list_checkpoints(None, owner)
+            return await asyncio.to_thread(self.checkpoints.list_checkpoints, rec.id, owner)
+        return await asyncio.to_thread(self.checkpoints.list_checkpoints, None, owner)
 
     async def describe_checkpoint(
         self, caller: Caller, ckpt_id: str
     ) -> tuple[CheckpointRecord, list[Change], bool, str | None, list[str]]:
-        rec = self._checkpoint(caller, ckpt_id)
+        rec = await asyncio.to_thread(self._checkpoint, caller, ckpt_id)
         changes, truncated, session_json = await self.housekeeping.describe(rec, MAX_CHANGES_SHOWN)
         # A delta blob keeps only the first changes by path when all of them
         # would not fit one metadata blob (backends/overlay/index.py); the
         # stats count all of them, so a short list is known to be short.
         counted = sum(int(v) for k, v in rec.stats.items() if k in ("changed", "deleted") and isinstance(v, int))
         truncated = truncated or len(changes) < min(MAX_CHANGES_SHOWN, counted)
-        lineage = [c.id for c in self.checkpoints.catalog.lineage(rec.id)]
+        lineage = [c.id for c in await asyncio.to_thread(self.checkpoints.catalog.lineage, rec.id)]
         return rec, changes, truncated, session_json, lineage
 
     async def delete_checkpoint(self, caller: Caller, ckpt_id: str) -> int:
-        return await self.housekeeping.delete(self._checkpoint(caller, ckpt_id))
+        return await self.housekeeping.delete(await asyncio.to_thread(self._checkpoint, caller, ckpt_id))
 
     async def restore(self, caller: Caller, ref: str, ckpt_id: str, turn: int) -> SandboxRecord:
         turn = validate.integer(turn, "turn", minimum=-1)  # -1: none (a checkpoint is named)
@@ -428,8 +431,12 @@ class Service:
             raise InvalidRequest("name a sandbox or a checkpoint")
         owner = None if caller.is_root else caller.uid
         sandboxes = self.sandboxes.list_sandboxes(owner)
-        return build_tree(
-            self.checkpoints.catalog, sandboxes, start, lambda c: caller.is_root or c.owner_uid == caller.uid
+        return await asyncio.to_thread(
+            build_tree,
+            self.checkpoints.catalog,
+            sandboxes,
+            start,
+            lambda c: caller.is_root or c.owner_uid == caller.uid,
         )
 
     async def gc(self, caller: Caller) -> GcReport:
@@ -448,9 +455,10 @@ class Service:
         if ref:
             rec = self._lookup(caller, ref)
             await self.flow.settle(rec.id, agent=False)
-            return self.checkpoints.catalog.failures(rec.id)
+            return await asyncio.to_thread(self.checkpoints.catalog.failures, rec.id)
         visible = {r.id for r in self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)}
-        return [f for f in self.checkpoints.catalog.failures(None, limit=200) if caller.is_root or f[0] in visible]
+        every = await asyncio.to_thread(self.checkpoints.catalog.failures, None, limit=200)
+        return [f for f in every if caller.is_root or f[0] in visible]
 
     async def recover(self, caller: Caller, ref: str) -> Recovered:
         rec = self._lookup(caller, ref)

@@ -85,3 +85,54 @@ def verify(catalog: Catalog, blobs: BlobStore, only: Iterable[str] | None = None
             report.problems.append(BlobProblem(hex_, problem, ckpts, heads))
     report.seconds = time.monotonic() - t0
     return report
+
+
+# --- the same work in short steps, for the daemon (see coordinator/housekeeping.py) -----------------
+
+#: Most blob files one :func:`sweep_some` call looks at, and the time after which it stops early:
+#: together they bound how long a sweep holds the store lock exclusively.
+SWEEP_BATCH = 256
+SWEEP_BUDGET_S = 0.05
+
+
+def gc_candidates(catalog: Catalog, blobs: BlobStore) -> list[str]:
+    """Blob files the catalog does not hold live now (listed without the store lock: re-checked by
+    :func:`sweep_some` under it)."""
+    live = catalog.live_blobs()
+    return sorted(h for h in blobs.iter_all() if h not in live)
+
+
+def sweep_some(catalog: Catalog, blobs: BlobStore, todo: list[str], report: GcReport) -> list[str]:
+    """Remove the first of ``todo`` that are still not live; return the rest.
+
+    The caller holds the store lock exclusively, so no checkpoint is between
+    "found this blob stored" and "published it": a blob that is not live now
+    may go, and one that a checkpoint adopted since the listing is live again
+    and stays.
+    """
+    t0 = time.monotonic()
+    done = 0
+    for hex_ in todo[:SWEEP_BATCH]:
+        if done and time.monotonic() - t0 >= SWEEP_BUDGET_S:
+            break
+        done += 1
+        if not catalog.is_live(hex_):
+            report.bytes_freed += blobs.remove(hex_)
+            report.blobs_removed += 1
+    return todo[done:]
+
+
+def recheck(catalog: Catalog, blobs: BlobStore, report: VerifyReport) -> None:
+    """Keep only the problems that still stand (``report`` was made without the store lock).
+
+    A blob a delete or gc released meanwhile is no longer live and not a
+    problem; one that is live now is hashed again (it may have been swept and
+    stored anew by a later checkpoint).  The caller holds the store lock shared.
+    """
+    still = []
+    for p in report.problems:
+        if not catalog.is_live(p.blob):
+            continue
+        again = verify(catalog, blobs, [p.blob])
+        still.extend(again.problems)
+    report.problems = still
