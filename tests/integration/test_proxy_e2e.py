@@ -8,7 +8,7 @@ import sys
 import textwrap
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 
@@ -167,12 +167,12 @@ def test_another_user_cannot_end_my_turn(
     assert sandbox.turns(limit=1)[0].open  # the turn was not ended by the other user
 
 
-def _as_user(uid: int, gid: int, groups: list[int], url: str, body: dict[str, object] | None) -> tuple[int, str]:
+def _as_user(uid: int, gid: int, groups: list[int], url: str, body: Mapping[str, object] | None) -> tuple[int, str]:
     """(status, error message or body text) of one request made by a child that became ``uid`` first."""
     script = textwrap.dedent(f"""\
         import encodings.idna, json, os, urllib.request, urllib.error
         os.setgroups({groups!r}); os.setgid({gid}); os.setuid({uid})
-        data = {json.dumps(body).encode() if body is not None else None!r}
+        data = {json.dumps(dict(body)).encode() if body is not None else None!r}
         req = urllib.request.Request({url!r}, data=data, headers={{"Content-Type": "application/json"}})
         try:
             with urllib.request.urlopen(req, timeout=30) as r:

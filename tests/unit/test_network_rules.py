@@ -57,5 +57,5 @@ def test_network_config_is_validated() -> None:
         {"deny": ["x"]},
     ):
         with pytest.raises(ValidationError):
-            NetworkConfig(**bad)  # type: ignore[arg-type]
+            NetworkConfig(**bad)
     assert NetworkConfig().isolate is True
