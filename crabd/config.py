@@ -147,6 +147,61 @@ class EngineConfig(_Model):
     drain_timeout_s: float = Field(30.0, ge=0, description="at shutdown, how long queued checkpoints may still run")
 
 
+def parse_allow(text: str) -> tuple[str, int | None]:
+    """A [network] allow entry, ``CIDR`` or ``CIDR:PORT`` (IPv4), as ``(network, port)``."""
+    addr, sep, port = text.rpartition(":")
+    if not sep:
+        addr, port = text, ""
+    try:
+        net = ipaddress.IPv4Network(addr.strip(), strict=False)
+    except ValueError as exc:
+        raise ValueError(f"{text!r}: not an IPv4 address or CIDR (optionally :PORT): {exc}") from exc
+    if port and (not port.isdigit() or not 0 < int(port) <= 65535):
+        raise ValueError(f"{text!r}: bad port {port!r}")
+    return str(net), int(port) if port else None
+
+
+class NetworkConfig(_Model):
+    """How sandboxes with a network are kept apart (see docs/security.md, "Isolation")."""
+
+    isolate: bool = Field(
+        True,
+        description="put networked sandboxes on crab's own bridge, with firewall rules; "
+        "false: Docker's default bridge, where sandboxes reach each other and the host",
+    )
+    name: str = Field(
+        "crab",
+        pattern=r"^[a-z][a-z0-9]{0,9}$",
+        description="names the Docker network (<name>-sandboxes), its bridge (<name>0) and iptables chains",
+    )
+    allow: tuple[str, ...] = Field(
+        (),
+        description="destinations sandboxes may reach although blocked (host addresses, link-local): "
+        "IPv4 CIDR or CIDR:PORT (TCP and UDP)",
+    )
+    deny: tuple[str, ...] = Field(
+        ("169.254.0.0/16",),
+        description="routed destinations sandboxes may not reach (besides the host itself and each other)",
+    )
+
+    @field_validator("allow")
+    @classmethod
+    def _allow_entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            parse_allow(entry)
+        return value
+
+    @field_validator("deny")
+    @classmethod
+    def _deny_entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            try:
+                ipaddress.IPv4Network(entry, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"{entry!r}: not an IPv4 CIDR: {exc}") from exc
+        return value
+
+
 def split_host_port(text: str) -> tuple[str, int]:
     """``host:port`` or ``[v6]:port`` as ``(host, port)``; ``ValueError`` if it is neither."""
     host, sep, port = text.rpartition(":")
@@ -187,6 +242,17 @@ class ProxyConfig(_Model):
         600.0, gt=0, description="longest one upstream response may take, start to end (time held included)"
     )
     max_request_bytes: int = Field(64 << 20, gt=0, description="largest request body the proxy accepts (else 413)")
+    max_concurrent_requests: int = Field(
+        256, gt=0, description="requests served at once, all callers together; one more is answered 429"
+    )
+    max_buffered_bytes: int = Field(
+        256 << 20,
+        gt=0,
+        description="request body bytes held in memory at once, all requests together; a request past it gets 429",
+    )
+    group: str = Field(
+        "crab", min_length=1, description="callers must be root or members of this group (as for crabd's socket)"
+    )
 
     @field_validator("listen")
     @classmethod
@@ -230,6 +296,7 @@ class CrabConfig(_Model):
     inspector: InspectorConfig = InspectorConfig()
     engine: EngineConfig = EngineConfig()
     proxy: ProxyConfig = ProxyConfig()
+    network: NetworkConfig = NetworkConfig()
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

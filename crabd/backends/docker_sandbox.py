@@ -20,7 +20,9 @@ import requests
 
 from crabd.backends import cgroup_freezer
 from crabd.backends.criu.runc import log_excerpt
+from crabd.backends.network import SANDBOX_SYSCTLS, SandboxNetwork
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus
+from crabd.config import NetworkConfig
 from crabd.errors import CriuError, DockerError, HostError, ImageError
 from crabd.models import SandboxSpec
 from crabd.util import netns
@@ -30,6 +32,25 @@ from crabd.util import netns
 DEFAULT_PIDS_LIMIT = 4096
 
 _HOSTNAME_OK = re.compile(r"[^a-zA-Z0-9-]")
+
+#: The capabilities a sandbox keeps (everything else is dropped; see
+#: docs/security.md, "Isolation", for why each one stays).  Docker's default
+#: set less NET_RAW (forged packets, ARP spoofing on the shared bridge),
+#: AUDIT_WRITE, SETFCAP, SETPCAP and SYS_CHROOT.  MKNOD stays: making a node
+#: is harmless while Docker's device cgroup refuses to open all but the
+#: standard character devices, and package installs and the store's own
+#: tests make nodes.
+SANDBOX_CAPABILITIES = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "SETGID",
+    "SETUID",
+    "NET_BIND_SERVICE",
+)
 
 
 def _status(attrs: dict[str, Any]) -> ContainerStatus:
@@ -64,7 +85,14 @@ def _status(attrs: dict[str, Any]) -> ContainerStatus:
 class DockerSandboxBackend:
     """:class:`~crabd.backends.sandbox.SandboxBackend` over a Docker engine."""
 
-    def __init__(self, host: str | None = None, timeout_s: float = 60.0, *, criu_log_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        host: str | None = None,
+        timeout_s: float = 60.0,
+        *,
+        criu_log_dir: Path | None = None,
+        network: NetworkConfig | None = None,
+    ) -> None:
         self._root: Path | None = None
         self.criu_log_dir = criu_log_dir
         try:
@@ -75,6 +103,8 @@ class DockerSandboxBackend:
         except docker.errors.DockerException as exc:
             raise DockerError(f"cannot reach dockerd ({host or 'default socket'}): {exc}") from exc
         self._api = self._client.api
+        net_cfg = network if network is not None else NetworkConfig()
+        self._network = SandboxNetwork(self._api, net_cfg) if net_cfg.isolate else None
 
     def close(self) -> None:
         self._client.close()
@@ -113,9 +143,18 @@ class DockerSandboxBackend:
         *,
         generation: str = "",
     ) -> str:
+        network_mode = "none"
+        if spec.network:
+            # Re-checked at every create: cheap, and it repairs rules lost meanwhile.
+            network_mode = self._network.ensure() if self._network is not None else "bridge"
         host_config = self._api.create_host_config(
             binds={str(init_binary): {"bind": INIT_PATH_IN_SANDBOX, "mode": "ro"}},
-            network_mode="bridge" if spec.network else "none",
+            network_mode=network_mode,
+            cap_drop=["ALL"],
+            cap_add=list(SANDBOX_CAPABILITIES),
+            # setuid/setcap binaries inside cannot gain what the sandbox lacks.
+            security_opt=["no-new-privileges"],
+            sysctls=dict(SANDBOX_SYSCTLS) if spec.network and self._network is not None else None,
             nano_cpus=int(spec.cpus * 1e9) if spec.cpus > 0 else None,
             mem_limit=spec.memory_bytes if spec.memory_bytes > 0 else None,
             # Same as mem_limit: no swap beyond the memory limit.

@@ -118,7 +118,10 @@ class Daemon:
         self._registry = Registry(self._db)
         init_binary = await asyncio.to_thread(initbin.install, paths.state_dir)
         self._backend = DockerSandboxBackend(
-            self.cfg.docker.host, self.cfg.docker.timeout_s, criu_log_dir=paths.state_dir / "logs" / "criu"
+            self.cfg.docker.host,
+            self.cfg.docker.timeout_s,
+            criu_log_dir=paths.state_dir / "logs" / "criu",
+            network=self.cfg.network,
         )
         docker_version = await asyncio.to_thread(self._backend.server_version)
         self._manager = SandboxManager(

@@ -14,12 +14,23 @@ the agent's ``base_url`` there); plain ``/v1/...`` takes it from the
 ``X-Crab-Sandbox`` header, and without one is a plain pass-through.  For a
 sandbox the caller is identified by the kernel (``peer.py``) and authorized
 before anything is forwarded.  See docs/proxy.md.
+
+Limits (``[proxy]``): every route but ``/healthz`` (``/metrics`` and the
+plain pass-through included) is for root and members of ``group`` only, as
+crabd's own socket is (403 otherwise); at most ``max_concurrent_requests``
+are served at once (one more gets 429 at once, before its body is read),
+and request bodies held in memory, all requests together, stay under
+``max_buffered_bytes`` (a request that would pass it gets 429; one body over
+``max_request_bytes`` gets 413).  Errors are JSON in OpenAI's shape
+(``{"error": {"message", "type", "param", "code", "hint"}}``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import grp
 import logging
+import pwd
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -94,6 +105,34 @@ def _error(status: int, message: str, code: str, hint: str | None = None) -> web
     return web.json_response({"error": err}, status=status)
 
 
+def is_member(uid: int, group: str) -> bool:
+    """Whether ``uid`` is root or in ``group`` (as its primary group or listed in /etc/group).
+
+    The group database, not the calling process's own groups: the proxy
+    knows only the socket's owner (``peer.py``).  So a user removed from
+    the group loses access at once, without logging out.  Blocking (NSS).
+    """
+    if uid == 0:
+        return True
+    try:
+        entry = grp.getgrnam(group)
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return user.pw_gid == entry.gr_gid or user.pw_name in entry.gr_mem
+
+
+def _busy(message: str) -> web.Response:
+    resp = _error(
+        429,
+        message,
+        "proxy_busy",
+        "Retry after a moment; the host's admin can raise the limit in crabd.toml's [proxy] section.",
+    )
+    resp.headers["Retry-After"] = "1"
+    return resp
+
+
 def _crab_status(exc: CrabError) -> int:
     if isinstance(exc, RequestTooLarge):
         return 413
@@ -115,11 +154,22 @@ def _crab_error(exc: CrabError) -> web.Response:
 class OpenAIProxy:
     """The proxy server; ``async with OpenAIProxy(cfg, gate, metrics_text) as proxy: ... proxy.url``."""
 
-    def __init__(self, cfg: ProxyConfig, gate: TurnGate, metrics_text: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ProxyConfig,
+        gate: TurnGate,
+        metrics_text: Callable[[], str] | None = None,
+        *,
+        may_use: Callable[[Caller], bool] | None = None,
+    ) -> None:
+        """``may_use`` decides who may call (default: root and members of ``[proxy] group``)."""
         self.cfg = cfg
         self.gate = gate
         self.metrics = ProxyMetrics()
         self._metrics_text = metrics_text
+        self._may_use = may_use or (lambda caller: is_member(caller.uid, cfg.group))
+        #: Request body bytes held right now, all requests together.
+        self.buffered = 0
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._host = ""
@@ -207,6 +257,10 @@ class OpenAIProxy:
         return web.Response(text="ok\n")
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        try:
+            await self._member(request)
+        except CrabError as exc:
+            return _crab_error(exc)
         text = self.metrics.render()
         if self._metrics_text is not None:
             text += self._metrics_text()
@@ -218,6 +272,13 @@ class OpenAIProxy:
         path = request.match_info["path"].strip("/")
         route = TURN_ENDPOINTS.get(path, "other") if request.method == "POST" else "other"
         status: int | str = "client_gone"
+        if self.metrics.in_flight >= self.cfg.max_concurrent_requests:
+            # Refused before anything is read or looked up: a flood costs little.
+            self.metrics.count_request(route, 429)
+            return _busy(
+                f"crab proxy: {self.metrics.in_flight} requests in flight, "
+                f"[proxy] max_concurrent_requests = {self.cfg.max_concurrent_requests}"
+            )
         self.metrics.in_flight += 1
         try:
             resp = await self._serve(request, route)
@@ -230,20 +291,40 @@ class OpenAIProxy:
     async def _serve(self, request: web.Request, route: str) -> web.StreamResponse:
         ref = request.match_info.get("sandbox") or request.headers.get(SANDBOX_HEADER) or None
         sandbox_id: str | None = None
+        reserved = [0]  # body bytes counted in self.buffered for this request
         try:
-            if ref is not None:
-                # Identify and authorize before anything goes upstream.
-                sandbox_id = self.gate.authorize(await self._caller(request), ref)
-            body = await self._read_body(request)
-        except CrabError as exc:
-            return _crab_error(exc)
-        held: HeldTurn | None = None
-        if sandbox_id is not None and route != "other":
             try:
-                held = self.gate.end_turn(sandbox_id)
+                # Identify and authorize before anything is read or goes upstream.
+                caller = await self._member(request)
+                if ref is not None:
+                    sandbox_id = self.gate.authorize(caller, ref)
+                body = await self._read_body(request, reserved)
             except CrabError as exc:
                 return _crab_error(exc)
-        return await self._forward(request, body, held)
+            if isinstance(body, web.Response):
+                return body
+            held: HeldTurn | None = None
+            if sandbox_id is not None and route != "other":
+                try:
+                    held = self.gate.end_turn(sandbox_id)
+                except CrabError as exc:
+                    return _crab_error(exc)
+            return await self._forward(request, body, held)
+        finally:
+            # The body is referenced until the answer is relayed: count it until then.
+            self.buffered -= reserved[0]
+
+    async def _member(self, request: web.Request) -> Caller:
+        """The caller, if root or in ``[proxy] group``; PermissionDenied otherwise."""
+        caller = await self._caller(request)
+        if not await asyncio.to_thread(self._may_use, caller):
+            raise PermissionDenied(
+                f"uid {caller.uid} may not use the crab proxy: not root and not in group {self.cfg.group!r}",
+                uid=caller.uid,
+                sandbox="",
+                hint=f"Ask the host's admin to add you to group {self.cfg.group!r} (as for crabd's socket).",
+            )
+        return caller
 
     async def _caller(self, request: web.Request) -> Caller:
         transport = request.transport
@@ -254,7 +335,19 @@ class OpenAIProxy:
         # Reading /proc/net/tcp can take milliseconds on a busy host.
         return await asyncio.to_thread(identify_peer, tuple(peername), tuple(sockname))
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    def _reserve(self, n: int, reserved: list[int]) -> web.Response | None:
+        """Count ``n`` more body bytes against ``max_buffered_bytes``; a 429 if that passes it."""
+        cap = self.cfg.max_buffered_bytes
+        if self.buffered + n > cap:
+            return _busy(
+                f"crab proxy: request bodies in memory would pass [proxy] max_buffered_bytes = {cap} "
+                f"({self.buffered} held by requests in flight)"
+            )
+        self.buffered += n
+        reserved[0] += n
+        return None
+
+    async def _read_body(self, request: web.Request, reserved: list[int]) -> bytes | web.Response:
         limit = self.cfg.max_request_bytes
         declared = request.content_length
         if declared is not None and declared > limit:
@@ -263,6 +356,10 @@ class OpenAIProxy:
                 limit=limit,
                 size=declared,
             )
+        # A declared length is reserved before reading, so a client that
+        # announces a big body is refused without sending it.
+        if declared and (busy := self._reserve(declared, reserved)) is not None:
+            return busy
         buf = bytearray()
         while chunk := await request.content.readany():
             buf += chunk
@@ -270,6 +367,8 @@ class OpenAIProxy:
                 raise RequestTooLarge(
                     f"request body exceeds [proxy] max_request_bytes = {limit}", limit=limit, size=len(buf)
                 )
+            if len(buf) > reserved[0] and (busy := self._reserve(len(buf) - reserved[0], reserved)) is not None:
+                return busy
         return bytes(buf)
 
     def _upstream_url(self, request: web.Request) -> URL:

@@ -31,6 +31,37 @@ def daemon() -> Iterator[EmbeddedDaemon]:
         d.close()
         # Belt and braces: no container of this daemon may outlive the module.
         remove_daemon_containers(d)
+        remove_sandbox_network("crab")
+
+
+def remove_sandbox_network(name: str) -> None:
+    """Remove the sandbox network ``name`` and its firewall rules, unless a container still uses it."""
+    import docker
+
+    from crabd.backends.network import teardown
+    from crabd.config import NetworkConfig
+
+    teardown(docker.from_env().api, NetworkConfig(name=name))
+
+
+@contextlib.contextmanager
+def daemon_with_config(toml: str, network_name: str) -> Iterator[EmbeddedDaemon]:
+    """A private crabd with ``toml`` as its config and its own ``[network] name``; removes that network after."""
+    import tempfile
+
+    require(have_root(), "needs root")
+    require(have_docker(), "needs a reachable Docker engine (run `make setup`)")
+    with tempfile.TemporaryDirectory(prefix="crab-cfg-") as tmp:
+        cfg = Path(tmp) / "crabd.toml"
+        cfg.write_text(toml)
+        d = EmbeddedDaemon(extra_args=["--config", str(cfg)])
+        d.start()
+        try:
+            yield d
+        finally:
+            d.close()
+            remove_daemon_containers(d)
+            remove_sandbox_network(network_name)
 
 
 def remove_daemon_containers(d: EmbeddedDaemon) -> None:

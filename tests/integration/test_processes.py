@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from crabd.sdk import Client, CriuError, IncompleteDump, Sandbox
+from crabd.sdk import Client, CriuError, EmbeddedDaemon, IncompleteDump, Sandbox
+from tests.integration.conftest import daemon_with_config
 
 pytestmark = pytest.mark.criu
 
@@ -340,6 +341,27 @@ def test_a_sleep_midway(sbx: Callable[..., Sandbox]) -> None:
     assert r.stdout == b"0\n"  # and it finishes normally
 
 
+def _docker0_address() -> str:
+    return (
+        subprocess.run(["ip", "-4", "-o", "addr", "show", "docker0"], capture_output=True, text=True, timeout=60)
+        .stdout.split()[3]
+        .split("/")[0]
+    )
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[EmbeddedDaemon]:
+    """This module's crabd: sandboxes may reach the host's docker0 address (``outside_listener``).
+
+    Sandboxes are kept from the host's services by default; the "outside"
+    connection below needs a peer outside the sandbox, so that one address is
+    allowed (on a network of this module's own, so no other daemon's rules change).
+    """
+    toml = f'[network]\nname = "crabproc"\nallow = ["{_docker0_address()}/32"]\n'
+    with daemon_with_config(toml, "crabproc") as d:
+        yield d
+
+
 @pytest.fixture
 def outside_listener() -> Iterator[tuple[str, int]]:
     srv = socket.socket()
@@ -357,13 +379,8 @@ def outside_listener() -> Iterator[tuple[str, int]]:
             conns.append(c)
 
     threading.Thread(target=accept, daemon=True).start()
-    # The host as seen from a bridge-network container: the docker0 address.
-    gateway = (
-        subprocess.run(["ip", "-4", "-o", "addr", "show", "docker0"], capture_output=True, text=True, timeout=60)
-        .stdout.split()[3]
-        .split("/")[0]
-    )
-    yield gateway, srv.getsockname()[1]
+    # A host address the module's daemon lets sandboxes reach.
+    yield _docker0_address(), srv.getsockname()[1]
     srv.close()
     for c in conns:
         c.close()

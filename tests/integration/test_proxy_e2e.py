@@ -8,14 +8,14 @@ import sys
 import textwrap
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 
 from crabd.llm.standin import StandinServer
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from tests.conftest import REPO, have_docker, have_root, require
-from tests.integration.conftest import USER_OUTSIDE
+from tests.integration.conftest import USER_IN_GROUP, USER_OUTSIDE
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.criu]
 
@@ -165,3 +165,52 @@ def test_another_user_cannot_end_my_turn(
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [403, "PermissionDenied"]
     assert sandbox.turns(limit=1)[0].open  # the turn was not ended by the other user
+
+
+def _as_user(uid: int, gid: int, groups: list[int], url: str, body: Mapping[str, object] | None) -> tuple[int, str]:
+    """(status, error message or body text) of one request made by a child that became ``uid`` first."""
+    script = textwrap.dedent(f"""\
+        import encodings.idna, json, os, urllib.request, urllib.error
+        os.setgroups({groups!r}); os.setgid({gid}); os.setuid({uid})
+        data = {json.dumps(dict(body)).encode() if body is not None else None!r}
+        req = urllib.request.Request({url!r}, data=data, headers={{"Content-Type": "application/json"}})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                print(json.dumps([r.status, r.read().decode()[:2000]]))
+        except urllib.error.HTTPError as e:
+            print(json.dumps([e.code, json.loads(e.read())["error"]["message"]]))
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert done.returncode == 0, done.stderr
+    status, text = json.loads(done.stdout)
+    return int(status), str(text)
+
+
+def test_only_crab_members_may_use_the_proxy(
+    proxied: tuple[EmbeddedDaemon, str], sandbox: Sandbox, users: dict[str, tuple[int, int]]
+) -> None:
+    import grp
+
+    _, url = proxied
+    crab_gid = grp.getgrnam("crab").gr_gid
+    out_uid, out_gid = users[USER_OUTSIDE]
+    in_uid, in_gid = users[USER_IN_GROUP]
+    # Outside the group: refused everywhere, /metrics and the plain pass-through included.
+    for target in (url + "/metrics", url + "/v1/models"):
+        status, message = _as_user(out_uid, out_gid, [], target, None)
+        assert status == 403 and "not in group 'crab'" in message, (target, status, message)
+    # A member may read metrics and pass through, even without the group in its process
+    # (membership is read from the group database for the socket's owner).
+    for groups in ([crab_gid], []):
+        status, text = _as_user(in_uid, in_gid, groups, url + "/metrics", None)
+        assert status == 200 and "crab_proxy_requests_total" in text
+    status, text = _as_user(in_uid, in_gid, [crab_gid], url + "/v1/models", None)
+    assert status == 200 and "crab-standin-small" in text
+    # A member still cannot end another user's sandbox's turn.
+    sandbox.session.run("echo mine > /root/m")
+    body = {"model": "crab-standin-small", "messages": [{"role": "user", "content": "x"}]}
+    status, message = _as_user(
+        in_uid, in_gid, [crab_gid], url + "/sandboxes/" + sandbox.id + "/v1/chat/completions", body
+    )
+    assert status == 403 and "not in group" not in message
+    assert sandbox.turns(limit=1)[0].open

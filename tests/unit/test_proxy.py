@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import ipaddress
 import json
 import os
+import pwd
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Coroutine
@@ -24,6 +26,7 @@ from crabd.errors import ConfigError, PermissionDenied, SandboxDead, SandboxNotF
 from crabd.models import Caller
 from crabd.proxy import OpenAIProxy, identify_peer
 from crabd.proxy.peer import find_client_socket, parse_hex_endpoint, parse_tcp_line
+from crabd.proxy.server import is_member
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -154,8 +157,15 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def rig(
-    *, hold: bool = False, upstream_url: str | None = None, timeout_s: float = 600, max_request_bytes: int = 1 << 20
+    *,
+    hold: bool = False,
+    upstream_url: str | None = None,
+    timeout_s: float = 600,
+    max_request_bytes: int = 1 << 20,
+    members: frozenset[int] | None = None,
+    **limits: int,
 ) -> AsyncIterator[Rig]:
+    allowed = frozenset({os.getuid()}) if members is None else members
     up = Upstream()
     await up.start()
     gate = FakeGate()
@@ -166,9 +176,13 @@ async def rig(
         upstream=upstream_url or up.url,
         upstream_timeout_s=timeout_s,
         max_request_bytes=max_request_bytes,
+        **limits,
     )
     try:
-        async with OpenAIProxy(cfg, gate, lambda: "crab_test_metric 1\n") as proxy, aiohttp.ClientSession() as client:
+        async with (
+            OpenAIProxy(cfg, gate, lambda: "crab_test_metric 1\n", may_use=lambda c: c.uid in allowed) as proxy,
+            aiohttp.ClientSession() as client,
+        ):
             yield Rig(proxy, up, gate, client)
     finally:
         await up.close()
@@ -411,6 +425,95 @@ def test_request_too_large_is_413() -> None:
                 assert resp.status == 413
                 assert (await resp.json())["error"]["code"] == "RequestTooLarge"
             assert r.upstream.seen == [] and r.gate.ended == []
+
+    run(main())
+
+
+def test_non_members_are_refused_everywhere_but_healthz() -> None:
+    async def main() -> None:
+        async with rig(members=frozenset()) as r:
+            for url, hdrs in (
+                (f"{r.proxy.url}/sandboxes/sb1/v1/chat/completions", {}),
+                (f"{r.proxy.url}/v1/chat/completions", {"X-Crab-Sandbox": "sb1"}),
+                (f"{r.proxy.url}/v1/chat/completions", {}),  # the plain pass-through too
+            ):
+                async with r.client.post(url, json=chat(), headers=hdrs) as resp:
+                    assert resp.status == 403
+                    err = (await resp.json())["error"]
+                    assert err["code"] == "PermissionDenied" and "group 'crab'" in err["message"]
+            async with r.client.get(f"{r.proxy.url}/metrics") as resp:
+                assert resp.status == 403
+                assert "crab_proxy" not in await resp.text()
+            async with r.client.get(f"{r.proxy.url}/healthz") as resp:
+                assert resp.status == 200
+            assert r.upstream.seen == [] and r.gate.ended == [] and r.gate.callers == []
+
+    run(main())
+
+
+def test_is_member_reads_the_group_database() -> None:
+    me = pwd.getpwuid(os.getuid())
+    primary = grp.getgrgid(me.pw_gid).gr_name
+    assert is_member(os.getuid(), primary)
+    assert is_member(0, "no-such-group-crab")  # root always
+    assert not is_member(os.getuid() or 65534, "no-such-group-crab")
+    assert not is_member(2**31 - 7, primary)  # no passwd entry
+
+
+def test_over_concurrency_is_429_at_once() -> None:
+    async def main() -> None:
+        async with rig(hold=True, max_concurrent_requests=1) as r:
+            url = f"{r.proxy.url}/sandboxes/sb1/v1/chat/completions"
+            first = asyncio.create_task(r.client.post(url, json=chat()))
+            await within(r.gate.releasing.wait())  # the first is held, in flight
+            async with r.client.post(url, json=chat()) as resp:
+                assert resp.status == 429
+                assert resp.headers["Retry-After"] == "1"
+                err = (await resp.json())["error"]
+                assert err["code"] == "proxy_busy" and "max_concurrent_requests = 1" in err["message"]
+            assert len(r.upstream.seen) == 1 and r.gate.ended == ["id-sb1"]
+            r.gate.opened.set()
+            resp = await within(first)
+            assert resp.status == 200  # the held one is answered as before
+            await resp.read()
+            resp.release()
+            async with r.client.post(url, json=chat()) as again:
+                assert again.status == 200
+            assert r.proxy.metrics.requests[("chat.completions", "429")] == 1
+
+    run(main())
+
+
+def test_buffered_bytes_are_capped_across_requests() -> None:
+    async def main() -> None:
+        async with rig(hold=True, max_buffered_bytes=1000) as r:
+            url = f"{r.proxy.url}/sandboxes/sb1/v1/chat/completions"
+            big = {**chat(), "pad": "x" * 700}
+            first = asyncio.create_task(r.client.post(url, json=big))
+            await within(r.gate.releasing.wait())
+            assert r.proxy.buffered > 700
+            async with r.client.post(url, json=big) as resp:  # 700 more would pass 1000
+                assert resp.status == 429
+                err = (await resp.json())["error"]
+                assert "max_buffered_bytes = 1000" in err["message"]
+
+            # Without a declared length the bytes are counted as they arrive.
+            async def chunks() -> AsyncIterator[bytes]:
+                for _ in range(8):
+                    yield b"y" * 100
+
+            async with r.client.post(url, data=chunks()) as resp:
+                assert resp.status == 429
+            assert len(r.upstream.seen) == 1
+            r.gate.opened.set()
+            resp = await within(first)
+            assert resp.status == 200
+            await resp.read()
+            resp.release()
+            assert r.proxy.buffered == 0  # released when the answer was relayed
+            async with r.client.post(url, json=big) as again:
+                assert again.status == 200
+            assert r.proxy.buffered == 0
 
     run(main())
 
