@@ -15,6 +15,7 @@ from crabd.coordinator.checkpoints import Checkpointer
 from crabd.models import CheckpointRecord, SandboxRecord
 from crabd.store.catalog import direct_refs
 from crabd.store.maintenance import GcReport, VerifyReport, collect_garbage, verify
+from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.housekeeping")
 
@@ -39,6 +40,7 @@ class Housekeeper:
             for b in set(candidates):
                 if not self.ck.catalog.is_live(b):
                     freed += self.ck.blobs.remove(b)
+                    crash_point("sweep.mid")
             return freed
 
         return await asyncio.to_thread(go)
@@ -47,6 +49,7 @@ class Housekeeper:
         """Delete one checkpoint and the blobs only it used; return bytes freed."""
         async with self.ck.store_lock.exclusive():
             dropped = await asyncio.to_thread(self.ck.catalog.delete, ckpt.id)
+            crash_point("delete.after_catalog")
             freed = await self._sweep(dropped + self.ck.catalog.take_dropped())
         log.info("checkpoint deleted", extra={"checkpoint": ckpt.id, "freed": freed})
         return freed
@@ -61,6 +64,24 @@ class Housekeeper:
             for ckpt_id in self.ck.catalog.prunable(live):
                 dropped += self.ck.catalog.delete(ckpt_id)
             return await self._sweep(dropped + self.ck.catalog.take_dropped())
+
+    async def reconcile(self) -> GcReport:
+        """At start-up, before serving: finish what a crash interrupted.
+
+        A crash between removing a sandbox and forgetting it leaves its head
+        and its checkpoints; one between a catalog change and the sweep of
+        the blobs it dropped (delete, gc, a restore's replaced stat index)
+        leaves blob files nothing references, and the list of them lived in
+        memory only.  Nothing is in flight yet, so a full gc is safe here.
+        """
+        async with self.ck.store_lock.exclusive():
+            live = {r.id for r in self.ck.sandboxes.list_sandboxes(None)}
+            for sid in await asyncio.to_thread(self.ck.catalog.heads_without, live):
+                await asyncio.to_thread(self.ck.catalog.drop_head, sid)
+            for ckpt_id in await asyncio.to_thread(self.ck.catalog.prunable, live):
+                await asyncio.to_thread(self.ck.catalog.delete, ckpt_id)
+            self.ck.catalog.take_dropped()
+            return await asyncio.to_thread(lambda: collect_garbage(self.ck.catalog, self.ck.blobs, crash_at=""))
 
     # --- store maintenance -------------------------------------------------------------------
 

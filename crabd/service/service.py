@@ -53,6 +53,7 @@ from crabd.runtime.session_state import SessionState
 from crabd.service.limits import RequestLimits, fit_output
 from crabd.store.maintenance import GcReport, VerifyReport
 from crabd.util import validate
+from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.service")
 
@@ -231,6 +232,7 @@ class Service:
         await self.sandboxes.remove(rec, force=force)
         self.inspection.forget(rec.id)
         self.flow.forget(rec.id)
+        crash_point("remove.before_forget")
         await self.housekeeping.forget_sandbox(rec, keep=keep_checkpoints)
         return rec.id
 
