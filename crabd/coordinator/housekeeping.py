@@ -54,6 +54,11 @@ class Housekeeper:
         log.info("checkpoint deleted", extra={"checkpoint": ckpt.id, "freed": freed})
         return freed
 
+    async def keep(self, rec: SandboxRecord) -> None:
+        """Mark a sandbox's checkpoints kept, before its removal begins (so a crash midway cannot prune them)."""
+        ids = [c.id for c in await asyncio.to_thread(self.ck.catalog.list_checkpoints, rec.id)]
+        await asyncio.to_thread(self.ck.catalog.set_kept, ids, True)
+
     async def forget_sandbox(self, rec: SandboxRecord, *, keep: bool) -> int:
         """After a sandbox is removed: drop its head, and its checkpoints unless kept or still needed."""
         async with self.ck.store_lock.exclusive():

@@ -229,6 +229,8 @@ class Service:
     async def remove(self, caller: Caller, ref: str, force: bool, keep_checkpoints: bool = False) -> str:
         rec = self._lookup(caller, ref)
         await self.flow.settle(rec.id, agent=False)
+        if keep_checkpoints:
+            await self.housekeeping.keep(rec)  # before: start-up prunes what a crash left unforgotten
         await self.sandboxes.remove(rec, force=force)
         self.inspection.forget(rec.id)
         self.flow.forget(rec.id)

@@ -88,6 +88,8 @@ class Walk:
         self.base = base
         self.state = base / "state"
         self.restored: set[str] = set()
+        #: Checkpoints of sandboxes removed with keep_checkpoints: they must survive.
+        self.kept: set[str] = set()
         self.n = 0
 
     def fresh_file(self, c: Client) -> None:
@@ -124,6 +126,9 @@ class Walk:
             except CrabError as exc:
                 problems.append(f"sandbox {sb.name} unusable: {type(exc).__name__}: {exc}")
         names = {sb.info.id: sb for sb in c.list()}
+        listed = {ck.id for ck in c.checkpoints()}
+        if self.kept - listed:
+            problems.append(f"kept checkpoints of a removed sandbox lost: {sorted(self.kept - listed)}")
         for ck in c.checkpoints():
             if ck.id in self.restored:
                 continue
@@ -230,12 +235,18 @@ def _drivers(w: Walk) -> dict[str, Callable[[Client], object]]:
         w.stray_blob()
         return c.gc()
 
-    def remove(c: Client) -> object:
-        victim = c.create("busybox", name=f"victim{w.n}")
-        victim.run(["sh", "-c", "echo v > /v"])
-        victim.checkpoint()
-        victim.remove(force=True)
-        return None
+    def remove(keep: bool) -> Callable[[Client], object]:
+        def go(c: Client) -> object:
+            w.n += 1
+            victim = c.create("busybox", name=f"victim{w.n}")
+            victim.run(["sh", "-c", "echo v > /v"])
+            ck = victim.checkpoint()
+            if keep:
+                w.kept.add(ck.id)
+            victim.remove(force=True, keep_checkpoints=keep)
+            return None
+
+        return go
 
     drive: dict[str, Callable[[Client], object]] = {}
     for p in CRASH_POINTS:
@@ -255,8 +266,8 @@ def _drivers(w: Walk) -> dict[str, Callable[[Client], object]]:
             "delete.after_catalog": delete,
             "sweep.mid": delete,
             "gc.mid": gc,
-            "remove.after_container": remove,
-            "remove.before_forget": remove,
+            "remove.after_container": remove(False),
+            "remove.before_forget": remove(True),
             "blobs.write": checkpoint(),
             "blobs.sync": checkpoint(),
             "restore.materialize": restore,
