@@ -45,13 +45,19 @@ from crabd.models import CheckpointRecord, SandboxRecord
 from crabd.store.blobs import BlobStore
 from crabd.store.catalog import Catalog, Head, direct_refs
 from crabd.store.db import Database
+from crabd.store.fsblobs import store_error
 from crabd.store.registry import spec_to_json
 from crabd.util.aiolock import RWLock
+from crabd.util.faults import crash_point, write_point
 
 log = logging.getLogger("crabd.checkpoints")
 
 #: Largest session-state document stored with a checkpoint.
 MAX_SESSION_STATE = 64 << 20
+
+
+def in_publish() -> None:
+    crash_point("checkpoint.in_publish")  # inside the publishing transaction, before COMMIT
 
 
 def new_checkpoint_id() -> str:
@@ -214,6 +220,7 @@ class Checkpointer:
         # One docker inspect gives both the status and the upper dir.
         upper = Path(st.upper_dir) if st.upper_dir else await asyncio.to_thread(self.backend.upper_dir, cid)
         prepared = await asyncio.to_thread(self.fs.prepare, upper, base, head.racy_ns if head else 0)
+        crash_point("checkpoint.after_prepare")
         work = self.dump_root / ckpt_id
         images = work / "images"
         full = kind == "full"
@@ -237,13 +244,16 @@ class Checkpointer:
             nonlocal dumped
             with self.backend.frozen(cid):
                 f0 = time.monotonic()
+                crash_point("checkpoint.frozen")
                 if pair and inspector:
                     stale = inspector.unchanged_since_image(rec.id, cid, st.pid, session_pid)
                     if stale:
                         raise StalePairing(stale, sandbox=rec.id)
                 if full:
                     with inspector.source.quiet(rec.id) if inspector else contextlib.nullcontext():
+                        write_point("checkpoint.dump")
                         dump = self.dumper.dump(cid, images, work)
+                    crash_point("checkpoint.after_dump")
                 else:
                     dump = None
                 if dump is not None and inspector:
@@ -262,6 +272,7 @@ class Checkpointer:
             if on_phase is not None:
                 on_phase("versioning")
             capture, stored = await asyncio.to_thread(self.fs.store, cut)
+            crash_point("checkpoint.after_capture")
             info = Blobs(dict(stored.children), dict(stored.sizes))
             new_bytes = capture.new_bytes + stored.new_bytes
             stats: dict[str, Any] = {}
@@ -280,6 +291,10 @@ class Checkpointer:
                     pages_new=image.pages_new,
                     process_new_bytes=image.new_bytes,
                 )
+        except OSError as exc:
+            # crabd's own writes of the dump (its directory, files beside CRIU's);
+            # untranslated, a full disk would read as "internal error" and go unrecorded.
+            raise store_error(exc, self.dump_root, "writing a process dump") from exc
         finally:
             await asyncio.to_thread(shutil.rmtree, work, True)
         if pair:
@@ -324,7 +339,9 @@ class Checkpointer:
         )
         stats["total_s"] = time.monotonic() - t0
         ckpt = replace(ckpt, stats=stats)
-        await asyncio.to_thread(self.catalog.publish, ckpt, info.child_of, self.size_of(info.sizes))
+        crash_point("checkpoint.before_publish")
+        await asyncio.to_thread(self.catalog.publish, ckpt, info.child_of, self.size_of(info.sizes), in_publish)
+        crash_point("checkpoint.after_publish")
         if inspector is not None:
             inspector.published(rec.id, ckpt.id, process_blob, dumped)
             if dumped is not None:

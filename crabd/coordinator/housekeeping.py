@@ -31,7 +31,16 @@ from crabd.backends.fsdelta import Change
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.models import CheckpointRecord, SandboxRecord
 from crabd.store.catalog import direct_refs
-from crabd.store.maintenance import GcReport, VerifyReport, gc_candidates, recheck, sweep_some, verify
+from crabd.store.maintenance import (
+    GcReport,
+    VerifyReport,
+    collect_garbage,
+    gc_candidates,
+    recheck,
+    sweep_some,
+    verify,
+)
+from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.housekeeping")
 
@@ -51,13 +60,15 @@ class Housekeeper:
 
     # --- deletion and sweeping ---------------------------------------------------------------
 
-    async def _sweep(self, candidates: list[str], report: GcReport | None = None) -> int:
+    async def _sweep(self, candidates: list[str], report: GcReport | None = None, *, point: str = "sweep.mid") -> int:
         """Remove the blob files among ``candidates`` that are not live, one short exclusive hold per batch."""
         report = report if report is not None else GcReport()
         todo = sorted(set(candidates))
         while todo:
             async with self.ck.store_lock.exclusive():
                 todo = await asyncio.to_thread(sweep_some, self.ck.catalog, self.ck.blobs, todo, report)
+            if report.blobs_removed:
+                crash_point(point)
         return report.bytes_freed
 
     async def delete(self, ckpt: CheckpointRecord) -> int:
@@ -68,9 +79,15 @@ class Housekeeper:
 
         async with self.ck.store_lock.exclusive(DELETE_WAIT_S, what=f"deleting {ckpt.id}"):
             dropped = await asyncio.to_thread(drop)
+        crash_point("delete.after_catalog")
         freed = await self._sweep(dropped)
         log.info("checkpoint deleted", extra={"checkpoint": ckpt.id, "freed": freed})
         return freed
+
+    async def keep(self, rec: SandboxRecord) -> None:
+        """Mark a sandbox's checkpoints kept, before its removal begins (so a crash midway cannot prune them)."""
+        ids = [c.id for c in await asyncio.to_thread(self.ck.catalog.list_checkpoints, rec.id)]
+        await asyncio.to_thread(self.ck.catalog.set_kept, ids, True)
 
     async def forget_sandbox(self, rec: SandboxRecord, *, keep: bool) -> int:
         """After a sandbox is removed: drop its head, and its checkpoints unless kept or still needed."""
@@ -90,6 +107,24 @@ class Housekeeper:
             dropped = await asyncio.to_thread(drop)
         return await self._sweep(dropped)
 
+    async def reconcile(self) -> GcReport:
+        """At start-up, before serving: finish what a crash interrupted.
+
+        A crash between removing a sandbox and forgetting it leaves its head
+        and its checkpoints; one between a catalog change and the sweep of
+        the blobs it dropped (delete, gc, a restore's replaced stat index)
+        leaves blob files nothing references, and the list of them lived in
+        memory only.  Nothing is in flight yet, so a full gc is safe here.
+        """
+        async with self.ck.store_lock.exclusive():
+            live = {r.id for r in self.ck.sandboxes.list_sandboxes(None)}
+            for sid in await asyncio.to_thread(self.ck.catalog.heads_without, live):
+                await asyncio.to_thread(self.ck.catalog.drop_head, sid)
+            for ckpt_id in await asyncio.to_thread(self.ck.catalog.prunable, live):
+                await asyncio.to_thread(self.ck.catalog.delete, ckpt_id)
+            self.ck.catalog.take_dropped()
+            return await asyncio.to_thread(lambda: collect_garbage(self.ck.catalog, self.ck.blobs, crash_at=""))
+
     # --- store maintenance -------------------------------------------------------------------
 
     async def gc(self) -> GcReport:
@@ -98,7 +133,7 @@ class Housekeeper:
         # Head moves' releases are among the files gc lists anyway.
         await asyncio.to_thread(self.ck.catalog.take_dropped)
         candidates = await asyncio.to_thread(gc_candidates, self.ck.catalog, self.ck.blobs)
-        await self._sweep(candidates, report)
+        await self._sweep(candidates, report, point="gc.mid")
         # Temporary files belong to writes in flight until no checkpoint is: only under the lock.
         async with self.ck.store_lock.exclusive():
             report.tmp_bytes_freed = await asyncio.to_thread(self.ck.blobs.clean_tmp, 0)

@@ -29,6 +29,7 @@ from crabd.coordinator.restore import Restorer
 from crabd.coordinator.turnmap import lost_turns
 from crabd.errors import CrabError, InvalidRequest
 from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
+from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.recovery")
 
@@ -80,6 +81,7 @@ class Recovery:
         ckpt = self._latest(rec)
         turns = self.sandboxes.registry.list_turns(rec.id)
         lost = lost_turns(turns, ckpt, rec)
+        crash_point("recover.before_restore")
         out = await self.restorer.restore(rec, ckpt)
         log.warning(
             "sandbox recovered",

@@ -36,6 +36,7 @@ import secrets
 import sqlite3
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from crabd.backends.criu.sockets import close_external_connections
@@ -50,7 +51,9 @@ from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
 from crabd.runtime import session_os
 from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
+from crabd.store.fsblobs import store_error
 from crabd.store.registry import spec_from_json
+from crabd.util.faults import crash_point, write_point
 
 log = logging.getLogger("crabd.restore")
 
@@ -154,7 +157,16 @@ class Restorer:
 
         def go(container_id: str) -> None:
             upper = backend.upper_dir(container_id)
+            try:
+                write(container_id, upper)
+            except OSError as exc:
+                # Docker's disk (the upper dir, the checkpoint dir) full: say so, not "internal error".
+                raise store_error(exc, upper, "writing the checkpoint's files into a new container") from exc
+
+        def write(container_id: str, upper: Path) -> None:
+            write_point("restore.materialize")
             fresh, stats = fs.materialize(tree, upper)
+            crash_point("restore.after_materialize")
             if ckpt.process_blob:
                 # Files first: CRIU reopens the processes' files by path and checks their sizes.
                 t0 = time.monotonic()
@@ -218,6 +230,7 @@ class Restorer:
         )
         t_launch = time.monotonic()
         try:
+            crash_point("restore.after_launch")
             # A process checkpoint brought the session's bash back itself.
             session, not_restored = await self._fresh_session(
                 rec, new_cid, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
@@ -237,10 +250,12 @@ class Restorer:
                         reg.close_turn(rec.id, current.number, time.time(), None)
                     self._set_head(conn, rec.id, ckpt, prep)
 
+            crash_point("restore.before_swap")
             await asyncio.to_thread(swap)
         except BaseException:
             await asyncio.shield(asyncio.to_thread(self.sandboxes.backend.remove, new_cid))
             raise
+        crash_point("restore.after_swap")
         self.sandboxes.bind_session(rec.id, session)
         await self._watch(rec, ckpt)
         old = rec.container_id
@@ -300,6 +315,7 @@ class Restorer:
                             owner_uid, replace(base, name=name), ckpt.image, sandbox_id=sid, origin=ckpt.id
                         )
                     )
+                crash_point("fork.after_reserve")
                 gate = asyncio.Semaphore(FORK_PARALLEL)
 
                 async def one(r: SandboxRecord) -> tuple[Session, str, list[str]]:
@@ -337,6 +353,7 @@ class Restorer:
             prepare=self._preparer(tree, prep, ckpt),
             checkpoint=PROCESS_CHECKPOINT if ckpt.process_blob else "",
         )
+        crash_point("fork.after_launch")
         session, not_restored = await self._fresh_session(
             rec, cid, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
         )
@@ -349,6 +366,7 @@ class Restorer:
                 reg.update_sandbox(rec.id, state=SandboxState.RUNNING)
 
         await asyncio.to_thread(commit)
+        crash_point("fork.after_commit")
         return session, st.ip_address, not_restored
 
     async def _undo_clone(self, rec: SandboxRecord) -> None:

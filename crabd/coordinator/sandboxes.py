@@ -46,6 +46,7 @@ from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
 from crabd.store.registry import Registry
 from crabd.util import validate
+from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.sandboxes")
 
@@ -55,6 +56,8 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 #: Docker refuses memory limits below this.
 MIN_MEMORY = 6 << 20
 INIT_READY_TIMEOUT_S = 10.0
+#: ``dead_reason`` of a sandbox whose removal began: adoption finishes it (see :meth:`SandboxManager.remove`).
+REMOVING = "being removed"
 
 
 def validate_spec(spec: SandboxSpec) -> None:
@@ -421,10 +424,18 @@ class SandboxManager:
 
     async def adopt(self) -> dict[str, int]:
         """Reconcile the registry with Docker after a (re)start.  Returns counts."""
-        counts = {"adopted": 0, "dead": 0, "rolled_back": 0, "orphans_removed": 0}
+        counts = {"adopted": 0, "dead": 0, "rolled_back": 0, "orphans_removed": 0, "removed": 0}
         containers = await self._io(self.backend.list_instance, self.instance)
         known: set[str] = set()
         for rec in self.registry.list_sandboxes(None):
+            if rec.dead_reason == REMOVING:
+                # Its owner asked for the removal; a crash (or Docker) interrupted it.
+                try:
+                    await self.remove(rec, force=True)
+                    counts["removed"] += 1
+                    continue
+                except CrabError as exc:
+                    log.warning("interrupted removal not finished", extra={"sandbox": rec.id, "error": str(exc)})
             if rec.state is SandboxState.CREATING:
                 # Also catches a container created whose id never reached the row.
                 for cid, st in containers.items():
@@ -474,7 +485,11 @@ class SandboxManager:
                     hint="Use `crabctl rm --force` (or remove(force=True)).",
                 )
         if rec.container_id:
+            # Recorded first: a crash after the container is gone must not leave a
+            # sandbox that adoption takes for one whose container vanished (dead).
+            self.registry.update_sandbox(rec.id, dead_reason=REMOVING)
             await self._io(self.backend.remove, rec.container_id)
+        crash_point("remove.after_container")
         self.registry.delete_sandbox(rec.id)
         self._live.pop(rec.id, None)
         log.info("sandbox removed", extra={"sandbox": rec.id})

@@ -43,6 +43,7 @@ from crabd.backends.overlay.index import PageCache
 from crabd.backends.overlay.scan import ScanLimits
 from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
+from crabd.coordinator.housekeeping import Housekeeper
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.restore import Restorer
@@ -166,6 +167,9 @@ class Daemon:
         restorer.inspection = inspection
         self._recovery = Recovery(checkpointer, restorer)
         counts = await self._manager.adopt()
+        swept = await Housekeeper(checkpointer).reconcile()
+        if swept.blobs_removed:
+            log.warning("blobs left by an interrupted operation removed", extra={"blobs": swept.blobs_removed})
         lost = await asyncio.to_thread(
             self._registry.lose_pending_turns, "crabd stopped before this turn's checkpoint was taken"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from crabd.config import load_config
 from crabd.daemon import logs
 from crabd.daemon.app import serve
 from crabd.errors import CrabError
+from crabd.util import faults
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,6 +53,10 @@ def main(argv: list[str] | None = None) -> None:
     logs.setup(args.log_level, Path(args.log_file) if args.log_file else None)
     try:
         cfg = load_config(args.config, overrides=overrides)
+        # Test-only fault injection (util/faults.py): read once, here, from crabd's own environment.
+        armed = faults.arm_from_env()
+        if armed:
+            logging.getLogger("crabd").warning("fault injection armed", extra={"points": armed})
         asyncio.run(serve(cfg, ephemeral=args.ephemeral))
     except CrabError as exc:
         sys.stderr.write(f"crabd: {exc.message}\nhint: {exc.hint}\n")

@@ -54,6 +54,7 @@ from crabd.runtime.session_state import SessionState
 from crabd.service.limits import RequestLimits, fit_output
 from crabd.store.maintenance import GcReport, VerifyReport
 from crabd.util import validate
+from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.service")
 
@@ -231,9 +232,12 @@ class Service:
     async def remove(self, caller: Caller, ref: str, force: bool, keep_checkpoints: bool = False) -> str:
         rec = self._lookup(caller, ref)
         await self.flow.settle(rec.id, agent=False)
+        if keep_checkpoints:
+            await self.housekeeping.keep(rec)  # before: start-up prunes what a crash left unforgotten
         await self.sandboxes.remove(rec, force=force)
         self.inspection.forget(rec.id)
         self.flow.forget(rec.id)
+        crash_point("remove.before_forget")
         await self.housekeeping.forget_sandbox(rec, keep=keep_checkpoints)
         return rec.id
 

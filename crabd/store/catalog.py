@@ -338,6 +338,12 @@ class Catalog:
             c.execute("DELETE FROM heads WHERE sandbox_id=?", (sandbox_id,))
         return dropped
 
+    def heads_without(self, live_sandboxes: set[str]) -> list[str]:
+        """Sandboxes that have a head but no longer exist (a crash came between removing one and forgetting it)."""
+        with self.db.lock:
+            rows = self.db.conn.execute("SELECT sandbox_id FROM heads").fetchall()
+        return sorted(str(r[0]) for r in rows if str(r[0]) not in live_sandboxes)
+
     # --- queries ---------------------------------------------------------------------
 
     def find(self, ckpt_id: str) -> CheckpointRecord | None:

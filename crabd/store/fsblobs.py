@@ -48,6 +48,7 @@ import zstandard
 
 from crabd.errors import CorruptBlob, StoreError, StoreFull
 from crabd.store.blobs import PutResult, valid_address
+from crabd.util.faults import crash_point, write_point
 
 #: Data moves through memory in pieces of at most this size.
 PIECE = 1 << 20
@@ -78,6 +79,10 @@ def _store_error(exc: OSError, root: Path, what: str) -> StoreError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return StoreFull(f"no space left for checkpoint data in {root} while {what}", path=str(root))
     return StoreError(f"{what} under {root} failed: {exc}")
+
+
+#: For crabd's other writes of checkpoint data (process dumps, a restore's files): a full disk reads as one.
+store_error = _store_error
 
 
 class FileBlobStore:
@@ -113,6 +118,7 @@ class FileBlobStore:
 
     def _publish_tmp(self, tmp: str, target: str, hex_: str) -> None:
         """Rename the (already fsync'd) ``tmp`` to ``target``, replacing whatever is there."""
+        crash_point("blobs.before_rename")
         try:
             os.rename(tmp, target)
         except FileNotFoundError:
@@ -151,6 +157,7 @@ class FileBlobStore:
         size = 0
         try:
             with open(tmp, "wb") as raw:
+                write_point("blobs.write")
                 with self._local.compressor().stream_writer(raw, closefd=False) as z:
                     for piece in pieces:
                         h.update(piece)
@@ -188,6 +195,7 @@ class FileBlobStore:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
+                write_point("blobs.write")
                 view = memoryview(packed)
                 while view:
                     view = view[os.write(fd, view) :]
@@ -228,6 +236,7 @@ class FileBlobStore:
         if not paths:
             return
         try:
+            write_point("blobs.sync")
             fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 _syncfs(fd)

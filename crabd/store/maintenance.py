@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from crabd.errors import CorruptBlob, StoreError
 from crabd.store.blobs import BlobStore
 from crabd.store.catalog import Catalog
+from crabd.util.faults import crash_point
 
 
 @dataclass
@@ -49,7 +50,7 @@ class VerifyReport:
         return not self.problems
 
 
-def collect_garbage(catalog: Catalog, blobs: BlobStore) -> GcReport:
+def collect_garbage(catalog: Catalog, blobs: BlobStore, *, crash_at: str = "gc.mid") -> GcReport:
     t0 = time.monotonic()
     report = GcReport()
     live = catalog.live_blobs()
@@ -57,6 +58,7 @@ def collect_garbage(catalog: Catalog, blobs: BlobStore) -> GcReport:
         if hex_ not in live:
             report.bytes_freed += blobs.remove(hex_)
             report.blobs_removed += 1
+            crash_point(crash_at)
     report.tmp_bytes_freed = blobs.clean_tmp(0)
     report.live_blobs = len(live)
     report.live_bytes = sum(stored for _, _, stored in live.values())
