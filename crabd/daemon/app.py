@@ -58,6 +58,7 @@ from crabd.service.service import Service
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
+from crabd.store.maintenance import collect_garbage
 from crabd.store.registry import Registry
 
 log = logging.getLogger("crabd")
@@ -158,6 +159,11 @@ class Daemon:
             busy_wait_s=self.cfg.criu.busy_wait_s,
         )
         checkpointer.inspector = inspector
+        # Blobs of checkpoints a crash interrupted before publication: nothing references them, and
+        # before the server starts no checkpoint can be about to (see crabd/store/accounting.py).
+        swept = await asyncio.to_thread(collect_garbage, checkpointer.catalog, blobs)
+        if swept.blobs_removed:
+            log.info("orphaned blobs reclaimed", extra={"blobs": swept.blobs_removed, "freed": swept.bytes_freed})
         inspection = TurnInspection(inspector, checkpointer)
         restorer = Restorer(checkpointer)
         restorer.inspection = inspection
