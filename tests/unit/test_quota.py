@@ -70,13 +70,11 @@ def test_sandbox_reservations_count_requests_in_flight() -> None:
     q = Quotas(QuotaConfig(max_sandboxes=4, max_concurrent_forks=2), None, lambda uid: owned.get(uid, 0))  # type: ignore[arg-type]
     with q.new_sandboxes(1000, 2, fork=True):
         # A concurrent request sees the reservation: 1 owned + 2 being made.
-        with pytest.raises(QuotaExceeded) as info:
-            with q.new_sandboxes(1000, 2):
-                pass
+        with pytest.raises(QuotaExceeded) as info, q.new_sandboxes(1000, 2):
+            pass
         assert info.value.quota == "max_sandboxes" and info.value.used == 3 and "limit of 4" in info.value.message
-        with pytest.raises(QuotaExceeded) as forks:
-            with q.new_sandboxes(1000, 1, fork=True):
-                pass
+        with pytest.raises(QuotaExceeded) as forks, q.new_sandboxes(1000, 1, fork=True):
+            pass
         assert forks.value.quota == "max_concurrent_forks" and forks.value.limit == 2
         with q.new_sandboxes(1000, 1):  # exactly the limit
             pass
