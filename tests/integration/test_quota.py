@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import grp
+import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 
 from crabd.errors import InvalidRequest, QuotaExceeded
 from crabd.sdk import Client, EmbeddedDaemon
-from tests.conftest import have_docker, have_root, require
+from tests.conftest import CRABCTL, have_docker, have_root, require
 from tests.integration.conftest import USER_IN_GROUP, remove_daemon_containers, run_as
 
 STORE_LIMIT = 2 << 20
@@ -90,6 +92,15 @@ def test_user_past_the_sandbox_quota_is_refused_and_nothing_is_created(
     root.create("busybox", name="q-root")
     assert root.quota().limited is False
     assert root.quota(users[USER_IN_GROUP][0]).sandboxes == 2
+    # `crabctl quota`: the same numbers, for humans and as JSON.
+    env = dict(os.environ, CRAB_SOCKET=str(qdaemon.socket))
+    uid = str(users[USER_IN_GROUP][0])
+    done = subprocess.run([CRABCTL, "quota", "--uid", uid, "--json"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["sandboxes"] == 2 and got["max_sandboxes"] == 2 and got["limited"] is True
+    done = subprocess.run([CRABCTL, "quota"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and "exempt" in done.stdout and "sandboxes" in done.stdout, done.stderr
 
 
 def test_checkpoint_past_the_store_quota_is_refused_and_releases_its_blobs(
