@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import grp
 import json
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from crabd.errors import InvalidRequest, QuotaExceeded
-from crabd.sdk import Client, EmbeddedDaemon
+from crabd.sdk import AsyncClient, Client, EmbeddedDaemon, QuotaUse
 from tests.conftest import CRABCTL, have_docker, have_root, require
 from tests.integration.conftest import USER_IN_GROUP, remove_daemon_containers, run_as
 
@@ -164,3 +165,10 @@ def test_orphaned_blobs_are_reclaimed_at_start(qdaemon: EmbeddedDaemon, root: Cl
     assert not orphan.exists()
     assert _blob_files(qdaemon) >= live  # nothing live went
     assert re.search(r"orphaned blobs reclaimed", qdaemon.log_file.read_text())
+
+    async def use() -> QuotaUse:
+        async with AsyncClient(qdaemon.socket) as ac:
+            return await ac.quota(0)
+
+    got = asyncio.run(use())  # the async SDK's call too
+    assert got.uid == 0 and got.limited is False and got.max_sandboxes == 2
