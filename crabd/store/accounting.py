@@ -8,7 +8,9 @@ it was taken: ``stats.new_bytes`` (compressed bytes of the blob files it
 wrote that were not there before: file contents, index pages, delta,
 session state, process image pages).  It is:
 
-* cheap: one ``SUM`` over the checkpoints table (rows, not blobs), no blob walk;
+* cheap: one ``SUM`` answered from an index on (owner, new_bytes)
+  (``store/db.py``): 0.6 ms for a uid with 10,000 of 100,000 checkpoints,
+  against 25 ms scanning the table (measured on the dev host); no blob walk;
 * explainable: ``crabctl checkpoint inspect`` shows each checkpoint's
   ``new_bytes``, and the use is their sum;
 * monotone with what a user does: deleting a checkpoint gives back what it
@@ -59,6 +61,7 @@ def journal() -> Iterator[set[str]]:
 
 def store_bytes_used(db: Database, uid: int) -> int:
     """Bytes charged to ``uid``: the sum of its checkpoints' ``new_bytes`` (see the module doc)."""
+    # The expression must stay exactly that of the index ``checkpoints_owner_bytes``.
     with db.lock:
         row = db.conn.execute(
             "SELECT COALESCE(SUM(CAST(json_extract(stats_json, '$.new_bytes') AS INTEGER)), 0)"

@@ -42,6 +42,14 @@ def test_store_bytes_charged_per_uid_as_the_sum_of_new_bytes(tmp_path: Path) -> 
         assert accounting.store_bytes_used(d, 1001) == 7
         assert accounting.store_bytes_used(d, 4242) == 0
         assert accounting.checkpoint_count(d, 1000) == 3
+        # The sum is answered from its index (store/db.py), not by reading every checkpoint row.
+        with d.lock:
+            plan = d.conn.execute(
+                "EXPLAIN QUERY PLAN SELECT COALESCE(SUM(CAST(json_extract(stats_json, '$.new_bytes') AS INTEGER)), 0)"
+                " FROM checkpoints WHERE owner_uid=?",
+                (1000,),
+            ).fetchall()
+        assert "checkpoints_owner_bytes" in str(plan)
 
 
 def test_store_quota_refuses_at_and_past_the_limit_and_exempts_root(tmp_path: Path) -> None:
