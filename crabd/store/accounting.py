@@ -59,15 +59,17 @@ def journal() -> Iterator[set[str]]:
         _written.reset(token)
 
 
+#: The expression must stay exactly that of the index ``checkpoints_owner_bytes`` (store/db.py).
+USED_SQL = (
+    "SELECT COALESCE(SUM(CAST(json_extract(stats_json, '$.new_bytes') AS INTEGER)), 0)"
+    " FROM checkpoints WHERE owner_uid=?"
+)
+
+
 def store_bytes_used(db: Database, uid: int) -> int:
     """Bytes charged to ``uid``: the sum of its checkpoints' ``new_bytes`` (see the module doc)."""
-    # The expression must stay exactly that of the index ``checkpoints_owner_bytes``.
     with db.lock:
-        row = db.conn.execute(
-            "SELECT COALESCE(SUM(CAST(json_extract(stats_json, '$.new_bytes') AS INTEGER)), 0)"
-            " FROM checkpoints WHERE owner_uid=?",
-            (uid,),
-        ).fetchone()
+        row = db.conn.execute(USED_SQL, (uid,)).fetchone()
     return int(row[0] or 0)
 
 

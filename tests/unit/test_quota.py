@@ -44,11 +44,7 @@ def test_store_bytes_charged_per_uid_as_the_sum_of_new_bytes(tmp_path: Path) -> 
         assert accounting.checkpoint_count(d, 1000) == 3
         # The sum is answered from its index (store/db.py), not by reading every checkpoint row.
         with d.lock:
-            plan = d.conn.execute(
-                "EXPLAIN QUERY PLAN SELECT COALESCE(SUM(CAST(json_extract(stats_json, '$.new_bytes') AS INTEGER)), 0)"
-                " FROM checkpoints WHERE owner_uid=?",
-                (1000,),
-            ).fetchall()
+            plan = d.conn.execute("EXPLAIN QUERY PLAN " + accounting.USED_SQL, (1000,)).fetchall()
         assert "checkpoints_owner_bytes" in str(plan)
 
 
