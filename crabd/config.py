@@ -98,6 +98,23 @@ class LimitsConfig(_Model):
         return self
 
 
+class QuotaConfig(_Model):
+    """Per-uid quotas (checked in ``crabd/service/quota.py``; see docs/security.md, "Quotas")."""
+
+    exempt_root: bool = Field(True, description="root (uid 0) is the host's administrator: no quota applies to it")
+    max_sandboxes: int = Field(32, ge=0, description="sandboxes one uid may have at once (forks included; 0 = none)")
+    max_concurrent_forks: int = Field(
+        16, ge=1, description="sandboxes one uid's fork requests may be creating at once (in-flight forks x n)"
+    )
+    max_store_bytes: int = Field(
+        20 << 30, ge=0, description="bytes one uid's checkpoints may have added to the store (0 = no checkpoints)"
+    )
+    max_session_state_bytes: int = Field(
+        4 << 20, ge=1024, le=64 << 20, description="largest session state stored at one turn end (else refused)"
+    )
+    turns_kept: int = Field(1000, ge=1, description="turn rows kept per sandbox; older ones are pruned")
+
+
 class CheckpointConfig(_Model):
     """Bounds and tuning of filesystem checkpoints."""
 
@@ -291,6 +308,7 @@ class CrabConfig(_Model):
     docker: DockerConfig = DockerConfig()
     doctor: DoctorConfig = DoctorConfig()
     limits: LimitsConfig = LimitsConfig()
+    quota: QuotaConfig = QuotaConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     criu: CriuConfig = CriuConfig()
     inspector: InspectorConfig = InspectorConfig()

@@ -96,6 +96,22 @@ class RequestTooLarge(InvalidRequest):
     default_hint = "Send less (e.g. write big inputs to a file in the sandbox), or raise the limit in crabd.toml."
 
 
+class QuotaExceeded(CrabError):
+    """A per-uid quota ([quota] in crabd.toml) refuses the request; nothing was changed.
+
+    Attributes: ``uid``, ``quota`` (its name in [quota]), ``limit``, ``used``
+    (before this request) and ``requested`` (what this request would add).
+    """
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    uid: int
+    quota: str
+    limit: int
+    used: int
+    requested: int
+    default_hint = "See `crabctl quota`; free some (remove sandboxes, delete checkpoints) or ask root to raise it."
+
+
 class NotFound(CrabError):
     """An id or name does not exist (or is not visible to the caller)."""
 
@@ -358,6 +374,7 @@ for _cls in (
     CheckpointFailed,
     InvalidRequest,
     RequestTooLarge,
+    QuotaExceeded,
     NotFound,
     SandboxNotFound,
     AlreadyExists,

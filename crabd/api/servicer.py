@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -299,6 +300,13 @@ class CrabServicer(pb_grpc.CrabServicer):
     async def GarbageCollect(self, request: pb.GcRequest, context: Any) -> pb.GcResponse:
         async def go(c: Caller) -> pb.GcResponse:
             return gc_to_pb(await self.service.gc(c))
+
+        return await self._call(context, go)
+
+    async def GetQuota(self, request: pb.QuotaRequest, context: Any) -> pb.QuotaResponse:
+        async def go(c: Caller) -> pb.QuotaResponse:
+            use = await self.service.quota(c, request.uid if request.HasField("uid") else -1)
+            return pb.QuotaResponse(**dataclasses.asdict(use))
 
         return await self._call(context, go)
 

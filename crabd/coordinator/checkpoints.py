@@ -38,10 +38,12 @@ from crabd.backends.procdump import DumpResult, ProcessDumper
 from crabd.backends.sandbox import SandboxBackend
 from crabd.coordinator import turnmap
 from crabd.coordinator.sandboxes import SandboxManager
+from crabd.coordinator.turns import check_session_state
 from crabd.errors import CrabError, InvalidRequest, StalePairing
 from crabd.inspector.decide import Inspector
 from crabd.inspector.model import Dumped
 from crabd.models import CheckpointRecord, SandboxRecord
+from crabd.store import accounting
 from crabd.store.blobs import BlobStore
 from crabd.store.catalog import Catalog, Head, direct_refs
 from crabd.store.db import Database
@@ -101,6 +103,11 @@ class Checkpointer:
         self.store_lock = RWLock()
         #: Told about dumps and publications, so its baselines follow the heads (see coordinator/inspection.py).
         self.inspector: Inspector | None = None
+        #: The store-bytes quota: ``(owner uid, bytes added)`` raises QuotaExceeded (``service/quota.py``).
+        #: Called with 0 before any work, and with the checkpoint's new bytes before publication.
+        self.store_quota: Callable[[int, int], None] | None = None
+        #: Largest session state stored with a checkpoint ([quota] max_session_state_bytes).
+        self.max_session_state = sandboxes.cfg.quota.max_session_state_bytes
 
     @property
     def backend(self) -> SandboxBackend:
@@ -174,21 +181,58 @@ class Checkpointer:
         kind = self._kind(rec, kind)
         if len(label) > 200 or "\0" in label:
             raise InvalidRequest("a checkpoint label is at most 200 characters, without NUL")
-        if session_json is None and capture_session:
-            session_json = await self._session_for_checkpoint(rec)
+        written: set[str] = set()
         try:
-            async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
-                return await self._take_locked(
-                    rec, kind=kind, turn=turn, label=label, session_json=session_json, pair=pair, on_phase=on_phase
-                )
+            if self.store_quota is not None:
+                await asyncio.to_thread(self.store_quota, rec.owner_uid, 0)
+            if session_json is None and capture_session:
+                session_json = await self._session_for_checkpoint(rec)
+            check_session_state(session_json, self.max_session_state, uid=rec.owner_uid, sandbox=rec.name)
+            with accounting.journal() as written:
+                async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
+                    return await self._take_locked(
+                        rec, kind=kind, turn=turn, label=label, session_json=session_json, pair=pair, on_phase=on_phase
+                    )
         except StalePairing:
+            await self.release_unpublished(written)
             raise
         except CrabError as exc:
             log_path = str(exc.attrs.get("log_path") or "")
             await asyncio.to_thread(
                 self.catalog.record_failure, rec.id, rec.turn if turn is None else turn, kind, exc.message, log_path
             )
+            await self.release_unpublished(written)
             raise
+        except BaseException:
+            # Cancelled, or a bug: still give back what this attempt stored (a crash is
+            # covered by the sweep at start-up, crabd/daemon/app.py).
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.release_unpublished(written))
+            raise
+
+    async def release_unpublished(self, written: set[str]) -> int:
+        """Remove the blobs a failed attempt wrote that nothing references; return bytes freed.
+
+        Under the store lock held exclusively, like every deletion: no other
+        checkpoint is then between "found this blob already stored" (it may
+        have adopted one of ours) and "published it", so a blob that is not
+        live now is referenced by nothing that will publish.
+        """
+        if not written:
+            return 0
+
+        def go() -> int:
+            return sum(self.blobs.remove(b) for b in sorted(written) if not self.catalog.is_live(b))
+
+        try:
+            async with self.store_lock.exclusive():
+                freed = await asyncio.to_thread(go)
+        except (OSError, CrabError) as exc:
+            # Never mask the attempt's own error; what is left is swept at the next start.
+            log.warning("releasing a failed checkpoint's blobs failed", extra={"error": str(exc)})
+            return 0
+        log.info("released a failed checkpoint's blobs", extra={"blobs": len(written), "freed": freed})
+        return freed
 
     def _previous_image(self, head: Head | None) -> str | None:
         """The nearest process image up the head's line (its pages are the likeliest duplicates)."""
@@ -326,6 +370,10 @@ class Checkpointer:
             # Writes after the thaw get a ctime of at least this (see scan.py's "racy" note).
             racy_ns=thawed_ns - TICK_NS,
         )
+        if self.store_quota is not None:
+            # Before anything becomes durable or visible: refused, it publishes nothing and
+            # take() releases what it wrote.
+            await asyncio.to_thread(self.store_quota, rec.owner_uid, new_bytes)
         p0 = time.monotonic()
         await asyncio.to_thread(self.make_durable, direct_refs(ckpt), info)
         stats.update(

@@ -14,6 +14,7 @@ import time
 
 from crabd.coordinator.runner import ChunkSink, Session, run_exec
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
+from crabd.coordinator.turns import check_session_state
 from crabd.errors import CrabError, InvalidRequest
 from crabd.models import ExecOutcome, SandboxRecord, TurnRecord
 from crabd.runtime import session_state
@@ -94,4 +95,7 @@ class Commands:
             raise InvalidRequest(f"sandbox {rec.name} has no open turn", hint="Call begin_turn() first.")
         session = await self.sandboxes.session_for(rec)
         state = await session.capture_state()
-        return self.sandboxes.turns.end(rec.id, current.number, state.to_json() if state else None)
+        text = state.to_json() if state else None
+        limit = self.sandboxes.cfg.quota.max_session_state_bytes
+        check_session_state(text, limit, uid=rec.owner_uid, sandbox=rec.name)
+        return self.sandboxes.turns.end(rec.id, current.number, text)

@@ -121,7 +121,7 @@ class SandboxManager:
         self.backend = backend
         self.init_binary = init_binary
         self.instance = instance
-        self.turns = TurnKeeper(registry)
+        self.turns = TurnKeeper(registry, keep=cfg.quota.turns_kept)
         self._live: dict[str, _Live] = {}
         self._create_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()

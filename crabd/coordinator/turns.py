@@ -4,6 +4,11 @@ A turn is the span of one agent action.  ``begin_turn`` opens one
 explicitly; a command arriving while no turn is open opens an *implicit*
 turn, so every command belongs to exactly one turn.  ``end_turn`` closes the
 open turn and stores the session's semantic state captured at that moment.
+
+Bounds ([quota] in crabd.toml, for every sandbox): a captured session state
+larger than ``max_session_state_bytes`` is refused (:func:`check_session_state`:
+the turn stays open, nothing is stored), and only the last ``turns_kept``
+turns of a sandbox are kept, with their commands (:meth:`Registry.prune_turns`).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from crabd.errors import QuotaExceeded
 from crabd.models import CommandRecord, ExecOutcome, TurnRecord
 from crabd.store.registry import Registry
 
@@ -18,9 +24,28 @@ from crabd.store.registry import Registry
 MAX_RECORDED_COMMAND = 4096
 
 
+def check_session_state(text: str | None, limit: int, *, uid: int, sandbox: str) -> None:
+    """Refuse a captured session state above ``limit`` bytes (it would go into the database whole)."""
+    size = len(text.encode("utf-8", "surrogateescape")) if text else 0
+    if size > limit:
+        raise QuotaExceeded(
+            f"the session state of sandbox {sandbox} is {size} bytes, more than the limit of {limit} "
+            "bytes stored per turn; nothing was stored",
+            uid=uid,
+            quota="max_session_state_bytes",
+            limit=limit,
+            used=0,
+            requested=size,
+            hint="Unset large shell variables or functions in the session (e.g. `unset BIG`), "
+            "or ask root to raise [quota] max_session_state_bytes.",
+        )
+
+
 class TurnKeeper:
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, *, keep: int = 1000) -> None:
         self.registry = registry
+        #: Turns kept per sandbox; older ones are pruned at each turn end.
+        self.keep = keep
 
     def current(self, sandbox_id: str) -> TurnRecord | None:
         turns = self.registry.list_turns(sandbox_id, limit=1)
@@ -37,6 +62,7 @@ class TurnKeeper:
 
     def end(self, sandbox_id: str, number: int, session_state_json: str | None) -> TurnRecord:
         self.registry.close_turn(sandbox_id, number, time.time(), session_state_json)
+        self.registry.prune_turns(sandbox_id, self.keep)
         for turn in self.registry.list_turns(sandbox_id, limit=1):
             if turn.number == number:
                 return turn

@@ -167,6 +167,9 @@ class Daemon:
         restorer.inspection = inspection
         self._recovery = Recovery(checkpointer, restorer)
         counts = await self._manager.adopt()
+        # Blobs of checkpoints a crash interrupted before publication, or that a delete, gc or
+        # restore dropped just before one: nothing references them, and before the server starts
+        # no checkpoint can be about to (see crabd/store/accounting.py).  A full gc, once.
         swept = await Housekeeper(checkpointer).reconcile()
         if swept.blobs_removed:
             log.warning("blobs left by an interrupted operation removed", extra={"blobs": swept.blobs_removed})

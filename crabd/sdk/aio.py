@@ -34,6 +34,7 @@ from crabd.sdk.models import (
     ExecResult,
     GcResult,
     OutputChunk,
+    QuotaUse,
     Recovered,
     SandboxInfo,
     Tree,
@@ -161,6 +162,10 @@ class AsyncClient:
 
     async def gc(self) -> GcResult:
         return GcResult.from_pb(await self._unary("GarbageCollect", pb.GcRequest(), timeout=3600.0))
+
+    async def quota(self, uid: int | None = None) -> QuotaUse:
+        """Use against the per-uid quotas: the caller's own, or (root) ``uid``'s."""
+        return QuotaUse.from_pb(await self._unary("GetQuota", pb.QuotaRequest(uid=uid)))
 
     async def verify(self) -> VerifyResult:
         return VerifyResult.from_pb(await self._unary("Verify", pb.VerifyRequest(), timeout=3600.0))

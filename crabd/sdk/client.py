@@ -39,6 +39,7 @@ from crabd.sdk.models import (
     ExecResult,
     GcResult,
     OutputChunk,
+    QuotaUse,
     Recovered,
     SandboxInfo,
     Tree,
@@ -186,6 +187,10 @@ class Client:
     def gc(self) -> GcResult:
         """Remove blobs nothing references (root only)."""
         return GcResult.from_pb(self._unary("GarbageCollect", pb.GcRequest(), timeout=3600.0))
+
+    def quota(self, uid: int | None = None) -> QuotaUse:
+        """Use against the per-uid quotas: the caller's own, or (root) ``uid``'s."""
+        return QuotaUse.from_pb(self._unary("GetQuota", pb.QuotaRequest(uid=uid)))
 
     def verify(self) -> VerifyResult:
         """Re-hash stored checkpoint data; name corrupt blobs and the checkpoints that need them."""

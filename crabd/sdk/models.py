@@ -421,6 +421,27 @@ class GcResult:
 
 
 @dataclass(frozen=True)
+class QuotaUse:
+    """One uid's use against its quotas ([quota] in crabd.toml; ``limited`` False: exempt)."""
+
+    uid: int
+    limited: bool
+    sandboxes: int
+    max_sandboxes: int
+    forks_in_flight: int
+    max_concurrent_forks: int
+    store_bytes: int
+    max_store_bytes: int
+    checkpoints: int
+    max_session_state_bytes: int
+    turns_kept: int
+
+    @classmethod
+    def from_pb(cls, m: pb.QuotaResponse) -> QuotaUse:
+        return cls(**{f: getattr(m, f) for f in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class BlobProblem:
     blob: str
     problem: str

@@ -44,6 +44,7 @@ from crabd.errors import (
     CrabError,
     InvalidRequest,
     PermissionDenied,
+    QuotaExceeded,
     RequestTooLarge,
     SandboxBusy,
     SandboxNotFound,
@@ -52,6 +53,7 @@ from crabd.models import Caller, CheckpointRecord, ExecOutcome, SandboxRecord, S
 from crabd.runtime import session_state
 from crabd.runtime.session_state import SessionState
 from crabd.service.limits import RequestLimits, fit_output
+from crabd.service.quota import Quotas, QuotaUse
 from crabd.store.maintenance import GcReport, VerifyReport
 from crabd.util import validate
 from crabd.util.faults import crash_point
@@ -100,6 +102,8 @@ class Service:
         self.inspection = inspection
         self.engine = engine
         self.limits = RequestLimits(cfg.limits)
+        self.quotas = Quotas(cfg.quota, checkpointer.db, lambda uid: len(sandboxes.list_sandboxes(uid)))
+        checkpointer.store_quota = self.quotas.check_store
         self.flow = TurnFlow(cfg.engine, engine, self.commands, inspection)
         self.housekeeping = Housekeeper(checkpointer)
         # The engine reports the store lock's waits with its own metrics (util/aiolock.py).
@@ -203,7 +207,8 @@ class Service:
         validate.env_vars(spec.env_vars)
         self._command_size(sum(len(k) + len(v) + 2 for k, v in spec.env_vars.items()), "the environment")
         spec = self.limits.resources(spec)
-        rec = await self.sandboxes.create(caller.uid, spec)
+        with self.quotas.new_sandboxes(caller.uid, 1):
+            rec = await self.sandboxes.create(caller.uid, spec)
         await self.inspection.watch(rec, None)
         try:
             await self.checkpoints.after_create(rec)
@@ -338,7 +343,9 @@ class Service:
     async def turns(self, caller: Caller, ref: str, limit: int) -> list[TurnRecord]:
         limit = validate.integer(limit, "limit", minimum=0)
         rec = self._lookup(caller, ref)
-        return self.sandboxes.registry.list_turns(rec.id, limit)
+        # 0 ("all") means all that are kept: never more rows than [quota] turns_kept.
+        kept = self.cfg.quota.turns_kept
+        return self.sandboxes.registry.list_turns(rec.id, min(limit, kept) if limit else kept)
 
     # --- checkpoints -------------------------------------------------------------------
 
@@ -384,7 +391,8 @@ class Service:
             ckpt = self.checkpoints.resolve_turn(rec, turn)
         if rec.turn_open and rec.state is SandboxState.RUNNING and self.restorer.ck.may_restore(rec, ckpt):
             # The state being replaced ends its turn first, so it stays restorable too.
-            with contextlib.suppress(SandboxBusy):
+            # A session state over its quota cannot be saved; it must not keep the sandbox from going back.
+            with contextlib.suppress(SandboxBusy, QuotaExceeded):
                 await self.flow.end_turn(rec, wait=True)
         return await self.restorer.restore(rec, ckpt)
 
@@ -399,6 +407,12 @@ class Service:
         if prefix and not prefix.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise InvalidRequest(f"invalid name prefix {prefix!r}: use letters, digits, '_', '.', '-'")
         n = validate.integer(n, "n (sandboxes to fork)", minimum=1, maximum=MAX_FORKS)
+        with self.quotas.new_sandboxes(caller.uid, n, fork=True):
+            return await self._fork(caller, ckpt_id, ref, n, prefix, turn)
+
+    async def _fork(
+        self, caller: Caller, ckpt_id: str, ref: str, n: int, prefix: str, turn: int | None
+    ) -> tuple[str, list[SandboxRecord]]:
         if ckpt_id:
             ckpt = self._checkpoint(caller, ckpt_id)
         elif ref:
@@ -463,6 +477,15 @@ class Service:
         visible = {r.id for r in self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)}
         every = await asyncio.to_thread(self.checkpoints.catalog.failures, None, limit=200)
         return [f for f in every if caller.is_root or f[0] in visible]
+
+    async def quota(self, caller: Caller, uid: int) -> QuotaUse:
+        """``uid``'s use against its quotas (-1: the caller's own; another uid's: root only)."""
+        uid = validate.integer(uid, "uid", minimum=-1, maximum=2**32 - 2)
+        if uid < 0:
+            uid = caller.uid
+        if uid != caller.uid and not caller.is_root:
+            raise PermissionDenied(f"only root may see another uid's quota (you are uid {caller.uid})", uid=caller.uid)
+        return await asyncio.to_thread(self.quotas.use, uid)
 
     async def recover(self, caller: Caller, ref: str) -> Recovered:
         rec = self._lookup(caller, ref)

@@ -89,6 +89,9 @@ CREATE TABLE IF NOT EXISTS checkpoints(
     racy_ns INTEGER NOT NULL DEFAULT 0, kept INTEGER NOT NULL DEFAULT 0, stats_json TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints(sandbox_id, created_at);
 CREATE INDEX IF NOT EXISTS checkpoints_parent ON checkpoints(parent_id);
+-- Per-uid store accounting (store/accounting.py): the SUM is answered from this index alone.
+CREATE INDEX IF NOT EXISTS checkpoints_owner_bytes
+    ON checkpoints(owner_uid, CAST(json_extract(stats_json, '$.new_bytes') AS INTEGER));
 CREATE TABLE IF NOT EXISTS heads(sandbox_id TEXT PRIMARY KEY, checkpoint_id TEXT NOT NULL, stat_blob TEXT,
     racy_ns INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS refs(owner TEXT NOT NULL, blob TEXT NOT NULL, PRIMARY KEY(owner, blob));

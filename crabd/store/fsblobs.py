@@ -47,6 +47,7 @@ from pathlib import Path
 import zstandard
 
 from crabd.errors import CorruptBlob, StoreError, StoreFull
+from crabd.store import accounting
 from crabd.store.blobs import PutResult, valid_address
 from crabd.util.faults import crash_point, write_point
 
@@ -125,6 +126,7 @@ class FileBlobStore:
             os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
             os.rename(tmp, target)
         self._trust(hex_)
+        accounting.note_written(hex_)  # so a failed checkpoint can release what it wrote
 
     # --- adoption of what is already there ------------------------------------
 

@@ -16,6 +16,9 @@ from dataclasses import asdict
 from crabd.models import CommandRecord, SandboxRecord, SandboxSpec, SandboxState, TurnRecord
 from crabd.store.db import Database, Tx
 
+#: Turns of a sandbox that keep their session state (see ``Registry.prune_turns``).
+SESSION_STATES_KEPT = 16
+
 
 def spec_from_json(text: str) -> SandboxSpec:
     data = json.loads(text)
@@ -317,6 +320,30 @@ class Registry:
                 ]
                 turns.append(self._row_to_turn(sandbox_id, tuple(row), commands))
             return turns
+
+    def prune_turns(self, sandbox_id: str, keep: int) -> int:
+        """Keep the sandbox's last ``keep`` turns (and their commands); return how many went.
+
+        Only the last :data:`SESSION_STATES_KEPT` keep their session state
+        (the latest one is what a revived session and a checkpoint fall back
+        on), so listing every kept turn stays bounded too.  Turn numbers go
+        on from the highest kept (``open_turn``), and checkpoints stay
+        addressable by id: a pruned turn's number just no longer resolves.
+        """
+        with self._tx() as db:
+            row = db.execute("SELECT COALESCE(MAX(number), 0) FROM turns WHERE sandbox_id=?", (sandbox_id,)).fetchone()
+            top = int(row[0])
+            db.execute(
+                "UPDATE turns SET session_state_json=NULL"
+                " WHERE sandbox_id=? AND number<=? AND session_state_json IS NOT NULL",
+                (sandbox_id, top - SESSION_STATES_KEPT),
+            )
+            if top <= keep:
+                return 0
+            db.execute("DELETE FROM commands WHERE sandbox_id=? AND turn<=?", (sandbox_id, top - keep))
+            return int(
+                db.execute("DELETE FROM turns WHERE sandbox_id=? AND number<=?", (sandbox_id, top - keep)).rowcount
+            )
 
     def latest_session_state(self, sandbox_id: str) -> str | None:
         with self._lock:

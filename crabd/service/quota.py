@@ -1,0 +1,160 @@
+"""Per-uid quotas ([quota] in crabd.toml; docs/security.md, "Quotas").
+
+What is counted, per uid (the owner of a sandbox or checkpoint, not whoever
+acts on it: root acting on a user's sandbox charges that user):
+
+* ``sandboxes``: sandboxes it owns, plus those its create and fork requests
+  are making right now (reserved before any work starts, so two concurrent
+  requests can never both pass the check and together exceed the limit);
+* ``forks``: sandboxes its in-flight fork requests are making (n per call);
+* ``store_bytes``: what its checkpoints added to the store
+  (``crabd/store/accounting.py``).  A checkpoint is refused up front when
+  the use is already at the limit, and again after storing (before
+  publication) when its own new bytes would take the use past it; what it
+  wrote is then released.  Checkpoints of one uid taken at the same moment
+  are checked independently, so together they may overshoot by what they
+  add; nothing more.
+
+All checks happen on the event loop with no ``await`` between check and
+reservation, which is what makes them atomic.  With ``exempt_root`` (the
+default) uid 0 is not limited; its use is still reported.  The session
+state and turn history bounds hold for every sandbox, root's included
+(``coordinator/turns.py``): they protect the daemon's database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from crabd.config import QuotaConfig
+from crabd.errors import QuotaExceeded
+from crabd.store import accounting
+from crabd.store.db import Database
+
+
+@dataclass(frozen=True)
+class QuotaUse:
+    """One uid's use against its limits (``limited`` False: exempt, limits shown for information)."""
+
+    uid: int
+    limited: bool
+    sandboxes: int
+    max_sandboxes: int
+    forks_in_flight: int
+    max_concurrent_forks: int
+    store_bytes: int
+    max_store_bytes: int
+    checkpoints: int
+    max_session_state_bytes: int
+    turns_kept: int
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+class Quotas:
+    def __init__(self, cfg: QuotaConfig, db: Database, owned: Callable[[int], int]) -> None:
+        self.cfg = cfg
+        self.db = db
+        #: Sandboxes ``uid`` owns now (the registry's count).
+        self._owned = owned
+        self._making: Counter[int] = Counter()
+        self._forking: Counter[int] = Counter()
+
+    def limited(self, uid: int) -> bool:
+        return not (uid == 0 and self.cfg.exempt_root)
+
+    # --- sandboxes and forks ----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def new_sandboxes(self, uid: int, n: int, *, fork: bool = False) -> Iterator[None]:
+        """Reserve ``n`` sandboxes (and, for a fork, ``n`` fork slots) for ``uid`` while the body runs."""
+        if self.limited(uid):
+            if fork and self._forking[uid] + n > self.cfg.max_concurrent_forks:
+                raise QuotaExceeded(
+                    f"uid {uid} is already forking {self._forking[uid]} sandboxes; {n} more would exceed "
+                    f"its limit of {self.cfg.max_concurrent_forks} sandboxes being forked at once",
+                    uid=uid,
+                    quota="max_concurrent_forks",
+                    limit=self.cfg.max_concurrent_forks,
+                    used=self._forking[uid],
+                    requested=n,
+                    hint="Wait for the forks in progress to finish, or fork fewer at a time.",
+                )
+            have = self._owned(uid) + self._making[uid]
+            if have + n > self.cfg.max_sandboxes:
+                raise QuotaExceeded(
+                    f"uid {uid} has {have} sandboxes; {n} more would exceed its limit of {self.cfg.max_sandboxes}",
+                    uid=uid,
+                    quota="max_sandboxes",
+                    limit=self.cfg.max_sandboxes,
+                    used=have,
+                    requested=n,
+                    hint="Remove sandboxes you no longer need (`crabctl rm`), or ask root to raise "
+                    "[quota] max_sandboxes.",
+                )
+        self._making[uid] += n
+        if fork:
+            self._forking[uid] += n
+        try:
+            yield
+        finally:
+            self._making[uid] -= n
+            if fork:
+                self._forking[uid] -= n
+            # Unary + drops the uids back at zero, so the counters never grow with uids seen.
+            self._making = +self._making
+            self._forking = +self._forking
+
+    # --- store bytes ------------------------------------------------------------------
+
+    def check_store(self, uid: int, adding: int) -> None:
+        """Refuse a checkpoint of ``uid``'s adding ``adding`` bytes past its limit (0: the up-front check).
+
+        Runs in a worker thread (it reads the database) as well as on the loop.
+        """
+        if not self.limited(uid):
+            return
+        used = accounting.store_bytes_used(self.db, uid)
+        limit = self.cfg.max_store_bytes
+        if used >= limit if adding == 0 else used + adding > limit:
+            raise QuotaExceeded(
+                f"uid {uid}'s checkpoints use {_size(used)} of the store"
+                + (f"; this one adds {_size(adding)}" if adding else "")
+                + f": past its limit of {_size(limit)} ({limit} bytes); nothing was stored for it",
+                uid=uid,
+                quota="max_store_bytes",
+                limit=limit,
+                used=used,
+                requested=adding,
+                hint="Delete checkpoints you no longer need (`crabctl checkpoint rm`), or ask root to raise "
+                "[quota] max_store_bytes.  Earlier checkpoints are intact and the sandbox keeps running.",
+            )
+
+    # --- report -----------------------------------------------------------------------
+
+    def use(self, uid: int) -> QuotaUse:
+        return QuotaUse(
+            uid=uid,
+            limited=self.limited(uid),
+            sandboxes=self._owned(uid) + self._making[uid],
+            max_sandboxes=self.cfg.max_sandboxes,
+            forks_in_flight=self._forking[uid],
+            max_concurrent_forks=self.cfg.max_concurrent_forks,
+            store_bytes=accounting.store_bytes_used(self.db, uid),
+            max_store_bytes=self.cfg.max_store_bytes,
+            checkpoints=accounting.checkpoint_count(self.db, uid),
+            max_session_state_bytes=self.cfg.max_session_state_bytes,
+            turns_kept=self.cfg.turns_kept,
+        )

@@ -1,0 +1,177 @@
+"""Per-uid quota accounting (crabd/service/quota.py, crabd/store/accounting.py), turn pruning, the blob journal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from crabd.api import errors as wire
+from crabd.config import QuotaConfig, load_config
+from crabd.coordinator.turns import check_session_state
+from crabd.errors import ConfigError, QuotaExceeded
+from crabd.models import CommandRecord, SandboxRecord, SandboxSpec, SandboxState
+from crabd.service.quota import Quotas
+from crabd.store import accounting
+from crabd.store.db import Database
+from crabd.store.fsblobs import FileBlobStore
+from crabd.store.registry import SESSION_STATES_KEPT, Registry
+
+
+def _add_checkpoint(d: Database, ckpt_id: str, uid: int, new_bytes: int | None) -> None:
+    stats = {} if new_bytes is None else {"new_bytes": new_bytes}
+    with d.lock:
+        d.conn.execute(
+            "INSERT INTO checkpoints(id, sandbox_id, sandbox_name, owner_uid, parent_id, branch, turn, kind,"
+            " created_at, label, image, spec_json, index_blob, delta_blob, session_blob, process_blob, racy_ns,"
+            " kept, stats_json) VALUES(?,?,?,?,NULL,0,0,'fs',?,'','img','{}','i','d',NULL,NULL,0,0,?)",
+            (ckpt_id, "sb", "sb", uid, time.time(), json.dumps(stats)),
+        )
+
+
+def test_store_bytes_charged_per_uid_as_the_sum_of_new_bytes(tmp_path: Path) -> None:
+    with Database(tmp_path / "r.db") as d:
+        _add_checkpoint(d, "ck-a", 1000, 300)
+        _add_checkpoint(d, "ck-b", 1000, 200)
+        _add_checkpoint(d, "ck-c", 1001, 7)
+        _add_checkpoint(d, "ck-old", 1000, None)  # stats without new_bytes count 0
+        assert accounting.store_bytes_used(d, 1000) == 500
+        assert accounting.store_bytes_used(d, 1001) == 7
+        assert accounting.store_bytes_used(d, 4242) == 0
+        assert accounting.checkpoint_count(d, 1000) == 3
+        # The sum is answered from its index (store/db.py), not by reading every checkpoint row.
+        with d.lock:
+            plan = d.conn.execute("EXPLAIN QUERY PLAN " + accounting.USED_SQL, (1000,)).fetchall()
+        assert "checkpoints_owner_bytes" in str(plan)
+
+
+def test_store_quota_refuses_at_and_past_the_limit_and_exempts_root(tmp_path: Path) -> None:
+    with Database(tmp_path / "r.db") as d:
+        q = Quotas(QuotaConfig(max_store_bytes=1000), d, lambda uid: 0)
+        _add_checkpoint(d, "ck-a", 1000, 600)
+        q.check_store(1000, 0)  # under: may start
+        q.check_store(1000, 400)  # exactly at the limit after: allowed
+        with pytest.raises(QuotaExceeded) as info:
+            q.check_store(1000, 401)
+        e = info.value
+        assert (e.quota, e.limit, e.used, e.requested, e.uid) == ("max_store_bytes", 1000, 600, 401, 1000)
+        assert "1000 bytes" in e.message
+        _add_checkpoint(d, "ck-b", 1000, 400)
+        with pytest.raises(QuotaExceeded):
+            q.check_store(1000, 0)  # at the limit: not even started
+        _add_checkpoint(d, "ck-r", 0, 10**12)
+        q.check_store(0, 10**12)  # root exempt by default
+        strict = Quotas(QuotaConfig(max_store_bytes=1000, exempt_root=False), d, lambda uid: 0)
+        with pytest.raises(QuotaExceeded):
+            strict.check_store(0, 0)
+
+
+def test_sandbox_reservations_count_requests_in_flight() -> None:
+    owned = {1000: 1}
+    q = Quotas(QuotaConfig(max_sandboxes=4, max_concurrent_forks=2), None, lambda uid: owned.get(uid, 0))  # type: ignore[arg-type]
+    with q.new_sandboxes(1000, 2, fork=True):
+        # A concurrent request sees the reservation: 1 owned + 2 being made.
+        with pytest.raises(QuotaExceeded) as info, q.new_sandboxes(1000, 2):
+            pass
+        assert info.value.quota == "max_sandboxes" and info.value.used == 3 and "limit of 4" in info.value.message
+        with pytest.raises(QuotaExceeded) as forks, q.new_sandboxes(1000, 1, fork=True):
+            pass
+        assert forks.value.quota == "max_concurrent_forks" and forks.value.limit == 2
+        with q.new_sandboxes(1000, 1):  # exactly the limit
+            pass
+        with q.new_sandboxes(2000, 4):  # other uids are counted apart
+            pass
+    # Released on exit, error or not.
+    with pytest.raises(RuntimeError), q.new_sandboxes(1000, 3):
+        raise RuntimeError("boom")
+    with q.new_sandboxes(1000, 3):
+        pass
+    assert not q._making and not q._forking
+    with q.new_sandboxes(0, 100, fork=True):  # root exempt
+        pass
+
+
+def test_quota_exceeded_crosses_the_wire_as_itself() -> None:
+    err = QuotaExceeded("past it", uid=5, quota="max_sandboxes", limit=2, used=2, requested=1)
+    code, _, md = wire.encode(err)
+    assert code.name == "RESOURCE_EXHAUSTED"
+
+    class Fake(Exception):
+        def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+            return md
+
+    back = wire.decode(Fake())  # type: ignore[arg-type]
+    assert isinstance(back, QuotaExceeded) and back.limit == 2 and back.quota == "max_sandboxes"
+
+
+def test_quota_config_section(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[quota]\nmax_sandboxes = 3\nturns_kept = 10\n")
+    got = load_config(cfg).quota
+    assert got.max_sandboxes == 3 and got.turns_kept == 10 and got.exempt_root
+    cfg.write_text("[quota]\nmax_sandbox = 3\n")
+    with pytest.raises(ConfigError):
+        load_config(cfg)
+    cfg.write_text("[quota]\nmax_session_state_bytes = 134217728\n")  # above what a turn may ever store
+    with pytest.raises(ConfigError):
+        load_config(cfg)
+
+
+def test_session_state_above_the_limit_is_refused() -> None:
+    check_session_state(None, 10, uid=1, sandbox="sb")
+    check_session_state("x" * 10, 10, uid=1, sandbox="sb")
+    with pytest.raises(QuotaExceeded) as info:
+        check_session_state("é" * 6, 10, uid=1, sandbox="sb")  # 12 bytes in UTF-8
+    assert info.value.requested == 12 and "limit of 10 bytes" in info.value.message
+
+
+def _sandbox(reg: Registry, sid: str) -> None:
+    spec = SandboxSpec(env="busybox", name=sid)
+    reg.insert_sandbox(SandboxRecord(sid, sid, 0, spec, "img", "", SandboxState.RUNNING, time.time()))
+
+
+def test_old_turns_are_pruned_with_their_commands(tmp_path: Path) -> None:
+    with Database(tmp_path / "r.db") as d:
+        reg = Registry(d)
+        _sandbox(reg, "a")
+        _sandbox(reg, "b")
+        for _ in range(SESSION_STATES_KEPT + 10):
+            t = reg.open_turn("a", time.time(), implicit=False)
+            reg.add_command("a", t.number, CommandRecord(1, "exec", "true", 0, False, time.time(), 0.1, 0, 0))
+            reg.close_turn("a", t.number, time.time(), '{"big": "state"}')
+            reg.prune_turns("a", SESSION_STATES_KEPT + 5)
+        reg.open_turn("b", time.time(), implicit=False)
+        reg.prune_turns("b", 1)
+        turns = reg.list_turns("a")
+        top = SESSION_STATES_KEPT + 10
+        assert [t.number for t in turns] == list(range(6, top + 1))
+        assert all(len(t.commands) == 1 for t in turns)
+        with d.lock:
+            cmds = d.conn.execute("SELECT COUNT(*) FROM commands WHERE sandbox_id='a'").fetchone()[0]
+        assert cmds == SESSION_STATES_KEPT + 5
+        # Only the newest turns keep a session state; the latest is what fallbacks use.
+        assert [t.number for t in turns if t.session_state_json] == list(range(top - SESSION_STATES_KEPT + 1, top + 1))
+        assert reg.latest_session_state("a") == '{"big": "state"}'
+        # Numbers go on from the highest kept; another sandbox is untouched.
+        assert reg.open_turn("a", time.time(), implicit=False).number == top + 1
+        assert [t.number for t in reg.list_turns("b")] == [1]
+
+
+def test_journal_records_blobs_written_in_worker_threads(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "blobs")
+    existing = store.put_bytes(b"already there").hex
+
+    async def attempt() -> set[str]:
+        with accounting.journal() as written:
+            await asyncio.to_thread(store.put_bytes, b"new one")
+            await asyncio.to_thread(store.put_pieces, [b"new ", b"two"])
+            await asyncio.to_thread(store.put_bytes, b"already there")  # adopted: not ours to release
+        return written
+
+    written = asyncio.run(attempt())
+    assert existing not in written and len(written) == 2
+    store.put_bytes(b"outside any journal")  # no journal open: recorded nowhere
+    assert len(written) == 2
