@@ -242,7 +242,7 @@ class DockerSandboxBackend:
             # restore nobody brings its loopback up (runc does that only in a
             # fresh container's init; CRIU is told to leave the netns empty).
             try:
-                netns.loopback_up(st.pid)
+                netns.loopback_up(netns.Netns(st.pid, container_id))
             except OSError as exc:
                 raise DockerError(f"restored container {container_id[:12]}: cannot bring up loopback: {exc}") from exc
 

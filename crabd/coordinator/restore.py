@@ -54,6 +54,7 @@ from crabd.runtime.session_state import SessionState
 from crabd.store.fsblobs import store_error
 from crabd.store.registry import spec_from_json
 from crabd.util.faults import crash_point, write_point
+from crabd.util.netns import Netns
 
 log = logging.getLogger("crabd.restore")
 
@@ -110,7 +111,7 @@ class Restorer:
         """
 
         async def connect() -> InitConnection:
-            return await InitConnection.open(netns=f"/proc/{st.pid}/ns/net")
+            return await InitConnection.open(netns=Netns(st.pid, container_id))
 
         session = Session(connect, env_dict(st.env), rec.spec.workdir)
         session.probe = self.sandboxes.session_probe(container_id, rec.id)

@@ -47,6 +47,7 @@ from crabd.runtime.session_state import SessionState
 from crabd.store.registry import Registry
 from crabd.util import validate
 from crabd.util.faults import crash_point
+from crabd.util.netns import Netns
 
 log = logging.getLogger("crabd.sandboxes")
 
@@ -193,7 +194,7 @@ class SandboxManager:
             await live.gate.wait()  # a process dump is running: wait for it
             live.opened()
             try:
-                conn = await InitConnection.open(netns=f"/proc/{pid}/ns/net")
+                conn = await InitConnection.open(netns=Netns(pid, rec.container_id))
             except InitUnavailable as exc:
                 live.closed()
                 await self._running(rec)  # raises SandboxDead if that is why
@@ -355,7 +356,7 @@ class SandboxManager:
                     reason=st.error or "exited during start",
                 )
             try:
-                conn = await InitConnection.open(netns=f"/proc/{st.pid}/ns/net")
+                conn = await InitConnection.open(netns=Netns(st.pid, container_id))
                 async with conn:
                     await conn.hello()
                 return st

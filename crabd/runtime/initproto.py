@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import socket
 import struct
@@ -34,6 +33,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from crabd.errors import InitProtocolError, InitSpawnError, InitUnavailable
+from crabd.util.netns import Netns
+from crabd.util.netns import enter as enter_netns
 
 # Request types
 HELLO, SPAWN, STDIN, STDIN_CLOSE, SIGNAL, ATTACH, DETACH, LIST, FORGET = range(1, 10)
@@ -53,7 +54,6 @@ MAX_FRAME = (1 << 20) + 64
 #: Largest data payload crabd sends in one STDIN frame.
 STDIN_CHUNK = 256 * 1024
 KEEP = 0xFFFFFFFF
-CLONE_NEWNET = 0x40000000
 DEFAULT_SOCKET = "crab-init"
 
 
@@ -206,19 +206,10 @@ def _parse_error(payload: bytes) -> InitSpawnError:
     return InitSpawnError(f"init refused the request: {msg}", errno=err, init_message=msg)
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _connect_in_netns(netns: str | None, name: str) -> socket.socket:
-    """Create and connect the socket inside ``netns`` (on the calling thread)."""
-    if netns is not None:
-        fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if _libc.setns(fd, CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"setns({netns}): {os.strerror(err)}")
-        finally:
-            os.close(fd)
+def _connect_in_netns(ns: Netns | None, name: str) -> socket.socket:
+    """Create and connect the socket inside ``ns`` (on the calling thread)."""
+    if ns is not None:
+        enter_netns(ns)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         sock.connect("\0" + name)
@@ -229,7 +220,7 @@ def _connect_in_netns(netns: str | None, name: str) -> socket.socket:
     return sock
 
 
-async def _socket_in_netns(netns: str | None, name: str, timeout: float) -> socket.socket:
+async def _socket_in_netns(netns: Netns | None, name: str, timeout: float) -> socket.socket:
     if netns is None:
         return _connect_in_netns(None, name)
     loop = asyncio.get_running_loop()
@@ -272,7 +263,7 @@ class InitConnection:
 
     @classmethod
     async def open(
-        cls, sock_name: str = DEFAULT_SOCKET, netns: str | None = None, timeout: float = 5.0
+        cls, sock_name: str = DEFAULT_SOCKET, netns: Netns | None = None, timeout: float = 5.0
     ) -> InitConnection:
         try:
             sock = await _socket_in_netns(netns, sock_name, timeout)

@@ -3,17 +3,30 @@
 ``setns(CLONE_NEWNET)`` changes the namespace of the calling *thread*, so the
 work runs on a throwaway thread that enters the namespace and then ends;
 no other code of crabd ever runs in the wrong namespace.
+
+The namespace is reached through a *pidfd*, never through ``/proc/<pid>``
+alone: a sandbox's init can die and its pid be given to a host process
+between Docker reporting the pid and crabd opening ``/proc/<pid>/ns/net``,
+and crabd would then enter the host's network namespace (and, say, talk to
+whatever listens on ``@crab-init`` there).  So :func:`enter` opens a pidfd
+first, then checks that the process is in the sandbox's container (its
+cgroup names the container id), then calls ``setns`` on the pidfd itself
+(Linux >= 5.8).  A pidfd keeps naming the process it was opened for: if that
+process died after the check, ``setns`` fails with ESRCH instead of
+entering anything else.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import socket
 import struct
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -26,19 +39,42 @@ IFF_UP = 0x1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def in_netns(pid: int, work: Callable[[], T], timeout: float = 10.0) -> T:
-    """Run ``work`` inside the network namespace of process ``pid`` and return its result."""
+@dataclass(frozen=True)
+class Netns:
+    """The network namespace of ``pid``, as long as that process belongs to the container ``container_id``."""
+
+    pid: int
+    container_id: str
+
+    def __str__(self) -> str:
+        return f"the netns of pid {self.pid} (container {self.container_id[:12]})"
+
+
+def enter(ns: Netns) -> None:
+    """Move the calling thread into ``ns`` (see the module's docstring for why through a pidfd)."""
+    pidfd = os.pidfd_open(ns.pid)
+    try:
+        try:
+            with open(f"/proc/{ns.pid}/cgroup", encoding="utf-8", errors="replace") as f:
+                cgroups = f.read()
+        except OSError as exc:
+            raise OSError(errno.ESRCH, f"pid {ns.pid} is gone") from exc
+        if not ns.container_id or ns.container_id not in cgroups:
+            raise OSError(errno.ESRCH, f"pid {ns.pid} is not container {ns.container_id[:12]}'s (pid reused?)")
+        if _libc.setns(pidfd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({ns}): {os.strerror(err)}")
+    finally:
+        os.close(pidfd)
+
+
+def in_netns(ns: Netns, work: Callable[[], T], timeout: float = 10.0) -> T:
+    """Run ``work`` inside the network namespace ``ns`` and return its result."""
     box: dict[str, object] = {}
 
     def run() -> None:
         try:
-            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns(/proc/{pid}/ns/net): {os.strerror(err)}")
-            finally:
-                os.close(fd)
+            enter(ns)
             box["value"] = work()
         except BaseException as exc:  # handed to the caller
             box["error"] = exc
@@ -47,14 +83,14 @@ def in_netns(pid: int, work: Callable[[], T], timeout: float = 10.0) -> T:
     t.start()
     t.join(timeout)
     if t.is_alive():
-        raise TimeoutError(f"work in the network namespace of {pid} did not finish in {timeout:g} s")
+        raise TimeoutError(f"work in {ns} did not finish in {timeout:g} s")
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
 
 
-def loopback_up(pid: int) -> bool:
-    """Bring ``lo`` up in the namespace of ``pid`` (the kernel then adds 127.0.0.1 and ::1).
+def loopback_up(ns: Netns) -> bool:
+    """Bring ``lo`` up in ``ns`` (the kernel then adds 127.0.0.1 and ::1).
 
     Returns True if it was down.
     """
@@ -68,4 +104,4 @@ def loopback_up(pid: int) -> bool:
             fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
             return True
 
-    return in_netns(pid, work)
+    return in_netns(ns, work)

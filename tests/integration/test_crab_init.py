@@ -24,6 +24,7 @@ from crabd.errors import InitSpawnError, InitUnavailable
 from crabd.host import images
 from crabd.runtime import initbin, session_proto
 from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
+from crabd.util.netns import Netns
 
 T = TypeVar("T")
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
@@ -263,18 +264,17 @@ def test_pid1_in_a_container(crab_tmp: Path) -> None:
         timeout=60,
     )
     try:
-        pid = int(
-            subprocess.run(
-                ["docker", "inspect", "-f", "{{.State.Pid}}", cname],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=True,
-            ).stdout
-        )
+        pid_text, cid = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Pid}} {{.Id}}", cname],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
+        ns = Netns(int(pid_text), cid)
 
         async def go() -> bytes:
-            async with await InitConnection.open(netns=f"/proc/{pid}/ns/net") as c:
+            async with await InitConnection.open(netns=ns) as c:
                 assert (await c.hello()).pid == 1
                 await c.spawn(SpawnSpec(argv=["sh", "-c", "cat /proc/self/stat"], env=ENV))
                 out, _, _ = await collect(c)
@@ -286,7 +286,7 @@ def test_pid1_in_a_container(crab_tmp: Path) -> None:
         async def peek() -> tuple[bytes, bytes]:
             # Root in the container, Docker's default capabilities (no CAP_SYS_PTRACE):
             # init is not dumpable, so its memory, environment and fds are closed to it.
-            async with await InitConnection.open(netns=f"/proc/{pid}/ns/net") as c:
+            async with await InitConnection.open(netns=ns) as c:
                 script = "cat /proc/1/environ >/dev/null && echo env; readlink /proc/1/fd/0 >/dev/null && echo fd"
                 script += "; id -u"
                 await c.spawn(SpawnSpec(argv=["sh", "-c", script], env=ENV))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 from pathlib import Path
 
@@ -132,3 +134,15 @@ def test_recovery_loses_turns_from_the_first_that_changed_after_the_checkpoint()
     # Under a fixed policy ("none") every later turn is lost.
     assert lost_turns(turns("none", "none", "none"), ck(1), sb) == [2, 3]
     assert lost_turns(turns("done"), ck(1), sb) == []
+
+
+def test_a_namespace_is_entered_only_through_a_process_of_the_container() -> None:
+    # A pid that is not (or no longer) the container's is refused before setns: a reused pid of a
+    # host process must never lead crabd into the host's network namespace.
+    from crabd.util import netns
+
+    with pytest.raises(OSError, match="not container 0123456789ab") as exc:
+        netns.enter(netns.Netns(os.getpid(), "0123456789ab" * 5 + "cdef"))
+    assert exc.value.errno == errno.ESRCH
+    with pytest.raises(OSError):
+        netns.enter(netns.Netns(2**22 + 12345, "0123456789ab"))  # no such process: pidfd_open fails
