@@ -172,7 +172,7 @@ class Daemon:
         # no checkpoint can be about to (see crabd/store/accounting.py).  A full gc, once.
         swept = await Housekeeper(checkpointer).reconcile()
         if swept.blobs_removed:
-            log.warning("blobs left by an interrupted operation removed", extra={"blobs": swept.blobs_removed})
+            log.warning("orphaned blobs reclaimed", extra={"blobs": swept.blobs_removed, "freed": swept.bytes_freed})
         lost = await asyncio.to_thread(
             self._registry.lose_pending_turns, "crabd stopped before this turn's checkpoint was taken"
         )
