@@ -24,7 +24,8 @@ def ask_repl():
     for _ in range(50):
         for line in open("/tmp/repl.out", errors="replace"):
             line = line.lstrip("> .")
-            if line.startswith("VERIFY "):
+            # Only a whole line: the REPL may be writing it right now.
+            if line.startswith("VERIFY ") and line.endswith("\n"):
                 _, n, rest = line.strip().split(" ", 2)
                 return int(n), json.loads(rest)
         time.sleep(0.1)
