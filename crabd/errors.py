@@ -7,14 +7,66 @@ OS errors) are translated into these at the boundary where they occur, with
 ``raise ... from exc`` so the original stays attached.
 
 Every error has a ``hint``: one sentence telling the user what to do next.
-Across gRPC an error travels as a status code plus ``(kind, message, hint,
-attrs)`` details, and the SDK re-raises the same class (see
+A class that carries data says so in a keyword-only constructor
+(``SandboxBusy(message, sandbox=...)``), so mypy checks every raise site; the
+constructor's keywords (less ``hint``) are the class's :attr:`CrabError.fields`.
+Every subclass registers itself by name when it is defined; across gRPC an
+error travels as a status code plus ``(kind, message, hint, attrs)`` details,
+and the SDK re-raises the same class through the same constructor (see
 :func:`error_class` and ``crabd.api.errors``).
+
+The hierarchy (``tests/unit/test_errors.py`` checks that it lists every class,
+each under its parent)::
+
+    CrabError: anything crab raises on purpose (a bug's error is plain CrabError)
+        ConfigError: the configuration file or a setting is invalid
+        HostError: the host lacks something crab needs (root, a kernel feature, a tool)
+        CommandError: a host subprocess failed
+            CommandTimeout: a host subprocess did not finish in time
+        InvalidRequest: a request is malformed; nothing was changed
+            RequestTooLarge: a command, input or setting exceeds a configured limit
+            SessionCommandError: a session command cannot be sent as given
+            SessionStateError: a session state capture or document is malformed
+        QuotaExceeded: a per-uid quota refuses the request
+        NotFound: an id or name does not exist (or is not visible to the caller)
+            SandboxNotFound: no sandbox with this id or name
+            CheckpointNotFound: no checkpoint with this id
+        AlreadyExists: a name is already taken
+        Unauthenticated: the caller of crabd's socket could not be identified
+        PermissionDenied: the caller may not act on this object
+        SandboxDead: the sandbox's container is no longer running
+        SandboxBusy: the sandbox (or its session) is busy with another operation
+        InitUnavailable: crab's init inside the sandbox cannot be reached
+        InitProtocolError: crab's init broke the protocol
+        InitSpawnError: crab's init refused to start a process
+        SessionProcessError: the session bash's process state cannot be read or set
+        StoreError: the checkpoint store failed
+            StoreFull: no space left for checkpoint data
+            StoreBusy: the store lock could not be taken in time
+            CorruptBlob: a stored blob does not match its hash
+            TooManyEntries: a sandbox's tree exceeds a checkpoint bound
+            UnsafeEntry: a checkpoint entry would write outside its tree
+        DaemonUnavailable: the SDK cannot reach crabd
+        DockerError: the Docker engine refused or failed a request
+        ImageError: a sandbox image is missing or could not be built
+        DumpError: a process dump or restore failed (the CRIU domain)
+            CriuError: CRIU ran and refused; carries its log's path and tail
+            CriuImageInvalid: a CRIU image file does not parse as crab expects
+            IncompleteDump: a dump would leave out processes of the sandbox
+        BpfError: bcc could not compile, load or attach a probe
+        StalePairing: a filesystem checkpoint's process image went stale (internal)
+        EngineStopped: crabd stopped before a queued checkpoint was taken
+        CheckpointFailed: a turn end's checkpoint failed in the background
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
 from typing import Any, ClassVar
+
+#: Every CrabError class by name: the ``kind`` an error crosses gRPC under.
+_REGISTRY: dict[str, type[CrabError]] = {}
 
 
 class CrabError(Exception):
@@ -24,31 +76,72 @@ class CrabError(Exception):
     grpc_code: ClassVar[str] = "INTERNAL"
     #: Default advice; instances may override it.
     default_hint: ClassVar[str] = "Run `crabctl doctor` and check the crabd log."
+    #: The data this class carries: its constructor's keywords less ``hint``
+    #: (derived in ``__init_subclass__``, so the two cannot drift apart).
+    fields: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, message: str, *, hint: str | None = None, **attrs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Register ``cls`` under its name and derive its :attr:`fields`."""
+        super().__init_subclass__(**kwargs)
+        # Names are the wire's kinds: two classes of one name would re-raise as each other.
+        known = _REGISTRY.get(cls.__name__)
+        if known is not None and known.__module__ != cls.__module__:
+            raise TypeError(f"CrabError {cls.__name__} is defined in {known.__module__} and {cls.__module__}")
+        _REGISTRY[cls.__name__] = cls
+        params = inspect.signature(cls.__init__).parameters.values()
+        cls.fields = tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name != "hint")
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint if hint is not None else self.default_hint
-        self.attrs: dict[str, Any] = attrs
-        for key, value in attrs.items():
-            setattr(self, key, value)
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The error's data, by field name (what crosses the wire besides message and hint)."""
+        return {name: getattr(self, name) for name in self.fields}
 
     def __str__(self) -> str:
         return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's default pickles only args, which the keyword-only constructors refuse.
+        return _rebuild, (type(self), self.message, self.hint, self.attrs)
 
     def describe(self) -> str:
         """The message plus the hint, as shown to a person."""
         return f"{self.message}\nhint: {self.hint}" if self.hint else self.message
 
 
+def _rebuild(cls: type[CrabError], message: str, hint: str, attrs: dict[str, Any]) -> CrabError:
+    return cls(message, hint=hint, **attrs)
+
+
+_REGISTRY[CrabError.__name__] = CrabError
+
+
+def error_class(name: str) -> type[CrabError]:
+    """The error class called ``name``, or :class:`CrabError` if unknown."""
+    return _REGISTRY.get(name, CrabError)
+
+
+def registered() -> dict[str, type[CrabError]]:
+    """Every error class by name (a copy)."""
+    return dict(_REGISTRY)
+
+
 # --- configuration and host ---------------------------------------------------
 
 
 class ConfigError(CrabError):
-    """The configuration file or a setting is invalid."""
+    """The configuration file or a setting is invalid.  Attribute: ``path`` (the file, "" if none)."""
 
     grpc_code = "INVALID_ARGUMENT"
     default_hint = "Fix the named setting in crabd.toml (see docs/config.md)."
+
+    def __init__(self, message: str, *, path: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
 
 
 class HostError(CrabError):
@@ -64,11 +157,15 @@ class CommandError(CrabError):
     Attributes: ``argv``, ``exit_code`` (None on timeout), ``stderr`` (tail).
     """
 
-    argv: tuple[str, ...]
-    exit_code: int | None
-    stderr: str
-
     default_hint = "Read the stderr excerpt above; the command is shown exactly as crab ran it."
+
+    def __init__(
+        self, message: str, *, argv: Sequence[str], exit_code: int | None, stderr: str, hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.argv = tuple(argv)
+        self.exit_code = exit_code
+        self.stderr = stderr
 
 
 class CommandTimeout(CommandError):
@@ -91,9 +188,12 @@ class RequestTooLarge(InvalidRequest):
     """A command, input or setting exceeds a configured limit.  Attributes: ``limit``, ``size``."""
 
     grpc_code = "RESOURCE_EXHAUSTED"
-    limit: int
-    size: int
     default_hint = "Send less (e.g. write big inputs to a file in the sandbox), or raise the limit in crabd.toml."
+
+    def __init__(self, message: str, *, limit: int, size: int, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.limit = limit
+        self.size = size
 
 
 class QuotaExceeded(CrabError):
@@ -104,12 +204,17 @@ class QuotaExceeded(CrabError):
     """
 
     grpc_code = "RESOURCE_EXHAUSTED"
-    uid: int
-    quota: str
-    limit: int
-    used: int
-    requested: int
     default_hint = "See `crabctl quota`; free some (remove sandboxes, delete checkpoints) or ask root to raise it."
+
+    def __init__(
+        self, message: str, *, uid: int, quota: str, limit: int, used: int, requested: int, hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.uid = uid
+        self.quota = quota
+        self.limit = limit
+        self.used = used
+        self.requested = requested
 
 
 class NotFound(CrabError):
@@ -122,22 +227,46 @@ class NotFound(CrabError):
 class SandboxNotFound(NotFound):
     """No sandbox with this id or name.  Attribute: ``sandbox``."""
 
-    sandbox: str
+    def __init__(self, message: str, *, sandbox: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.sandbox = sandbox
 
 
 class AlreadyExists(CrabError):
     """A name is already taken.  Attribute: ``name``."""
 
     grpc_code = "ALREADY_EXISTS"
-    name: str
     default_hint = "Pick another name, or remove the existing one first."
+
+    def __init__(self, message: str, *, name: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.name = name
+
+
+class Unauthenticated(CrabError):
+    """The caller of crabd's socket could not be identified (it did not come through the public socket)."""
+
+    grpc_code = "UNAUTHENTICATED"
+    default_hint = "Connect through crabd's public socket."
 
 
 class PermissionDenied(CrabError):
-    """The caller may not act on this object.  Attributes: ``uid``, ``sandbox``."""
+    """The caller may not act on this object.
+
+    Attributes: ``uid`` (-1 when the caller could not be identified), and
+    ``sandbox`` or ``checkpoint`` when the refusal concerns one ("" otherwise).
+    """
 
     grpc_code = "PERMISSION_DENIED"
     default_hint = "Only the sandbox's owner and root may use it; run as that user."
+
+    def __init__(
+        self, message: str, *, uid: int, sandbox: str = "", checkpoint: str = "", hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.uid = uid
+        self.sandbox = sandbox
+        self.checkpoint = checkpoint
 
 
 class SandboxDead(CrabError):
@@ -147,12 +276,25 @@ class SandboxDead(CrabError):
     """
 
     grpc_code = "FAILED_PRECONDITION"
-    sandbox: str
-    container_id: str
-    exit_code: int | None
-    oom_killed: bool
-    reason: str
     default_hint = "Inspect it with `crabctl ps`; remove it with `crabctl rm`, or recover it from a checkpoint."
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sandbox: str,
+        container_id: str = "",
+        exit_code: int | None = None,
+        oom_killed: bool = False,
+        reason: str = "",
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.sandbox = sandbox
+        self.container_id = container_id
+        self.exit_code = exit_code
+        self.oom_killed = oom_killed
+        self.reason = reason
 
 
 class SandboxBusy(CrabError):
@@ -161,12 +303,20 @@ class SandboxBusy(CrabError):
     grpc_code = "FAILED_PRECONDITION"
     default_hint = "Wait for the running command to finish; one session runs one command at a time."
 
+    def __init__(self, message: str, *, sandbox: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.sandbox = sandbox
+
 
 class InitUnavailable(CrabError):
     """crab's init inside the sandbox cannot be reached.  Attribute: ``sandbox``."""
 
     grpc_code = "UNAVAILABLE"
     default_hint = "The sandbox's init may have died; check `crabctl ps` and recreate or recover the sandbox."
+
+    def __init__(self, message: str, *, sandbox: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.sandbox = sandbox
 
 
 class InitProtocolError(CrabError):
@@ -179,9 +329,12 @@ class InitSpawnError(CrabError):
     """crab's init refused a request.  Attributes: ``errno``, ``init_message``."""
 
     grpc_code = "FAILED_PRECONDITION"
-    errno: int
-    init_message: str
     default_hint = "Check the program path, working directory and user."
+
+    def __init__(self, message: str, *, errno: int, init_message: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.errno = errno
+        self.init_message = init_message
 
 
 class SessionCommandError(InvalidRequest):
@@ -195,9 +348,16 @@ class SessionStateError(InvalidRequest):
 
 
 class SessionProcessError(CrabError):
-    """crabd could not read (or set) the session bash's process state on the host: limits, descriptors."""
+    """crabd could not read (or set) the session bash's process state on the host: limits, descriptors.
+
+    Attribute: ``sandbox``.
+    """
 
     default_hint = "The session's bash may have ended meanwhile; run `crabctl doctor` if it persists."
+
+    def __init__(self, message: str, *, sandbox: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.sandbox = sandbox
 
 
 # --- checkpoint store and filesystem layers ------------------------------------
@@ -210,51 +370,71 @@ class StoreError(CrabError):
 
 
 class StoreFull(StoreError):
-    """No space left for checkpoint data.  Attribute: ``path``."""
+    """No space left for checkpoint data.  Attribute: ``path`` (where, "" if unknown)."""
 
     grpc_code = "RESOURCE_EXHAUSTED"
     default_hint = "Free disk space or run `crabctl gc`; earlier checkpoints are intact and the sandbox keeps running."
+
+    def __init__(self, message: str, *, path: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
 
 
 class StoreBusy(StoreError):
     """The store lock could not be taken in time (see ``util/aiolock.py``).  Attribute: ``waited_s``."""
 
     grpc_code = "ABORTED"
-    waited_s: float
     default_hint = "Checkpoints in progress kept the store busy; try again in a moment. Nothing was changed."
+
+    def __init__(self, message: str, *, waited_s: float, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.waited_s = waited_s
 
 
 class CorruptBlob(StoreError):
     """A stored blob does not match its hash.  Attributes: ``blob``, ``checkpoints``."""
 
     grpc_code = "DATA_LOSS"
-    blob: str
-    checkpoints: list[str]
     default_hint = "Run `crabctl verify` to list every affected checkpoint; restore from another one."
+
+    def __init__(self, message: str, *, blob: str, checkpoints: list[str], hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.blob = blob
+        self.checkpoints = checkpoints
 
 
 class CheckpointNotFound(NotFound):
     """No checkpoint with this id (or not visible to the caller).  Attribute: ``checkpoint``."""
 
-    checkpoint: str
     default_hint = "List checkpoints with `crabctl checkpoint ls SANDBOX`."
+
+    def __init__(self, message: str, *, checkpoint: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.checkpoint = checkpoint
 
 
 class TooManyEntries(StoreError):
     """A sandbox's tree exceeds a checkpoint bound (entries or depth).  Attribute: ``limit``."""
 
     grpc_code = "RESOURCE_EXHAUSTED"
-    limit: int
     default_hint = (
         "The sandbox holds more files (or deeper trees) than [checkpoint] max_entries / max_depth allow; "
         "clean up or raise the limit in crabd.toml.  The sandbox keeps running and earlier checkpoints are intact."
     )
+
+    def __init__(self, message: str, *, limit: int, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.limit = limit
 
 
 class UnsafeEntry(StoreError):
     """A checkpoint entry would write outside its tree.  Attribute: ``path``."""
 
     default_hint = "The checkpoint is refused as a whole; nothing was written outside the sandbox."
+
+    def __init__(self, message: str, *, path: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
 
 
 class DaemonUnavailable(CrabError):
@@ -263,50 +443,84 @@ class DaemonUnavailable(CrabError):
     grpc_code = "UNAVAILABLE"
     default_hint = "Start crabd (`systemctl start crabd`) or check the socket path and your membership of group crab."
 
+    def __init__(self, message: str, *, socket: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.socket = socket
+
 
 # --- Docker --------------------------------------------------------------------
 
 
 class DockerError(CrabError):
-    """The Docker engine refused or failed a request."""
+    """The Docker engine refused or failed a request.  Attribute: ``status`` (its HTTP status, if it answered)."""
 
     grpc_code = "UNAVAILABLE"
     default_hint = "Check that dockerd runs (`docker info`) and see its log."
+
+    def __init__(self, message: str, *, status: int | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
 
 
 class ImageError(CrabError):
     """A sandbox image is missing or could not be built.  Attribute: ``env``."""
 
-    env: str
-
     grpc_code = "NOT_FOUND"
     default_hint = "Build the env images with `make images` (or `crabctl env build`)."
 
+    def __init__(self, message: str, *, env: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.env = env
 
-# --- CRIU ----------------------------------------------------------------------
+
+# --- CRIU (process dumps and restores) -------------------------------------------
 
 
-class CriuError(CrabError):
-    """CRIU failed.  Attributes: ``log_path`` and ``log_excerpt`` when known."""
+class DumpError(CrabError):
+    """A process dump or restore failed: the parent of the CRIU domain (catch it for "any dump trouble")."""
 
     grpc_code = "FAILED_PRECONDITION"
-    log_path: str | None
-    log_excerpt: str
+    default_hint = "No checkpoint was made and the sandbox keeps running; `crabctl doctor` checks the CRIU install."
+
+
+class CriuError(DumpError):
+    """CRIU ran and refused.  Attributes: ``log_path`` (the kept log, None if there was none) and ``log_excerpt``."""
 
     default_hint = "Read the CRIU log named above; `crabctl doctor` checks the CRIU install."
 
+    def __init__(self, message: str, *, log_path: str | None, log_excerpt: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.log_path = log_path
+        self.log_excerpt = log_excerpt
 
-class IncompleteDump(CriuError):
+
+class CriuImageInvalid(DumpError):
+    """A CRIU image file does not parse (or is not the image crab expected).  Attribute: ``path``."""
+
+    default_hint = (
+        "The dump is unusable and no checkpoint was made; the sandbox keeps running. "
+        "Check that crab's CRIU is the version `crabctl doctor` expects."
+    )
+
+    def __init__(self, message: str, *, path: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+
+
+class IncompleteDump(DumpError):
     """A process dump would leave out processes of the sandbox.  Attribute: ``pids`` (inside the sandbox)."""
 
-    pids: list[int]
     default_hint = (
         "Start long-lived processes from the sandbox's session or with crab's exec (never `docker exec`), "
         "so they descend from the sandbox's init."
     )
 
+    def __init__(self, message: str, *, pids: list[int], hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.pids = pids
 
-# --- eBPF ----------------------------------------------------------------------
+
+# --- eBPF and the checkpoint engine ----------------------------------------------
 
 
 class BpfError(CrabError):
@@ -322,9 +536,12 @@ class StalePairing(CrabError):
     Internal: the turn end then takes a full checkpoint instead.  Attribute: ``sandbox``.
     """
 
-    sandbox: str
     grpc_code = "ABORTED"
     default_hint = "Take a full checkpoint (`crabctl checkpoint create --full SB`)."
+
+    def __init__(self, message: str, *, sandbox: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.sandbox = sandbox
 
 
 class EngineStopped(CrabError):
@@ -337,62 +554,11 @@ class EngineStopped(CrabError):
 class CheckpointFailed(CrabError):
     """A turn end's checkpoint failed in the background.  Attributes: ``sandbox``, ``turn``, ``cause`` (error kind)."""
 
-    sandbox: str
-    turn: int
-    cause: str
     grpc_code = "ABORTED"
     default_hint = "See `crabctl checkpoint failures SB`; the next turn end checkpoints again."
 
-
-_ALL: dict[str, type[CrabError]] = {}
-
-
-def register(cls: type[CrabError]) -> type[CrabError]:
-    """Make ``cls`` known to :func:`error_class` (for re-raising across gRPC)."""
-    _ALL[cls.__name__] = cls
-    return cls
-
-
-def error_class(name: str) -> type[CrabError]:
-    """The error class called ``name``, or :class:`CrabError` if unknown."""
-    return _ALL.get(name, CrabError)
-
-
-for _cls in (
-    CrabError,
-    ConfigError,
-    HostError,
-    CommandError,
-    CommandTimeout,
-    DockerError,
-    ImageError,
-    CriuError,
-    IncompleteDump,
-    BpfError,
-    StalePairing,
-    EngineStopped,
-    CheckpointFailed,
-    InvalidRequest,
-    RequestTooLarge,
-    QuotaExceeded,
-    NotFound,
-    SandboxNotFound,
-    AlreadyExists,
-    PermissionDenied,
-    SandboxDead,
-    SandboxBusy,
-    InitUnavailable,
-    InitProtocolError,
-    InitSpawnError,
-    SessionCommandError,
-    SessionStateError,
-    StoreError,
-    StoreFull,
-    StoreBusy,
-    CorruptBlob,
-    CheckpointNotFound,
-    TooManyEntries,
-    UnsafeEntry,
-    DaemonUnavailable,
-):
-    register(_cls)
+    def __init__(self, message: str, *, sandbox: str, turn: int, cause: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.sandbox = sandbox
+        self.turn = turn
+        self.cause = cause

@@ -34,7 +34,7 @@ from crabd.api.convert import (
 from crabd.api.peercred import CallerTable
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
-from crabd.errors import CrabError
+from crabd.errors import CrabError, Unauthenticated
 from crabd.models import Caller, ExecOutcome
 from crabd.service.service import Service
 
@@ -43,11 +43,6 @@ log = logging.getLogger("crabd.api")
 T = TypeVar("T")
 #: Output chunks queued per streaming call before the producer waits.
 STREAM_QUEUE = 64
-
-
-class Unauthenticated(CrabError):
-    grpc_code = "UNAUTHENTICATED"
-    default_hint = "Connect through crabd's public socket."
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], err: CrabError) -> None:

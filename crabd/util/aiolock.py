@@ -167,7 +167,7 @@ class RWLock:
                 raise StoreBusy(
                     f"the checkpoint store stayed busy for {timeout_s:g}s (checkpoints, restores or forks "
                     f"in progress); {what} did not run",
-                    waited_s=timeout_s,
+                    waited_s=timeout_s or 0.0,  # not None: only a deadline times out
                 )
             self._writer = True
             held_from = self.clock()

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crabd.errors import CriuError
+from crabd.errors import CriuImageInvalid
 
 COMMON_MAGIC = 0x54564319
 PSTREE_MAGIC = 0x50273030
@@ -70,18 +70,18 @@ def fields(msg: bytes) -> Iterator[tuple[int, int, int | bytes]]:
 def records(path: Path, magic: int) -> Iterator[bytes]:
     data = path.read_bytes()
     if len(data) < 8:
-        raise CriuError(f"CRIU image {path.name} is truncated", log_path=None, log_excerpt="")
+        raise CriuImageInvalid(f"CRIU image {path.name} is truncated", path=str(path))
     first, second = struct.unpack_from("<II", data)
     if first != COMMON_MAGIC or second != magic:
-        raise CriuError(f"{path.name} is not the CRIU image crab expected", log_path=None, log_excerpt="")
+        raise CriuImageInvalid(f"{path.name} is not the CRIU image crab expected", path=str(path))
     off = 8
     while off < len(data):
         if off + 4 > len(data):
-            raise CriuError(f"CRIU image {path.name} is truncated", log_path=None, log_excerpt="")
+            raise CriuImageInvalid(f"CRIU image {path.name} is truncated", path=str(path))
         (n,) = struct.unpack_from("<I", data, off)
         off += 4
         if n > MAX_RECORD or off + n > len(data):
-            raise CriuError(f"CRIU image {path.name} has a malformed record", log_path=None, log_excerpt="")
+            raise CriuImageInvalid(f"CRIU image {path.name} has a malformed record", path=str(path))
         yield data[off : off + n]
         off += n
 
@@ -115,5 +115,7 @@ def dumped_tasks(images_dir: Path) -> list[Task]:
                             threads.append(t)
             out.append(Task(pid, ppid, tuple(threads)))
     except (OSError, ValueError) as exc:
-        raise CriuError(f"cannot read the dump's process tree: {exc}", log_path=None, log_excerpt="") from exc
+        raise CriuImageInvalid(
+            f"cannot read the dump's process tree: {exc}", path=str(images_dir / "pstree.img")
+        ) from exc
     return out

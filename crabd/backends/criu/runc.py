@@ -144,7 +144,5 @@ class RuncDumper:
                 f"processes {listed} run in the sandbox but outside its init's process tree, so a restore would "
                 "lose them; no checkpoint was made",
                 pids=sorted(missing),
-                log_path=None,
-                log_excerpt="",
             )
         return DumpResult(images_dir, time.monotonic() - t0, tuple(sorted(dumped)))
