@@ -1,7 +1,8 @@
 """Sandboxes as Docker containers, through docker-py.
 
 Every Docker failure is translated into :class:`DockerError` (or a more
-specific CrabError) here, at the boundary.
+specific CrabError) here, at the boundary, by
+:func:`~crabd.backends.docker_errors.docker_errors`.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from typing import Any
 import docker
 import docker.errors
 import docker.types
-import requests
 
 from crabd.backends import cgroup_freezer
 from crabd.backends.criu.runc import log_excerpt
+from crabd.backends.docker_errors import docker_errors
 from crabd.backends.network import SANDBOX_SYSCTLS, SandboxNetwork
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus
 from crabd.config import NetworkConfig
-from crabd.errors import CriuError, DockerError, HostError, ImageError
+from crabd.errors import CriuError, DockerError, HostError
 from crabd.models import SandboxSpec
 from crabd.util import netns
 
@@ -95,13 +96,11 @@ class DockerSandboxBackend:
     ) -> None:
         self._root: Path | None = None
         self.criu_log_dir = criu_log_dir
-        try:
+        with docker_errors(f"cannot reach dockerd ({host or 'default socket'})"):
             if host:
                 self._client = docker.DockerClient(base_url=host, timeout=int(timeout_s))
             else:
                 self._client = docker.from_env(timeout=int(timeout_s))
-        except docker.errors.DockerException as exc:
-            raise DockerError(f"cannot reach dockerd ({host or 'default socket'}): {exc}") from exc
         self._api = self._client.api
         net_cfg = network if network is not None else NetworkConfig()
         self._network = SandboxNetwork(self._api, net_cfg) if net_cfg.isolate else None
@@ -109,29 +108,19 @@ class DockerSandboxBackend:
     def close(self) -> None:
         self._client.close()
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except docker.errors.ImageNotFound as exc:
-            raise ImageError(f"{what}: image not found: {exc.explanation}", env="") from exc
-        except docker.errors.APIError as exc:
-            raise DockerError(f"{what}: {exc.explanation or exc}", status=exc.status_code) from exc
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            raise DockerError(f"{what}: {exc}") from exc
-
     def server_version(self) -> str:
-        info = self._call("docker version", self._api.version)
+        with docker_errors("docker version"):
+            info = self._api.version()
         return str(info.get("Version", "?"))
 
     def image_exists(self, image: str) -> bool:
         inspect: Any = self._api.inspect_image  # untyped in types-docker
-        try:
-            inspect(image)
-            return True
-        except docker.errors.ImageNotFound:
-            return False
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            raise DockerError(f"inspect image {image}: {exc}") from exc
+        with docker_errors(f"inspect image {image}"):
+            try:
+                inspect(image)
+                return True
+            except docker.errors.ImageNotFound:
+                return False
 
     def create(
         self,
@@ -169,26 +158,26 @@ class DockerSandboxBackend:
         )
         hostname = _HOSTNAME_OK.sub("-", spec.name)[:63].strip("-") or sandbox_id[:12]
         env = [f"{k}={v}" for k, v in spec.env_vars.items()]
-        created = self._call(
-            "create container",
-            self._api.create_container,
-            image=image,
-            name=f"crab-{sandbox_id}" + (f"-{generation}" if generation else ""),
-            hostname=hostname,
-            entrypoint=[INIT_PATH_IN_SANDBOX],
-            command=[],
-            environment=env,
-            working_dir=spec.workdir or "/",
-            labels=labels,
-            host_config=host_config,
-            network_disabled=not spec.network,
-            stdin_open=False,
-            tty=False,
-        )
+        with docker_errors("create container"):
+            created = self._api.create_container(
+                image=image,
+                name=f"crab-{sandbox_id}" + (f"-{generation}" if generation else ""),
+                hostname=hostname,
+                entrypoint=[INIT_PATH_IN_SANDBOX],
+                command=[],
+                environment=env,
+                working_dir=spec.workdir or "/",
+                labels=labels,
+                host_config=host_config,
+                network_disabled=not spec.network,
+                stdin_open=False,
+                tty=False,
+            )
         return str(created["Id"])
 
     def upper_dir(self, container_id: str) -> Path:
-        attrs = self._call("inspect container", self._api.inspect_container, container_id)
+        with docker_errors("inspect container"):
+            attrs = self._api.inspect_container(container_id)
         driver = attrs.get("GraphDriver") or {}
         if driver.get("Name") != "overlay2":
             raise HostError(
@@ -209,7 +198,8 @@ class DockerSandboxBackend:
 
     def _docker_root(self) -> Path:
         if self._root is None:
-            info = self._call("docker info", self._api.info)
+            with docker_errors("docker info"):
+                info = self._api.info()
             self._root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
         return self._root
 
@@ -224,16 +214,17 @@ class DockerSandboxBackend:
 
     def start(self, container_id: str, checkpoint: str = "") -> None:
         if not checkpoint:
-            self._call("start container", self._api.start, container_id)
+            with docker_errors("start container"):
+                self._api.start(container_id)
             return
         api: Any = self._api  # docker-py's start() has no checkpoint parameter; the HTTP API does
         try:
-            res = api._post(api._url("/containers/{0}/start", container_id), params={"checkpoint": checkpoint})
-            api._raise_for_status(res)
-        except docker.errors.APIError as exc:
-            raise self._restore_error(container_id, str(exc.explanation or exc)) from exc
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            raise DockerError(f"start container {container_id[:12]} from a checkpoint: {exc}") from exc
+            with docker_errors(f"start container {container_id[:12]} from a checkpoint"):
+                try:
+                    res = api._post(api._url("/containers/{0}/start", container_id), params={"checkpoint": checkpoint})
+                    api._raise_for_status(res)
+                except docker.errors.APIError as exc:  # the engine answered: CRIU refused the restore
+                    raise self._restore_error(container_id, str(exc.explanation or exc)) from exc
         finally:
             shutil.rmtree(self._docker_root() / "containers" / container_id / "checkpoints", ignore_errors=True)
         st = self.status(container_id)
@@ -264,42 +255,38 @@ class DockerSandboxBackend:
         )
 
     def status(self, container_id: str) -> ContainerStatus:
-        try:
-            attrs = self._api.inspect_container(container_id)
-        except docker.errors.NotFound:
-            return ContainerStatus(exists=False)
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            raise DockerError(f"inspect container {container_id[:12]}: {exc}") from exc
+        with docker_errors(f"inspect container {container_id[:12]}"):
+            try:
+                attrs = self._api.inspect_container(container_id)
+            except docker.errors.NotFound:
+                return ContainerStatus(exists=False)
         return _status(attrs)
 
     def stop(self, container_id: str, timeout_s: float) -> None:
-        self._call("stop container", self._api.stop, container_id, timeout=max(0, int(timeout_s)))
+        with docker_errors("stop container"):
+            self._api.stop(container_id, timeout=max(0, int(timeout_s)))
 
     def remove(self, container_id: str) -> None:
-        try:
-            self._api.remove_container(container_id, force=True, v=True)
-        except docker.errors.NotFound:
-            return
-        except docker.errors.APIError as exc:
-            if exc.status_code == 409 and "already in progress" in str(exc.explanation):
+        with docker_errors(f"remove container {container_id[:12]}"):
+            try:
+                self._api.remove_container(container_id, force=True, v=True)
+            except docker.errors.NotFound:
                 return
-            raise DockerError(f"remove container {container_id[:12]}: {exc.explanation or exc}") from exc
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            raise DockerError(f"remove container {container_id[:12]}: {exc}") from exc
+            except docker.errors.APIError as exc:
+                if exc.status_code == 409 and "already in progress" in str(exc.explanation):
+                    return
+                raise
 
     def list_exited(self, instance: str) -> list[str]:
-        found = self._call(
-            "list containers",
-            self._api.containers,
-            all=True,
-            filters={"label": f"{LABEL_INSTANCE}={instance}", "status": ["exited", "dead"]},
-        )
+        with docker_errors("list containers"):
+            found = self._api.containers(
+                all=True, filters={"label": f"{LABEL_INSTANCE}={instance}", "status": ["exited", "dead"]}
+            )
         return [str(c["Id"]) for c in found]
 
     def list_instance(self, instance: str) -> dict[str, ContainerStatus]:
-        found = self._call(
-            "list containers", self._api.containers, all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}
-        )
+        with docker_errors("list containers"):
+            found = self._api.containers(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"})
         out: dict[str, ContainerStatus] = {}
         for c in found:
             cid = str(c["Id"])

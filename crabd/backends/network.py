@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import docker.errors
-import requests
 
+from crabd.backends.docker_errors import docker_errors
 from crabd.config import NetworkConfig, parse_allow
-from crabd.errors import CommandError, DockerError, HostError
+from crabd.errors import CommandError, HostError
 from crabd.util import proc
 
 _BR_NETFILTER = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
@@ -138,15 +138,6 @@ def remove_rules(cfg: NetworkConfig) -> None:
         _iptables("-X", chain, check=False)
 
 
-def _docker(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except docker.errors.APIError as exc:
-        raise DockerError(f"{what}: {exc.explanation or exc}", status=exc.status_code) from exc
-    except (docker.errors.DockerException, requests.RequestException) as exc:
-        raise DockerError(f"{what}: {exc}") from exc
-
-
 def _ensure_network(api: Any, cfg: NetworkConfig) -> None:
     name, bridge = network_name(cfg), bridge_name(cfg)
     options = {
@@ -154,21 +145,22 @@ def _ensure_network(api: Any, cfg: NetworkConfig) -> None:
         "com.docker.network.bridge.enable_icc": "false",
         "com.docker.network.bridge.enable_ip_masquerade": "true",
     }
-    try:
-        found = api.inspect_network(name)
-    except docker.errors.NotFound:
-        found = None
-    except (docker.errors.DockerException, requests.RequestException) as exc:
-        raise DockerError(f"inspect network {name}: {exc}") from exc
-    if found is None:
+    with docker_errors(f"inspect network {name}"):
         try:
-            api.create_network(
-                name, driver="bridge", options=options, labels={LABEL_NETWORK: cfg.name}, check_duplicate=True
-            )
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # another crabd thread or process made it meanwhile
-                raise DockerError(f"create network {name}: {exc.explanation or exc}", status=exc.status_code) from exc
-        found = _docker(f"inspect network {name}", api.inspect_network, name)
+            found = api.inspect_network(name)
+        except docker.errors.NotFound:
+            found = None
+    if found is None:
+        with docker_errors(f"create network {name}"):
+            try:
+                api.create_network(
+                    name, driver="bridge", options=options, labels={LABEL_NETWORK: cfg.name}, check_duplicate=True
+                )
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # another crabd thread or process made it meanwhile
+                    raise
+        with docker_errors(f"inspect network {name}"):
+            found = api.inspect_network(name)
     have = found.get("Options") or {}
     if found.get("Driver") != "bridge" or any(have.get(k) != v for k, v in options.items()):
         # Never join sandboxes to a network someone else made with other settings.
@@ -211,15 +203,14 @@ class SandboxNetwork:
 
 def teardown(api: Any, cfg: NetworkConfig) -> bool:
     """Remove crab's network and then its rules; False (and nothing removed) while a container uses it."""
-    try:
-        api.remove_network(network_name(cfg))
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as exc:
-        if exc.status_code in (403, 409):  # "has active endpoints": sandboxes still need the rules
-            return False
-        raise DockerError(f"remove network {network_name(cfg)}: {exc.explanation or exc}") from exc
-    except (docker.errors.DockerException, requests.RequestException) as exc:
-        raise DockerError(f"remove network {network_name(cfg)}: {exc}") from exc
+    with docker_errors(f"remove network {network_name(cfg)}"):
+        try:
+            api.remove_network(network_name(cfg))
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code in (403, 409):  # "has active endpoints": sandboxes still need the rules
+                return False
+            raise
     remove_rules(cfg)
     return True
