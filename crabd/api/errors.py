@@ -2,10 +2,15 @@
 
 A server-side :class:`CrabError` becomes a status code (its ``grpc_code``)
 plus the trailing metadata key ``crab-error`` holding JSON
-``{"kind", "message", "hint", "attrs"}``.  The SDK turns that back into the
-same class with the same attributes.  A gRPC failure without those details
-(daemon gone, transport error) becomes :class:`DaemonUnavailable` or a plain
-:class:`CrabError`.
+``{"kind", "message", "hint", "attrs"}``: ``kind`` is the class's name (every
+CrabError class registers itself under it, see ``crabd.errors``) and
+``attrs`` its :attr:`~crabd.errors.CrabError.fields`.  The SDK turns that back
+into the same class through its keyword constructor, so the same checks
+apply as at a raise site (``tests/unit/test_wire_errors.py`` round-trips every
+class).  A gRPC failure without those details (daemon gone, transport
+error), or with details that do not fit the class (another crab version),
+becomes :class:`DaemonUnavailable` or a plain :class:`CrabError` by its
+status code.
 """
 
 from __future__ import annotations

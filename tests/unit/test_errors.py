@@ -1,6 +1,21 @@
 from __future__ import annotations
 
-from crabd.errors import CrabError, CriuError, HostError, error_class
+import pickle
+import re
+from collections.abc import Iterator
+
+import pytest
+
+import crabd.errors
+from crabd.errors import CrabError, CriuError, HostError, SandboxBusy, error_class, registered
+
+
+def crabd_error_classes(cls: type[CrabError] = CrabError) -> Iterator[type[CrabError]]:
+    """Every CrabError subclass defined in crabd, depth first."""
+    for sub in cls.__subclasses__():
+        if sub.__module__.startswith("crabd."):
+            yield sub
+        yield from crabd_error_classes(sub)
 
 
 def test_attrs_and_hint() -> None:
@@ -15,7 +30,59 @@ def test_every_error_is_a_crab_error_and_registered() -> None:
     assert issubclass(HostError, CrabError)
     assert error_class("CriuError") is CriuError
     assert error_class("SomethingElse") is CrabError
+    for cls in crabd_error_classes():
+        assert error_class(cls.__name__) is cls
 
 
 def test_explicit_hint_wins() -> None:
     assert HostError("x", hint="do y").hint == "do y"
+
+
+def test_fields_are_the_constructor_keywords() -> None:
+    assert SandboxBusy.fields == ("sandbox",)
+    assert HostError.fields == ()
+    err = SandboxBusy("busy", sandbox="sb-1")
+    assert err.attrs == {"sandbox": "sb-1"}
+
+
+def test_a_second_class_of_one_name_is_refused() -> None:
+    with pytest.raises(TypeError, match="SandboxBusy"):
+
+        class SandboxBusy(CrabError):  # the point of the test: this name is taken
+            pass
+
+    assert error_class("SandboxBusy") is crabd.errors.SandboxBusy
+
+
+def test_errors_pickle_with_their_data() -> None:
+    err = SandboxBusy("busy", sandbox="sb-1", hint="wait")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is SandboxBusy and back.attrs == err.attrs and back.hint == "wait" and str(back) == "busy"
+
+
+def _docstring_tree() -> dict[str, str | None]:
+    """Class name -> parent's name, from the tree in crabd/errors.py's docstring (indented 4 per level)."""
+    doc = crabd.errors.__doc__ or ""
+    block = doc.split("::\n", 1)[1]
+    parents: dict[str, str | None] = {}
+    stack: list[str] = []
+    for line in block.splitlines():
+        found = re.fullmatch(r"(    +)(\w+): \S.*", line)
+        if found is None:
+            assert not line.strip(), f"not a tree line: {line!r}"
+            continue
+        depth = len(found.group(1)) // 4 - 1
+        assert depth <= len(stack), f"{found.group(2)} is indented too deep"
+        del stack[depth:]
+        parents[found.group(2)] = stack[-1] if stack else None
+        stack.append(found.group(2))
+    return parents
+
+
+def test_docstring_tree_lists_every_class_under_its_parent() -> None:
+    tree = _docstring_tree()
+    ours = {name: cls for name, cls in registered().items() if cls.__module__.startswith("crabd.")}
+    assert set(tree) == set(ours), "update the tree in crabd/errors.py's docstring"
+    for name, cls in ours.items():
+        parent = None if cls is CrabError else cls.__bases__[0].__name__
+        assert tree[name] == parent, f"{name} is listed under {tree[name]}, but derives from {parent}"

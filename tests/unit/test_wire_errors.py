@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
+import pytest
 
 from crabd.api import errors as wire
 from crabd.errors import CrabError, DaemonUnavailable, PermissionDenied, SandboxDead
+from tests.unit.test_errors import crabd_error_classes
 
 
 class FakeRpcError(grpc.RpcError):
@@ -48,3 +52,37 @@ def test_unknown_kind_falls_back_to_base() -> None:
     trailers = ((wire.METADATA_KEY, '{"kind": "FutureError", "message": "m", "hint": "h", "attrs": {}}'),)
     back = wire.decode(FakeRpcError(grpc.StatusCode.INTERNAL, "m", trailers))
     assert type(back) is CrabError and back.hint == "h"
+
+
+#: A value per field type, unlike every default, so a field lost on the way shows.
+SAMPLES: dict[Any, Any] = {
+    str: "s-1",
+    int: 7,
+    float: 1.5,
+    bool: True,
+    str | None: "s-2",
+    int | None: 8,
+    list[str]: ["a", "b"],
+    list[int]: [3, 4],
+    Sequence[str]: ("argv0", "-x"),
+}
+
+
+def _sample(cls: type[CrabError]) -> CrabError:
+    hints = typing.get_type_hints(cls.__init__)
+    values = {}
+    for name in cls.fields:
+        if hints[name] not in SAMPLES:
+            pytest.fail(f"{cls.__name__}.{name}: add a sample for {hints[name]} to SAMPLES")
+        values[name] = SAMPLES[hints[name]]
+    return cls(f"{cls.__name__} happened", hint="do this", **values)
+
+
+@pytest.mark.parametrize("cls", [CrabError, *crabd_error_classes()], ids=lambda c: c.__name__)
+def test_every_error_class_round_trips(cls: type[CrabError]) -> None:
+    err = _sample(cls)
+    code, message, trailers = wire.encode(err)
+    assert code.name == cls.grpc_code
+    back = wire.decode(FakeRpcError(code, message, trailers))
+    assert type(back) is cls
+    assert back.attrs == err.attrs and back.hint == "do this" and str(back) == str(err)
