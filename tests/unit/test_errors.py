@@ -3,11 +3,27 @@ from __future__ import annotations
 import pickle
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
+import docker.errors
 import pytest
+import requests
 
 import crabd.errors
-from crabd.errors import CrabError, CriuError, HostError, SandboxBusy, error_class, registered
+from crabd.backends.criu.images import COMMON_MAGIC, PSTREE_MAGIC, dumped_tasks
+from crabd.backends.docker_errors import docker_errors
+from crabd.errors import (
+    CrabError,
+    CriuError,
+    CriuImageInvalid,
+    DockerError,
+    DumpError,
+    HostError,
+    ImageError,
+    SandboxBusy,
+    error_class,
+    registered,
+)
 
 
 def crabd_error_classes(cls: type[CrabError] = CrabError) -> Iterator[type[CrabError]]:
@@ -86,3 +102,43 @@ def test_docstring_tree_lists_every_class_under_its_parent() -> None:
     for name, cls in ours.items():
         parent = None if cls is CrabError else cls.__bases__[0].__name__
         assert tree[name] == parent, f"{name} is listed under {tree[name]}, but derives from {parent}"
+
+
+def _response(status: int) -> requests.Response:
+    res = requests.Response()
+    res.status_code = status
+    return res
+
+
+def test_docker_errors_translates_each_kind_and_keeps_the_cause() -> None:
+    cases: list[tuple[Exception, type[CrabError], int | None]] = [
+        (docker.errors.ImageNotFound("gone", _response(404), explanation="no such image"), ImageError, None),
+        (docker.errors.APIError("conflict", _response(409), explanation="name in use"), DockerError, 409),
+        (requests.ConnectionError("socket closed"), DockerError, None),
+        (docker.errors.DockerException("no engine"), DockerError, None),
+    ]
+    for raised, expected, status in cases:
+        with pytest.raises(expected) as info, docker_errors("create container"):
+            raise raised
+        assert type(info.value) is expected and info.value.__cause__ is raised
+        assert str(info.value).startswith("create container: ")
+        if isinstance(info.value, DockerError):
+            assert info.value.status == status
+
+
+def test_docker_errors_lets_crab_errors_and_results_through() -> None:
+    with pytest.raises(CriuError), docker_errors("start container"):
+        raise CriuError("refused", log_path=None, log_excerpt="")
+    with docker_errors("docker version"):
+        version = "27.0"
+    assert version == "27.0"
+
+
+def test_a_malformed_criu_image_is_not_a_criu_refusal(tmp_path: Path) -> None:
+    (tmp_path / "pstree.img").write_bytes(
+        COMMON_MAGIC.to_bytes(4, "little") + PSTREE_MAGIC.to_bytes(4, "little") + b"\x01"
+    )
+    with pytest.raises(CriuImageInvalid) as info:
+        dumped_tasks(tmp_path)
+    assert isinstance(info.value, DumpError) and not isinstance(info.value, CriuError)
+    assert info.value.path == str(tmp_path / "pstree.img") and "truncated" in str(info.value)
