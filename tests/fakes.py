@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Coroutine, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,7 +44,7 @@ from crabd.engine import HostEngine
 from crabd.errors import CrabError, CriuError, DockerError, StoreError
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.decide import Inspector
-from crabd.models import Caller, SandboxSpec
+from crabd.models import Caller, CheckpointRecord, SandboxSpec
 from crabd.runtime.initproto import InitConnection
 from crabd.service.service import Service
 from crabd.store.catalog import Catalog
@@ -260,7 +260,7 @@ class FakeDumper:
 # --- the filesystem delta ----------------------------------------------------------------
 
 
-class FakeTree(list):  # type: ignore[type-arg]
+class FakeTree(Tree):
     """A snapshot of an upper dir's regular files; an (empty) ``Tree`` to the coordinator."""
 
     def __init__(self, files: dict[str, str]) -> None:
@@ -370,6 +370,12 @@ class Stack:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
 
+    def stored_files(self, ckpt: CheckpointRecord) -> dict[str, str]:
+        """The files a checkpoint holds."""
+        tree = self.fs.load(ckpt.index_blob)
+        assert isinstance(tree, FakeTree)
+        return tree.files
+
     def files(self, sandbox_id: str) -> dict[str, str]:
         rec = self.registry.get_sandbox(sandbox_id)
         assert rec is not None
@@ -405,7 +411,20 @@ def build_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: dict[
     engine = HostEngine(cfg.engine)
     service = Service(cfg, sandboxes, checkpointer, restorer, recovery, inspection, engine, docker_version="fake")
     return Stack(
-        cfg, faults, backend, fs, db, registry, catalog, blobs, sandboxes, checkpointer, restorer, recovery, service, engine
+        cfg=cfg,
+        faults=faults,
+        backend=backend,
+        fs=fs,
+        db=db,
+        registry=registry,
+        catalog=catalog,
+        blobs=blobs,
+        sandboxes=sandboxes,
+        checkpointer=checkpointer,
+        restorer=restorer,
+        recovery=recovery,
+        service=service,
+        engine=engine,
     )
 
 
@@ -423,3 +442,13 @@ def spec(name: str = "", **kw: Any) -> SandboxSpec:
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run one test body (every test is one event loop: the coordinator's locks bind to it)."""
     return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+@asynccontextmanager
+async def engine_running(stack: Stack) -> AsyncIterator[None]:
+    """The host engine runs turn-end checkpoints: started for the ``async with`` body."""
+    await stack.engine.start()
+    try:
+        yield
+    finally:
+        await stack.engine.close()

@@ -98,8 +98,8 @@ def test_a_checkpoint_records_its_line(tmp_path: Path, monkeypatch: pytest.Monke
         assert (first.process_blob, second.process_blob is not None) == (None, True)
         assert (first.turn, second.turn, first.label) == (0, 7, "one")
         assert [c.id for c in st.catalog.lineage(second.id)] == [baseline, first.id, second.id]
-        assert st.fs.load(first.index_blob).files == {"notes.txt": "first"}  # type: ignore[attr-defined]
-        assert st.fs.load(second.index_blob).files == {"notes.txt": "second"}  # type: ignore[attr-defined]
+        assert st.stored_files(first) == {"notes.txt": "first"}
+        assert st.stored_files(second) == {"notes.txt": "second"}
         assert st.catalog.failures(rec.id) == []
 
     run(body())

@@ -170,9 +170,9 @@ def test_bad_requests_on_a_sandbox_change_nothing(tmp_path: Path, monkeypatch: p
         assert foreign is not None
 
         def exec_(argv: list[str], **kw: Any) -> Callable[[], Awaitable[object]]:
-            args: dict[str, Any] = dict(
-                env={}, workdir="", stdin=b"", timeout_s=1, max_output=0, user="", sink=None
-            ) | kw
+            args: dict[str, Any] = (
+                dict(env={}, workdir="", stdin=b"", timeout_s=1, max_output=0, user="", sink=None) | kw
+            )
             return lambda: svc.exec(ALICE, "a", argv, **args)
 
         invalid: list[Callable[[], Awaitable[object]]] = [
