@@ -44,7 +44,7 @@ from crabd.engine import HostEngine
 from crabd.errors import CrabError, CriuError, DockerError, StoreError
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.decide import Inspector
-from crabd.models import Caller, CheckpointRecord, SandboxSpec
+from crabd.models import Caller, CheckpointRecord, SandboxSpec, TurnRecord
 from crabd.runtime.initproto import InitConnection
 from crabd.service.service import Service
 from crabd.store.catalog import Catalog
@@ -56,6 +56,9 @@ T = TypeVar("T")
 
 #: An env with a recipe in envs/images (the fake backend says every image exists).
 ENV = "bookworm"
+#: Every fake container's init "runs" as this host pid, above any pid_max: what crabd reads of it
+#: (/proc/PID/..., by the inspector) is then absent, never some real process's, whoever runs the tests.
+NO_SUCH_PID = (1 << 22) + 7
 ROOT = Caller(0, 0, 1)
 ALICE = Caller(1000, 1000, 2)
 BOB = Caller(1001, 1001, 3)
@@ -144,7 +147,6 @@ class FakeSandboxBackend:
         self.containers: dict[str, FakeContainer] = {}
         self.removed: list[str] = []
         self.frozen_now: set[str] = set()
-        self._pid = 1000
 
     def create(
         self,
@@ -201,11 +203,10 @@ class FakeSandboxBackend:
         c = self.containers.get(container_id)
         if c is None:
             return ContainerStatus(exists=False)
-        self._pid += 1
         return ContainerStatus(
             exists=True,
             running=c.running,
-            pid=self._pid,
+            pid=NO_SUCH_PID,
             exit_code=c.exit_code,
             upper_dir=str(c.upper),
             labels=dict(c.labels),
@@ -369,6 +370,12 @@ class Stack:
         target = self.backend.upper_dir(rec.container_id) / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
+
+    async def turn(self, caller: Caller, sandbox_id: str, content: str) -> TurnRecord:
+        """One whole turn of ``caller``'s agent: writes ``content`` into state.txt, ends waiting for its checkpoint."""
+        await self.service.begin_turn(caller, sandbox_id)
+        self.write(sandbox_id, "state.txt", content)
+        return await self.service.end_turn(caller, sandbox_id, wait=True)
 
     def stored_files(self, ckpt: CheckpointRecord) -> dict[str, str]:
         """The files a checkpoint holds."""

@@ -11,12 +11,6 @@ from crabd.models import SandboxRecord, SandboxState
 from tests.fakes import ALICE, Stack, build_stack, engine_running, run, spec
 
 
-async def _turn(st: Stack, rec: SandboxRecord, content: str) -> None:
-    await st.service.begin_turn(ALICE, rec.name)
-    st.write(rec.id, "state.txt", content)
-    await st.service.end_turn(ALICE, rec.name, wait=True)
-
-
 def _kill(st: Stack, rec: SandboxRecord) -> str:
     fresh = st.registry.get_sandbox(rec.id)
     assert fresh is not None
@@ -30,11 +24,11 @@ def test_recovery_loses_the_turns_after_the_head(tmp_path: Path, monkeypatch: py
     async def body() -> None:
         rec = await st.service.create(ALICE, spec("a", checkpoints="fs"))
         async with engine_running(st):
-            await _turn(st, rec, "one")
-            await _turn(st, rec, "two")
+            await st.turn(ALICE, rec.id, "one")
+            await st.turn(ALICE, rec.id, "two")
             st.faults.arm("fs.store")
             with pytest.raises(CheckpointFailed):
-                await _turn(st, rec, "three")
+                await st.turn(ALICE, rec.id, "three")
             st.faults.disarm("fs.store")
             await st.service.begin_turn(ALICE, "a")  # turn 4 never ends
             st.write(rec.id, "state.txt", "four")
@@ -56,12 +50,12 @@ def test_recovery_right_after_a_checkpoint_loses_nothing(tmp_path: Path, monkeyp
     async def body() -> None:
         rec = await st.service.create(ALICE, spec("a", checkpoints="fs"))
         async with engine_running(st):
-            await _turn(st, rec, "one")
+            await st.turn(ALICE, rec.id, "one")
             _kill(st, rec)
             got = await st.service.recover(ALICE, "a")
             assert got.lost_turns == []
             # After the recovery (a new branch) the old line's turns are never counted again.
-            await _turn(st, rec, "two")
+            await st.turn(ALICE, rec.id, "two")
             await st.service.begin_turn(ALICE, "a")
             _kill(st, rec)
             again = await st.service.recover(ALICE, "a")
@@ -80,10 +74,10 @@ def test_turns_before_a_restore_are_not_lost_by_a_crash(tmp_path: Path, monkeypa
         assert base is None  # policy none: no baseline either
         ckpt = await st.service.create_checkpoint(ALICE, "a", "manual", "fs")
         async with engine_running(st):
-            await _turn(st, rec, "one")
-            await _turn(st, rec, "two")
+            await st.turn(ALICE, rec.id, "one")
+            await st.turn(ALICE, rec.id, "two")
             await st.service.restore(ALICE, "a", ckpt.id, -1)
-            await _turn(st, rec, "three")  # policy none: no checkpoint, so lost
+            await st.turn(ALICE, rec.id, "three")  # policy none: no checkpoint, so lost
             _kill(st, rec)
             got = await st.service.recover(ALICE, "a")
         # Turns 1 and 2 were left behind by the restore, not lost by the crash.

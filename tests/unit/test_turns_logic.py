@@ -7,15 +7,7 @@ from pathlib import Path
 import pytest
 
 from crabd.errors import CheckpointFailed, InvalidRequest
-from crabd.models import SandboxRecord, TurnRecord
-from tests.fakes import ALICE, Stack, build_stack, engine_running, run, spec
-
-
-async def _turn(st: Stack, rec: SandboxRecord, content: str) -> TurnRecord:
-    """One turn that writes ``content`` into state.txt; ends waiting for its checkpoint."""
-    await st.service.begin_turn(ALICE, rec.name)
-    st.write(rec.id, "state.txt", content)
-    return await st.service.end_turn(ALICE, rec.name, wait=True)
+from tests.fakes import ALICE, build_stack, engine_running, run, spec
 
 
 def test_turn_ends_number_and_checkpoint_the_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,8 +17,8 @@ def test_turn_ends_number_and_checkpoint_the_turns(tmp_path: Path, monkeypatch: 
         rec = await st.service.create(ALICE, spec("a", checkpoints="fs"))
         baseline = st.checkpointer.head_id(rec.id)
         async with engine_running(st):
-            first = await _turn(st, rec, "one")
-            second = await _turn(st, rec, "two")
+            first = await st.turn(ALICE, rec.id, "one")
+            second = await st.turn(ALICE, rec.id, "two")
         assert (first.number, second.number) == (1, 2)
         assert (first.checkpoint_state, second.checkpoint_state) == ("done", "done")
         assert first.checkpoint_id and second.checkpoint_id
@@ -80,7 +72,7 @@ def test_a_failed_turn_checkpoint_is_recorded_with_its_turn(tmp_path: Path, monk
         async with engine_running(st):
             st.faults.arm("fs.capture")
             with pytest.raises(CheckpointFailed, match="turn 1"):
-                await _turn(st, rec, "lost")
+                await st.turn(ALICE, rec.id, "lost")
             st.faults.disarm("fs.capture")
             (turn,) = await st.service.turns(ALICE, "a", 0)
             assert (turn.checkpoint_state, turn.checkpoint_id) == ("failed", None)
@@ -92,7 +84,7 @@ def test_a_failed_turn_checkpoint_is_recorded_with_its_turn(tmp_path: Path, monk
             with pytest.raises(InvalidRequest, match="failed"):
                 st.checkpointer.resolve_turn(fresh, 1)
             # The next turn is checkpointed again, on top of the old head.
-            nxt = await _turn(st, rec, "next")
+            nxt = await st.turn(ALICE, rec.id, "next")
         assert (nxt.number, nxt.checkpoint_state) == (2, "done")
         assert nxt.checkpoint_id is not None and st.catalog.get(nxt.checkpoint_id).parent_id == head
 
@@ -105,8 +97,8 @@ def test_a_restore_starts_a_branch_and_turn_numbers_count_on(tmp_path: Path, mon
     async def body() -> None:
         rec = await st.service.create(ALICE, spec("a", checkpoints="fs"))
         async with engine_running(st):
-            t1 = await _turn(st, rec, "one")
-            await _turn(st, rec, "two")
+            t1 = await st.turn(ALICE, rec.id, "one")
+            await st.turn(ALICE, rec.id, "two")
             await st.service.begin_turn(ALICE, "a")
             st.write(rec.id, "state.txt", "three, unfinished")
             # Restoring by turn number; the open turn 3 is ended (and checkpointed) first.
@@ -115,7 +107,7 @@ def test_a_restore_starts_a_branch_and_turn_numbers_count_on(tmp_path: Path, mon
             assert st.files(rec.id) == {"state.txt": "one"}
             assert t1.checkpoint_id is not None
             assert st.checkpointer.head_id(rec.id) == t1.checkpoint_id
-            t4 = await _turn(st, rec, "four")
+            t4 = await st.turn(ALICE, rec.id, "four")
         turns = await st.service.turns(ALICE, "a", 0)
         assert [(t.number, t.branch, t.checkpoint_state) for t in turns] == [
             (1, 0, "done"),
@@ -142,7 +134,7 @@ def test_only_the_last_turns_are_kept(tmp_path: Path, monkeypatch: pytest.Monkey
         rec = await st.service.create(ALICE, spec("a", checkpoints="none"))
         async with engine_running(st):
             for i in range(5):
-                await _turn(st, rec, str(i))
+                await st.turn(ALICE, rec.id, str(i))
         assert [t.number for t in await st.service.turns(ALICE, "a", 0)] == [3, 4, 5]
         assert [t.number for t in await st.service.turns(ALICE, "a", 2)] == [4, 5]
 
