@@ -25,7 +25,7 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -357,7 +357,6 @@ class Stack:
     recovery: Recovery
     service: Service
     engine: HostEngine
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def blob_files(self) -> set[str]:
         """Every blob in the store."""
