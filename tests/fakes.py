@@ -32,6 +32,9 @@ from typing import Any, TypeVar
 import pytest
 
 from crabd.backends.fsdelta import Change, FsCapture, StoredTree, Tree
+
+# The one overlay type the tests name (it may move beside the FsDelta protocol).
+from crabd.backends.overlay.scan import ScanLimits
 from crabd.backends.procdump import DumpResult
 from crabd.backends.sandbox import ContainerStatus
 from crabd.config import CrabConfig
@@ -409,7 +412,7 @@ def build_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: dict[
     dump_root = state / "dumps"
     dump_root.mkdir()
     checkpointer = Checkpointer(db, sandboxes, catalog, blobs, fs, FakeDumper(faults), dump_root=dump_root)
-    inspector = Inspector(ScanEvents(), limits=_scan_limits())
+    inspector = Inspector(ScanEvents(), limits=ScanLimits())
     inspection = TurnInspection(inspector, checkpointer)
     restorer = Restorer(checkpointer)
     restorer.inspection = inspection
@@ -432,13 +435,6 @@ def build_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: dict[
         service=service,
         engine=engine,
     )
-
-
-def _scan_limits() -> Any:
-    # The one use of an overlay type: ScanLimits may move beside the FsDelta protocol.
-    from crabd.backends.overlay.scan import ScanLimits
-
-    return ScanLimits()
 
 
 def spec(name: str = "", **kw: Any) -> SandboxSpec:
