@@ -1,0 +1,456 @@
+"""In-memory fakes of crab's backends, and one factory that builds the coordinator on them.
+
+The coordinator and the service are tested against the REAL store (SQLite
+database, catalog, registry, file blob store, all in a tmp dir: none needs
+root) and FAKE backends:
+
+* :class:`FakeSandboxBackend` — containers are dicts; each has a real upper
+  dir (a tmp dir) whose regular files are the sandbox's files;
+* :class:`FakeDumper` — a "process dump" is one file in the images dir;
+* :class:`FakeFsDelta` — a tree is a snapshot ``{path: content}`` of the upper
+  dir, stored as a JSON index blob in the real blob store (so blob accounting,
+  durability and release of unpublished blobs run for real);
+* crab's init is faked by :class:`FakeInit` (it says hello and runs no session),
+  patched in for the duration of a test: reaching the real one needs root.
+
+Every fake fails on demand (:class:`Faults`), with the error its real
+counterpart raises.  Everything that constructs coordinator or service
+objects is in :func:`build_stack`, so a changed constructor is one edit here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from crabd.backends.fsdelta import Change, FsCapture, StoredTree, Tree
+
+# The one overlay type the tests name (it may move beside the FsDelta protocol).
+from crabd.backends.overlay.scan import ScanLimits
+from crabd.backends.procdump import DumpResult
+from crabd.backends.sandbox import ContainerStatus
+from crabd.config import CrabConfig
+from crabd.coordinator.checkpoints import Checkpointer
+from crabd.coordinator.inspection import TurnInspection
+from crabd.coordinator.recovery import Recovery
+from crabd.coordinator.restore import Restorer
+from crabd.coordinator.sandboxes import SandboxManager
+from crabd.engine import HostEngine
+from crabd.errors import CrabError, CriuError, DockerError, StoreError
+from crabd.inspector.base import ScanEvents
+from crabd.inspector.decide import Inspector
+from crabd.models import Caller, CheckpointRecord, SandboxSpec, TurnRecord
+from crabd.runtime.initproto import InitConnection
+from crabd.service.service import Service
+from crabd.store.catalog import Catalog
+from crabd.store.db import Database
+from crabd.store.fsblobs import FileBlobStore
+from crabd.store.registry import Registry
+
+T = TypeVar("T")
+
+#: An env with a recipe in envs/images (the fake backend says every image exists).
+ENV = "bookworm"
+#: Every fake container's init "runs" as this host pid, above any pid_max: what crabd reads of it
+#: (/proc/PID/..., by the inspector) is then absent, never some real process's, whoever runs the tests.
+NO_SUCH_PID = (1 << 22) + 7
+ROOT = Caller(0, 0, 1)
+ALICE = Caller(1000, 1000, 2)
+BOB = Caller(1001, 1001, 3)
+
+
+# --- failures on demand -------------------------------------------------------------
+
+
+class Faults:
+    """Named failure points: ``arm("backend.start", after=2)`` lets two calls pass, then every one fails."""
+
+    def __init__(self) -> None:
+        self._armed: dict[str, int] = {}
+        #: Calls seen per point (armed or not), to assert what was attempted.
+        self.calls: dict[str, int] = {}
+
+    def arm(self, point: str, *, after: int = 0) -> None:
+        self._armed[point] = after
+
+    def disarm(self, point: str) -> None:
+        self._armed.pop(point, None)
+
+    def hit(self, point: str, error: type[CrabError]) -> None:
+        self.calls[point] = self.calls.get(point, 0) + 1
+        left = self._armed.get(point)
+        if left is None:
+            return
+        if left > 0:
+            self._armed[point] = left - 1
+            return
+        raise error(f"injected failure at {point}")
+
+
+# --- crab's init --------------------------------------------------------------------
+
+
+class FakeInit:
+    """A connection to a sandbox's init that answers ``hello`` and runs no processes (so no session)."""
+
+    def __init__(self) -> None:
+        self.on_close: Any = None
+
+    async def hello(self) -> None:
+        return None
+
+    async def list(self) -> list[Any]:
+        return []
+
+    async def aclose(self) -> None:
+        callback, self.on_close = self.on_close, None
+        if callback is not None:
+            callback()
+
+    async def __aenter__(self) -> FakeInit:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def _open_fake_init(*_: object, **__: object) -> FakeInit:
+    return FakeInit()
+
+
+# --- the sandbox backend ------------------------------------------------------------
+
+
+@dataclass
+class FakeContainer:
+    id: str
+    sandbox_id: str
+    labels: dict[str, str]
+    upper: Path
+    running: bool = False
+    exit_code: int | None = None
+    #: The checkpoint name it was started from ("" = from its image).
+    restored_from: str = ""
+
+
+class FakeSandboxBackend:
+    """Containers in a dict; each has a real (tmp) upper dir.  Implements ``SandboxBackend``."""
+
+    def __init__(self, root: Path, faults: Faults) -> None:
+        self.root = root
+        self.faults = faults
+        self.containers: dict[str, FakeContainer] = {}
+        self.removed: list[str] = []
+        self.frozen_now: set[str] = set()
+
+    def create(
+        self,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        image: str,
+        init_binary: Path,
+        labels: dict[str, str],
+        *,
+        generation: str = "",
+    ) -> str:
+        self.faults.hit("backend.create", DockerError)
+        cid = secrets.token_hex(8)
+        upper = self.root / cid / "upper"
+        upper.mkdir(parents=True)
+        self.containers[cid] = FakeContainer(cid, sandbox_id, dict(labels), upper)
+        return cid
+
+    def _get(self, container_id: str) -> FakeContainer:
+        c = self.containers.get(container_id)
+        if c is None:
+            raise DockerError(f"no container {container_id}")
+        return c
+
+    def upper_dir(self, container_id: str) -> Path:
+        return self._get(container_id).upper
+
+    @contextmanager
+    def _frozen(self, container_id: str) -> Iterator[None]:
+        self.frozen_now.add(container_id)
+        try:
+            yield
+        finally:
+            self.frozen_now.discard(container_id)
+
+    def frozen(self, container_id: str) -> AbstractContextManager[None]:
+        self._get(container_id)
+        return self._frozen(container_id)
+
+    def thaw(self, container_id: str) -> None:
+        self.frozen_now.discard(container_id)
+
+    def start(self, container_id: str, checkpoint: str = "") -> None:
+        self.faults.hit("backend.start", CriuError if checkpoint else DockerError)
+        c = self._get(container_id)
+        c.running, c.restored_from = True, checkpoint
+
+    def checkpoint_dir(self, container_id: str, name: str) -> Path:
+        d = self.root / container_id / "checkpoints" / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def status(self, container_id: str) -> ContainerStatus:
+        c = self.containers.get(container_id)
+        if c is None:
+            return ContainerStatus(exists=False)
+        return ContainerStatus(
+            exists=True,
+            running=c.running,
+            pid=NO_SUCH_PID,
+            exit_code=c.exit_code,
+            upper_dir=str(c.upper),
+            labels=dict(c.labels),
+        )
+
+    def kill(self, container_id: str, exit_code: int = 137) -> None:
+        """Test helper: the container dies on its own."""
+        c = self._get(container_id)
+        c.running, c.exit_code = False, exit_code
+
+    def stop(self, container_id: str, timeout_s: float) -> None:
+        self.kill(container_id, 0)
+
+    def remove(self, container_id: str) -> None:
+        if self.containers.pop(container_id, None) is not None:
+            self.removed.append(container_id)
+
+    def list_exited(self, instance: str) -> list[str]:
+        return [c.id for c in self.containers.values() if not c.running]
+
+    def list_instance(self, instance: str) -> dict[str, ContainerStatus]:
+        return {cid: self.status(cid) for cid in self.containers}
+
+    def image_exists(self, image: str) -> bool:
+        return True
+
+    def server_version(self) -> str:
+        return "fake"
+
+    def close(self) -> None:
+        return None
+
+
+# --- the process dumper ---------------------------------------------------------------
+
+
+class FakeDumper:
+    """A "dump" is one file naming the container.  Implements ``ProcessDumper``."""
+
+    def __init__(self, faults: Faults) -> None:
+        self.faults = faults
+
+    def dump(self, container_id: str, images_dir: Path, work_dir: Path) -> DumpResult:
+        self.faults.hit("dump", CriuError)
+        (images_dir / "core-1.img").write_bytes(f"processes of {container_id}\n".encode())
+        return DumpResult(images_dir, 0.001, (1,))
+
+    def version(self) -> str:
+        return "fake"
+
+
+# --- the filesystem delta ----------------------------------------------------------------
+
+
+class FakeTree(Tree):
+    """A snapshot of an upper dir's regular files; an (empty) ``Tree`` to the coordinator."""
+
+    def __init__(self, files: dict[str, str]) -> None:
+        super().__init__()
+        self.files = files
+
+
+def _snapshot(upper: Path) -> dict[str, str]:
+    return {str(p.relative_to(upper)): p.read_text() for p in sorted(upper.rglob("*")) if p.is_file()}
+
+
+@dataclass
+class _FakeCut:
+    files: dict[str, str]
+    base: dict[str, str]
+
+
+class FakeFsDelta:
+    """Trees are ``{path: text}`` snapshots stored as JSON blobs in the real store.  Implements ``FsDelta``."""
+
+    def __init__(self, blobs: FileBlobStore, faults: Faults) -> None:
+        self.blobs = blobs
+        self.faults = faults
+
+    def load(self, index_blob: str) -> Tree:
+        doc = json.loads(self.blobs.read_bytes(index_blob, limit=1 << 20))
+        return FakeTree(dict(doc["files"]))
+
+    def prepare(self, upper: Path, base: Tree | None, racy_ns: int) -> Any:
+        self.faults.hit("fs.prepare", StoreError)
+        return (upper, base.files if isinstance(base, FakeTree) else {})
+
+    def capture(self, prepared: Any) -> Any:
+        self.faults.hit("fs.capture", StoreError)
+        upper, base = prepared
+        return _FakeCut(_snapshot(upper), base)
+
+    def _put_tree(self, files: dict[str, str], delta: dict[str, Any]) -> StoredTree:
+        index = self.blobs.put_bytes(json.dumps({"files": files}, sort_keys=True).encode())
+        # The delta names the exact change, so that two checkpoints of one state still differ.
+        delta_put = self.blobs.put_bytes(json.dumps(delta, sort_keys=True).encode())
+        return StoredTree(
+            index.hex,
+            delta_put.hex,
+            {},
+            {index.hex: index.size, delta_put.hex: delta_put.size},
+            index.stored + delta_put.stored,
+        )
+
+    def store(self, cut: Any) -> tuple[FsCapture, StoredTree]:
+        self.faults.hit("fs.store", StoreError)
+        files, base = cut.files, cut.base
+        added = sorted(set(files) - set(base))
+        changed = sorted(p for p in files if p in base and files[p] != base[p])
+        deleted = sorted(set(base) - set(files))
+        stored = self._put_tree(files, {"added": added, "changed": changed, "deleted": deleted, "base": base})
+        return FsCapture(FakeTree(files), [], [], [p.encode() for p in deleted]), stored
+
+    def store_tree(self, tree: Tree) -> StoredTree:
+        files = tree.files if isinstance(tree, FakeTree) else {}
+        return self._put_tree(files, {"stat": secrets.token_hex(4)})
+
+    def materialize(self, tree: Tree, into: Path) -> tuple[Tree, dict[str, Any]]:
+        self.faults.hit("fs.materialize", StoreError)
+        files = tree.files if isinstance(tree, FakeTree) else {}
+        for path, text in files.items():
+            (into / path).parent.mkdir(parents=True, exist_ok=True)
+            (into / path).write_text(text)
+        return FakeTree(dict(files)), {"files": len(files)}
+
+    def changes(self, delta_blob: str, limit: int) -> tuple[list[Change], bool]:
+        doc = json.loads(self.blobs.read_bytes(delta_blob, limit=1 << 20))
+        out = [Change(p.encode(), what, "file") for what in ("added", "changed", "deleted") for p in doc.get(what, [])]
+        return out[:limit], len(out) > limit
+
+
+# --- the stack ------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    cfg: CrabConfig
+    faults: Faults
+    backend: FakeSandboxBackend
+    fs: FakeFsDelta
+    db: Database
+    registry: Registry
+    catalog: Catalog
+    blobs: FileBlobStore
+    sandboxes: SandboxManager
+    checkpointer: Checkpointer
+    restorer: Restorer
+    recovery: Recovery
+    service: Service
+    engine: HostEngine
+
+    def blob_files(self) -> set[str]:
+        """Every blob in the store."""
+        return set(self.blobs.iter_all())
+
+    def write(self, sandbox_id: str, path: str, text: str) -> None:
+        """Test helper: the sandbox writes a file (into its current container's upper dir)."""
+        rec = self.registry.get_sandbox(sandbox_id)
+        assert rec is not None
+        target = self.backend.upper_dir(rec.container_id) / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+    async def turn(self, caller: Caller, sandbox_id: str, content: str) -> TurnRecord:
+        """One whole turn of ``caller``'s agent: writes ``content`` into state.txt, ends waiting for its checkpoint."""
+        await self.service.begin_turn(caller, sandbox_id)
+        self.write(sandbox_id, "state.txt", content)
+        return await self.service.end_turn(caller, sandbox_id, wait=True)
+
+    def stored_files(self, ckpt: CheckpointRecord) -> dict[str, str]:
+        """The files a checkpoint holds."""
+        tree = self.fs.load(ckpt.index_blob)
+        assert isinstance(tree, FakeTree)
+        return tree.files
+
+    def files(self, sandbox_id: str) -> dict[str, str]:
+        rec = self.registry.get_sandbox(sandbox_id)
+        assert rec is not None
+        return _snapshot(self.backend.upper_dir(rec.container_id))
+
+
+def build_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: dict[str, Any]) -> Stack:
+    """The daemon's wiring (crabd/daemon/app.py) on fake backends and a real store under ``tmp_path``.
+
+    ``config``: sections merged into the configuration, e.g. ``quota={"max_sandboxes": 2}``.
+    The engine is not started: call ``await stack.engine.start()`` where turn ends are tested.
+    """
+    monkeypatch.setattr(InitConnection, "open", _open_fake_init)
+    state = tmp_path / "state"
+    state.mkdir()
+    cfg = CrabConfig.model_validate({"paths": {"state_dir": str(state), "socket": str(tmp_path / "s.sock")}, **config})
+    faults = Faults()
+    backend = FakeSandboxBackend(tmp_path / "containers", faults)
+    db = Database(state / "registry.db")
+    registry = Registry(db)
+    blobs = FileBlobStore(state / "blobs")
+    fs = FakeFsDelta(blobs, faults)
+    catalog = Catalog(db)
+    sandboxes = SandboxManager(cfg, registry, backend, tmp_path / "init", "test-instance")
+    dump_root = state / "dumps"
+    dump_root.mkdir()
+    checkpointer = Checkpointer(db, sandboxes, catalog, blobs, fs, FakeDumper(faults), dump_root=dump_root)
+    inspector = Inspector(ScanEvents(), limits=ScanLimits())
+    inspection = TurnInspection(inspector, checkpointer)
+    restorer = Restorer(checkpointer)
+    restorer.inspection = inspection
+    recovery = Recovery(checkpointer, restorer)
+    engine = HostEngine(cfg.engine)
+    service = Service(cfg, sandboxes, checkpointer, restorer, recovery, inspection, engine, docker_version="fake")
+    return Stack(
+        cfg=cfg,
+        faults=faults,
+        backend=backend,
+        fs=fs,
+        db=db,
+        registry=registry,
+        catalog=catalog,
+        blobs=blobs,
+        sandboxes=sandboxes,
+        checkpointer=checkpointer,
+        restorer=restorer,
+        recovery=recovery,
+        service=service,
+        engine=engine,
+    )
+
+
+def spec(name: str = "", **kw: Any) -> SandboxSpec:
+    return SandboxSpec(env=ENV, name=name, **kw)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one test body (every test is one event loop: the coordinator's locks bind to it)."""
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+@asynccontextmanager
+async def engine_running(stack: Stack) -> AsyncIterator[None]:
+    """The host engine runs turn-end checkpoints: started for the ``async with`` body."""
+    await stack.engine.start()
+    try:
+        yield
+    finally:
+        await stack.engine.close()

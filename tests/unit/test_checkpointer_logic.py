@@ -1,0 +1,122 @@
+"""Taking checkpoints on fake backends: a failure is recorded, publishes nothing and leaves the head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from crabd.errors import CriuError, QuotaExceeded, StoreError
+from crabd.models import SandboxRecord, SandboxState
+from tests.fakes import ALICE, Stack, build_stack, run, spec
+
+
+async def _sandbox(st: Stack) -> SandboxRecord:
+    rec = await st.service.create(ALICE, spec("a", checkpoints="fs"))
+    st.write(rec.id, "notes.txt", "first")
+    return rec
+
+
+@pytest.mark.parametrize(
+    ("point", "kind", "error"),
+    [
+        ("fs.prepare", "fs", StoreError),
+        ("fs.capture", "fs", StoreError),
+        ("fs.store", "fs", StoreError),
+        ("fs.capture", "full", StoreError),
+        ("dump", "full", CriuError),
+    ],
+)
+def test_a_backend_failure_is_recorded_and_publishes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str, kind: str, error: type[Exception]
+) -> None:
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        rec = await _sandbox(st)
+        head = st.checkpointer.head_id(rec.id)
+        assert head is not None  # the baseline
+        before = (st.catalog.list_checkpoints(rec.id), st.blob_files())
+        st.faults.arm(point)
+        with pytest.raises(error, match=f"injected failure at {point}"):
+            await st.checkpointer.take(rec, kind=kind, label="doomed")
+        assert st.faults.calls[point] >= 1
+        failures = st.catalog.failures(rec.id)
+        assert len(failures) == 1
+        sandbox_id, turn, failed_kind, _, message, _ = failures[0]
+        assert (sandbox_id, turn, failed_kind) == (rec.id, 0, kind)
+        assert point in message
+        assert st.checkpointer.head_id(rec.id) == head
+        assert (st.catalog.list_checkpoints(rec.id), st.blob_files()) == before
+        # The sandbox runs on, thawed, and no dump is left behind.
+        assert st.backend.frozen_now == set()
+        assert (await st.sandboxes.refresh(rec))[0].state is SandboxState.RUNNING
+        assert list(st.checkpointer.dump_root.iterdir()) == []
+        # The next attempt works and descends from the same head.
+        st.faults.disarm(point)
+        ckpt = await st.checkpointer.take(rec, kind=kind)
+        assert ckpt.parent_id == head
+        assert st.checkpointer.head_id(rec.id) == ckpt.id
+
+    run(body())
+
+
+def test_blobs_written_before_a_late_refusal_are_released(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store quota is checked again with the new bytes just before publication: refused, what was written goes."""
+    st = build_stack(tmp_path, monkeypatch)
+
+    def quota(uid: int, new_bytes: int) -> None:
+        if new_bytes > 0:
+            raise QuotaExceeded(f"uid {uid} may not store {new_bytes} more bytes", uid=uid)
+
+    async def body() -> None:
+        rec = await _sandbox(st)
+        head = st.checkpointer.head_id(rec.id)
+        blobs = st.blob_files()
+        st.write(rec.id, "big.txt", "new content, new blobs")
+        st.checkpointer.store_quota = quota
+        with pytest.raises(QuotaExceeded):
+            await st.checkpointer.take(rec, kind="full")
+        assert st.blob_files() == blobs
+        assert st.checkpointer.head_id(rec.id) == head
+        assert [f[2] for f in st.catalog.failures(rec.id)] == ["full"]
+
+    run(body())
+
+
+def test_a_checkpoint_records_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        rec = await _sandbox(st)
+        baseline = st.checkpointer.head_id(rec.id)
+        first = await st.checkpointer.take(rec, kind="fs", label="one")
+        st.write(rec.id, "notes.txt", "second")
+        second = await st.checkpointer.take(rec, kind="full", turn=7)
+        assert (first.parent_id, second.parent_id) == (baseline, first.id)
+        assert (first.kind, second.kind) == ("fs", "full")
+        assert (first.process_blob, second.process_blob is not None) == (None, True)
+        assert (first.turn, second.turn, first.label) == (0, 7, "one")
+        assert [c.id for c in st.catalog.lineage(second.id)] == [baseline, first.id, second.id]
+        assert st.stored_files(first) == {"notes.txt": "first"}
+        assert st.stored_files(second) == {"notes.txt": "second"}
+        assert st.catalog.failures(rec.id) == []
+
+    run(body())
+
+
+def test_a_dead_sandbox_is_not_checkpointed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        rec = await _sandbox(st)
+        head = st.checkpointer.head_id(rec.id)
+        st.backend.kill(rec.container_id)
+        with pytest.raises(Exception, match="is dead"):
+            await st.checkpointer.take(rec, kind="fs")
+        assert st.checkpointer.head_id(rec.id) == head
+        assert len(st.catalog.failures(rec.id)) == 1
+        got = st.registry.get_sandbox(rec.id)
+        assert got is not None and got.state is SandboxState.DEAD
+
+    run(body())
