@@ -92,7 +92,11 @@ class Faults:
         if left > 0:
             self._armed[point] = left - 1
             return
-        raise error(f"injected failure at {point}")
+        message = f"injected failure at {point}"
+        if error is CriuError:
+            # What runc reports when CRIU refuses: the log it left and its tail.
+            raise CriuError(message, log_path="/nonexistent/dump.log", log_excerpt="Error (criu): injected")
+        raise error(message)
 
 
 # --- crab's init --------------------------------------------------------------------

@@ -67,7 +67,14 @@ def test_blobs_written_before_a_late_refusal_are_released(tmp_path: Path, monkey
 
     def quota(uid: int, new_bytes: int) -> None:
         if new_bytes > 0:
-            raise QuotaExceeded(f"uid {uid} may not store {new_bytes} more bytes", uid=uid)
+            raise QuotaExceeded(
+                f"uid {uid} may not store {new_bytes} more bytes",
+                uid=uid,
+                quota="max_store_bytes",
+                limit=0,
+                used=0,
+                requested=new_bytes,
+            )
 
     async def body() -> None:
         rec = await _sandbox(st)
