@@ -396,3 +396,12 @@ for _cls in (
     DaemonUnavailable,
 ):
     register(_cls)
+
+
+class ClientClosed(CrabError):
+    """An SDK client (or a sandbox of it) was used after ``close()``.  Attribute: ``socket``."""
+
+    default_hint = "Make a new client, or keep using this one inside its `with` block."
+
+
+register(ClientClosed)
