@@ -140,7 +140,6 @@ class Client(ClientCore["Sandbox"]):
         return self._send(self._verify())
 
 
-
 @documented(_docs.SESSION)
 class Session(SessionCore["Sandbox"]):
     """The sandbox's persistent bash: state carries over between commands."""

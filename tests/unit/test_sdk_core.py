@@ -58,7 +58,15 @@ def test_both_clients_build_their_calls_with_the_one_core() -> None:
 
 
 def test_sync_and_async_build_the_same_requests_and_deadlines() -> None:
-    sync, async_ = Client(SOCKET, timeout=7.0), AsyncClient(SOCKET, timeout=7.0)
+    async def main() -> None:  # an asyncio channel is made inside a running loop
+        async_ = AsyncClient(SOCKET, timeout=7.0)
+        _compare_calls(Client(SOCKET, timeout=7.0), async_)
+        await async_.aclose()
+
+    asyncio.run(main())
+
+
+def _compare_calls(sync: Client, async_: AsyncClient) -> None:
     sb, asb = Sandbox(sync, _info()), AsyncSandbox(async_, _info())
     opts = CreateOptions("busybox", name="x", memory="1g", env_vars={"A": "1"}, checkpoints="fs")
     run = ExecOptions("echo hi", timeout=2.0, user="1000")
@@ -76,7 +84,6 @@ def test_sync_and_async_build_the_same_requests_and_deadlines() -> None:
     create = sync._create(opts)
     assert create.rpc == "CreateSandbox" and create.request == opts.request() and create.timeout == 7.0
     assert create.request.limits.memory_bytes == 1 << 30
-    asyncio.run(async_.aclose())
     sync.close()
 
 
@@ -239,43 +246,42 @@ def _broken_channel(self: object, target: str) -> None:
     raise RuntimeError("no channel")
 
 
-@pytest.mark.parametrize("client_cls", [Client, AsyncClient])
-def test_embedded_closes_its_daemon_when_the_client_cannot_be_made(
-    client_cls: type[Client] | type[AsyncClient], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    module = client_module if client_cls is Client else aio_module
-    monkeypatch.setattr(module, "EmbeddedDaemon", _FakeDaemon)
-    monkeypatch.setattr(client_cls, "_open_channel", _broken_channel)
+@pytest.fixture(params=[Client, AsyncClient], ids=["Client", "AsyncClient"])
+def embedded_cls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> type[Client] | type[AsyncClient]:
+    """Each client class, with its EmbeddedDaemon replaced by a fake that records start and close."""
+    cls: type[Client] | type[AsyncClient] = request.param
+    monkeypatch.setattr(client_module if cls is Client else aio_module, "EmbeddedDaemon", _FakeDaemon)
     _FakeDaemon.instances.clear()
+    return cls
+
+
+def _embedded_and_closed(cls: type[Client] | type[AsyncClient]) -> bool:
+    """Make ``cls.embedded()``, and whether its daemon was closed before the client closed it."""
+    if cls is Client:
+        with Client.embedded():
+            return _FakeDaemon.instances[0].closed
+
+    async def main() -> bool:
+        async with await AsyncClient.embedded():
+            return _FakeDaemon.instances[0].closed
+
+    return asyncio.run(main())
+
+
+def test_embedded_closes_its_daemon_when_the_client_cannot_be_made(
+    embedded_cls: type[Client] | type[AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(embedded_cls, "_open_channel", _broken_channel)
     with pytest.raises(RuntimeError, match="no channel"):
-        if client_cls is Client:
-            Client.embedded()
-        else:
-            asyncio.run(AsyncClient.embedded())
+        _embedded_and_closed(embedded_cls)
     [daemon] = _FakeDaemon.instances
     assert daemon.started and daemon.closed
 
 
-@pytest.mark.parametrize("client_cls", [Client, AsyncClient])
-def test_embedded_client_owns_its_daemon(
-    client_cls: type[Client] | type[AsyncClient], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    module = client_module if client_cls is Client else aio_module
-    monkeypatch.setattr(module, "EmbeddedDaemon", _FakeDaemon)
-    _FakeDaemon.instances.clear()
-    if client_cls is Client:
-        c = Client.embedded()
-        assert not _FakeDaemon.instances[0].closed
-        c.close()
-    else:
-
-        async def main() -> None:
-            ac = await AsyncClient.embedded()
-            assert not _FakeDaemon.instances[0].closed
-            await ac.aclose()
-
-        asyncio.run(main())
-    assert _FakeDaemon.instances[0].closed
+def test_embedded_client_owns_its_daemon(embedded_cls: type[Client] | type[AsyncClient]) -> None:
+    assert _embedded_and_closed(embedded_cls) is False
+    [daemon] = _FakeDaemon.instances
+    assert daemon.started and daemon.closed
 
 
 # --- parity: the CI check that the twins stay matched -------------------------------------------
