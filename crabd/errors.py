@@ -47,6 +47,7 @@ each under its parent)::
             TooManyEntries: a sandbox's tree exceeds a checkpoint bound
             UnsafeEntry: a checkpoint entry would write outside its tree
         DaemonUnavailable: the SDK cannot reach crabd
+        ClientClosed: an SDK client was used after close()
         DockerError: the Docker engine refused or failed a request
         ImageError: a sandbox image is missing or could not be built
         DumpError: a process dump or restore failed (the CRIU domain)
@@ -562,3 +563,13 @@ class CheckpointFailed(CrabError):
         self.sandbox = sandbox
         self.turn = turn
         self.cause = cause
+
+
+class ClientClosed(CrabError):
+    """An SDK client (or a sandbox or session of it) was used after ``close()``.  Attribute: ``socket``."""
+
+    default_hint = "Make a new client, or keep using this one inside its `with` block."
+
+    def __init__(self, message: str, *, socket: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.socket = socket

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from crabd.cli.common import JsonOpt, app, client, emit_json, err, fmt_time, out
 from crabd.errors import InvalidRequest
+from crabd.sdk import CreateOptions
 from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo, Turn
 
 daemon_app = typer.Typer(no_args_is_help=True, help="The crabd daemon.")
@@ -60,16 +61,22 @@ def _parse_env(pairs: list[str] | None) -> dict[str, str]:
     return env
 
 
+#: crabctl create's defaults are the SDK's (one place for both).
+_CREATE = CreateOptions(env="")
+
+
 @app.command()
 def create(
     env: Annotated[str, typer.Option("--env", help="Env image name (see `crabctl env ls`).")],
-    name: Annotated[str, typer.Option("--name", help="Sandbox name (default: generated).")] = "",
-    cpus: Annotated[float, typer.Option("--cpus", help="CPU limit (0 = none).")] = 0.0,
+    name: Annotated[str, typer.Option("--name", help="Sandbox name (default: generated).")] = _CREATE.name,
+    cpus: Annotated[float, typer.Option("--cpus", help="CPU limit (0 = none).")] = _CREATE.cpus,
     memory: Annotated[str, typer.Option("--memory", help="Memory limit, e.g. 512m, 2g (0 = none).")] = "0",
-    pids: Annotated[int, typer.Option("--pids", help="Process limit (0 = crab's default).")] = 0,
-    network: Annotated[bool, typer.Option("--network/--no-network", help="Give the sandbox a network.")] = False,
+    pids: Annotated[int, typer.Option("--pids", help="Process limit (0 = crab's default).")] = _CREATE.pids,
+    network: Annotated[
+        bool, typer.Option("--network/--no-network", help="Give the sandbox a network.")
+    ] = _CREATE.network,
     env_var: Annotated[list[str] | None, typer.Option("--env-var", "-e", help="KEY=VALUE (repeatable).")] = None,
-    workdir: Annotated[str, typer.Option("--workdir", "-w", help="Working directory.")] = "/",
+    workdir: Annotated[str, typer.Option("--workdir", "-w", help="Working directory.")] = _CREATE.workdir,
     checkpoints: Annotated[
         str,
         typer.Option(
@@ -77,26 +84,27 @@ def create(
             help="auto: what the inspector finds each turn needs; fs: files every turn end; "
             "full: processes too; none: only on request.",
         ),
-    ] = "auto",
+    ] = _CREATE.checkpoints,
     recovery: Annotated[
         str, typer.Option("--recovery", help="manual: `crabctl recover`; auto: crabd recovers a dead sandbox itself.")
-    ] = "manual",
+    ] = _CREATE.recovery,
     as_json: JsonOpt = False,
 ) -> None:
     """Create and start a sandbox."""
+    options = CreateOptions(
+        env,
+        name=name,
+        cpus=cpus,
+        memory=memory,
+        pids=pids,
+        network=network,
+        env_vars=_parse_env(env_var),
+        workdir=workdir,
+        checkpoints=checkpoints,
+        recovery=recovery,
+    )
     with client() as c:
-        sb = c.create(
-            env,
-            name=name,
-            cpus=cpus,
-            memory=memory,
-            pids=pids,
-            network=network,
-            env_vars=_parse_env(env_var),
-            workdir=workdir,
-            checkpoints=checkpoints,
-            recovery=recovery,
-        )
+        sb = c.create_from(options)
     if as_json:
         emit_json(_info_dict(sb.info))
     else:

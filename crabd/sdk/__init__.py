@@ -10,6 +10,7 @@ from crabd.errors import (
     AlreadyExists,
     CheckpointFailed,
     CheckpointNotFound,
+    ClientClosed,
     CorruptBlob,
     CrabError,
     CriuError,
@@ -27,6 +28,7 @@ from crabd.errors import (
     StoreError,
     StoreFull,
 )
+from crabd.sdk._requests import CreateOptions
 from crabd.sdk.aio import AsyncClient, AsyncSandbox, AsyncSession
 from crabd.sdk.client import Client, Sandbox, Session
 from crabd.sdk.embedded import EmbeddedDaemon
@@ -65,9 +67,11 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointNotFound",
     "Client",
+    "ClientClosed",
     "CommandInfo",
     "CorruptBlob",
     "CrabError",
+    "CreateOptions",
     "CriuError",
     "DaemonStatus",
     "DaemonUnavailable",

@@ -14,6 +14,7 @@ import math
 import os
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 
 from crabd.api.v1 import crab_pb2 as pb
@@ -64,59 +65,77 @@ def parse_memory(value: int | str | None) -> int:
         raise InvalidRequest(f"cannot parse memory size {value!r} (use e.g. 512m or 2g)") from exc
 
 
-def create_request(
-    env: str,
-    *,
-    name: str = "",
-    cpus: float = 0.0,
-    memory: int | str | None = None,
-    pids: int = 0,
-    network: bool = False,
-    env_vars: Mapping[str, str] | None = None,
-    workdir: str = "/",
-    checkpoints: str = "auto",
-    recovery: str = "manual",
-) -> pb.CreateSandboxRequest:
-    return pb.CreateSandboxRequest(
-        env=env,
-        name=name,
-        limits=pb.Limits(
-            cpus=validate.fraction(cpus, "cpus"),
-            memory_bytes=parse_memory(memory),
-            pids=validate.integer(pids, "pids", maximum=INT64_MAX),
-        ),
-        network=network,
-        env_vars=validate.env_vars(env_vars or {}),
-        workdir=workdir,
-        checkpoints=checkpoints,
-        recovery=recovery,
-    )
+@dataclass(frozen=True)
+class CreateOptions:
+    """What a new sandbox is made of: ``Client.create``'s parameters, and crabctl create's flags.
+
+    ``checkpoints="auto"`` (the default) checkpoints at creation and, at
+    every turn end, what the inspector finds the turn needs (nothing, files,
+    or processes and files); ``"fs"`` and ``"full"`` take that kind at every
+    turn end; ``"none"`` only when asked.  ``recovery="auto"`` lets crabd
+    recreate a dead sandbox from its latest checkpoint by itself.
+    """
+
+    env: str
+    _: KW_ONLY
+    name: str = ""
+    cpus: float = 0.0
+    memory: int | str | None = None
+    pids: int = 0
+    network: bool = False
+    env_vars: Mapping[str, str] | None = None
+    workdir: str = "/"
+    checkpoints: str = "auto"
+    recovery: str = "manual"
+
+    def request(self) -> pb.CreateSandboxRequest:
+        """The wire request, every value checked."""
+        return pb.CreateSandboxRequest(
+            env=self.env,
+            name=self.name,
+            limits=pb.Limits(
+                cpus=validate.fraction(self.cpus, "cpus"),
+                memory_bytes=parse_memory(self.memory),
+                pids=validate.integer(self.pids, "pids", maximum=INT64_MAX),
+            ),
+            network=self.network,
+            env_vars=validate.env_vars(self.env_vars or {}),
+            workdir=self.workdir,
+            checkpoints=self.checkpoints,
+            recovery=self.recovery,
+        )
 
 
-def exec_request(
-    sandbox: str,
-    cmd: str | Sequence[str],
-    *,
-    env: Mapping[str, str] | None = None,
-    workdir: str = "",
-    timeout: float = 0.0,
-    max_output: int = 0,
-    stdin: bytes | str = b"",
-    stream: bool = False,
-    user: str = "",
-) -> pb.ExecRequest:
-    argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
-    return pb.ExecRequest(
-        sandbox=sandbox,
-        argv=argv,
-        env=validate.env_vars(env or {}),
-        workdir=workdir,
-        timeout_s=validate.seconds(timeout, "timeout"),
-        max_output_bytes=validate.integer(max_output, "max_output", maximum=INT64_MAX),
-        stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-        stream=stream,
-        user=user,
-    )
+@dataclass(frozen=True)
+class ExecOptions:
+    """One program to run in a sandbox: ``Sandbox.run``'s and ``Sandbox.stream``'s parameters.
+
+    ``cmd`` is an argv list, or a string split like a shell would split it.
+    """
+
+    cmd: str | Sequence[str]
+    _: KW_ONLY
+    env: Mapping[str, str] | None = None
+    workdir: str = ""
+    timeout: float = 0.0
+    max_output: int = 0
+    stdin: bytes | str = b""
+    user: str = ""
+
+    def request(self, sandbox: str, *, stream: bool) -> pb.ExecRequest:
+        """The wire request for ``sandbox``, every value checked."""
+        cmd, stdin = self.cmd, self.stdin
+        return pb.ExecRequest(
+            sandbox=sandbox,
+            argv=shlex.split(cmd) if isinstance(cmd, str) else list(cmd),
+            env=validate.env_vars(self.env or {}),
+            workdir=self.workdir,
+            timeout_s=validate.seconds(self.timeout, "timeout"),
+            max_output_bytes=validate.integer(self.max_output, "max_output", maximum=INT64_MAX),
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            stream=stream,
+            user=self.user,
+        )
 
 
 def session_request(
@@ -174,8 +193,14 @@ def restore_request(sandbox: str, checkpoint: object | None, turn: int | None) -
     )
 
 
-def fork_request(sandbox: str, n: int, name_prefix: str, turn: int | None) -> pb.ForkRequest:
-    """Fork a sandbox's latest checkpoint, or (``turn``) the state at the end of that turn of it."""
+def fork_request(
+    n: int, *, name_prefix: str, checkpoint: object | None = None, sandbox: str = "", turn: int | None = None
+) -> pb.ForkRequest:
+    """Fork ``checkpoint``; else ``sandbox``'s latest checkpoint, or (``turn``) its state at the end of that turn."""
+    if checkpoint is not None:
+        if turn is not None:
+            raise InvalidRequest("fork needs at most one of: a checkpoint, or turn=N")
+        return pb.ForkRequest(checkpoint=checkpoint_id(checkpoint), n=fork_count(n), name_prefix=name_prefix)
     if turn is not None:
         turn = validate.integer(turn, "turn", maximum=INT64_MAX)
     req = pb.ForkRequest(sandbox=sandbox, n=fork_count(n), name_prefix=name_prefix)

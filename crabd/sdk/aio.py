@@ -1,9 +1,12 @@
 """The asyncio SDK: the same surface as :mod:`crabd.sdk.client`, awaitable.
 
-async with AsyncClient.embedded() as client:
-    async with await client.create(env="bookworm") as sb:
-        async with sb.turn():
-            await sb.session.run("export X=1")
+    async with await AsyncClient.embedded() as client:
+        async with await client.create(env="bookworm") as sb:
+            async with sb.turn():
+                await sb.session.run("export X=1")
+
+Each method builds its call in ``_core`` (shared with the sync SDK), awaits
+it here, and returns the parsed reply; the docstrings are in ``_docs``.
 """
 
 from __future__ import annotations
@@ -11,60 +14,74 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
-from crabd.api import errors as wire_errors
-from crabd.api.v1 import crab_pb2 as pb
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
-from crabd.errors import CrabError, InvalidRequest
-from crabd.sdk import _requests as rq
+from crabd.errors import CrabError
+from crabd.sdk import _docs, models
+from crabd.sdk._core import Call, ClientCore, Event, SandboxCore, SessionCore, documented, takes
+from crabd.sdk._requests import CHANNEL_OPTIONS, CreateOptions, ExecOptions
 from crabd.sdk.embedded import EmbeddedDaemon
-from crabd.sdk.models import (
-    CheckpointDetail,
-    CheckpointFailure,
-    CheckpointInfo,
-    DaemonStatus,
-    EngineStatus,
-    ExecResult,
-    GcResult,
-    OutputChunk,
-    QuotaUse,
-    Recovered,
-    SandboxInfo,
-    Tree,
-    Turn,
-    VerifyResult,
-    chunk_from_pb,
-)
+from crabd.sdk.models import CheckpointRef
+
+T = TypeVar("T")
 
 
-class AsyncClient:
-    def __init__(self, socket: str | Path | None = None, *, timeout: float = 120.0) -> None:
-        self.socket = str(socket or rq.default_socket())
-        self.timeout = rq.client_timeout(timeout)
-        self._channel = grpc.aio.insecure_channel(f"unix:{self.socket}", options=rq.CHANNEL_OPTIONS)
+async def _result(events: AsyncIterator[Event]) -> models.ExecResult:
+    """The result that ends a command's stream."""
+    result: models.ExecResult | None = None
+    async for item in events:
+        if isinstance(item, models.ExecResult):
+            result = item
+    assert result is not None
+    return result
+
+
+@documented(_docs.CLIENT, aliases=_docs.ASYNC_ALIASES)
+class AsyncClient(ClientCore["AsyncSandbox"]):
+    """An asyncio connection to crabd.  Close it (``await aclose()``, or ``async with``) when done."""
+
+    _channel: grpc.aio.Channel
+
+    def _open_channel(self, target: str) -> None:
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.CrabStub(self._channel)
-        self._daemon: EmbeddedDaemon | None = None
+
+    def _wrap(self, info: models.SandboxInfo) -> AsyncSandbox:
+        return AsyncSandbox(self, info)
+
+    async def _send(self, call: Call[T]) -> T:
+        self._ensure_open()
+        try:
+            reply = await getattr(self._stub, call.rpc)(call.request, timeout=call.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from exc
+        return call.parse(reply)
+
+    async def _send_stream(self, call: Call[Event]) -> AsyncIterator[Event]:
+        self._ensure_open()
+        try:
+            async for message in getattr(self._stub, call.rpc)(call.request, timeout=call.timeout):
+                yield call.parse(message)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from exc
 
     @classmethod
     async def embedded(cls, state_dir: str | Path | None = None, **daemon_args: Any) -> AsyncClient:
         daemon = EmbeddedDaemon(state_dir=state_dir, **daemon_args)
         await asyncio.to_thread(daemon.start)
-        client = cls(daemon.socket)
-        client._daemon = daemon
-        return client
+        return cls._owning(daemon)
 
     async def aclose(self) -> None:
+        daemon = self._release()
         await self._channel.close(None)
-        if self._daemon is not None:
-            await asyncio.to_thread(self._daemon.close)
-            self._daemon = None
+        if daemon is not None:
+            await asyncio.to_thread(daemon.close)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -72,318 +89,143 @@ class AsyncClient:
     async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         await self.aclose()
 
-    async def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
-        try:
-            return await getattr(self._stub, method)(request, timeout=timeout or self.timeout)
-        except grpc.RpcError as exc:
-            raise wire_errors.decode(exc, socket=self.socket) from exc
+    async def status(self) -> models.DaemonStatus:
+        return await self._send(self._status())
 
-    async def _events(self, method: str, request: Any, timeout: float) -> AsyncIterator[pb.ExecEvent]:
-        try:
-            async for ev in getattr(self._stub, method)(request, timeout=timeout):
-                yield ev
-        except grpc.RpcError as exc:
-            raise wire_errors.decode(exc, socket=self.socket) from exc
+    async def engine_status(self) -> models.EngineStatus:
+        return await self._send(self._engine_status())
 
-    def _deadline(self, command_timeout: float) -> float:
-        return (command_timeout or 600.0) + self.timeout
+    async def create_from(self, options: CreateOptions) -> AsyncSandbox:
+        return await self._send(self._create(options))
 
-    async def status(self) -> DaemonStatus:
-        return DaemonStatus.from_pb(await self._unary("DaemonStatus", pb.DaemonStatusRequest()))
-
-    async def engine_status(self) -> EngineStatus:
-        """The host engine's queue, recent jobs (yours; root: all) and metrics."""
-        return EngineStatus.from_pb(await self._unary("EngineStatus", pb.EngineStatusRequest()))
-
-    async def create(
-        self,
-        env: str,
-        *,
-        name: str = "",
-        cpus: float = 0.0,
-        memory: int | str | None = None,
-        pids: int = 0,
-        network: bool = False,
-        env_vars: Mapping[str, str] | None = None,
-        workdir: str = "/",
-        checkpoints: str = "auto",
-        recovery: str = "manual",
-    ) -> AsyncSandbox:
-        req = rq.create_request(
-            env,
-            name=name,
-            cpus=cpus,
-            memory=memory,
-            pids=pids,
-            network=network,
-            env_vars=env_vars,
-            workdir=workdir,
-            checkpoints=checkpoints,
-            recovery=recovery,
-        )
-        return AsyncSandbox(self, SandboxInfo.from_pb(await self._unary("CreateSandbox", req)))
+    @takes(CreateOptions)
+    async def create(self, options: CreateOptions) -> AsyncSandbox:
+        return await self.create_from(options)
 
     async def list(self) -> builtins.list[AsyncSandbox]:
-        resp = await self._unary("ListSandboxes", pb.ListSandboxesRequest())
-        return [AsyncSandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+        return await self._send(self._list())
 
     async def get(self, sandbox: str) -> AsyncSandbox:
-        resp = await self._unary("GetSandbox", pb.SandboxRef(sandbox=sandbox))
-        return AsyncSandbox(self, SandboxInfo.from_pb(resp))
+        return await self._send(self._get(sandbox))
 
-    # --- checkpoints (see crabd.sdk.client.Client for the semantics) -----------------
+    async def checkpoints(self, sandbox: str = "") -> builtins.list[models.CheckpointInfo]:
+        return await self._send(self._checkpoints(sandbox))
 
-    async def checkpoints(self, sandbox: str = "") -> builtins.list[CheckpointInfo]:
-        resp = await self._unary("ListCheckpoints", pb.ListCheckpointsRequest(sandbox=sandbox))
-        return [CheckpointInfo.from_pb(c) for c in resp.checkpoints]
+    async def checkpoint(self, checkpoint: CheckpointRef) -> models.CheckpointDetail:
+        return await self._send(self._checkpoint(checkpoint))
 
-    async def checkpoint(self, checkpoint: str | CheckpointInfo) -> CheckpointDetail:
-        ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
-        return CheckpointDetail.from_pb(await self._unary("GetCheckpoint", ref))
-
-    async def delete_checkpoint(self, checkpoint: str | CheckpointInfo) -> int:
-        ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
-        return int((await self._unary("DeleteCheckpoint", ref)).bytes_freed)
+    async def delete_checkpoint(self, checkpoint: CheckpointRef) -> int:
+        return await self._send(self._delete_checkpoint(checkpoint))
 
     async def fork(
-        self, checkpoint: str | CheckpointInfo, n: int = 1, *, name_prefix: str = ""
+        self, checkpoint: CheckpointRef, n: int = 1, *, name_prefix: str = ""
     ) -> builtins.list[AsyncSandbox]:
-        req = pb.ForkRequest(checkpoint=rq.checkpoint_id(checkpoint), n=rq.fork_count(n), name_prefix=name_prefix)
-        resp = await self._unary("Fork", req, timeout=self.timeout + 30.0 * n)
-        return [AsyncSandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+        return await self._send(self._fork(n, name_prefix=name_prefix, checkpoint=checkpoint))
 
-    async def tree(self, *, sandbox: str = "", checkpoint: str = "") -> Tree:
-        return Tree.from_pb(await self._unary("GetTree", pb.TreeRequest(sandbox=sandbox, checkpoint=checkpoint)))
+    async def tree(self, *, sandbox: str = "", checkpoint: str = "") -> models.Tree:
+        return await self._send(self._tree(sandbox, checkpoint))
 
-    async def checkpoint_failures(self, sandbox: str = "") -> builtins.list[CheckpointFailure]:
-        """Checkpoints that were attempted and not made, newest first, with why (and CRIU's log)."""
-        resp = await self._unary("ListCheckpointFailures", pb.ListCheckpointsRequest(sandbox=sandbox))
-        return rq.failures_from_pb(resp)
+    async def checkpoint_failures(self, sandbox: str = "") -> builtins.list[models.CheckpointFailure]:
+        return await self._send(self._checkpoint_failures(sandbox))
 
-    async def gc(self) -> GcResult:
-        return GcResult.from_pb(await self._unary("GarbageCollect", pb.GcRequest(), timeout=3600.0))
+    async def gc(self) -> models.GcResult:
+        return await self._send(self._gc())
 
-    async def quota(self, uid: int | None = None) -> QuotaUse:
-        """Use against the per-uid quotas: the caller's own, or (root) ``uid``'s."""
-        return QuotaUse.from_pb(await self._unary("GetQuota", pb.QuotaRequest(uid=uid)))
+    async def quota(self, uid: int | None = None) -> models.QuotaUse:
+        return await self._send(self._quota(uid))
 
-    async def verify(self) -> VerifyResult:
-        return VerifyResult.from_pb(await self._unary("Verify", pb.VerifyRequest(), timeout=3600.0))
+    async def verify(self) -> models.VerifyResult:
+        return await self._send(self._verify())
 
 
-async def _collect(items: AsyncIterator[OutputChunk | ExecResult]) -> ExecResult:
-    result: ExecResult | None = None
-    async for item in items:
-        if isinstance(item, ExecResult):
-            result = item
-    assert result is not None
-    return result
+@documented(_docs.SESSION)
+class AsyncSession(SessionCore["AsyncSandbox"]):
+    """The sandbox's persistent bash: state carries over between commands."""
 
-
-class AsyncSession:
-    def __init__(self, sandbox: AsyncSandbox) -> None:
-        self._sb = sandbox
-
-    async def run(self, command: str, *, timeout: float = 0.0, max_output: int = 0) -> ExecResult:
-        return await _collect(self._iter(command, timeout, max_output, stream=False))
+    async def run(self, command: str, *, timeout: float = 0.0, max_output: int = 0) -> models.ExecResult:
+        return await _result(self._sb.client._send_stream(self._run(command, timeout, max_output, stream=False)))
 
     def stream(
         self, command: str, *, timeout: float = 0.0, max_output: int = 0
-    ) -> AsyncIterator[OutputChunk | ExecResult]:
-        return self._iter(command, timeout, max_output, stream=True)
-
-    async def _iter(
-        self, command: str, timeout: float, max_output: int, *, stream: bool
-    ) -> AsyncIterator[OutputChunk | ExecResult]:
-        c = self._sb.client
-        req = rq.session_request(self._sb.id, command, timeout=timeout, max_output=max_output, stream=stream)
-        async for ev in c._events("SessionRun", req, c._deadline(timeout)):
-            yield chunk_from_pb(ev.output) if ev.HasField("output") else ExecResult.from_pb(ev.result)
+    ) -> AsyncIterator[models.OutputChunk | models.ExecResult]:
+        return self._sb.client._send_stream(self._run(command, timeout, max_output, stream=True))
 
     async def state(self) -> dict[str, Any]:
-        resp = await self._sb.client._unary("GetSessionState", pb.SandboxRef(sandbox=self._sb.id))
-        return json.loads(resp.state_json) if resp.state_json else {}
+        return await self._sb.client._send(self._state())
 
     async def restart(self, state: Mapping[str, Any] | str | None = None) -> dict[str, Any]:
-        text = "" if state is None else state if isinstance(state, str) else json.dumps(state)
-        resp = await self._sb.client._unary(
-            "RestartSession", pb.RestartSessionRequest(sandbox=self._sb.id, state_json=text)
-        )
-        return json.loads(resp.state_json) if resp.state_json else {}
+        return await self._sb.client._send(self._restart(state))
 
 
-class AsyncSandbox:
-    def __init__(self, client: AsyncClient, info: SandboxInfo) -> None:
-        self.client = client
-        self.info = info
+@documented(_docs.SANDBOX)
+class AsyncSandbox(SandboxCore[AsyncClient]):
+    """A handle on one sandbox.  ``async with`` removes it on exit."""
+
+    def __init__(self, client: AsyncClient, info: models.SandboxInfo) -> None:
+        super().__init__(client, info)
         self.session = AsyncSession(self)
 
-    def __repr__(self) -> str:
-        return f"<AsyncSandbox {self.info.name} ({self.info.id}) {self.info.state}>"
+    async def refresh(self) -> models.SandboxInfo:
+        return await self.client._send(self._refresh())
 
-    @property
-    def id(self) -> str:
-        return self.info.id
+    @takes(ExecOptions)
+    async def run(self, options: ExecOptions) -> models.ExecResult:
+        return await _result(self.client._send_stream(self._exec(options, stream=False)))
 
-    @property
-    def name(self) -> str:
-        return self.info.name
+    @takes(ExecOptions)
+    def stream(self, options: ExecOptions) -> AsyncIterator[models.OutputChunk | models.ExecResult]:
+        return self.client._send_stream(self._exec(options, stream=True))
 
-    async def refresh(self) -> SandboxInfo:
-        self.info = SandboxInfo.from_pb(await self.client._unary("GetSandbox", pb.SandboxRef(sandbox=self.id)))
-        return self.info
-
-    async def run(
-        self,
-        cmd: str | Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        workdir: str = "",
-        timeout: float = 0.0,
-        max_output: int = 0,
-        stdin: bytes | str = b"",
-        user: str = "",
-    ) -> ExecResult:
-        return await _collect(self._exec(cmd, env, workdir, timeout, max_output, stdin, user, stream=False))
-
-    def stream(
-        self,
-        cmd: str | Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        workdir: str = "",
-        timeout: float = 0.0,
-        max_output: int = 0,
-        stdin: bytes | str = b"",
-        user: str = "",
-    ) -> AsyncIterator[OutputChunk | ExecResult]:
-        return self._exec(cmd, env, workdir, timeout, max_output, stdin, user, stream=True)
-
-    async def _exec(
-        self,
-        cmd: str | Sequence[str],
-        env: Mapping[str, str] | None,
-        workdir: str,
-        timeout: float,
-        max_output: int,
-        stdin: bytes | str,
-        user: str,
-        *,
-        stream: bool,
-    ) -> AsyncIterator[OutputChunk | ExecResult]:
-        req = rq.exec_request(
-            self.id,
-            cmd,
-            env=env,
-            workdir=workdir,
-            timeout=timeout,
-            max_output=max_output,
-            stdin=stdin,
-            stream=stream,
-            user=user,
-        )
-        async for ev in self.client._events("Exec", req, self.client._deadline(timeout)):
-            yield chunk_from_pb(ev.output) if ev.HasField("output") else ExecResult.from_pb(ev.result)
-
-    async def begin_turn(self) -> Turn:
-        return Turn.from_pb(await self.client._unary("BeginTurn", pb.SandboxRef(sandbox=self.id)))
+    async def begin_turn(self) -> models.Turn:
+        return await self.client._send(self._begin_turn())
 
     async def llm_base_url(self) -> str:
-        """The OpenAI ``base_url`` that routes this sandbox's LLM calls through crabd's proxy.
+        return self._llm_base_url(await self.client.status())
 
-        Each request then ends the sandbox's turn, and its answer is released
-        once the turn's checkpoint is durable.  InvalidRequest if crabd runs
-        without the proxy (``[proxy] enabled``).
-        """
-        url = (await self.client.status()).proxy_url
-        if not url:
-            raise InvalidRequest(
-                "crabd's OpenAI proxy is not enabled",
-                hint="Set [proxy] enabled = true and upstream in crabd.toml (or start crabd with --proxy-upstream).",
-            )
-        return f"{url}/sandboxes/{self.id}/v1"
-
-    async def end_turn(self, *, wait: bool = False) -> Turn:
-        """End the turn.  crabd decides now and checkpoints in the background.
-
-        The sandbox's next action (command, ``begin_turn``, restore, ...)
-        waits until that checkpoint is durable, so the state it captures is
-        this turn end's.  ``wait=True`` returns only then, with
-        ``checkpoint_id`` set, and raises :class:`CheckpointFailed` if it failed.
-        """
-        return Turn.from_pb(await self.client._unary("EndTurn", pb.EndTurnRequest(sandbox=self.id, wait=wait)))
+    async def end_turn(self, *, wait: bool = False) -> models.Turn:
+        return await self.client._send(self._end_turn(wait))
 
     @contextlib.asynccontextmanager
-    async def turn(self) -> AsyncIterator[Turn]:
+    async def turn(self) -> AsyncIterator[models.Turn]:
         t = await self.begin_turn()
         try:
             yield t
         except BaseException:
+            # Still close the turn, but never mask the body's own error.
             with contextlib.suppress(CrabError):
                 await self.end_turn()
             raise
         await self.end_turn()
 
-    async def turns(self, limit: int = 0) -> list[Turn]:
-        resp = await self.client._unary("ListTurns", rq.turns_request(self.id, limit))
-        return [Turn.from_pb(t) for t in resp.turns]
+    async def turns(self, limit: int = 0) -> list[models.Turn]:
+        return await self.client._send(self._turns(limit))
 
-    async def stop(self, timeout: float = 0.0) -> SandboxInfo:
-        resp = await self.client._unary(
-            "StopSandbox",
-            rq.stop_request(self.id, timeout),
-            timeout=timeout + self.client.timeout,
-        )
-        self.info = SandboxInfo.from_pb(resp)
-        return self.info
+    async def stop(self, timeout: float = 0.0) -> models.SandboxInfo:
+        return await self.client._send(self._stop(timeout))
 
     async def remove(self, force: bool = True, *, keep_checkpoints: bool = False) -> None:
-        await self.client._unary(
-            "RemoveSandbox", pb.RemoveSandboxRequest(sandbox=self.id, force=force, keep_checkpoints=keep_checkpoints)
-        )
+        await self.client._send(self._remove(force, keep_checkpoints))
 
-    # --- checkpoints ------------------------------------------------------------------
+    async def checkpoint(self, label: str = "", *, kind: str = "") -> models.CheckpointInfo:
+        return await self.client._send(self._checkpoint(label, kind))
 
-    async def checkpoint(self, label: str = "", *, kind: str = "") -> CheckpointInfo:
-        req = pb.CreateCheckpointRequest(sandbox=self.id, label=label, kind=kind)
-        return CheckpointInfo.from_pb(await self.client._unary("CreateCheckpoint", req))
+    async def checkpoints(self) -> list[models.CheckpointInfo]:
+        return await self.client._send(self.client._checkpoints(self.id))
 
-    async def checkpoints(self) -> list[CheckpointInfo]:
-        return await self.client.checkpoints(self.id)
-
-    async def restore(self, checkpoint: str | CheckpointInfo | None = None, *, turn: int | None = None) -> SandboxInfo:
-        req = rq.restore_request(self.id, checkpoint, turn)
-        self.info = SandboxInfo.from_pb(await self.client._unary("Restore", req))
-        return self.info
+    async def restore(self, checkpoint: CheckpointRef | None = None, *, turn: int | None = None) -> models.SandboxInfo:
+        return await self.client._send(self._restore(checkpoint, turn))
 
     async def fork(
-        self,
-        n: int = 1,
-        checkpoint: str | CheckpointInfo | None = None,
-        *,
-        name_prefix: str = "",
-        turn: int | None = None,
+        self, n: int = 1, checkpoint: CheckpointRef | None = None, *, name_prefix: str = "", turn: int | None = None
     ) -> list[AsyncSandbox]:
-        """See :meth:`crabd.sdk.Sandbox.fork`."""
-        if checkpoint is not None and turn is not None:
-            raise InvalidRequest("fork needs at most one of: a checkpoint, or turn=N")
-        if checkpoint is not None:
-            return await self.client.fork(checkpoint, n, name_prefix=name_prefix)
-        req = rq.fork_request(self.id, n, name_prefix, turn)
-        resp = await self.client._unary("Fork", req, timeout=self.client.timeout + 30.0 * n)
-        return [AsyncSandbox(self.client, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+        call = self.client._fork(n, name_prefix=name_prefix, checkpoint=checkpoint, sandbox=self.id, turn=turn)
+        return await self.client._send(call)
 
-    async def tree(self) -> Tree:
-        return await self.client.tree(sandbox=self.id)
+    async def tree(self) -> models.Tree:
+        return await self.client._send(self.client._tree(self.id, ""))
 
-    async def recover(self) -> Recovered:
-        """Recreate this sandbox, whose container died, from its latest checkpoint.
-
-        The result says which turns' effects were lost (they came after that checkpoint).
-        """
-        done = Recovered.from_pb(await self.client._unary("Recover", pb.SandboxRef(sandbox=self.id), timeout=600.0))
-        self.info = done.sandbox
-        return done
+    async def recover(self) -> models.Recovered:
+        return await self.client._send(self._recover())
 
     async def __aenter__(self) -> AsyncSandbox:
         return self

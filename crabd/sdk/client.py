@@ -9,74 +9,83 @@
             print(sb.session.run("echo $X $PWD").text)
 
 Every failure is a :class:`crabd.errors.CrabError` subclass, the same class
-the daemon raised.
+the daemon raised.  Each method builds its call in ``_core`` (shared with
+the async SDK), sends it here, and returns the parsed reply; the docstrings
+are in ``_docs``.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
-from crabd.api import errors as wire_errors
-from crabd.api.v1 import crab_pb2 as pb
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
-from crabd.errors import CrabError, InvalidRequest
-from crabd.sdk import _requests as rq
+from crabd.errors import CrabError
+from crabd.sdk import _docs, models
+from crabd.sdk._core import Call, ClientCore, Event, SandboxCore, SessionCore, documented, takes
+from crabd.sdk._requests import CHANNEL_OPTIONS, CreateOptions, ExecOptions
 from crabd.sdk.embedded import EmbeddedDaemon
-from crabd.sdk.models import (
-    CheckpointDetail,
-    CheckpointFailure,
-    CheckpointInfo,
-    DaemonStatus,
-    EngineStatus,
-    ExecResult,
-    GcResult,
-    OutputChunk,
-    QuotaUse,
-    Recovered,
-    SandboxInfo,
-    Tree,
-    Turn,
-    VerifyResult,
-    chunk_from_pb,
-)
+from crabd.sdk.models import CheckpointRef
+
+T = TypeVar("T")
 
 
-class Client:
+def _result(events: Iterator[Event]) -> models.ExecResult:
+    """The result that ends a command's stream."""
+    result: models.ExecResult | None = None
+    for item in events:
+        if isinstance(item, models.ExecResult):
+            result = item
+    assert result is not None
+    return result
+
+
+@documented(_docs.CLIENT)
+class Client(ClientCore["Sandbox"]):
     """A connection to crabd.  Close it (or use ``with``) when done."""
 
-    def __init__(self, socket: str | Path | None = None, *, timeout: float = 120.0) -> None:
-        self.socket = str(socket or rq.default_socket())
-        self.timeout = rq.client_timeout(timeout)
-        self._channel = grpc.insecure_channel(f"unix:{self.socket}", options=rq.CHANNEL_OPTIONS)
+    _channel: grpc.Channel
+
+    def _open_channel(self, target: str) -> None:
+        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.CrabStub(self._channel)
-        self._daemon: EmbeddedDaemon | None = None
+
+    def _wrap(self, info: models.SandboxInfo) -> Sandbox:
+        return Sandbox(self, info)
+
+    def _send(self, call: Call[T]) -> T:
+        self._ensure_open()
+        try:
+            reply = getattr(self._stub, call.rpc)(call.request, timeout=call.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from exc
+        return call.parse(reply)
+
+    def _send_stream(self, call: Call[Event]) -> Iterator[Event]:
+        self._ensure_open()
+        try:
+            for message in getattr(self._stub, call.rpc)(call.request, timeout=call.timeout):
+                yield call.parse(message)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from exc
 
     @classmethod
     def embedded(cls, state_dir: str | Path | None = None, **daemon_args: Any) -> Client:
-        """Start a private crabd (temporary socket and state) owned by this client."""
         daemon = EmbeddedDaemon(state_dir=state_dir, **daemon_args)
         daemon.start()
-        try:
-            client = cls(daemon.socket)
-        except BaseException:
-            daemon.close()
-            raise
-        client._daemon = daemon
-        return client
+        return cls._owning(daemon)
 
     def close(self) -> None:
+        daemon = self._release()
         self._channel.close()
-        if self._daemon is not None:
-            self._daemon.close()
-            self._daemon = None
+        if daemon is not None:
+            daemon.close()
 
     def __enter__(self) -> Client:
         return self
@@ -84,275 +93,102 @@ class Client:
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
-    # --- plumbing --------------------------------------------------------------
+    def status(self) -> models.DaemonStatus:
+        return self._send(self._status())
 
-    def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
-        try:
-            return getattr(self._stub, method)(request, timeout=timeout or self.timeout)
-        except grpc.RpcError as exc:
-            raise wire_errors.decode(exc, socket=self.socket) from exc
+    def engine_status(self) -> models.EngineStatus:
+        return self._send(self._engine_status())
 
-    def _events(self, method: str, request: Any, timeout: float) -> Iterator[pb.ExecEvent]:
-        try:
-            yield from getattr(self._stub, method)(request, timeout=timeout)
-        except grpc.RpcError as exc:
-            raise wire_errors.decode(exc, socket=self.socket) from exc
+    def create_from(self, options: CreateOptions) -> Sandbox:
+        return self._send(self._create(options))
 
-    def _deadline(self, command_timeout: float) -> float:
-        # The call may take as long as the command plus the daemon's own work.
-        return (command_timeout or 600.0) + self.timeout
-
-    # --- daemon and sandboxes -----------------------------------------------------
-
-    def status(self) -> DaemonStatus:
-        return DaemonStatus.from_pb(self._unary("DaemonStatus", pb.DaemonStatusRequest()))
-
-    def engine_status(self) -> EngineStatus:
-        """The host engine's queue, recent jobs (yours; root: all) and metrics."""
-        return EngineStatus.from_pb(self._unary("EngineStatus", pb.EngineStatusRequest()))
-
-    def create(
-        self,
-        env: str,
-        *,
-        name: str = "",
-        cpus: float = 0.0,
-        memory: int | str | None = None,
-        pids: int = 0,
-        network: bool = False,
-        env_vars: Mapping[str, str] | None = None,
-        workdir: str = "/",
-        checkpoints: str = "auto",
-        recovery: str = "manual",
-    ) -> Sandbox:
-        """Create and start a sandbox.
-
-        ``checkpoints="auto"`` (the default) checkpoints at creation and, at
-        every turn end, what the inspector finds the turn needs (nothing,
-        files, or processes and files); ``"fs"`` and ``"full"`` take that
-        kind at every turn end; ``"none"`` only when asked.
-        """
-        req = rq.create_request(
-            env,
-            name=name,
-            cpus=cpus,
-            memory=memory,
-            pids=pids,
-            network=network,
-            env_vars=env_vars,
-            workdir=workdir,
-            checkpoints=checkpoints,
-            recovery=recovery,
-        )
-        return Sandbox(self, SandboxInfo.from_pb(self._unary("CreateSandbox", req)))
+    @takes(CreateOptions)
+    def create(self, options: CreateOptions) -> Sandbox:
+        return self.create_from(options)
 
     def list(self) -> builtins.list[Sandbox]:
-        resp = self._unary("ListSandboxes", pb.ListSandboxesRequest())
-        return [Sandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+        return self._send(self._list())
 
     def get(self, sandbox: str) -> Sandbox:
-        return Sandbox(self, SandboxInfo.from_pb(self._unary("GetSandbox", pb.SandboxRef(sandbox=sandbox))))
+        return self._send(self._get(sandbox))
 
-    # --- checkpoints ---------------------------------------------------------------
+    def checkpoints(self, sandbox: str = "") -> builtins.list[models.CheckpointInfo]:
+        return self._send(self._checkpoints(sandbox))
 
-    def checkpoints(self, sandbox: str = "") -> builtins.list[CheckpointInfo]:
-        """Checkpoints of one sandbox, or every one visible to you."""
-        resp = self._unary("ListCheckpoints", pb.ListCheckpointsRequest(sandbox=sandbox))
-        return [CheckpointInfo.from_pb(c) for c in resp.checkpoints]
+    def checkpoint(self, checkpoint: CheckpointRef) -> models.CheckpointDetail:
+        return self._send(self._checkpoint(checkpoint))
 
-    def checkpoint(self, checkpoint: str | CheckpointInfo) -> CheckpointDetail:
-        """One checkpoint with what changed in it, its session state and its lineage."""
-        ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
-        return CheckpointDetail.from_pb(self._unary("GetCheckpoint", ref))
+    def delete_checkpoint(self, checkpoint: CheckpointRef) -> int:
+        return self._send(self._delete_checkpoint(checkpoint))
 
-    def delete_checkpoint(self, checkpoint: str | CheckpointInfo) -> int:
-        """Delete a checkpoint (its children stay restorable); returns bytes freed."""
-        ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
-        return int(self._unary("DeleteCheckpoint", ref).bytes_freed)
+    def fork(self, checkpoint: CheckpointRef, n: int = 1, *, name_prefix: str = "") -> builtins.list[Sandbox]:
+        return self._send(self._fork(n, name_prefix=name_prefix, checkpoint=checkpoint))
 
-    def fork(self, checkpoint: str | CheckpointInfo, n: int = 1, *, name_prefix: str = "") -> builtins.list[Sandbox]:
-        """``n`` new, independent sandboxes with the checkpoint's files and session state."""
-        req = pb.ForkRequest(checkpoint=rq.checkpoint_id(checkpoint), n=rq.fork_count(n), name_prefix=name_prefix)
-        resp = self._unary("Fork", req, timeout=self.timeout + 30.0 * n)
-        return [Sandbox(self, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+    def tree(self, *, sandbox: str = "", checkpoint: str = "") -> models.Tree:
+        return self._send(self._tree(sandbox, checkpoint))
 
-    def tree(self, *, sandbox: str = "", checkpoint: str = "") -> Tree:
-        return Tree.from_pb(self._unary("GetTree", pb.TreeRequest(sandbox=sandbox, checkpoint=checkpoint)))
+    def checkpoint_failures(self, sandbox: str = "") -> builtins.list[models.CheckpointFailure]:
+        return self._send(self._checkpoint_failures(sandbox))
 
-    def checkpoint_failures(self, sandbox: str = "") -> builtins.list[CheckpointFailure]:
-        """Checkpoints that were attempted and not made, newest first, with why (and CRIU's log)."""
-        resp = self._unary("ListCheckpointFailures", pb.ListCheckpointsRequest(sandbox=sandbox))
-        return rq.failures_from_pb(resp)
+    def gc(self) -> models.GcResult:
+        return self._send(self._gc())
 
-    def gc(self) -> GcResult:
-        """Remove blobs nothing references (root only)."""
-        return GcResult.from_pb(self._unary("GarbageCollect", pb.GcRequest(), timeout=3600.0))
+    def quota(self, uid: int | None = None) -> models.QuotaUse:
+        return self._send(self._quota(uid))
 
-    def quota(self, uid: int | None = None) -> QuotaUse:
-        """Use against the per-uid quotas: the caller's own, or (root) ``uid``'s."""
-        return QuotaUse.from_pb(self._unary("GetQuota", pb.QuotaRequest(uid=uid)))
-
-    def verify(self) -> VerifyResult:
-        """Re-hash stored checkpoint data; name corrupt blobs and the checkpoints that need them."""
-        return VerifyResult.from_pb(self._unary("Verify", pb.VerifyRequest(), timeout=3600.0))
+    def verify(self) -> models.VerifyResult:
+        return self._send(self._verify())
 
 
-class Session:
+@documented(_docs.SESSION)
+class Session(SessionCore["Sandbox"]):
     """The sandbox's persistent bash: state carries over between commands."""
 
-    def __init__(self, sandbox: Sandbox) -> None:
-        self._sb = sandbox
-
-    def run(self, command: str, *, timeout: float = 0.0, max_output: int = 0) -> ExecResult:
-        result: ExecResult | None = None
-        for item in self._iter(command, timeout, max_output, stream=False):
-            if isinstance(item, ExecResult):
-                result = item
-        assert result is not None
-        return result
-
-    def stream(self, command: str, *, timeout: float = 0.0, max_output: int = 0) -> Iterator[OutputChunk | ExecResult]:
-        """Yield output chunks as they arrive, then the :class:`ExecResult`."""
-        return self._iter(command, timeout, max_output, stream=True)
-
-    def _iter(
-        self, command: str, timeout: float, max_output: int, *, stream: bool
-    ) -> Iterator[OutputChunk | ExecResult]:
-        c = self._sb.client
-        req = rq.session_request(self._sb.id, command, timeout=timeout, max_output=max_output, stream=stream)
-        for ev in c._events("SessionRun", req, c._deadline(timeout)):
-            if ev.HasField("output"):
-                yield chunk_from_pb(ev.output)
-            else:
-                yield ExecResult.from_pb(ev.result)
-
-    def state(self) -> dict[str, Any]:
-        """The session's semantic state now (cwd, env, variables, functions, ...)."""
-        resp = self._sb.client._unary("GetSessionState", pb.SandboxRef(sandbox=self._sb.id))
-        return json.loads(resp.state_json) if resp.state_json else {}
-
-    def restart(self, state: Mapping[str, Any] | str | None = None) -> dict[str, Any]:
-        """Start a fresh bash, with ``state`` (from :meth:`state`) applied if given."""
-        text = "" if state is None else state if isinstance(state, str) else json.dumps(state)
-        resp = self._sb.client._unary("RestartSession", pb.RestartSessionRequest(sandbox=self._sb.id, state_json=text))
-        return json.loads(resp.state_json) if resp.state_json else {}
-
-
-class Sandbox:
-    """A handle on one sandbox.  ``with`` removes it on exit."""
-
-    def __init__(self, client: Client, info: SandboxInfo) -> None:
-        self.client = client
-        self.info = info
-        self.session = Session(self)
-
-    def __repr__(self) -> str:
-        return f"<Sandbox {self.info.name} ({self.info.id}) {self.info.state}>"
-
-    @property
-    def id(self) -> str:
-        return self.info.id
-
-    @property
-    def name(self) -> str:
-        return self.info.name
-
-    def refresh(self) -> SandboxInfo:
-        self.info = SandboxInfo.from_pb(self.client._unary("GetSandbox", pb.SandboxRef(sandbox=self.id)))
-        return self.info
-
-    def run(
-        self,
-        cmd: str | Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        workdir: str = "",
-        timeout: float = 0.0,
-        max_output: int = 0,
-        stdin: bytes | str = b"",
-        user: str = "",
-    ) -> ExecResult:
-        """Run one program (argv list, or a string split like a shell would) and wait for it."""
-        result: ExecResult | None = None
-        for item in self._exec(cmd, env, workdir, timeout, max_output, stdin, user, stream=False):
-            if isinstance(item, ExecResult):
-                result = item
-        assert result is not None
-        return result
+    def run(self, command: str, *, timeout: float = 0.0, max_output: int = 0) -> models.ExecResult:
+        return _result(self._sb.client._send_stream(self._run(command, timeout, max_output, stream=False)))
 
     def stream(
-        self,
-        cmd: str | Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        workdir: str = "",
-        timeout: float = 0.0,
-        max_output: int = 0,
-        stdin: bytes | str = b"",
-        user: str = "",
-    ) -> Iterator[OutputChunk | ExecResult]:
-        return self._exec(cmd, env, workdir, timeout, max_output, stdin, user, stream=True)
+        self, command: str, *, timeout: float = 0.0, max_output: int = 0
+    ) -> Iterator[models.OutputChunk | models.ExecResult]:
+        return self._sb.client._send_stream(self._run(command, timeout, max_output, stream=True))
 
-    def _exec(
-        self,
-        cmd: str | Sequence[str],
-        env: Mapping[str, str] | None,
-        workdir: str,
-        timeout: float,
-        max_output: int,
-        stdin: bytes | str,
-        user: str,
-        *,
-        stream: bool,
-    ) -> Iterator[OutputChunk | ExecResult]:
-        req = rq.exec_request(
-            self.id,
-            cmd,
-            env=env,
-            workdir=workdir,
-            timeout=timeout,
-            max_output=max_output,
-            stdin=stdin,
-            stream=stream,
-            user=user,
-        )
-        for ev in self.client._events("Exec", req, self.client._deadline(timeout)):
-            if ev.HasField("output"):
-                yield chunk_from_pb(ev.output)
-            else:
-                yield ExecResult.from_pb(ev.result)
+    def state(self) -> dict[str, Any]:
+        return self._sb.client._send(self._state())
 
-    def begin_turn(self) -> Turn:
-        return Turn.from_pb(self.client._unary("BeginTurn", pb.SandboxRef(sandbox=self.id)))
+    def restart(self, state: Mapping[str, Any] | str | None = None) -> dict[str, Any]:
+        return self._sb.client._send(self._restart(state))
+
+
+@documented(_docs.SANDBOX)
+class Sandbox(SandboxCore[Client]):
+    """A handle on one sandbox.  ``with`` removes it on exit."""
+
+    def __init__(self, client: Client, info: models.SandboxInfo) -> None:
+        super().__init__(client, info)
+        self.session = Session(self)
+
+    def refresh(self) -> models.SandboxInfo:
+        return self.client._send(self._refresh())
+
+    @takes(ExecOptions)
+    def run(self, options: ExecOptions) -> models.ExecResult:
+        return _result(self.client._send_stream(self._exec(options, stream=False)))
+
+    @takes(ExecOptions)
+    def stream(self, options: ExecOptions) -> Iterator[models.OutputChunk | models.ExecResult]:
+        return self.client._send_stream(self._exec(options, stream=True))
+
+    def begin_turn(self) -> models.Turn:
+        return self.client._send(self._begin_turn())
 
     def llm_base_url(self) -> str:
-        """The OpenAI ``base_url`` that routes this sandbox's LLM calls through crabd's proxy.
+        return self._llm_base_url(self.client.status())
 
-        Each request then ends the sandbox's turn, and its answer is released
-        once the turn's checkpoint is durable.  InvalidRequest if crabd runs
-        without the proxy (``[proxy] enabled``).
-        """
-        url = (self.client.status()).proxy_url
-        if not url:
-            raise InvalidRequest(
-                "crabd's OpenAI proxy is not enabled",
-                hint="Set [proxy] enabled = true and upstream in crabd.toml (or start crabd with --proxy-upstream).",
-            )
-        return f"{url}/sandboxes/{self.id}/v1"
-
-    def end_turn(self, *, wait: bool = False) -> Turn:
-        """End the turn.  crabd decides now and checkpoints in the background.
-
-        The sandbox's next action (command, ``begin_turn``, restore, ...)
-        waits until that checkpoint is durable, so the state it captures is
-        this turn end's.  ``wait=True`` returns only then, with
-        ``checkpoint_id`` set, and raises :class:`CheckpointFailed` if it failed.
-        """
-        return Turn.from_pb(self.client._unary("EndTurn", pb.EndTurnRequest(sandbox=self.id, wait=wait)))
+    def end_turn(self, *, wait: bool = False) -> models.Turn:
+        return self.client._send(self._end_turn(wait))
 
     @contextlib.contextmanager
-    def turn(self) -> Iterator[Turn]:
-        """``with sb.turn():`` — one agent action; the turn ends (and is recorded) on exit."""
+    def turn(self) -> Iterator[models.Turn]:
         t = self.begin_turn()
         try:
             yield t
@@ -363,79 +199,35 @@ class Sandbox:
             raise
         self.end_turn()
 
-    def turns(self, limit: int = 0) -> list[Turn]:
-        resp = self.client._unary("ListTurns", rq.turns_request(self.id, limit))
-        return [Turn.from_pb(t) for t in resp.turns]
+    def turns(self, limit: int = 0) -> list[models.Turn]:
+        return self.client._send(self._turns(limit))
 
-    def stop(self, timeout: float = 0.0) -> SandboxInfo:
-        self.info = SandboxInfo.from_pb(
-            self.client._unary(
-                "StopSandbox",
-                rq.stop_request(self.id, timeout),
-                timeout=timeout + self.client.timeout,
-            )
-        )
-        return self.info
+    def stop(self, timeout: float = 0.0) -> models.SandboxInfo:
+        return self.client._send(self._stop(timeout))
 
     def remove(self, force: bool = True, *, keep_checkpoints: bool = False) -> None:
-        """Remove the sandbox.  Its checkpoints go too, unless kept or forked from."""
-        self.client._unary(
-            "RemoveSandbox", pb.RemoveSandboxRequest(sandbox=self.id, force=force, keep_checkpoints=keep_checkpoints)
-        )
+        self.client._send(self._remove(force, keep_checkpoints))
 
-    # --- checkpoints ------------------------------------------------------------------
+    def checkpoint(self, label: str = "", *, kind: str = "") -> models.CheckpointInfo:
+        return self.client._send(self._checkpoint(label, kind))
 
-    def checkpoint(self, label: str = "", *, kind: str = "") -> CheckpointInfo:
-        """Take a checkpoint now: ``kind="fs"`` (files and the session's state), ``"full"`` (every
-        process too, with CRIU), or ``""`` for the sandbox's policy."""
-        req = pb.CreateCheckpointRequest(sandbox=self.id, label=label, kind=kind)
-        return CheckpointInfo.from_pb(self.client._unary("CreateCheckpoint", req))
+    def checkpoints(self) -> list[models.CheckpointInfo]:
+        return self.client._send(self.client._checkpoints(self.id))
 
-    def checkpoints(self) -> list[CheckpointInfo]:
-        return self.client.checkpoints(self.id)
-
-    def restore(self, checkpoint: str | CheckpointInfo | None = None, *, turn: int | None = None) -> SandboxInfo:
-        """Roll back (or forward) in place: files and session become exactly the checkpoint's.
-
-        Name a checkpoint, or ``turn=N`` for the state this sandbox ended its
-        turn N in — on the line of history where that turn happened, also after
-        restores (an error if no checkpoint holds that state, e.g. its
-        checkpoint failed).  Processes do not survive a filesystem restore;
-        ``info.not_restored`` lists what could not be brought back.
-        """
-        req = rq.restore_request(self.id, checkpoint, turn)
-        self.info = SandboxInfo.from_pb(self.client._unary("Restore", req))
-        return self.info
+    def restore(self, checkpoint: CheckpointRef | None = None, *, turn: int | None = None) -> models.SandboxInfo:
+        return self.client._send(self._restore(checkpoint, turn))
 
     def fork(
-        self,
-        n: int = 1,
-        checkpoint: str | CheckpointInfo | None = None,
-        *,
-        name_prefix: str = "",
-        turn: int | None = None,
+        self, n: int = 1, checkpoint: CheckpointRef | None = None, *, name_prefix: str = "", turn: int | None = None
     ) -> list[Sandbox]:
-        """``n`` new sandboxes from ``checkpoint``, or from the state at the end of ``turn=N``
-        (default: this sandbox's latest checkpoint)."""
-        if checkpoint is not None and turn is not None:
-            raise InvalidRequest("fork needs at most one of: a checkpoint, or turn=N")
-        if checkpoint is not None:
-            return self.client.fork(checkpoint, n, name_prefix=name_prefix)
-        req = rq.fork_request(self.id, n, name_prefix, turn)
-        resp = self.client._unary("Fork", req, timeout=self.client.timeout + 30.0 * n)
-        return [Sandbox(self.client, SandboxInfo.from_pb(s)) for s in resp.sandboxes]
+        call = self.client._fork(n, name_prefix=name_prefix, checkpoint=checkpoint, sandbox=self.id, turn=turn)
+        return self.client._send(call)
 
-    def tree(self) -> Tree:
-        return self.client.tree(sandbox=self.id)
+    def tree(self) -> models.Tree:
+        return self.client._send(self.client._tree(self.id, ""))
 
-    def recover(self) -> Recovered:
-        """Recreate this sandbox, whose container died, from its latest checkpoint.
-
-        The result says which turns' effects were lost (they came after that checkpoint).
-        """
-        done = Recovered.from_pb(self.client._unary("Recover", pb.SandboxRef(sandbox=self.id), timeout=600.0))
-        self.info = done.sandbox
-        return done
+    def recover(self) -> models.Recovered:
+        return self.client._send(self._recover())
 
     def __enter__(self) -> Sandbox:
         return self

@@ -349,6 +349,10 @@ class CheckpointInfo:
         )
 
 
+#: How the SDK names a checkpoint: its id, or the checkpoint itself.
+CheckpointRef = str | CheckpointInfo
+
+
 @dataclass(frozen=True)
 class PathChange:
     path: bytes  # raw bytes: sandbox file names need not be UTF-8

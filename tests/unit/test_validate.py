@@ -184,13 +184,13 @@ def test_fit_output_gives_a_short_stream_all_it_needs() -> None:
 @pytest.mark.parametrize("bad", NOT_FINITE)
 def test_sdk_refuses_non_finite_values(bad: float) -> None:
     with pytest.raises(InvalidRequest):
-        rq.exec_request("sb", ["true"], timeout=bad)
+        rq.ExecOptions(["true"], timeout=bad).request("sb", stream=False)
     with pytest.raises(InvalidRequest):
         rq.session_request("sb", "true", timeout=bad)
     with pytest.raises(InvalidRequest):
         rq.stop_request("sb", bad)
     with pytest.raises(InvalidRequest):
-        rq.create_request("busybox", cpus=bad)
+        rq.CreateOptions("busybox", cpus=bad).request()
     with pytest.raises(InvalidRequest):
         rq.client_timeout(bad)
     with pytest.raises(InvalidRequest):
@@ -200,17 +200,17 @@ def test_sdk_refuses_non_finite_values(bad: float) -> None:
 @pytest.mark.parametrize("memory", ["infg", "nanm", "-5m", -1, 1 << 70, 1.5])
 def test_sdk_refuses_bad_memory(memory: object) -> None:
     with pytest.raises(InvalidRequest):
-        rq.create_request("busybox", memory=memory)  # type: ignore[arg-type]
+        rq.CreateOptions("busybox", memory=memory).request()  # type: ignore[arg-type]
 
 
 def test_sdk_refuses_bad_counts_and_env() -> None:
     for call in (
-        lambda: rq.create_request("busybox", pids=-1),
-        lambda: rq.create_request("busybox", pids=1 << 64),
-        lambda: rq.create_request("busybox", env_vars={"A=B": "1"}),
-        lambda: rq.exec_request("sb", ["true"], env={"": "x"}),
-        lambda: rq.exec_request("sb", ["true"], env={"A": "x\0"}),
-        lambda: rq.exec_request("sb", ["true"], max_output=-1),
+        lambda: rq.CreateOptions("busybox", pids=-1).request(),
+        lambda: rq.CreateOptions("busybox", pids=1 << 64).request(),
+        lambda: rq.CreateOptions("busybox", env_vars={"A=B": "1"}).request(),
+        lambda: rq.ExecOptions(["true"], env={"": "x"}).request("sb", stream=False),
+        lambda: rq.ExecOptions(["true"], env={"A": "x\0"}).request("sb", stream=False),
+        lambda: rq.ExecOptions(["true"], max_output=-1).request("sb", stream=False),
         lambda: rq.fork_count(0),
         lambda: rq.fork_count(1 << 40),
         lambda: rq.turns_request("sb", -1),
@@ -218,4 +218,4 @@ def test_sdk_refuses_bad_counts_and_env() -> None:
     ):
         with pytest.raises(InvalidRequest):
             call()
-    assert rq.exec_request("sb", ["true"], env={"A": "1"}, timeout=5).timeout_s == 5
+    assert rq.ExecOptions(["true"], env={"A": "1"}, timeout=5).request("sb", stream=False).timeout_s == 5

@@ -1,0 +1,359 @@
+"""What the sync and async SDKs share: everything but the I/O.
+
+:class:`crabd.sdk.Client` and :class:`crabd.sdk.AsyncClient` (and their
+sandboxes and sessions) differ only in how they wait for crabd.  Everything
+else — checking arguments, building the request, choosing the call's
+deadline, turning the reply into SDK models, mapping gRPC failures to
+:class:`~crabd.errors.CrabError` — is built here once, as a :class:`Call`.
+So each public method is three steps: build the call (here), send it (the
+one line of I/O in ``client.py`` or ``aio.py``), return the parsed reply.
+
+The public methods' docstrings are written once too, in ``_docs.py``, and
+put on both twins by :func:`documented`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, cast
+
+import grpc
+
+from crabd.api import errors as wire_errors
+from crabd.api.v1 import crab_pb2 as pb
+from crabd.errors import ClientClosed, CrabError, InvalidRequest
+from crabd.sdk import _requests as rq
+from crabd.sdk._requests import CreateOptions, ExecOptions
+from crabd.sdk.embedded import EmbeddedDaemon
+from crabd.sdk.models import (
+    CheckpointDetail,
+    CheckpointFailure,
+    CheckpointInfo,
+    CheckpointRef,
+    DaemonStatus,
+    EngineStatus,
+    ExecResult,
+    GcResult,
+    OutputChunk,
+    QuotaUse,
+    Recovered,
+    SandboxInfo,
+    Tree,
+    Turn,
+    VerifyResult,
+    chunk_from_pb,
+)
+
+T = TypeVar("T")
+P = ParamSpec("P")
+S = TypeVar("S")
+Opts = TypeVar("Opts")
+R = TypeVar("R")
+C = TypeVar("C", bound=type)
+SB = TypeVar("SB")
+CL = TypeVar("CL", bound="ClientCore[Any]", covariant=True)
+SBX = TypeVar("SBX", bound="SandboxCore[ClientCore[Any]]")
+
+#: What a streaming call (Exec, SessionRun) yields: output as it comes, then the result.
+Event = OutputChunk | ExecResult
+
+#: Deadlines of the calls that take as long as the work they start.
+STREAM_DEFAULT_S = 600.0
+RECOVER_S = 600.0
+STORE_SWEEP_S = 3600.0
+FORK_PER_SANDBOX_S = 30.0
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One RPC ready to send: the stub's method, the request, its deadline, and how to read the reply.
+
+    For a streaming RPC, ``parse`` reads each message of the stream.
+    """
+
+    rpc: str
+    request: Any
+    timeout: float
+    parse: Callable[[Any], T]
+
+
+def event_from_pb(ev: pb.ExecEvent) -> Event:
+    return chunk_from_pb(ev.output) if ev.HasField("output") else ExecResult.from_pb(ev.result)
+
+
+def session_state(reply: Any) -> dict[str, Any]:
+    text = reply.state_json
+    return cast(dict[str, Any], json.loads(text)) if text else {}
+
+
+def takes(options: Callable[P, Opts]) -> Callable[[Callable[[S, Opts], R]], Callable[Concatenate[S, P], R]]:
+    """Give a method that takes one options object the options' own parameters.
+
+    ``create(self, options: CreateOptions)`` becomes ``create(self, env, *,
+    name="", ...)``, so the parameter list is written once (the options class)
+    for the sync client, the async client, and crabctl; type checkers and
+    ``help()`` see the full signature.
+    """
+
+    def decorate(method: Callable[[S, Opts], R]) -> Callable[Concatenate[S, P], R]:
+        if inspect.iscoroutinefunction(method):
+
+            async def awaitable(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+                return await cast(Any, method)(self, options(*args, **kwargs))
+
+            wrapper = cast(Callable[Concatenate[S, P], R], awaitable)
+        else:
+
+            def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+                return method(self, options(*args, **kwargs))
+
+        functools.update_wrapper(wrapper, method)
+        own = inspect.signature(method)
+        params = [next(iter(own.parameters.values())), *inspect.signature(options).parameters.values()]
+        wrapper.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+def documented(docs: Mapping[str, str], *, aliases: Mapping[str, str] | None = None) -> Callable[[C], C]:
+    """Class decorator: each public method gets its docstring from ``docs`` (by name, or by ``aliases``).
+
+    A public method with no entry is an error at import, so the sync and async
+    twins cannot drift apart in what they document.
+    """
+
+    def apply(cls: C) -> C:
+        for name, member in vars(cls).items():
+            if name.startswith("_") or isinstance(member, property):
+                continue
+            func = member.__func__ if isinstance(member, classmethod) else member
+            if not callable(func):
+                continue
+            key = (aliases or {}).get(name, name)
+            if key not in docs:
+                raise TypeError(f"{cls.__qualname__}.{name} has no docstring in crabd/sdk/_docs.py")
+            func.__doc__ = docs[key]
+        return cls
+
+    return apply
+
+
+class ClientCore(Generic[SB]):
+    """A connection to crabd, less the I/O: :class:`Client` and :class:`AsyncClient` add that.
+
+    ``SB`` is the client's sandbox handle (:class:`Sandbox` or :class:`AsyncSandbox`).
+    """
+
+    def __init__(self, socket: str | Path | None = None, *, timeout: float = 120.0) -> None:
+        self.socket = str(socket or rq.default_socket())
+        self.timeout = rq.client_timeout(timeout)
+        self._daemon: EmbeddedDaemon | None = None
+        self._closed = False
+        self._open_channel(f"unix:{self.socket}")
+
+    def _open_channel(self, target: str) -> None:
+        raise NotImplementedError
+
+    def _wrap(self, info: SandboxInfo) -> SB:
+        """A sandbox handle bound to this client."""
+        raise NotImplementedError
+
+    @classmethod
+    def _owning(cls, daemon: EmbeddedDaemon) -> Self:
+        """A client of the started ``daemon`` that stops it on close (and at once if the client cannot be made)."""
+        try:
+            client = cls(daemon.socket)
+        except BaseException:
+            daemon.close()
+            raise
+        client._daemon = daemon
+        return client
+
+    def _release(self) -> EmbeddedDaemon | None:
+        """Mark the client closed; the embedded daemon it owns, if any, is the caller's to stop."""
+        self._closed = True
+        daemon, self._daemon = self._daemon, None
+        return daemon
+
+    # --- the plumbing the I/O wraps ----------------------------------------------------
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise ClientClosed(f"this {type(self).__name__} of {self.socket} is closed", socket=self.socket)
+
+    def _error(self, exc: grpc.RpcError) -> CrabError:
+        """The CrabError a failed call stands for (the daemon's own class, or DaemonUnavailable)."""
+        return wire_errors.decode(exc, socket=self.socket)
+
+    def _call(self, rpc: str, request: Any, parse: Callable[[Any], T], timeout: float = 0.0) -> Call[T]:
+        return Call(rpc, request, timeout or self.timeout, parse)
+
+    def _stream(self, rpc: str, request: Any, command_timeout: float) -> Call[Event]:
+        # The call may take as long as the command plus the daemon's own work.
+        return Call(rpc, request, (command_timeout or STREAM_DEFAULT_S) + self.timeout, event_from_pb)
+
+    def _sandboxes(self, reply: Any) -> list[SB]:
+        return [self._wrap(SandboxInfo.from_pb(s)) for s in reply.sandboxes]
+
+    # --- calls of the public methods (same names, no I/O) -----------------------------------
+
+    def _status(self) -> Call[DaemonStatus]:
+        return self._call("DaemonStatus", pb.DaemonStatusRequest(), DaemonStatus.from_pb)
+
+    def _engine_status(self) -> Call[EngineStatus]:
+        return self._call("EngineStatus", pb.EngineStatusRequest(), EngineStatus.from_pb)
+
+    def _create(self, options: CreateOptions) -> Call[SB]:
+        return self._call("CreateSandbox", options.request(), lambda m: self._wrap(SandboxInfo.from_pb(m)))
+
+    def _list(self) -> Call[list[SB]]:
+        return self._call("ListSandboxes", pb.ListSandboxesRequest(), self._sandboxes)
+
+    def _get(self, sandbox: str) -> Call[SB]:
+        return self._call("GetSandbox", pb.SandboxRef(sandbox=sandbox), lambda m: self._wrap(SandboxInfo.from_pb(m)))
+
+    def _checkpoints(self, sandbox: str) -> Call[list[CheckpointInfo]]:
+        req = pb.ListCheckpointsRequest(sandbox=sandbox)
+        return self._call("ListCheckpoints", req, lambda m: [CheckpointInfo.from_pb(c) for c in m.checkpoints])
+
+    def _checkpoint(self, checkpoint: CheckpointRef) -> Call[CheckpointDetail]:
+        ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
+        return self._call("GetCheckpoint", ref, CheckpointDetail.from_pb)
+
+    def _delete_checkpoint(self, checkpoint: CheckpointRef) -> Call[int]:
+        ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
+        return self._call("DeleteCheckpoint", ref, lambda m: int(m.bytes_freed))
+
+    def _fork(
+        self,
+        n: int,
+        *,
+        name_prefix: str,
+        checkpoint: CheckpointRef | None = None,
+        sandbox: str = "",
+        turn: int | None = None,
+    ) -> Call[list[SB]]:
+        req = rq.fork_request(n, name_prefix=name_prefix, checkpoint=checkpoint, sandbox=sandbox, turn=turn)
+        return self._call("Fork", req, self._sandboxes, timeout=self.timeout + FORK_PER_SANDBOX_S * n)
+
+    def _tree(self, sandbox: str, checkpoint: str) -> Call[Tree]:
+        return self._call("GetTree", pb.TreeRequest(sandbox=sandbox, checkpoint=checkpoint), Tree.from_pb)
+
+    def _checkpoint_failures(self, sandbox: str) -> Call[list[CheckpointFailure]]:
+        req = pb.ListCheckpointsRequest(sandbox=sandbox)
+        return self._call("ListCheckpointFailures", req, rq.failures_from_pb)
+
+    def _gc(self) -> Call[GcResult]:
+        return self._call("GarbageCollect", pb.GcRequest(), GcResult.from_pb, timeout=STORE_SWEEP_S)
+
+    def _quota(self, uid: int | None) -> Call[QuotaUse]:
+        return self._call("GetQuota", pb.QuotaRequest(uid=uid), QuotaUse.from_pb)
+
+    def _verify(self) -> Call[VerifyResult]:
+        return self._call("Verify", pb.VerifyRequest(), VerifyResult.from_pb, timeout=STORE_SWEEP_S)
+
+
+class SandboxCore(Generic[CL]):
+    """A handle on one sandbox, less the I/O: :class:`Sandbox` and :class:`AsyncSandbox` add that."""
+
+    def __init__(self, client: CL, info: SandboxInfo) -> None:
+        self.client = client
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.info.name} ({self.info.id}) {self.info.state}>"
+
+    @property
+    def id(self) -> str:
+        """The sandbox's id."""
+        return self.info.id
+
+    @property
+    def name(self) -> str:
+        """The sandbox's name."""
+        return self.info.name
+
+    def _keep(self, reply: Any) -> SandboxInfo:
+        """Parse a reply that describes this sandbox, and remember it as ``info``."""
+        self.info = SandboxInfo.from_pb(reply)
+        return self.info
+
+    def _kept(self, reply: Any) -> Recovered:
+        done = Recovered.from_pb(reply)
+        self.info = done.sandbox
+        return done
+
+    def _ref(self) -> pb.SandboxRef:
+        return pb.SandboxRef(sandbox=self.id)
+
+    # --- calls of the public methods (same names, no I/O) -----------------------------------
+
+    def _refresh(self) -> Call[SandboxInfo]:
+        return self.client._call("GetSandbox", self._ref(), self._keep)
+
+    def _exec(self, options: ExecOptions, *, stream: bool) -> Call[Event]:
+        return self.client._stream("Exec", options.request(self.id, stream=stream), options.timeout)
+
+    def _begin_turn(self) -> Call[Turn]:
+        return self.client._call("BeginTurn", self._ref(), Turn.from_pb)
+
+    def _llm_base_url(self, status: DaemonStatus) -> str:
+        if not status.proxy_url:
+            raise InvalidRequest(
+                "crabd's OpenAI proxy is not enabled",
+                hint="Set [proxy] enabled = true and upstream in crabd.toml (or start crabd with --proxy-upstream).",
+            )
+        return f"{status.proxy_url}/sandboxes/{self.id}/v1"
+
+    def _end_turn(self, wait: bool) -> Call[Turn]:
+        return self.client._call("EndTurn", pb.EndTurnRequest(sandbox=self.id, wait=wait), Turn.from_pb)
+
+    def _turns(self, limit: int) -> Call[list[Turn]]:
+        req = rq.turns_request(self.id, limit)
+        return self.client._call("ListTurns", req, lambda m: [Turn.from_pb(t) for t in m.turns])
+
+    def _stop(self, timeout: float) -> Call[SandboxInfo]:
+        req = rq.stop_request(self.id, timeout)
+        return self.client._call("StopSandbox", req, self._keep, timeout=timeout + self.client.timeout)
+
+    def _remove(self, force: bool, keep_checkpoints: bool) -> Call[None]:
+        req = pb.RemoveSandboxRequest(sandbox=self.id, force=force, keep_checkpoints=keep_checkpoints)
+        return self.client._call("RemoveSandbox", req, lambda _: None)
+
+    def _checkpoint(self, label: str, kind: str) -> Call[CheckpointInfo]:
+        req = pb.CreateCheckpointRequest(sandbox=self.id, label=label, kind=kind)
+        return self.client._call("CreateCheckpoint", req, CheckpointInfo.from_pb)
+
+    def _restore(self, checkpoint: CheckpointRef | None, turn: int | None) -> Call[SandboxInfo]:
+        return self.client._call("Restore", rq.restore_request(self.id, checkpoint, turn), self._keep)
+
+    def _recover(self) -> Call[Recovered]:
+        return self.client._call("Recover", self._ref(), self._kept, timeout=RECOVER_S)
+
+
+class SessionCore(Generic[SBX]):
+    """A sandbox's persistent bash, less the I/O: :class:`Session` and :class:`AsyncSession` add that."""
+
+    def __init__(self, sandbox: SBX) -> None:
+        self._sb = sandbox
+
+    def _run(self, command: str, timeout: float, max_output: int, *, stream: bool) -> Call[Event]:
+        sb = self._sb
+        req = rq.session_request(sb.id, command, timeout=timeout, max_output=max_output, stream=stream)
+        return sb.client._stream("SessionRun", req, timeout)
+
+    def _state(self) -> Call[dict[str, Any]]:
+        sb = self._sb
+        return sb.client._call("GetSessionState", sb._ref(), session_state)
+
+    def _restart(self, state: Mapping[str, Any] | str | None) -> Call[dict[str, Any]]:
+        sb = self._sb
+        text = "" if state is None else state if isinstance(state, str) else json.dumps(state)
+        req = pb.RestartSessionRequest(sandbox=sb.id, state_json=text)
+        return sb.client._call("RestartSession", req, session_state)

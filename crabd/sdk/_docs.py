@@ -1,0 +1,88 @@
+"""The docstrings of the SDK's public methods, written once for the sync and the async twin.
+
+:func:`crabd.sdk._core.documented` puts them on :class:`Client` and
+:class:`AsyncClient` (and their sandboxes and sessions), so ``help()``
+shows the same text for both; the async methods are awaited.  A public
+method without an entry here fails at import.
+"""
+
+from __future__ import annotations
+
+CLIENT = {
+    "embedded": "Start a private crabd (temporary socket and state) owned by this client; closing the client stops it.",
+    "close": "Close the connection, and stop the embedded crabd this client started; later calls raise ClientClosed.",
+    "status": "Is crabd up, and what is it serving (version, pid, state dir, socket, proxy URL)?",
+    "engine_status": "The host engine's queue, recent jobs (yours; root: all) and metrics.",
+    "create": """Create and start a sandbox.
+
+        ``checkpoints="auto"`` (the default) checkpoints at creation and, at
+        every turn end, what the inspector finds the turn needs (nothing,
+        files, or processes and files); ``"fs"`` and ``"full"`` take that
+        kind at every turn end; ``"none"`` only when asked.  The parameters
+        are :class:`crabd.sdk.CreateOptions`'s.
+        """,
+    "create_from": "Create and start a sandbox described by a :class:`crabd.sdk.CreateOptions` (see :meth:`create`).",
+    "list": "The sandboxes visible to you (yours; root: all).",
+    "get": "A handle on one sandbox, by id or name.",
+    "checkpoints": "Checkpoints of one sandbox, or every one visible to you.",
+    "checkpoint": "One checkpoint with what changed in it, its session state and its lineage.",
+    "delete_checkpoint": "Delete a checkpoint (its children stay restorable); returns bytes freed.",
+    "fork": "``n`` new, independent sandboxes with the checkpoint's files and session state.",
+    "tree": "The checkpoint tree of one sandbox, or the tree that holds one checkpoint.",
+    "checkpoint_failures": "Checkpoints that were attempted and not made, newest first, with why (and CRIU's log).",
+    "gc": "Remove blobs nothing references (root only).",
+    "quota": "Use against the per-uid quotas: the caller's own, or (root) ``uid``'s.",
+    "verify": "Re-hash stored checkpoint data; name corrupt blobs and the checkpoints that need them.",
+}
+
+SESSION = {
+    "run": "Run bash text in the session and wait for it; ``cd``, ``export`` and variables persist.",
+    "stream": "Like :meth:`run`, but yield output chunks as they arrive, then the :class:`ExecResult`.",
+    "state": "The session's semantic state now (cwd, env, variables, functions, ...).",
+    "restart": "Start a fresh bash, with ``state`` (from :meth:`state`) applied if given.",
+}
+
+SANDBOX = {
+    "refresh": "Fetch the sandbox's current description into ``info``, and return it.",
+    "run": "Run one program (argv list, or a string split like a shell would) and wait for it.",
+    "stream": "Like :meth:`run`, but yield output chunks as they arrive, then the :class:`ExecResult`.",
+    "begin_turn": "Begin a turn (one agent action) explicitly; :meth:`turn` does it for a ``with`` block.",
+    "llm_base_url": """The OpenAI ``base_url`` that routes this sandbox's LLM calls through crabd's proxy.
+
+        Each request then ends the sandbox's turn, and its answer is released
+        once the turn's checkpoint is durable.  InvalidRequest if crabd runs
+        without the proxy (``[proxy] enabled``).
+        """,
+    "end_turn": """End the turn.  crabd decides now and checkpoints in the background.
+
+        The sandbox's next action (command, ``begin_turn``, restore, ...)
+        waits until that checkpoint is durable, so the state it captures is
+        this turn end's.  ``wait=True`` returns only then, with
+        ``checkpoint_id`` set, and raises :class:`CheckpointFailed` if it failed.
+        """,
+    "turn": "``with sb.turn():`` — one agent action; the turn ends (and is recorded) on exit, also on an error.",
+    "turns": "The sandbox's turns, oldest first, with the commands run in each (``limit``: only the last N).",
+    "stop": "Stop the sandbox's container (it can then only be removed); waits up to ``timeout`` s for it.",
+    "remove": "Remove the sandbox.  Its checkpoints go too, unless kept or forked from.",
+    "checkpoint": """Take a checkpoint now: ``kind="fs"`` (files and the session's state), ``"full"`` (every
+        process too, with CRIU), or ``""`` for the sandbox's policy.""",
+    "checkpoints": "This sandbox's checkpoints.",
+    "restore": """Roll back (or forward) in place: files and session become exactly the checkpoint's.
+
+        Name a checkpoint, or ``turn=N`` for the state this sandbox ended its
+        turn N in — on the line of history where that turn happened, also after
+        restores (an error if no checkpoint holds that state, e.g. its
+        checkpoint failed).  Processes do not survive a filesystem restore;
+        ``info.not_restored`` lists what could not be brought back.
+        """,
+    "fork": """``n`` new sandboxes from ``checkpoint``, or from the state at the end of ``turn=N``
+        (default: this sandbox's latest checkpoint).""",
+    "tree": "This sandbox's checkpoint tree.",
+    "recover": """Recreate this sandbox, whose container died, from its latest checkpoint.
+
+        The result says which turns' effects were lost (they came after that checkpoint).
+        """,
+}
+
+#: The async client closes with ``aclose`` (as asyncio's own closables do).
+ASYNC_ALIASES = {"aclose": "close"}
