@@ -82,6 +82,15 @@ class TurnCheckpointState(Vocabulary):
     NONE = "none"
 
 
+class InspectorMode(Vocabulary):
+    """How crabd picks its inspector (``[inspector] mode``): the probes if they load, only them, or none."""
+
+    __what__ = "inspector mode"
+    AUTO = "auto"
+    EBPF = "ebpf"
+    SCAN = "scan"
+
+
 class SandboxState(StrEnum):
     CREATING = "creating"
     RUNNING = "running"
