@@ -79,6 +79,16 @@ def _rec(row: tuple[Any, ...]) -> CheckpointRecord:
 
 
 @dataclass(frozen=True)
+class LiveBlob:
+    """A blob some checkpoint still references (a row of ``blob_refs``)."""
+
+    refcount: int
+    #: Its size, and the bytes its file takes in the blob store (``BlobStore.stored_size``).
+    size: int
+    stored: int
+
+
+@dataclass(frozen=True)
 class CheckpointFailure:
     """One checkpoint that failed (``crabctl checkpoint failures``)."""
 
@@ -238,11 +248,11 @@ class Catalog:
         with self.db.lock:
             return self.db.conn.execute("SELECT 1 FROM blob_refs WHERE blob=?", (blob,)).fetchone() is not None
 
-    def live_blobs(self) -> dict[str, tuple[int, int, int]]:
-        """{blob: (refcount, size, stored)} of every live blob."""
+    def live_blobs(self) -> dict[str, LiveBlob]:
+        """Every live blob, by its hex id."""
         with self.db.lock:
             rows = self.db.conn.execute("SELECT blob, refcount, size, stored FROM blob_refs").fetchall()
-        return {str(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in rows}
+        return {str(r[0]): LiveBlob(int(r[1]), int(r[2]), int(r[3])) for r in rows}
 
     # --- publication and heads ---------------------------------------------------
 

@@ -32,7 +32,7 @@ from crabd.models import (
 )
 from crabd.service.reports import CheckpointDetail, DaemonStatus, EngineReport
 from crabd.service.service import Service
-from crabd.store.catalog import Catalog, CheckpointFailure
+from crabd.store.catalog import Catalog, CheckpointFailure, LiveBlob
 from crabd.store.db import Database
 from crabd.store.registry import Registry, spec_from_json, spec_to_json
 
@@ -109,6 +109,7 @@ def test_sqlite_keeps_the_strings_and_gives_back_members(db: Database) -> None:
     assert type(raw_kind) is str and raw_kind == "full"
     found = cat.find("ck-1")
     assert found is not None and found.kind is CheckpointKind.FULL
+    assert cat.live_blobs() == {"i": LiveBlob(1, 0, 0), "d": LiveBlob(1, 0, 0)}
 
     spec = SandboxSpec(env="busybox", checkpoints=CheckpointPolicy.FS, recovery=RecoveryMode.AUTO)
     reg.insert_sandbox(SandboxRecord("sb", "sb", 0, spec, "img", "c", SandboxState.RUNNING, 1.0))
