@@ -231,13 +231,15 @@ class Registry:
                 "SELECT c.id FROM checkpoints c WHERE c.sandbox_id=turns.sandbox_id AND c.turn=turns.number"
                 " AND c.created_at >= turns.ended_at ORDER BY c.created_at DESC LIMIT 1"
             )
+            pending = TurnCheckpointState.PENDING
             db.execute(
-                f"UPDATE turns SET checkpoint_state='done', checkpoint_id=({found})"
-                f" WHERE checkpoint_state='pending' AND EXISTS({found})"
+                f"UPDATE turns SET checkpoint_state=?, checkpoint_id=({found})"
+                f" WHERE checkpoint_state=? AND EXISTS({found})",
+                (TurnCheckpointState.DONE, pending),
             )
             cur = db.execute(
-                "UPDATE turns SET checkpoint_state='lost', checkpoint_error=? WHERE checkpoint_state='pending'",
-                (reason,),
+                "UPDATE turns SET checkpoint_state=?, checkpoint_error=? WHERE checkpoint_state=?",
+                (TurnCheckpointState.LOST, reason, pending),
             )
             return int(cur.rowcount)
 

@@ -130,6 +130,24 @@ def test_sqlite_keeps_the_strings_and_gives_back_members(db: Database) -> None:
     assert _raw(db, "SELECT kind FROM failures") == "fs"
 
 
+def test_pending_turn_checkpoints_end_done_or_lost_in_the_same_spelling(db: Database) -> None:
+    cat, reg = Catalog(db), Registry(db)
+    reg.insert_sandbox(SandboxRecord("sb", "sb", 0, SandboxSpec(env="busybox"), "img", "c", SandboxState.RUNNING, 0.0))
+    for _ in range(2):
+        t = reg.open_turn("sb", 0.5, implicit=False)
+        reg.close_turn("sb", t.number, 0.5, None)
+        reg.set_turn_checkpoint("sb", t.number, TurnCheckpointState.PENDING)
+    cat.publish(_checkpoint(CheckpointKind.FS), lambda _b: set(), lambda _b: (0, 0))  # turn 1's, published
+    assert reg.lose_pending_turns("crabd stopped") == 1
+    with db.lock:
+        rows = db.conn.execute("SELECT number, checkpoint_state FROM turns ORDER BY number").fetchall()
+    assert rows == [(1, "done"), (2, "lost")]
+    assert [t.checkpoint_state for t in reg.list_turns("sb")] == [
+        TurnCheckpointState.DONE,
+        TurnCheckpointState.LOST,
+    ]
+
+
 def test_sandbox_spec_json_is_unchanged_and_old_specs_still_load() -> None:
     spec = SandboxSpec(env="busybox", checkpoints=CheckpointPolicy.NONE, recovery=RecoveryMode.MANUAL)
     text = spec_to_json(spec)
