@@ -1,4 +1,4 @@
-"""Plain records shared by every layer (no behaviour, no I/O)."""
+"""Plain records and the vocabulary shared by every layer (no I/O)."""
 
 from __future__ import annotations
 

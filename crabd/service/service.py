@@ -15,6 +15,9 @@ every request crosses: each numeric field is checked here (finite, in
 range, within ``[limits]``: ``limits.py``), and environment variables by
 the one shared rule (``crabd.util.validate.env_vars``) wherever they come
 from.  Results are bounded so a reply always fits a gRPC message.
+Words of crab's vocabulary (``crabd.models``: checkpoint policies, kinds,
+recovery modes) become enum members once, where they enter: a new
+sandbox's spec in ``api/convert.py``, a checkpoint's kind here.
 """
 
 from __future__ import annotations
