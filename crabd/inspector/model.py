@@ -9,7 +9,6 @@ from typing import Any
 from crabd.models import DecisionKind
 
 SKIP, FS, FULL = DecisionKind.SKIP, DecisionKind.FS, DecisionKind.FULL
-ORDER = {SKIP: 0, FS: 1, FULL: 2}
 
 
 @dataclass(frozen=True)
