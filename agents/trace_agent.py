@@ -28,6 +28,7 @@ from typing import Any
 from agents.llm import ChatClient, Completion
 from agents.tasks import OracleTurn, Task, find, verify
 from agents.tasks import create as create_sandbox
+from crabd.models import CheckpointPolicy
 from crabd.sdk import Client, Sandbox
 
 SYSTEM = (
@@ -115,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llm", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     ap.add_argument("--socket", default="", help="crabd's socket (default: the system daemon)")
     ap.add_argument("--proxy", action="store_true", help="send LLM requests through crab's proxy")
-    ap.add_argument("--checkpoints", default="auto", choices=["auto", "fs", "full", "none"])
+    ap.add_argument(
+        "--checkpoints", type=CheckpointPolicy, default=CheckpointPolicy.AUTO, choices=list(CheckpointPolicy)
+    )
     args = ap.parse_args(argv)
     task = find(args.task)
     with Client(args.socket or None) as client, create_sandbox(client, task, checkpoints=args.checkpoints) as sb:

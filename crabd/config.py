@@ -12,12 +12,13 @@ import ipaddress
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from crabd.errors import ConfigError
+from crabd.models import InspectorMode
 
 DEFAULT_CONFIG_PATH = Path("/etc/crab/crabd.toml")
 #: Most stdout + stderr one command's result may carry: the gRPC message
@@ -139,8 +140,8 @@ class CriuConfig(_Model):
 class InspectorConfig(_Model):
     """How crabd decides what each turn needs (see docs/inspector.md)."""
 
-    mode: Literal["auto", "ebpf", "scan"] = Field(
-        "auto",
+    mode: InspectorMode = Field(
+        InspectorMode.AUTO,
         description="auto: the eBPF probes if they load, else the scan inspector; "
         "ebpf: the probes or crabd does not start; scan: no probes (walk the upper dir and /proc every turn)",
     )

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from crabd.cli.checkpoints import render_tree
+from crabd.models import CheckpointKind, DecisionKind
 from crabd.sdk import Client, ExecResult, Sandbox
 
 con = Console()
@@ -98,10 +99,16 @@ def main() -> None:
         step("each turn end took the checkpoint the inspector called for")
         turns = [t for t in sb.turns() if not t.open]
         check(
-            all(t.decision is not None and bool(t.checkpoint_id) == (t.decision.kind != "skip") for t in turns),
+            all(
+                t.decision is not None and bool(t.checkpoint_id) == (t.decision.kind is not DecisionKind.SKIP)
+                for t in turns
+            ),
             "every turn has a decision, and a checkpoint unless it was skip",
         )
-        check(any(t.decision and t.decision.kind == "full" for t in turns), "the server's turn took a full checkpoint")
+        check(
+            any(t.decision and t.decision.kind is DecisionKind.FULL for t in turns),
+            "the server's turn took a full checkpoint",
+        )
         cks = sb.checkpoints()
         for ck in cks:
             con.print(
@@ -142,7 +149,7 @@ def main() -> None:
 
         step("a process checkpoint (CRIU), a crash, and recovery")
         agent_turn(sb, "(setsid python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 </dev/null &); sleep 0.7")
-        full = sb.checkpoint("server up", kind="full")
+        full = sb.checkpoint("server up", kind=CheckpointKind.FULL)
         con.print(
             f"{full.id}: every process and the files at one instant; the sandbox froze "
             f"{full.freeze_s * 1000:.0f} ms, {full.new_bytes / 1e6:.1f} MB stored"

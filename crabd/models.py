@@ -1,10 +1,94 @@
-"""Plain records shared by every layer (no behaviour, no I/O)."""
+"""Plain records and the vocabulary shared by every layer (no I/O)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
+
+from crabd.errors import InvalidRequest
+
+
+class Vocabulary(StrEnum):
+    """A closed set of words crab's API, CLI and database spell as strings.
+
+    The members *are* those strings (``StrEnum``), so the wire, the JSON
+    columns and the CLI keep their spelling; inside crabd code compares
+    members, and text from outside becomes a member once, at the edge,
+    through :meth:`parse`.
+    """
+
+    #: What the words name, for the error message (e.g. "checkpoint kind").
+    __what__: str = "value"
+
+    @classmethod
+    def parse(cls, value: str) -> Self:
+        """The member spelled ``value``; an unknown word is a clear InvalidRequest (nothing has changed yet)."""
+        try:
+            return cls(value)
+        except ValueError:
+            words = ", ".join(m.value for m in cls)
+            raise InvalidRequest(f"unknown {cls.__what__} {value!r}; use one of {words}") from None
+
+
+class CheckpointKind(Vocabulary):
+    """What a checkpoint holds: files and the session's state, or every process too."""
+
+    __what__ = "checkpoint kind"
+    FS = "fs"
+    FULL = "full"
+
+
+class DecisionKind(Vocabulary):
+    """What the inspector finds a turn end needs: nothing, a files checkpoint, or a full one."""
+
+    __what__ = "decision"
+    SKIP = "skip"
+    FS = "fs"
+    FULL = "full"
+
+    def checkpoint_kind(self) -> CheckpointKind:
+        """The checkpoint this decision takes (a skip takes none: asking is a bug)."""
+        return CheckpointKind(self.value)
+
+
+class CheckpointPolicy(Vocabulary):
+    """When crabd checkpoints a sandbox on its own (see ``SandboxSpec.checkpoints``)."""
+
+    __what__ = "checkpoint policy"
+    AUTO = "auto"
+    FS = "fs"
+    FULL = "full"
+    NONE = "none"
+
+
+class RecoveryMode(Vocabulary):
+    """Who recovers a dead sandbox: the user (``crabctl recover``) or crabd by itself."""
+
+    __what__ = "recovery policy"
+    MANUAL = "manual"
+    AUTO = "auto"
+
+
+class TurnCheckpointState(Vocabulary):
+    """Where a turn end's checkpoint is (``TurnRecord.checkpoint_state``)."""
+
+    __what__ = "turn checkpoint state"
+    PENDING = "pending"
+    DONE = "done"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    LOST = "lost"
+    NONE = "none"
+
+
+class InspectorMode(Vocabulary):
+    """How crabd picks its inspector (``[inspector] mode``): the probes if they load, only them, or none."""
+
+    __what__ = "inspector mode"
+    AUTO = "auto"
+    EBPF = "ebpf"
+    SCAN = "scan"
 
 
 class SandboxState(StrEnum):
@@ -43,9 +127,9 @@ class SandboxSpec:
     #: turn end what the inspector finds the turn needs: nothing, files, or
     #: processes and files), "fs" (files at every turn end), "full"
     #: (processes too, every turn end) or "none" (only when asked).
-    checkpoints: str = "auto"
+    checkpoints: CheckpointPolicy = CheckpointPolicy.AUTO
     #: "manual" (`crabctl recover`) or "auto" (crabd recovers a dead sandbox itself).
-    recovery: str = "manual"
+    recovery: RecoveryMode = RecoveryMode.MANUAL
 
 
 @dataclass
@@ -102,7 +186,7 @@ class TurnRecord:
     #: The checkpoint the turn end took (None: the decision was skip, or the policy takes none).
     checkpoint_id: str | None = None
     #: pending (queued in the host engine), done, skipped, failed, lost (crabd stopped first) or none (policy).
-    checkpoint_state: str | None = None
+    checkpoint_state: TurnCheckpointState | None = None
     #: Why the checkpoint failed or was lost.
     checkpoint_error: str | None = None
     #: A skipped turn: the checkpoint whose state it ended in (the head it was compared with).
@@ -143,7 +227,7 @@ class CheckpointRecord:
     parent_id: str | None
     branch: int
     turn: int
-    kind: str  # "fs" | "full"
+    kind: CheckpointKind
     created_at: float
     label: str
     image: str

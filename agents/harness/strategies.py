@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from agents.tasks import Task, create
 from agents.trace_agent import Conversation
+from crabd.models import CheckpointKind, CheckpointPolicy
 from crabd.sdk import Client, Sandbox
 from crabd.sdk.models import Turn
 
@@ -45,14 +46,14 @@ class Episode:
     #: Every sandbox this episode created (for traffic accounting and clean-up).
     sandboxes: list[Sandbox] = field(default_factory=list)
 
-    def fresh(self, policy: str) -> Sandbox:
+    def fresh(self, policy: CheckpointPolicy) -> Sandbox:
         sb = create(self.client, self.task, name=f"{self.name}-{len(self.sandboxes)}", checkpoints=policy)
         self.sandboxes.append(sb)
         self.sb = sb
-        if policy != "none":
+        if policy is not CheckpointPolicy.NONE:
             # The environment recipe ran after crab's creation checkpoint: keep it, so that a
             # recovery before the first turn does not lose the task's setup.
-            sb.checkpoint("setup", kind="fs")
+            sb.checkpoint("setup", kind=CheckpointKind.FS)
         return sb
 
     def resume_after(self, lost: list[int], next_index: int) -> int:
@@ -72,7 +73,7 @@ def lost_turns(turns: list[Turn], checkpoint_turn: int) -> list[int]:
 
 class Strategy(ABC):
     name: str
-    policy: str
+    policy: CheckpointPolicy
     wait: bool = False
 
     def start(self, ep: Episode) -> Sandbox:
@@ -93,7 +94,7 @@ class Strategy(ABC):
 
 
 class NoCheckpoints(Strategy):
-    name, policy = "none", "none"
+    name, policy = "none", CheckpointPolicy.NONE
 
     def recover(self, ep: Episode, next_index: int, *, alive: bool) -> int:
         raise RuntimeError("the 'none' strategy runs fault-free only")
@@ -106,7 +107,7 @@ def _discard(ep: Episode) -> None:
 
 
 class Restart(Strategy):
-    name, policy = "restart", "none"
+    name, policy = "restart", CheckpointPolicy.NONE
 
     def recover(self, ep: Episode, next_index: int, *, alive: bool) -> int:
         _discard(ep)
@@ -116,7 +117,7 @@ class Restart(Strategy):
 
 
 class ChatOnly(Strategy):
-    name, policy = "chat-only", "none"
+    name, policy = "chat-only", CheckpointPolicy.NONE
 
     def recover(self, ep: Episode, next_index: int, *, alive: bool) -> int:
         _discard(ep)
@@ -152,15 +153,15 @@ class FromCheckpoint(Strategy):
 
 
 class ChatPlusFs(FromCheckpoint):
-    name, policy, fresh_shell = "chat+fs", "fs", True
+    name, policy, fresh_shell = "chat+fs", CheckpointPolicy.FS, True
 
 
 class FullEveryTurn(FromCheckpoint):
-    name, policy, wait = "full-every-turn", "full", True
+    name, policy, wait = "full-every-turn", CheckpointPolicy.FULL, True
 
 
 class Crab(FromCheckpoint):
-    name, policy = "crab", "auto"
+    name, policy = "crab", CheckpointPolicy.AUTO
 
 
 STRATEGIES: dict[str, type[Strategy]] = {

@@ -29,6 +29,7 @@ from types import TracebackType
 from agents.shell_agent import render_result
 from agents.tasks import Task, acreate, averify
 from crabd.errors import CrabError
+from crabd.models import CheckpointKind, CheckpointPolicy
 from crabd.sdk import AsyncClient, AsyncSandbox
 
 
@@ -97,7 +98,7 @@ class CrabEnv:
         self.task = task
         self.max_steps = max_steps
         self.command_timeout_s = command_timeout_s
-        self.checkpoints = checkpoints
+        self.checkpoints = CheckpointPolicy.parse(checkpoints)  # a typo fails here, before any sandbox
         self.name = name
         self.done = False
         self._sb: AsyncSandbox | None = None
@@ -201,7 +202,7 @@ class CrabEnv:
 
     def _checkpointed(self) -> AsyncSandbox:
         sb = self.sandbox
-        if self.checkpoints == "none":
+        if self.checkpoints is CheckpointPolicy.NONE:
             raise EnvError(f"{self.task.name}: this environment runs without checkpoints (checkpoints='none')")
         return sb
 
@@ -221,7 +222,7 @@ class CrabEnv:
                 ckpt = last[-1].state_checkpoint
         if not ckpt:
             # No turn checkpoint covers this state (fresh from reset, or the turn's failed): take one.
-            ckpt = (await sb.checkpoint(label or f"rl-step-{self.steps}", kind="full")).id
+            ckpt = (await sb.checkpoint(label or f"rl-step-{self.steps}", kind=CheckpointKind.FULL)).id
         self._at_head = True
         return Snapshot(self.task.name, sb.id, ckpt, tuple(self._turns))
 

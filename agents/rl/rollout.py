@@ -32,6 +32,7 @@ from agents.rl.trajectory import Ledger, Step, Trajectory
 from agents.shell_agent import SYSTEM, bad_call, bash_command
 from agents.tasks import Task
 from crabd.errors import CrabError, InvalidRequest
+from crabd.models import CheckpointPolicy
 from crabd.sdk import AsyncClient
 
 log = logging.getLogger("agents.rl")
@@ -159,7 +160,7 @@ class Rollouts:
 
     async def _recover(self, env: CrabEnv, traj: Trajectory, exc: CrabError) -> bool:
         """Bring ``env``'s dead sandbox back and roll ``traj`` back to what survived; False if not possible."""
-        if not self.recover or env.checkpoints == "none" or traj.recoveries >= self.max_recoveries:
+        if not self.recover or env.checkpoints is CheckpointPolicy.NONE or traj.recoveries >= self.max_recoveries:
             return False
         with contextlib.suppress(CrabError):
             if (await env.sandbox.refresh()).state == "running":

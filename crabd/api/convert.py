@@ -6,13 +6,24 @@ import json
 from typing import Any
 
 from crabd.api.v1 import crab_pb2 as pb
-from crabd.backends.fsdelta import Change
 from crabd.coordinator.tree import TreeView
-from crabd.models import CheckpointRecord, CommandRecord, ExecOutcome, SandboxRecord, SandboxSpec, TurnRecord
+from crabd.models import (
+    CheckpointPolicy,
+    CheckpointRecord,
+    CommandRecord,
+    ExecOutcome,
+    RecoveryMode,
+    SandboxRecord,
+    SandboxSpec,
+    TurnRecord,
+)
+from crabd.service.reports import CheckpointDetail
+from crabd.store.catalog import CheckpointFailure
 from crabd.store.maintenance import GcReport, VerifyReport
 
 
 def spec_from_pb(req: pb.CreateSandboxRequest) -> SandboxSpec:
+    """The request's spec; its policies are parsed here, once (an unknown one: InvalidRequest, nothing created)."""
     return SandboxSpec(
         env=req.env,
         name=req.name,
@@ -22,8 +33,8 @@ def spec_from_pb(req: pb.CreateSandboxRequest) -> SandboxSpec:
         network=req.network,
         env_vars=dict(req.env_vars),
         workdir=req.workdir or "/",
-        checkpoints=req.checkpoints or "auto",
-        recovery=req.recovery or "manual",
+        checkpoints=CheckpointPolicy.parse(req.checkpoints) if req.checkpoints else CheckpointPolicy.AUTO,
+        recovery=RecoveryMode.parse(req.recovery) if req.recovery else RecoveryMode.MANUAL,
     )
 
 
@@ -182,15 +193,19 @@ def checkpoint_to_pb(c: CheckpointRecord) -> pb.Checkpoint:
     )
 
 
-def detail_to_pb(
-    c: CheckpointRecord, changes: list[Change], truncated: bool, session_json: str | None, lineage: list[str]
-) -> pb.CheckpointDetail:
+def detail_to_pb(d: CheckpointDetail) -> pb.CheckpointDetail:
     return pb.CheckpointDetail(
-        checkpoint=checkpoint_to_pb(c),
-        changes=[pb.ChangedPath(path=x.path, change=x.change, kind=x.kind) for x in changes],
-        changes_truncated=truncated,
-        session_state_json=session_json or "",
-        lineage=lineage,
+        checkpoint=checkpoint_to_pb(d.checkpoint),
+        changes=[pb.ChangedPath(path=x.path, change=x.change, kind=x.kind) for x in d.changes],
+        changes_truncated=d.truncated,
+        session_state_json=d.session_json or "",
+        lineage=d.lineage,
+    )
+
+
+def failure_to_pb(f: CheckpointFailure) -> pb.CheckpointFailure:
+    return pb.CheckpointFailure(
+        sandbox_id=f.sandbox_id, turn=f.turn, kind=f.kind, at=f.at, error=f.error, log_path=f.log_path
     )
 
 

@@ -23,6 +23,7 @@ from crabd.api.convert import (
     checkpoint_to_pb,
     detail_to_pb,
     engine_job_to_pb,
+    failure_to_pb,
     gc_to_pb,
     outcome_to_pb,
     sandbox_to_pb,
@@ -83,17 +84,17 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def DaemonStatus(self, request: pb.DaemonStatusRequest, context: Any) -> pb.DaemonStatusResponse:
         async def go(c: Caller) -> pb.DaemonStatusResponse:
-            return pb.DaemonStatusResponse(**self.service.status(c))  # type: ignore[arg-type]
+            return pb.DaemonStatusResponse(**dataclasses.asdict(self.service.status(c)))
 
         return await self._call(context, go)
 
     async def EngineStatus(self, request: pb.EngineStatusRequest, context: Any) -> pb.EngineStatusResponse:
         async def go(c: Caller) -> pb.EngineStatusResponse:
-            snapshot, jobs, text = self.service.engine_status(c)
+            report = self.service.engine_status(c)
             return pb.EngineStatusResponse(
-                json=json.dumps(snapshot, sort_keys=True),
-                jobs=[engine_job_to_pb(j) for j in jobs],
-                prometheus=text,
+                json=json.dumps(report.counters, sort_keys=True),
+                jobs=[engine_job_to_pb(j) for j in report.jobs],
+                prometheus=report.prometheus,
             )
 
         return await self._call(context, go)
@@ -258,7 +259,7 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def GetCheckpoint(self, request: pb.CheckpointRef, context: Any) -> pb.CheckpointDetail:
         async def go(c: Caller) -> pb.CheckpointDetail:
-            return detail_to_pb(*await self.service.describe_checkpoint(c, request.checkpoint))
+            return detail_to_pb(await self.service.describe_checkpoint(c, request.checkpoint))
 
         return await self._call(context, go)
 
@@ -314,12 +315,7 @@ class CrabServicer(pb_grpc.CrabServicer):
     async def ListCheckpointFailures(self, request: pb.ListCheckpointsRequest, context: Any) -> pb.ListFailuresResponse:
         async def go(c: Caller) -> pb.ListFailuresResponse:
             rows = await self.service.failures(c, request.sandbox)
-            return pb.ListFailuresResponse(
-                failures=[
-                    pb.CheckpointFailure(sandbox_id=s, turn=t, kind=k, at=at, error=e, log_path=lp)
-                    for s, t, k, at, e, lp in rows
-                ]
-            )
+            return pb.ListFailuresResponse(failures=[failure_to_pb(f) for f in rows])
 
         return await self._call(context, go)
 

@@ -14,6 +14,7 @@ from rich.tree import Tree as RichTree
 
 from crabd.cli.common import JsonOpt, app, client, emit_json, err, fmt_time, out
 from crabd.errors import CheckpointNotFound, InvalidRequest
+from crabd.models import CheckpointKind
 from crabd.sdk.models import CheckpointInfo, SandboxInfo, Tree
 
 ck_app = typer.Typer(no_args_is_help=True, help="Checkpoints: create, list, inspect, delete.")
@@ -82,7 +83,7 @@ def ck_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Take a checkpoint of a sandbox now."""
-    kind = "" if full is None else "full" if full else "fs"
+    kind = "" if full is None else CheckpointKind.FULL if full else CheckpointKind.FS
     with client() as c:
         ck = c.get(sandbox).checkpoint(label, kind=kind)
     if as_json:
@@ -185,7 +186,7 @@ def recover(sandbox: str, as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json(asdict(done))
         return
-    what = "processes and files" if done.kind == "full" else "files and shell state (no processes)"
+    what = "processes and files" if done.kind is CheckpointKind.FULL else "files and shell state (no processes)"
     out.print(f"{done.sandbox.name} recreated from {done.checkpoint} (turn {done.checkpoint_turn}): {what}")
     if done.lost_turns:
         err.print(f"[yellow]lost: the effects of turns {', '.join(map(str, done.lost_turns))}[/yellow]")
@@ -260,7 +261,7 @@ def render_tree(tree: Tree) -> RichTree:
 
     def label(c: CheckpointInfo) -> str:
         text = f"[cyan]{c.id}[/cyan] {c.sandbox_name} turn {c.turn}" + (
-            " [magenta]full[/magenta]" if c.kind == "full" else ""
+            " [magenta]full[/magenta]" if c.kind is CheckpointKind.FULL else ""
         )
         if c.label:
             text += f" [dim]{c.label}[/dim]"

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from crabd.cli.common import JsonOpt, app, client, emit_json, err, fmt_time, out
 from crabd.errors import InvalidRequest
+from crabd.models import CheckpointPolicy, DecisionKind, RecoveryMode, TurnCheckpointState
 from crabd.sdk import CreateOptions
 from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo, Turn
 
@@ -78,16 +79,17 @@ def create(
     env_var: Annotated[list[str] | None, typer.Option("--env-var", "-e", help="KEY=VALUE (repeatable).")] = None,
     workdir: Annotated[str, typer.Option("--workdir", "-w", help="Working directory.")] = _CREATE.workdir,
     checkpoints: Annotated[
-        str,
+        CheckpointPolicy,
         typer.Option(
             "--checkpoints",
             help="auto: what the inspector finds each turn needs; fs: files every turn end; "
             "full: processes too; none: only on request.",
         ),
-    ] = _CREATE.checkpoints,
+    ] = CheckpointPolicy(_CREATE.checkpoints),
     recovery: Annotated[
-        str, typer.Option("--recovery", help="manual: `crabctl recover`; auto: crabd recovers a dead sandbox itself.")
-    ] = _CREATE.recovery,
+        RecoveryMode,
+        typer.Option("--recovery", help="manual: `crabctl recover`; auto: crabd recovers a dead sandbox itself."),
+    ] = RecoveryMode(_CREATE.recovery),
     as_json: JsonOpt = False,
 ) -> None:
     """Create and start a sandbox."""
@@ -111,7 +113,9 @@ def create(
         out.print(f"{sb.info.id} {sb.info.name}")
 
 
-_DECISION_STYLE = {"skip": "green", "fs": "cyan", "full": "magenta"}
+_DECISION_STYLE = {DecisionKind.SKIP: "green", DecisionKind.FS: "cyan", DecisionKind.FULL: "magenta"}
+#: Turn checkpoint states worth showing where the checkpoint's id would be.
+_UNFINISHED = (TurnCheckpointState.PENDING, TurnCheckpointState.FAILED, TurnCheckpointState.LOST)
 
 
 def _decision_dict(t: Turn) -> dict[str, object]:
@@ -195,7 +199,7 @@ def inspect(
                 f"[{_DECISION_STYLE.get(d.kind, 'white')}]{d.kind}[/]",
                 t.checkpoint_id
                 or (f"= {t.basis_checkpoint}" if t.basis_checkpoint else "")
-                or (t.checkpoint_state if t.checkpoint_state in ("pending", "failed", "lost") else "-"),
+                or (t.checkpoint_state if t.checkpoint_state in _UNFINISHED else "-"),
                 f"{d.seconds * 1000:.1f}",
                 why[:100] + more,
             )

@@ -42,7 +42,7 @@ from crabd.coordinator.turns import check_session_state
 from crabd.errors import CrabError, InvalidRequest, StalePairing
 from crabd.inspector.decide import Inspector
 from crabd.inspector.model import Dumped
-from crabd.models import CheckpointRecord, SandboxRecord
+from crabd.models import CheckpointKind, CheckpointPolicy, CheckpointRecord, SandboxRecord
 from crabd.store import accounting
 from crabd.store.blobs import BlobStore
 from crabd.store.catalog import Catalog, Head, direct_refs
@@ -145,18 +145,16 @@ class Checkpointer:
                 log.warning("session capture for checkpoint failed", extra={"sandbox": rec.id, "error": str(exc)})
         return self.sandboxes.registry.latest_session_state(rec.id)
 
-    def _kind(self, rec: SandboxRecord, kind: str) -> str:
-        if not kind:
-            return "full" if rec.spec.checkpoints == "full" else "fs"
-        if kind not in ("fs", "full"):
-            raise InvalidRequest(f"unknown checkpoint kind {kind!r}: use fs (files) or full (processes and files)")
+    def _kind(self, rec: SandboxRecord, kind: CheckpointKind | None) -> CheckpointKind:
+        if kind is None:
+            return CheckpointKind.FULL if rec.spec.checkpoints is CheckpointPolicy.FULL else CheckpointKind.FS
         return kind
 
     async def take(
         self,
         rec: SandboxRecord,
         *,
-        kind: str = "",
+        kind: CheckpointKind | None = None,
         turn: int | None = None,
         label: str = "",
         session_json: str | None = None,
@@ -168,7 +166,7 @@ class Checkpointer:
 
         ``kind`` "fs" captures files and the session's semantic state;
         "full" also dumps every process with CRIU, at the same instant.
-        "" follows the sandbox's policy.  A failure publishes nothing, leaves
+        None follows the sandbox's policy.  A failure publishes nothing, leaves
         the sandbox running, and is recorded (``crabctl checkpoint failures``).
 
         ``pair`` (checkpoint id, process image) makes an "fs" checkpoint reuse
@@ -247,7 +245,7 @@ class Checkpointer:
         self,
         rec: SandboxRecord,
         *,
-        kind: str,
+        kind: CheckpointKind,
         turn: int | None,
         label: str,
         session_json: str | None,
@@ -267,7 +265,7 @@ class Checkpointer:
         crash_point("checkpoint.after_prepare")
         work = self.dump_root / ckpt_id
         images = work / "images"
-        full = kind == "full"
+        full = kind is CheckpointKind.FULL
         inspector = self.inspector
         if pair:
             # Under the shared store lock nothing can delete it between here and the publication.
@@ -413,7 +411,7 @@ class Checkpointer:
 
     async def after_create(self, rec: SandboxRecord) -> CheckpointRecord | None:
         """The turn-0 baseline of a new sandbox, so "restore to before anything happened" works."""
-        if rec.spec.checkpoints == "none":
+        if rec.spec.checkpoints is CheckpointPolicy.NONE:
             return None
         return await self.take(rec, turn=0, label="created", capture_session=False)
 

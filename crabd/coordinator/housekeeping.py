@@ -139,7 +139,7 @@ class Housekeeper:
             report.tmp_bytes_freed = await asyncio.to_thread(self.ck.blobs.clean_tmp, 0)
         live = await asyncio.to_thread(self.ck.catalog.live_blobs)
         report.live_blobs = len(live)
-        report.live_bytes = sum(stored for _, _, stored in live.values())
+        report.live_bytes = sum(b.stored for b in live.values())
         report.seconds = time.monotonic() - t0
         return report
 

@@ -34,7 +34,7 @@ from crabd.coordinator.checkpoints import Checkpointer
 from crabd.errors import CrabError, StalePairing
 from crabd.inspector.decide import Inspector, TurnEnd
 from crabd.inspector.model import FS, FULL, SKIP, Decision
-from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
+from crabd.models import CheckpointKind, CheckpointPolicy, CheckpointRecord, DecisionKind, SandboxRecord, SandboxState
 from crabd.runtime import session_os
 
 log = logging.getLogger("crabd.inspector")
@@ -49,7 +49,7 @@ class Plan:
     turn, so that its number keeps naming that state after the head moves).
     """
 
-    kind: str
+    kind: DecisionKind
     decision: Decision | None
     basis: str | None = None
 
@@ -204,7 +204,7 @@ class TurnInspection:
             try:
                 return await self.ck.take(
                     rec,
-                    kind=FS,
+                    kind=CheckpointKind.FS,
                     turn=turn,
                     label=label,
                     session_json=session_json,
@@ -217,7 +217,7 @@ class TurnInspection:
                 d.kind = FULL
         return await self.ck.take(
             rec,
-            kind=d.kind,
+            kind=d.kind.checkpoint_kind(),
             turn=turn,
             label=label,
             session_json=session_json,
@@ -233,10 +233,10 @@ class TurnInspection:
         later by :meth:`execute` (the host engine runs it).
         """
         policy = rec.spec.checkpoints
-        if policy == "none":
+        if policy is CheckpointPolicy.NONE:
             return None
-        if policy != "auto":
-            return Plan(FULL if policy == "full" else FS, None)
+        if policy is not CheckpointPolicy.AUTO:
+            return Plan(FULL if policy is CheckpointPolicy.FULL else FS, None)
         d, basis = await self._decide(rec, session_json)
         await asyncio.to_thread(self.sandboxes.registry.set_decision, rec.id, turn, d.to_json(), None)
         log.info(
@@ -267,7 +267,12 @@ class TurnInspection:
         d = plan.decision
         if d is None:
             return await self.ck.take(
-                rec, kind=plan.kind, turn=turn, session_json=session_json, capture_session=False, on_phase=on_phase
+                rec,
+                kind=plan.kind.checkpoint_kind(),
+                turn=turn,
+                session_json=session_json,
+                capture_session=False,
+                on_phase=on_phase,
             )
         ckpt = None
         try:
@@ -279,9 +284,9 @@ class TurnInspection:
             )
         return ckpt
 
-    async def checkpoint(self, rec: SandboxRecord, *, kind: str, label: str) -> CheckpointRecord:
+    async def checkpoint(self, rec: SandboxRecord, *, kind: CheckpointKind | None, label: str) -> CheckpointRecord:
         """An explicit checkpoint.  Without a kind, under "auto", the inspector picks fs or full."""
-        if kind or rec.spec.checkpoints != "auto":
+        if kind is not None or rec.spec.checkpoints is not CheckpointPolicy.AUTO:
             return await self.ck.take(rec, kind=kind, label=label)
         d = await self.decide(rec, None)
         if d.kind == SKIP:

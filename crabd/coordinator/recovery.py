@@ -28,7 +28,7 @@ from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.turnmap import lost_turns
 from crabd.errors import CrabError, InvalidRequest
-from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
+from crabd.models import CheckpointRecord, RecoveryMode, SandboxRecord, SandboxState
 from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.recovery")
@@ -123,7 +123,7 @@ class Recovery:
         for rec in self.sandboxes.list_sandboxes(None):
             if rec.state is SandboxState.RUNNING and rec.container_id in exited:
                 rec, _ = await self.sandboxes.refresh(rec)
-            if rec.state is not SandboxState.DEAD or rec.spec.recovery != "auto" or rec.id in self._busy:
+            if rec.state is not SandboxState.DEAD or rec.spec.recovery is not RecoveryMode.AUTO or rec.id in self._busy:
                 continue
             attempts, last = self._failed.get(rec.id, (0, 0.0))
             if attempts >= MAX_ATTEMPTS or (attempts and time.monotonic() - last < 60.0 * 2 ** (attempts - 1)):

@@ -47,7 +47,7 @@ from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.runner import Session
 from crabd.coordinator.sandboxes import env_dict
 from crabd.errors import ImageError, InvalidRequest, SandboxBusy, SessionProcessError
-from crabd.models import CheckpointRecord, SandboxRecord, SandboxState
+from crabd.models import CheckpointKind, CheckpointRecord, SandboxRecord, SandboxState
 from crabd.runtime import session_os
 from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
@@ -96,7 +96,7 @@ class Restorer:
         brings back that older bash, so its own session state is applied to
         it (replacing the bash would end the jobs it started).
         """
-        return None if ckpt.process_blob and ckpt.kind == "full" else session_json
+        return None if ckpt.process_blob and ckpt.kind is CheckpointKind.FULL else session_json
 
     async def _fresh_session(
         self, rec: SandboxRecord, container_id: str, st: ContainerStatus, state_json: str | None, *, keep_bash: bool

@@ -41,7 +41,7 @@ from crabd.coordinator.inspection import Plan, TurnInspection
 from crabd.engine import HostEngine, Job, JobControl, Outcome
 from crabd.errors import CheckpointFailed, CrabError, InvalidRequest
 from crabd.inspector.model import SKIP
-from crabd.models import SandboxRecord, TurnRecord
+from crabd.models import SandboxRecord, TurnCheckpointState, TurnRecord
 
 log = logging.getLogger("crabd.turns")
 
@@ -154,11 +154,11 @@ class TurnFlow:
                 registry.set_turn_checkpoint,
                 rec.id,
                 turn.number,
-                "none" if plan is None else "skipped",
+                TurnCheckpointState.NONE if plan is None else TurnCheckpointState.SKIPPED,
                 basis_id=plan.basis if plan is not None else None,
             )
             return None
-        await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, turn.number, "pending")
+        await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, turn.number, TurnCheckpointState.PENDING)
         number, session_json = turn.number, turn.session_state_json
 
         async def work(ctl: JobControl) -> Outcome:
@@ -167,11 +167,12 @@ class TurnFlow:
                     rec, plan, turn=number, session_json=session_json, on_phase=ctl.phase
                 )
             except CrabError as exc:
-                await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, number, "failed", None, exc.message)
+                failed = TurnCheckpointState.FAILED
+                await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, number, failed, None, exc.message)
                 log.warning("turn checkpoint failed", extra={"sandbox": rec.id, "turn": number, "error": exc.message})
                 raise
             ckpt_id = ckpt.id if ckpt else None
-            await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, number, "done", ckpt_id)
+            await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, number, TurnCheckpointState.DONE, ckpt_id)
             return Outcome(ckpt_id, int(ckpt.stats.get("new_bytes", 0)) if ckpt else 0)
 
         deadline = time.monotonic() + self.latency.estimate(rec.id)
@@ -183,7 +184,7 @@ class TurnFlow:
         """The turn as the caller sees it right after its end."""
         decision_json = plan.decision.to_json() if plan and plan.decision else None
         if job is None:
-            state = "none" if plan is None else "skipped"
+            state = TurnCheckpointState.NONE if plan is None else TurnCheckpointState.SKIPPED
             basis = plan.basis if plan is not None else None
             return replace(turn, decision_json=decision_json, checkpoint_state=state, basis_id=basis)
         if job.error is not None:
@@ -195,7 +196,10 @@ class TurnFlow:
                     cause=type(job.error).__name__,
                 ) from job.error
             return replace(
-                turn, decision_json=decision_json, checkpoint_state="failed", checkpoint_error=job.error.message
+                turn,
+                decision_json=decision_json,
+                checkpoint_state=TurnCheckpointState.FAILED,
+                checkpoint_error=job.error.message,
             )
         if job.outcome is not None:
             # Re-read: execute() may have changed the decision (a stale pairing is taken full).
@@ -203,9 +207,12 @@ class TurnFlow:
                 if t.number == turn.number:
                     return t
             return replace(
-                turn, decision_json=decision_json, checkpoint_id=job.outcome.checkpoint_id, checkpoint_state="done"
+                turn,
+                decision_json=decision_json,
+                checkpoint_id=job.outcome.checkpoint_id,
+                checkpoint_state=TurnCheckpointState.DONE,
             )
-        return replace(turn, decision_json=decision_json, checkpoint_state="pending")
+        return replace(turn, decision_json=decision_json, checkpoint_state=TurnCheckpointState.PENDING)
 
     def forget(self, sandbox_id: str) -> None:
         self._ended_at.pop(sandbox_id, None)

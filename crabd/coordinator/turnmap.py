@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 
 from crabd.errors import InvalidRequest, SandboxBusy
-from crabd.models import CheckpointRecord, SandboxRecord, TurnRecord
+from crabd.models import CheckpointRecord, DecisionKind, SandboxRecord, TurnCheckpointState, TurnRecord
 from crabd.store.catalog import Catalog
 from crabd.store.registry import Registry
 
@@ -71,7 +71,7 @@ def _start(catalog: Catalog, rec: SandboxRecord) -> CheckpointRecord:
 
 def _decided_skip(t: TurnRecord) -> bool:
     try:
-        return bool(t.decision_json) and json.loads(t.decision_json or "{}").get("kind") == "skip"
+        return bool(t.decision_json) and json.loads(t.decision_json or "{}").get("kind") == DecisionKind.SKIP
     except (ValueError, AttributeError):
         return False
 
@@ -126,26 +126,27 @@ def resolve_turn(registry: Registry, catalog: Catalog, rec: SandboxRecord, numbe
             hint="End it (end_turn) first.",
         )
     state = t.checkpoint_state
-    if state == "done" or (state is None and t.checkpoint_id):
+    if state is TurnCheckpointState.DONE or (state is None and t.checkpoint_id):
         if not t.checkpoint_id:
             raise InvalidRequest(f"turn {number} of sandbox {rec.name} records no checkpoint", hint=_hint(rec))
         return _existing(catalog, rec, number, t.checkpoint_id, "the checkpoint")
-    if state == "skipped" or (state is None and _decided_skip(t)):
+    if state is TurnCheckpointState.SKIPPED or (state is None and _decided_skip(t)):
         if t.basis_id:
             return _existing(catalog, rec, number, t.basis_id, "the checkpoint holding the state")
         return _legacy_skip(catalog, rec, t)
-    if state == "pending":
+    if state is TurnCheckpointState.PENDING:
         raise SandboxBusy(
             f"the checkpoint of turn {number} of sandbox {rec.name} is still being taken; try again", sandbox=rec.id
         )
-    if state in ("failed", "lost"):
+    if state in (TurnCheckpointState.FAILED, TurnCheckpointState.LOST):
         why = f": {t.checkpoint_error}" if t.checkpoint_error else ""
+        what = "failed" if state is TurnCheckpointState.FAILED else "was lost"
         raise InvalidRequest(
-            f"the checkpoint of turn {number} of sandbox {rec.name} {'failed' if state == 'failed' else 'was lost'}"
+            f"the checkpoint of turn {number} of sandbox {rec.name} {what}"
             f"{why}; no checkpoint holds the state that turn ended in",
             hint=_hint(rec),
         )
-    if state == "none":
+    if state is TurnCheckpointState.NONE:
         raise InvalidRequest(
             f"turn {number} of sandbox {rec.name} took no checkpoint (the sandbox's policy is 'none')",
             hint=_hint(rec),
@@ -179,7 +180,7 @@ def lost_turns(turns: list[TurnRecord], head: CheckpointRecord, rec: SandboxReco
         return not taken_here or t.ended_at is None or t.ended_at > head.created_at
 
     def kept(t: TurnRecord) -> bool:
-        return t.checkpoint_state == "skipped" and (t.basis_id is None or t.basis_id == head.id)
+        return t.checkpoint_state is TurnCheckpointState.SKIPPED and (t.basis_id is None or t.basis_id == head.id)
 
     later = [t for t in turns if on_line(t)]
     for i, t in enumerate(later):

@@ -12,6 +12,7 @@ from crabd.config import load_config
 from crabd.daemon import logs
 from crabd.daemon.app import serve
 from crabd.errors import CrabError
+from crabd.models import InspectorMode
 from crabd.util import faults
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--ephemeral", action="store_true", help="remove every sandbox of this daemon on shutdown (embedded/test mode)"
     )
-    p.add_argument("--inspector", choices=["auto", "ebpf", "scan"], help="override [inspector] mode")
+    p.add_argument("--inspector", choices=list(InspectorMode), type=InspectorMode, help="override [inspector] mode")
     p.add_argument("--inspector-shadow", action="store_true", help="set [inspector] shadow = true")
     p.add_argument(
         "--proxy-upstream", help="enable the OpenAI proxy in front of this LLM server (sets [proxy] upstream)"

@@ -12,6 +12,7 @@ from pathlib import Path
 from crabd.config import CrabConfig
 from crabd.errors import CommandError
 from crabd.host.doctor import Check, Status, read_kernel_config
+from crabd.models import InspectorMode
 from crabd.util import proc
 
 _LOAD = """
@@ -39,7 +40,7 @@ def ia32_emulation(config: dict[str, str] | None = None) -> bool:
 
 def check_inspector(cfg: CrabConfig) -> Check:
     mode = cfg.inspector.mode
-    if mode == "scan":
+    if mode is InspectorMode.SCAN:
         return Check("inspector", Status.OK, "scan (forced by [inspector] mode = scan): no probes, slower turn ends")
     try:
         done = proc.run([sys.executable, "-c", _LOAD.format(pages=cfg.inspector.ring_buffer_pages)], timeout=120)
@@ -48,7 +49,7 @@ def check_inspector(cfg: CrabConfig) -> Check:
         lines = (exc.stderr or exc.message).strip().splitlines()
         loaded, why = False, lines[-1] if lines else "?"
     if not loaded:
-        if mode == "ebpf":
+        if mode is InspectorMode.EBPF:
             return Check(
                 "inspector",
                 Status.FAIL,

@@ -10,6 +10,7 @@ from crabd.errors import BpfError
 from crabd.inspector.base import EventSource, ScanEvents
 from crabd.inspector.bpf import BpfEvents
 from crabd.inspector.decide import Inspector
+from crabd.models import InspectorMode
 
 log = logging.getLogger("crabd.inspector")
 
@@ -21,7 +22,7 @@ def open_inspector(cfg: InspectorConfig, limits: ScanLimits) -> tuple[Inspector,
     ``"auto"`` falls back to the scan inspector and says why.
     """
     source: EventSource
-    if cfg.mode == "scan":
+    if cfg.mode is InspectorMode.SCAN:
         source, why = ScanEvents(), "forced by [inspector] mode = scan"
     else:
         bpf = BpfEvents(ring_pages=cfg.ring_buffer_pages)
@@ -30,7 +31,7 @@ def open_inspector(cfg: InspectorConfig, limits: ScanLimits) -> tuple[Inspector,
             source, why = bpf, "eBPF probes attached"
         except BpfError as exc:
             bpf.close()
-            if cfg.mode == "ebpf":
+            if cfg.mode is InspectorMode.EBPF:
                 raise
             source, why = ScanEvents(), f"eBPF probes unavailable ({exc.message})"
     source.start()

@@ -6,8 +6,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SKIP, FS, FULL = "skip", "fs", "full"
-ORDER = {SKIP: 0, FS: 1, FULL: 2}
+from crabd.models import DecisionKind
+
+SKIP, FS, FULL = DecisionKind.SKIP, DecisionKind.FS, DecisionKind.FULL
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Dumped:
 
 @dataclass
 class Decision:
-    kind: str
+    kind: DecisionKind
     reasons: list[str]
     inspector: str
     seconds: float = 0.0
@@ -90,4 +91,5 @@ class Decision:
 
     @classmethod
     def from_json(cls, text: str) -> Decision:
-        return cls(**json.loads(text))
+        data = json.loads(text)
+        return cls(**{**data, "kind": DecisionKind(data["kind"])})

@@ -20,6 +20,7 @@ from pathlib import Path
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.config import load_config
 from crabd.errors import CrabError, InvalidRequest
+from crabd.models import CheckpointPolicy, RecoveryMode
 from crabd.sdk.models import CheckpointFailure
 from crabd.util import validate
 
@@ -85,8 +86,9 @@ class CreateOptions:
     network: bool = False
     env_vars: Mapping[str, str] | None = None
     workdir: str = "/"
-    checkpoints: str = "auto"
-    recovery: str = "manual"
+    # ``str``: a plain word is accepted too; crabd validates it once, at its edge.
+    checkpoints: str = CheckpointPolicy.AUTO
+    recovery: str = RecoveryMode.MANUAL
 
     def request(self) -> pb.CreateSandboxRequest:
         """The wire request, every value checked."""

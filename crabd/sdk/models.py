@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crabd.api.v1 import crab_pb2 as pb
+from crabd.models import CheckpointKind, CheckpointPolicy, DecisionKind, RecoveryMode, TurnCheckpointState
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,11 @@ class SandboxInfo:
     dead_reason: str
     turn: int
     turn_open: bool
-    checkpoints: str = "auto"
+    checkpoints: CheckpointPolicy = CheckpointPolicy.AUTO
     origin: str = ""
     branch: int = 0
     head: str = ""
-    recovery: str = "manual"
+    recovery: RecoveryMode = RecoveryMode.MANUAL
     #: Set by restore, fork and recover: what of the checkpoint's state the new container could
     #: not be given (e.g. the session's open descriptors after a files-only checkpoint).
     not_restored: list[str] = field(default_factory=list)
@@ -63,11 +64,11 @@ class SandboxInfo:
             dead_reason=m.dead_reason,
             turn=m.turn,
             turn_open=m.turn_open,
-            checkpoints=m.checkpoints,
+            checkpoints=CheckpointPolicy(m.checkpoints or CheckpointPolicy.AUTO),
             origin=m.origin,
             branch=m.branch,
             head=m.head,
-            recovery=m.recovery,
+            recovery=RecoveryMode(m.recovery or RecoveryMode.MANUAL),
             not_restored=list(m.not_restored),
         )
 
@@ -154,9 +155,9 @@ class Turn:
     @property
     def state_checkpoint(self) -> str:
         """The checkpoint holding the state this turn ended in ("" if none does, or not yet)."""
-        if self.checkpoint_state == "done":
+        if self.checkpoint_state == TurnCheckpointState.DONE:
             return self.checkpoint_id
-        return self.basis_checkpoint if self.checkpoint_state == "skipped" else ""
+        return self.basis_checkpoint if self.checkpoint_state == TurnCheckpointState.SKIPPED else ""
 
     @classmethod
     def from_pb(cls, m: pb.Turn) -> Turn:
@@ -194,7 +195,7 @@ class Turn:
 class Decision:
     """What the inspector found a turn changed: ``kind`` is "skip", "fs" or "full", with the reasons."""
 
-    kind: str
+    kind: DecisionKind
     reasons: list[str]
     inspector: str
     seconds: float
@@ -205,7 +206,13 @@ class Decision:
     @classmethod
     def from_pb(cls, m: pb.Decision) -> Decision:
         return cls(
-            m.kind, list(m.reasons), m.inspector, m.seconds, m.paired_with, m.shadow_kind, list(m.shadow_reasons)
+            DecisionKind(m.kind),
+            list(m.reasons),
+            m.inspector,
+            m.seconds,
+            m.paired_with,
+            m.shadow_kind,
+            list(m.shadow_reasons),
         )
 
 
@@ -304,7 +311,7 @@ class CheckpointInfo:
     parent_id: str
     branch: int
     turn: int
-    kind: str
+    kind: CheckpointKind
     created_at: float
     label: str
     has_session_state: bool
@@ -331,7 +338,7 @@ class CheckpointInfo:
             parent_id=m.parent_id,
             branch=m.branch,
             turn=m.turn,
-            kind=m.kind,
+            kind=CheckpointKind(m.kind),
             created_at=m.created_at,
             label=m.label,
             has_session_state=m.has_session_state,
@@ -491,7 +498,7 @@ class Recovered:
     sandbox: SandboxInfo
     checkpoint: str
     checkpoint_turn: int
-    kind: str
+    kind: CheckpointKind
     #: Turns whose effects came after the checkpoint and are gone.
     lost_turns: list[int]
     #: What of the checkpoint's own state could not be brought back (e.g. the session's open
@@ -504,7 +511,7 @@ class Recovered:
             SandboxInfo.from_pb(m.sandbox),
             m.checkpoint,
             m.checkpoint_turn,
-            m.kind,
+            CheckpointKind(m.kind),
             list(m.lost_turns),
             list(m.not_restored),
         )

@@ -15,6 +15,9 @@ every request crosses: each numeric field is checked here (finite, in
 range, within ``[limits]``: ``limits.py``), and environment variables by
 the one shared rule (``crabd.util.validate.env_vars``) wherever they come
 from.  Results are bounded so a reply always fits a gRPC message.
+Words of crab's vocabulary (``crabd.models``: checkpoint policies, kinds,
+recovery modes) become enum members once, where they enter: a new
+sandbox's spec in ``api/convert.py``, a checkpoint's kind here.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import os
 import time
 
 from crabd import __version__
-from crabd.backends.fsdelta import Change
 from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.commands import Commands
@@ -49,18 +51,28 @@ from crabd.errors import (
     SandboxBusy,
     SandboxNotFound,
 )
-from crabd.models import Caller, CheckpointRecord, ExecOutcome, SandboxRecord, SandboxSpec, SandboxState, TurnRecord
+from crabd.models import (
+    Caller,
+    CheckpointKind,
+    CheckpointRecord,
+    ExecOutcome,
+    SandboxRecord,
+    SandboxSpec,
+    SandboxState,
+    TurnRecord,
+)
 from crabd.runtime import session_state
 from crabd.runtime.session_state import SessionState
 from crabd.service.limits import RequestLimits, fit_output
 from crabd.service.quota import Quotas, QuotaUse
+from crabd.service.reports import CheckpointDetail, DaemonStatus, EngineReport
+from crabd.store.catalog import CheckpointFailure
 from crabd.store.maintenance import GcReport, VerifyReport
 from crabd.util import validate
 from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.service")
 
-CHECKPOINT_POLICIES = ("auto", "fs", "full", "none")
 #: Most changed paths one `checkpoint inspect` returns.
 MAX_CHANGES_SHOWN = 10_000
 
@@ -173,37 +185,32 @@ class Service:
 
     # --- daemon ---------------------------------------------------------------------
 
-    def status(self, caller: Caller) -> dict[str, object]:
-        return {
-            "version": __version__,
-            "pid": os.getpid(),
-            "started_at": self.started_at,
-            "state_dir": str(self.cfg.paths.state_dir),
-            "socket": str(self.cfg.paths.socket),
-            "sandboxes": len(self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)),
-            "caller_uid": caller.uid,
-            "docker_version": self.docker_version,
-            "inspector": self.inspection.name,
-            "proxy_url": self.proxy_url,
-        }
+    def status(self, caller: Caller) -> DaemonStatus:
+        return DaemonStatus(
+            version=__version__,
+            pid=os.getpid(),
+            started_at=self.started_at,
+            state_dir=str(self.cfg.paths.state_dir),
+            socket=str(self.cfg.paths.socket),
+            sandboxes=len(self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)),
+            caller_uid=caller.uid,
+            docker_version=self.docker_version,
+            inspector=self.inspection.name,
+            proxy_url=self.proxy_url,
+        )
 
-    def engine_status(self, caller: Caller) -> tuple[dict[str, object], list[dict[str, object]], str]:
+    def engine_status(self, caller: Caller) -> EngineReport:
         """The host engine's counters (host-wide, no sandbox named), the caller's jobs, and Prometheus text."""
         now = self.engine.clock()
         jobs = [j.to_dict(now) for j in self.engine.jobs(None if caller.is_root else caller.uid)]
-        return self.engine.snapshot(), jobs, self.engine.prometheus()
+        return EngineReport(self.engine.snapshot(), jobs, self.engine.prometheus())
 
     # --- sandboxes ------------------------------------------------------------------
 
     async def create(self, caller: Caller, spec: SandboxSpec) -> SandboxRecord:
+        """A new sandbox (its checkpoint and recovery policies were parsed at the edge: ``api/convert.py``)."""
         if not spec.env:
             raise InvalidRequest("no env given", hint="Pass an env name, e.g. --env bookworm (`crabctl env ls`).")
-        if spec.checkpoints not in CHECKPOINT_POLICIES:
-            raise InvalidRequest(
-                f"unknown checkpoint policy {spec.checkpoints!r}; use one of {', '.join(CHECKPOINT_POLICIES)}"
-            )
-        if spec.recovery not in ("manual", "auto"):
-            raise InvalidRequest(f"unknown recovery policy {spec.recovery!r}; use manual or auto")
         validate.env_vars(spec.env_vars)
         self._command_size(sum(len(k) + len(v) + 2 for k, v in spec.env_vars.items()), "the environment")
         spec = self.limits.resources(spec)
@@ -350,9 +357,11 @@ class Service:
     # --- checkpoints -------------------------------------------------------------------
 
     async def create_checkpoint(self, caller: Caller, ref: str, label: str, kind: str) -> CheckpointRecord:
+        """A checkpoint now: ``kind`` "fs" or "full" ("": the sandbox's policy decides)."""
+        wanted = CheckpointKind.parse(kind) if kind else None
         rec = self._lookup(caller, ref)
         await self.flow.settle(rec.id)
-        return await self.inspection.checkpoint(rec, label=label, kind=kind)
+        return await self.inspection.checkpoint(rec, label=label, kind=wanted)
 
     async def list_checkpoints(self, caller: Caller, ref: str) -> list[CheckpointRecord]:
         owner = None if caller.is_root else caller.uid
@@ -362,9 +371,7 @@ class Service:
             return await asyncio.to_thread(self.checkpoints.list_checkpoints, rec.id, owner)
         return await asyncio.to_thread(self.checkpoints.list_checkpoints, None, owner)
 
-    async def describe_checkpoint(
-        self, caller: Caller, ckpt_id: str
-    ) -> tuple[CheckpointRecord, list[Change], bool, str | None, list[str]]:
+    async def describe_checkpoint(self, caller: Caller, ckpt_id: str) -> CheckpointDetail:
         rec = await asyncio.to_thread(self._checkpoint, caller, ckpt_id)
         changes, truncated, session_json = await self.housekeeping.describe(rec, MAX_CHANGES_SHOWN)
         # A delta blob keeps only the first changes by path when all of them
@@ -373,7 +380,7 @@ class Service:
         counted = sum(int(v) for k, v in rec.stats.items() if k in ("changed", "deleted") and isinstance(v, int))
         truncated = truncated or len(changes) < min(MAX_CHANGES_SHOWN, counted)
         lineage = [c.id for c in await asyncio.to_thread(self.checkpoints.catalog.lineage, rec.id)]
-        return rec, changes, truncated, session_json, lineage
+        return CheckpointDetail(rec, changes, truncated, session_json, lineage)
 
     async def delete_checkpoint(self, caller: Caller, ckpt_id: str) -> int:
         return await self.housekeeping.delete(await asyncio.to_thread(self._checkpoint, caller, ckpt_id))
@@ -469,14 +476,14 @@ class Service:
     async def verify(self, caller: Caller) -> VerifyReport:
         return await self.housekeeping.verify(None if caller.is_root else caller.uid)
 
-    async def failures(self, caller: Caller, ref: str) -> list[tuple[str, int, str, float, str, str]]:
+    async def failures(self, caller: Caller, ref: str) -> list[CheckpointFailure]:
         if ref:
             rec = self._lookup(caller, ref)
             await self.flow.settle(rec.id, agent=False)
             return await asyncio.to_thread(self.checkpoints.catalog.failures, rec.id)
         visible = {r.id for r in self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)}
         every = await asyncio.to_thread(self.checkpoints.catalog.failures, None, limit=200)
-        return [f for f in every if caller.is_root or f[0] in visible]
+        return [f for f in every if caller.is_root or f.sandbox_id in visible]
 
     async def quota(self, caller: Caller, uid: int) -> QuotaUse:
         """``uid``'s use against its quotas (-1: the caller's own; another uid's: root only)."""

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crabd.errors import CheckpointNotFound
-from crabd.models import CheckpointRecord
+from crabd.models import CheckpointKind, CheckpointRecord
 from crabd.store.db import Database
 
 #: Children of a blob that is becoming live (supplied by whoever wrote it).
@@ -63,7 +63,7 @@ def _rec(row: tuple[Any, ...]) -> CheckpointRecord:
         parent_id=None if row[4] is None else str(row[4]),
         branch=int(row[5]),
         turn=int(row[6]),
-        kind=str(row[7]),
+        kind=CheckpointKind(str(row[7])),
         created_at=float(row[8]),
         label=str(row[9]),
         image=str(row[10]),
@@ -76,6 +76,29 @@ def _rec(row: tuple[Any, ...]) -> CheckpointRecord:
         kept=bool(row[17]),
         stats=json.loads(row[18]),
     )
+
+
+@dataclass(frozen=True)
+class LiveBlob:
+    """A blob some checkpoint still references (a row of ``blob_refs``)."""
+
+    refcount: int
+    #: Its size, and the bytes its file takes in the blob store (``BlobStore.stored_size``).
+    size: int
+    stored: int
+
+
+@dataclass(frozen=True)
+class CheckpointFailure:
+    """One checkpoint that failed (``crabctl checkpoint failures``)."""
+
+    sandbox_id: str
+    turn: int
+    kind: CheckpointKind
+    at: float
+    error: str
+    #: The CRIU log of a failed process dump ("" if none).
+    log_path: str
 
 
 @dataclass(frozen=True)
@@ -225,11 +248,11 @@ class Catalog:
         with self.db.lock:
             return self.db.conn.execute("SELECT 1 FROM blob_refs WHERE blob=?", (blob,)).fetchone() is not None
 
-    def live_blobs(self) -> dict[str, tuple[int, int, int]]:
-        """{blob: (refcount, size, stored)} of every live blob."""
+    def live_blobs(self) -> dict[str, LiveBlob]:
+        """Every live blob, by its hex id."""
         with self.db.lock:
             rows = self.db.conn.execute("SELECT blob, refcount, size, stored FROM blob_refs").fetchall()
-        return {str(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in rows}
+        return {str(r[0]): LiveBlob(int(r[1]), int(r[2]), int(r[3])) for r in rows}
 
     # --- publication and heads ---------------------------------------------------
 
@@ -440,7 +463,7 @@ class Catalog:
 
     # --- failed attempts ---------------------------------------------------------------
 
-    def record_failure(self, sandbox_id: str, turn: int, kind: str, error: str, log_path: str) -> None:
+    def record_failure(self, sandbox_id: str, turn: int, kind: CheckpointKind, error: str, log_path: str) -> None:
         with self.db.tx() as conn:
             conn.execute(
                 "INSERT INTO failures(sandbox_id, turn, kind, at, error, log_path) VALUES(?,?,?,?,?,?)",
@@ -453,8 +476,8 @@ class Catalog:
                 (sandbox_id, sandbox_id),
             )
 
-    def failures(self, sandbox_id: str | None, limit: int = 20) -> list[tuple[str, int, str, float, str, str]]:
-        """(sandbox, turn, kind, when, error, CRIU log) of recent failed checkpoints, newest first."""
+    def failures(self, sandbox_id: str | None, limit: int = 20) -> list[CheckpointFailure]:
+        """Recent failed checkpoints, newest first."""
         q = "SELECT sandbox_id, turn, kind, at, error, log_path FROM failures"
         args: list[object] = []
         if sandbox_id is not None:
@@ -462,7 +485,10 @@ class Catalog:
             args.append(sandbox_id)
         with self.db.lock:
             rows = self.db.conn.execute(q + " ORDER BY id DESC LIMIT ?", [*args, limit]).fetchall()
-        return [(str(r[0]), int(r[1]), str(r[2]), float(r[3]), str(r[4]), str(r[5])) for r in rows]
+        return [
+            CheckpointFailure(str(r[0]), int(r[1]), CheckpointKind(str(r[2])), float(r[3]), str(r[4]), str(r[5]))
+            for r in rows
+        ]
 
     # --- deletion ------------------------------------------------------------------------
 

@@ -61,7 +61,7 @@ def collect_garbage(catalog: Catalog, blobs: BlobStore, *, crash_at: str = "gc.m
             crash_point(crash_at)
     report.tmp_bytes_freed = blobs.clean_tmp(0)
     report.live_blobs = len(live)
-    report.live_bytes = sum(stored for _, _, stored in live.values())
+    report.live_bytes = sum(b.stored for b in live.values())
     report.seconds = time.monotonic() - t0
     return report
 

@@ -13,7 +13,16 @@ import json
 import sqlite3
 from dataclasses import asdict
 
-from crabd.models import CommandRecord, SandboxRecord, SandboxSpec, SandboxState, TurnRecord
+from crabd.models import (
+    CheckpointPolicy,
+    CommandRecord,
+    RecoveryMode,
+    SandboxRecord,
+    SandboxSpec,
+    SandboxState,
+    TurnCheckpointState,
+    TurnRecord,
+)
 from crabd.store.db import Database, Tx
 
 #: Turns of a sandbox that keep their session state (see ``Registry.prune_turns``).
@@ -24,6 +33,9 @@ def spec_from_json(text: str) -> SandboxSpec:
     data = json.loads(text)
     data["env_vars"] = dict(data.get("env_vars") or {})
     known = set(SandboxSpec.__dataclass_fields__)
+    # Stored as their strings; back to members here, where they leave the database.
+    data["checkpoints"] = CheckpointPolicy(data.get("checkpoints", CheckpointPolicy.AUTO))
+    data["recovery"] = RecoveryMode(data.get("recovery", RecoveryMode.MANUAL))
     return SandboxSpec(**{k: v for k, v in data.items() if k in known})
 
 
@@ -191,7 +203,7 @@ class Registry:
         self,
         sandbox_id: str,
         number: int,
-        state: str,
+        state: TurnCheckpointState,
         checkpoint_id: str | None = None,
         error: str | None = None,
         *,
@@ -219,13 +231,15 @@ class Registry:
                 "SELECT c.id FROM checkpoints c WHERE c.sandbox_id=turns.sandbox_id AND c.turn=turns.number"
                 " AND c.created_at >= turns.ended_at ORDER BY c.created_at DESC LIMIT 1"
             )
+            pending = TurnCheckpointState.PENDING
             db.execute(
-                f"UPDATE turns SET checkpoint_state='done', checkpoint_id=({found})"
-                f" WHERE checkpoint_state='pending' AND EXISTS({found})"
+                f"UPDATE turns SET checkpoint_state=?, checkpoint_id=({found})"
+                f" WHERE checkpoint_state=? AND EXISTS({found})",
+                (TurnCheckpointState.DONE, pending),
             )
             cur = db.execute(
-                "UPDATE turns SET checkpoint_state='lost', checkpoint_error=? WHERE checkpoint_state='pending'",
-                (reason,),
+                "UPDATE turns SET checkpoint_state=?, checkpoint_error=? WHERE checkpoint_state=?",
+                (TurnCheckpointState.LOST, reason, pending),
             )
             return int(cur.rowcount)
 
@@ -277,7 +291,7 @@ class Registry:
             opt(state_json),
             opt(decision_json),
             opt(ckpt_id),
-            opt(ck_state),
+            None if ck_state is None else TurnCheckpointState(str(ck_state)),
             opt(ck_error),
             opt(basis),
             None if branch is None else int(str(branch)),

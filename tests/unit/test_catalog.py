@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from crabd.errors import CheckpointNotFound
-from crabd.models import CheckpointRecord
+from crabd.models import CheckpointKind, CheckpointRecord
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
@@ -37,7 +37,7 @@ def _ckpt(cid: str, sandbox: str, index: str, parent: str | None = None, delta: 
         parent_id=parent,
         branch=0,
         turn=0,
-        kind="fs",
+        kind=CheckpointKind.FS,
         created_at=0.0,
         label="",
         image="img",

@@ -93,13 +93,15 @@ def test_criu_config_check(tmp_path: Path) -> None:
 
 def test_failed_checkpoints_are_reported_with_their_log(tmp_path: Path) -> None:
     from crabd.config import CrabConfig, PathsConfig
+    from crabd.models import CheckpointKind
     from crabd.store.catalog import Catalog
     from crabd.store.db import Database
 
     cfg = CrabConfig(paths=PathsConfig(state_dir=tmp_path))
     assert doctor.check_checkpoint_failures(cfg).status is doctor.Status.OK
     with Database(tmp_path / "registry.db") as db:
-        Catalog(db).record_failure("sb1", 3, "full", "CRIU could not dump: bad socket", "/var/log/x-dump.log")
+        full = CheckpointKind.FULL
+        Catalog(db).record_failure("sb1", 3, full, "CRIU could not dump: bad socket", "/var/log/x-dump.log")
     check = doctor.check_checkpoint_failures(cfg)
     assert check.status is doctor.Status.WARN
     assert "/var/log/x-dump.log" in check.summary and "bad socket" in check.summary

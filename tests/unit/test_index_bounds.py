@@ -153,12 +153,12 @@ def test_a_short_delta_is_listed_as_truncated() -> None:
     from types import SimpleNamespace
 
     from crabd.backends.fsdelta import Change
-    from crabd.models import Caller, CheckpointRecord
+    from crabd.models import Caller, CheckpointKind, CheckpointRecord
     from crabd.service.service import Service
 
     rec = CheckpointRecord(
         id="ck-1", sandbox_id="sb", sandbox_name="sb", owner_uid=0, parent_id=None, branch=0, turn=1,
-        kind="fs", created_at=0.0, label="", image="", spec_json="{}", index_blob="", delta_blob="d",
+        kind=CheckpointKind.FS, created_at=0.0, label="", image="", spec_json="{}", index_blob="", delta_blob="d",
         session_blob=None, process_blob=None, racy_ns=0, stats={"changed": 500, "deleted": 20},
     )  # fmt: skip
     kept = [Change(b"p%d" % i, "added", "file") for i in range(300)]
@@ -169,8 +169,8 @@ def test_a_short_delta_is_listed_as_truncated() -> None:
     svc = Service.__new__(Service)
     svc.checkpoints = SimpleNamespace(catalog=SimpleNamespace(find=lambda _id: rec, lineage=lambda _id: [rec]))  # type: ignore[assignment]
     svc.housekeeping = SimpleNamespace(describe=describe)  # type: ignore[assignment]
-    _, changes, truncated, _, _ = asyncio.run(svc.describe_checkpoint(Caller(uid=0, gid=0, pid=1), "ck-1"))
-    assert len(changes) == 300 and truncated
+    detail = asyncio.run(svc.describe_checkpoint(Caller(uid=0, gid=0, pid=1), "ck-1"))
+    assert len(detail.changes) == 300 and detail.truncated
     rec = dataclasses.replace(rec, stats={"changed": 280, "deleted": 20})
-    _, changes, truncated, _, _ = asyncio.run(svc.describe_checkpoint(Caller(uid=0, gid=0, pid=1), "ck-1"))
-    assert not truncated
+    detail = asyncio.run(svc.describe_checkpoint(Caller(uid=0, gid=0, pid=1), "ck-1"))
+    assert not detail.truncated

@@ -22,6 +22,7 @@ from crabd.inspector import files, mounts, procs
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.decide import Inspector, TurnEnd
 from crabd.inspector.model import Decision, Evidence, Proc
+from crabd.models import DecisionKind
 from crabd.store.fsblobs import FileBlobStore
 
 LIMITS = ScanLimits(max_entries=10_000, max_depth=100)
@@ -371,7 +372,7 @@ def test_memory_read_while_the_process_runs_proves_nothing(sbx: Sbx, monkeypatch
 
 
 def test_decision_json_round_trip() -> None:
-    d = Decision("fs", ["wrote /a"], "ebpf", 0.001, "ck-1", "img", {"kind": "fs"})
+    d = Decision(DecisionKind.FS, ["wrote /a"], "ebpf", 0.001, "ck-1", "img", {"kind": "fs"})
     assert Decision.from_json(d.to_json()) == d
 
 

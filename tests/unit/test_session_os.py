@@ -10,6 +10,7 @@ from pathlib import Path
 from crabd.coordinator.inspection import _keep_session_descriptors
 from crabd.inspector.decide import _session_change
 from crabd.inspector.model import Decision
+from crabd.models import DecisionKind
 from crabd.runtime import session_os as so
 from crabd.runtime import session_state as ss
 from tests.unit.bashproc import Bash
@@ -81,7 +82,7 @@ def test_inspector_sees_limit_and_descriptor_changes() -> None:
 
 def test_turns_whose_descriptors_a_files_only_checkpoint_would_lose_are_taken_full() -> None:
     def decide(kind: str, now: str, head: str | None, paired: bool = False) -> Decision:
-        d = Decision(kind=kind, reasons=[], inspector="t", paired_with="ck-h" if paired else None)
+        d = Decision(kind=DecisionKind(kind), reasons=[], inspector="t", paired_with="ck-h" if paired else None)
         d.paired_image = "img" if paired else None
         _keep_session_descriptors(d, now, head)
         return d

@@ -15,7 +15,16 @@ from crabd.coordinator.sandboxes import validate_spec
 from crabd.coordinator.turnmap import lost_turns
 from crabd.daemon import notify
 from crabd.errors import InvalidRequest
-from crabd.models import Caller, CheckpointRecord, SandboxRecord, SandboxSpec, SandboxState, TurnRecord
+from crabd.models import (
+    Caller,
+    CheckpointKind,
+    CheckpointRecord,
+    SandboxRecord,
+    SandboxSpec,
+    SandboxState,
+    TurnCheckpointState,
+    TurnRecord,
+)
 from crabd.sdk._requests import parse_memory
 from crabd.service.service import parse_user
 
@@ -115,13 +124,15 @@ def test_bounded_output_keeps_head_and_counts() -> None:
 def test_recovery_loses_turns_from_the_first_that_changed_after_the_checkpoint() -> None:
     # Turns recorded before crab noted their branch (schema < 5) follow the turn-number rule.
     def turns(*states: str | None) -> list[TurnRecord]:
-        return [TurnRecord("sb", n, 0.0, checkpoint_state=s) for n, s in enumerate(states, start=1)]
+        made = [None if s is None else TurnCheckpointState(s) for s in states]
+        return [TurnRecord("sb", n, 0.0, checkpoint_state=s) for n, s in enumerate(made, start=1)]
 
     sb = SandboxRecord("sb", "sb", 0, SandboxSpec(env="busybox"), "img", "c", SandboxState.DEAD, 0.0)
 
     def ck(turn: int, *, inherited: bool = False) -> CheckpointRecord:
         owner = "parent" if inherited else "sb"
-        return CheckpointRecord("ck-x", owner, owner, 0, None, 0, turn, "fs", 0.0, "", "img", "{}", "i", "d")
+        fs = CheckpointKind.FS
+        return CheckpointRecord("ck-x", owner, owner, 0, None, 0, turn, fs, 0.0, "", "img", "{}", "i", "d")
 
     # Turn 2's checkpoint is the one restored; 3 and 4 changed nothing (skipped): nothing is lost.
     assert lost_turns(turns("done", "done", "skipped", "skipped"), ck(2), sb) == []

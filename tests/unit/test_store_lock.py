@@ -16,7 +16,7 @@ from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
 from crabd.engine import HostEngine
 from crabd.errors import StoreBusy
-from crabd.models import CheckpointRecord
+from crabd.models import CheckpointKind, CheckpointRecord
 from crabd.store import maintenance
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
@@ -209,7 +209,7 @@ def _publish(catalog: Catalog, blobs: FileBlobStore, cid: str, sandbox: str, fil
         parent_id=None,
         branch=0,
         turn=0,
-        kind="fs",
+        kind=CheckpointKind.FS,
         created_at=0.0,
         label="",
         image="img",

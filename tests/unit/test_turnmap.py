@@ -10,7 +10,7 @@ import pytest
 
 from crabd.coordinator.turnmap import CREATED_LABEL, lost_turns, resolve_turn
 from crabd.errors import InvalidRequest, SandboxBusy
-from crabd.models import CheckpointRecord, SandboxRecord, SandboxSpec, SandboxState
+from crabd.models import CheckpointKind, CheckpointRecord, SandboxRecord, SandboxSpec, SandboxState, TurnCheckpointState
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
 from crabd.store.registry import Registry
@@ -62,7 +62,7 @@ class World:
             parent_id=head.checkpoint.id if head and head.checkpoint else None,
             branch=self.rec(sid).branch,
             turn=turn,
-            kind="fs",
+            kind=CheckpointKind.FS,
             created_at=self.tick(),
             label=label,
             image="img",
@@ -82,14 +82,14 @@ class World:
         head = self.cat.head(sid)
         self.reg.close_turn(sid, t.number, self.tick(), "{}")
         if outcome == "done":
-            self.reg.set_turn_checkpoint(sid, t.number, "pending")
+            self.reg.set_turn_checkpoint(sid, t.number, TurnCheckpointState.PENDING)
             ck = self.checkpoint(sid, t.number)
-            self.reg.set_turn_checkpoint(sid, t.number, "done", ck.id)
+            self.reg.set_turn_checkpoint(sid, t.number, TurnCheckpointState.DONE, ck.id)
         elif outcome == "skipped":
             basis = head.checkpoint.id if head and head.checkpoint else None
-            self.reg.set_turn_checkpoint(sid, t.number, "skipped", basis_id=basis)
+            self.reg.set_turn_checkpoint(sid, t.number, TurnCheckpointState.SKIPPED, basis_id=basis)
         else:
-            self.reg.set_turn_checkpoint(sid, t.number, outcome, None, error or None)
+            self.reg.set_turn_checkpoint(sid, t.number, TurnCheckpointState(outcome), None, error or None)
         return t.number
 
     def restore(self, sid: str, ck: CheckpointRecord) -> None:
