@@ -47,7 +47,7 @@ from crabd.engine import HostEngine
 from crabd.errors import CrabError, CriuError, DockerError, StoreError
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.decide import Inspector
-from crabd.models import Caller, CheckpointRecord, SandboxSpec, TurnRecord
+from crabd.models import Caller, CheckpointPolicy, CheckpointRecord, RecoveryMode, SandboxSpec, TurnRecord
 from crabd.runtime.initproto import InitConnection
 from crabd.service.service import Service
 from crabd.store.catalog import Catalog
@@ -441,8 +441,15 @@ def build_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: dict[
     )
 
 
-def spec(name: str = "", **kw: Any) -> SandboxSpec:
-    return SandboxSpec(env=ENV, name=name, **kw)
+def spec(name: str = "", *, checkpoints: str = "auto", recovery: str = "manual", **kw: Any) -> SandboxSpec:
+    """A sandbox spec as the gRPC edge hands it to the service (policy words already parsed)."""
+    return SandboxSpec(
+        env=ENV,
+        name=name,
+        checkpoints=CheckpointPolicy.parse(checkpoints),
+        recovery=RecoveryMode.parse(recovery),
+        **kw,
+    )
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

@@ -64,6 +64,8 @@ def _parse_env(pairs: list[str] | None) -> dict[str, str]:
 
 #: crabctl create's defaults are the SDK's (one place for both).
 _CREATE = CreateOptions(env="")
+_CREATE_POLICY = CheckpointPolicy(_CREATE.checkpoints)
+_CREATE_RECOVERY = RecoveryMode(_CREATE.recovery)
 
 
 @app.command()
@@ -85,11 +87,11 @@ def create(
             help="auto: what the inspector finds each turn needs; fs: files every turn end; "
             "full: processes too; none: only on request.",
         ),
-    ] = CheckpointPolicy(_CREATE.checkpoints),
+    ] = _CREATE_POLICY,
     recovery: Annotated[
         RecoveryMode,
         typer.Option("--recovery", help="manual: `crabctl recover`; auto: crabd recovers a dead sandbox itself."),
-    ] = RecoveryMode(_CREATE.recovery),
+    ] = _CREATE_RECOVERY,
     as_json: JsonOpt = False,
 ) -> None:
     """Create and start a sandbox."""

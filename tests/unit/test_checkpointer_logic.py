@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from crabd.errors import CriuError, QuotaExceeded, StoreError
-from crabd.models import SandboxRecord, SandboxState
+from crabd.models import CheckpointKind, SandboxRecord, SandboxState
 from tests.fakes import ALICE, Stack, build_stack, run, spec
 
 
@@ -39,11 +39,12 @@ def test_a_backend_failure_is_recorded_and_publishes_nothing(
         before = (st.catalog.list_checkpoints(rec.id), st.blob_files())
         st.faults.arm(point)
         with pytest.raises(error, match=f"injected failure at {point}"):
-            await st.checkpointer.take(rec, kind=kind, label="doomed")
+            await st.checkpointer.take(rec, kind=CheckpointKind(kind), label="doomed")
         assert st.faults.calls[point] >= 1
         failures = st.catalog.failures(rec.id)
         assert len(failures) == 1
-        sandbox_id, turn, failed_kind, _, message, _ = failures[0]
+        f = failures[0]
+        sandbox_id, turn, failed_kind, message = f.sandbox_id, f.turn, f.kind, f.error
         assert (sandbox_id, turn, failed_kind) == (rec.id, 0, kind)
         assert point in message
         assert st.checkpointer.head_id(rec.id) == head
@@ -54,7 +55,7 @@ def test_a_backend_failure_is_recorded_and_publishes_nothing(
         assert list(st.checkpointer.dump_root.iterdir()) == []
         # The next attempt works and descends from the same head.
         st.faults.disarm(point)
-        ckpt = await st.checkpointer.take(rec, kind=kind)
+        ckpt = await st.checkpointer.take(rec, kind=CheckpointKind(kind))
         assert ckpt.parent_id == head
         assert st.checkpointer.head_id(rec.id) == ckpt.id
 
@@ -83,10 +84,10 @@ def test_blobs_written_before_a_late_refusal_are_released(tmp_path: Path, monkey
         st.write(rec.id, "big.txt", "new content, new blobs")
         st.checkpointer.store_quota = quota
         with pytest.raises(QuotaExceeded):
-            await st.checkpointer.take(rec, kind="full")
+            await st.checkpointer.take(rec, kind=CheckpointKind.FULL)
         assert st.blob_files() == blobs
         assert st.checkpointer.head_id(rec.id) == head
-        assert [f[2] for f in st.catalog.failures(rec.id)] == ["full"]
+        assert [f.kind for f in st.catalog.failures(rec.id)] == ["full"]
 
     run(body())
 
@@ -97,9 +98,9 @@ def test_a_checkpoint_records_its_line(tmp_path: Path, monkeypatch: pytest.Monke
     async def body() -> None:
         rec = await _sandbox(st)
         baseline = st.checkpointer.head_id(rec.id)
-        first = await st.checkpointer.take(rec, kind="fs", label="one")
+        first = await st.checkpointer.take(rec, kind=CheckpointKind.FS, label="one")
         st.write(rec.id, "notes.txt", "second")
-        second = await st.checkpointer.take(rec, kind="full", turn=7)
+        second = await st.checkpointer.take(rec, kind=CheckpointKind.FULL, turn=7)
         assert (first.parent_id, second.parent_id) == (baseline, first.id)
         assert (first.kind, second.kind) == ("fs", "full")
         assert (first.process_blob, second.process_blob is not None) == (None, True)
@@ -120,7 +121,7 @@ def test_a_dead_sandbox_is_not_checkpointed(tmp_path: Path, monkeypatch: pytest.
         head = st.checkpointer.head_id(rec.id)
         st.backend.kill(rec.container_id)
         with pytest.raises(Exception, match="is dead"):
-            await st.checkpointer.take(rec, kind="fs")
+            await st.checkpointer.take(rec, kind=CheckpointKind.FS)
         assert st.checkpointer.head_id(rec.id) == head
         assert len(st.catalog.failures(rec.id)) == 1
         got = st.registry.get_sandbox(rec.id)

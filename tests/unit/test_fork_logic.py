@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from crabd.errors import CrabError, CriuError, DockerError, InvalidRequest, PermissionDenied, QuotaExceeded, StoreError
-from crabd.models import CheckpointRecord, SandboxState
+from crabd.models import CheckpointKind, CheckpointRecord, SandboxState
 from tests.fakes import ALICE, BOB, Stack, build_stack, run, spec
 
 
 async def _checkpoint(st: Stack, kind: str = "fs") -> CheckpointRecord:
     rec = await st.service.create(ALICE, spec("origin", checkpoints="fs"))
     st.write(rec.id, "work/result.txt", "42")
-    return await st.checkpointer.take(rec, kind=kind)
+    return await st.checkpointer.take(rec, kind=CheckpointKind(kind))
 
 
 def test_fork_makes_n_sandboxes_from_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,7 +110,7 @@ def test_a_restore_replaces_the_container_or_changes_nothing(tmp_path: Path, mon
         rec = st.registry.get_sandbox(ckpt.sandbox_id)
         assert rec is not None
         st.write(rec.id, "work/result.txt", "43")
-        later = await st.checkpointer.take(rec, kind="fs")
+        later = await st.checkpointer.take(rec, kind=CheckpointKind.FS)
         blobs = st.blob_files()
         st.faults.arm("fs.materialize")
         with pytest.raises(StoreError):

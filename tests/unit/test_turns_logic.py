@@ -77,7 +77,7 @@ def test_a_failed_turn_checkpoint_is_recorded_with_its_turn(tmp_path: Path, monk
             (turn,) = await st.service.turns(ALICE, "a", 0)
             assert (turn.checkpoint_state, turn.checkpoint_id) == ("failed", None)
             assert turn.checkpoint_error is not None and "fs.capture" in turn.checkpoint_error
-            assert [(f[1], f[2]) for f in st.catalog.failures(rec.id)] == [(1, "fs")]
+            assert [(f.turn, f.kind) for f in st.catalog.failures(rec.id)] == [(1, "fs")]
             assert st.checkpointer.head_id(rec.id) == head
             fresh = st.registry.get_sandbox(rec.id)
             assert fresh is not None
