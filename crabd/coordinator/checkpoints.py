@@ -31,10 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from crabd.backends.criu.imagestore import ImageStore
-from crabd.backends.fsdelta import FsDelta
-from crabd.backends.overlay.scan import TICK_NS
-from crabd.backends.procdump import DumpResult, ProcessDumper
+from crabd.backends.fsdelta import TICK_NS, FsDelta, Tree
+from crabd.backends.procdump import DumpResult, ProcessDumper, ProcessImages
 from crabd.backends.sandbox import SandboxBackend
 from crabd.coordinator import turnmap
 from crabd.coordinator.sandboxes import SandboxManager
@@ -87,7 +85,9 @@ class Checkpointer:
         fs: FsDelta,
         dumper: ProcessDumper,
         *,
+        images: ProcessImages,
         dump_root: Path,
+        store_lock: RWLock | None = None,
         busy_wait_s: float = 10.0,
     ) -> None:
         self.db = db
@@ -96,11 +96,13 @@ class Checkpointer:
         self.blobs = blobs
         self.fs = fs
         self.dumper = dumper
-        self.images = ImageStore(blobs)
+        self.images = images
         #: Process dumps are written here first (one directory per checkpoint), then stored and removed.
         self.dump_root = dump_root
         self.busy_wait_s = busy_wait_s
-        self.store_lock = RWLock()
+        #: Shared by everything that touches blob files (see the module doc); daemon/app.py hands
+        #: the same lock to the restorer and the housekeeper.
+        self.store_lock = store_lock if store_lock is not None else RWLock()
         #: Told about dumps and publications, so its baselines follow the heads (see coordinator/inspection.py).
         self.inspector: Inspector | None = None
         #: The store-bytes quota: ``(owner uid, bytes added)`` raises QuotaExceeded (``service/quota.py``).
@@ -125,7 +127,7 @@ class Checkpointer:
         """fsync every blob that referencing ``roots`` would bring to life (before the publishing tx)."""
         self.blobs.sync(self.catalog.becoming_live(roots, info.child_of))
 
-    def load_tree(self, head: Head) -> list[Any]:
+    def load_tree(self, head: Head) -> Tree:
         return self.fs.load(head.index_blob)
 
     def session_json(self, rec: CheckpointRecord) -> str | None:

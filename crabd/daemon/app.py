@@ -36,11 +36,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from crabd.api.peercred import CallerTable, FrontDoor
 from crabd.api.servicer import CrabServicer
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
+from crabd.backends.criu.imagestore import ImageStore
 from crabd.backends.criu.runc import RuncDumper
 from crabd.backends.docker_sandbox import DockerSandboxBackend
+from crabd.backends.fsdelta import ScanLimits
 from crabd.backends.overlay.backend import OverlayDelta
 from crabd.backends.overlay.index import PageCache
-from crabd.backends.overlay.scan import ScanLimits
 from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
@@ -60,6 +61,7 @@ from crabd.store.catalog import Catalog
 from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
+from crabd.util.aiolock import RWLock
 
 log = logging.getLogger("crabd")
 
@@ -151,26 +153,32 @@ class Daemon:
         # Dumps a crash interrupted; nothing references them.
         await asyncio.to_thread(shutil.rmtree, dump_root, True)
         dump_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        catalog = Catalog(self._db)
+        images = ImageStore(blobs)
+        store_lock = RWLock()
         checkpointer = Checkpointer(
             self._db,
             self._manager,
-            Catalog(self._db),
+            catalog,
             blobs,
             fs,
             dumper,
+            images=images,
             dump_root=dump_root,
+            store_lock=store_lock,
             busy_wait_s=self.cfg.criu.busy_wait_s,
         )
         checkpointer.inspector = inspector
-        inspection = TurnInspection(inspector, checkpointer)
-        restorer = Restorer(checkpointer)
+        inspection = TurnInspection(inspector, checkpointer, self._manager, catalog, fs)
+        restorer = Restorer(checkpointer, self._manager, self._db, catalog, fs, images, store_lock)
         restorer.inspection = inspection
-        self._recovery = Recovery(checkpointer, restorer)
+        self._recovery = Recovery(restorer, self._manager, catalog)
         counts = await self._manager.adopt()
         # Blobs of checkpoints a crash interrupted before publication, or that a delete, gc or
         # restore dropped just before one: nothing references them, and before the server starts
         # no checkpoint can be about to (see crabd/store/accounting.py).  A full gc, once.
-        swept = await Housekeeper(checkpointer).reconcile()
+        housekeeping = Housekeeper(checkpointer, self._manager, catalog, blobs, fs, store_lock)
+        swept = await housekeeping.reconcile()
         if swept.blobs_removed:
             log.warning("orphaned blobs reclaimed", extra={"blobs": swept.blobs_removed, "freed": swept.bytes_freed})
         lost = await asyncio.to_thread(
@@ -190,6 +198,7 @@ class Daemon:
             self._recovery,
             inspection,
             self._engine,
+            housekeeping=housekeeping,
             docker_version=docker_version,
         )
 
