@@ -27,19 +27,19 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from crabd.backends.fsdelta import TICK_NS, Cut, FsCapture, FsDelta, Prepared, StoredTree, Tree
-from crabd.backends.procdump import DumpResult, ProcessDumper, ProcessImages
-from crabd.backends.sandbox import ContainerStatus, SandboxBackend
+from crabd.backends.fsdelta import TICK_NS, FsDelta, Tree
+from crabd.backends.procdump import ProcessDumper, ProcessImages
+from crabd.backends.sandbox import SandboxBackend
 from crabd.coordinator import turnmap
+from crabd.coordinator.attempt import Attempt, Blobs, FrozenCut, StoredCheckpoint
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.coordinator.turns import check_session_state
 from crabd.errors import CrabError, InvalidRequest, StalePairing
 from crabd.inspector.decide import Inspector
-from crabd.inspector.model import Dumped
 from crabd.models import CheckpointRecord, SandboxRecord
 from crabd.store import accounting
 from crabd.store.blobs import BlobStore
@@ -62,73 +62,6 @@ def in_publish() -> None:
 
 def new_checkpoint_id() -> str:
     return "ck-" + secrets.token_hex(6)
-
-
-@dataclass
-class Blobs:
-    """What publishing needs to know about the blobs of one checkpoint."""
-
-    children: dict[str, set[str]]
-    sizes: dict[str, int]
-
-    def child_of(self, blob: str) -> set[str]:
-        return self.children.get(blob, set())
-
-
-@dataclass
-class _Attempt:
-    """One checkpoint being taken: what its steps hand on to each other."""
-
-    ckpt_id: str
-    rec: SandboxRecord
-    kind: str
-    st: ContainerStatus
-    head: Head | None
-    prepared: Prepared
-    #: The process dump is written here, then stored and removed.
-    work: Path
-    pair: tuple[str, str] | None
-    inspector: Inspector | None
-    session_pid: int | None
-    #: monotonic time the attempt began (the checkpoint's total_s).
-    t0: float
-    #: What the inspector saw at the dump (set while frozen).
-    dumped: Dumped | None = None
-
-    @property
-    def cid(self) -> str:
-        return self.rec.container_id
-
-    @property
-    def images(self) -> Path:
-        return self.work / "images"
-
-    @property
-    def full(self) -> bool:
-        return self.kind == "full"
-
-
-@dataclass
-class _FrozenCut:
-    """What the frozen step took: the files' cut, the dump, and how long the sandbox stood still."""
-
-    cut: Cut
-    dump: DumpResult | None
-    freeze_s: float
-    thawed_ns: int
-
-
-@dataclass
-class _StoredCheckpoint:
-    """What storing wrote, for the record and the publication."""
-
-    capture: FsCapture
-    stored: StoredTree
-    info: Blobs
-    new_bytes: int
-    stats: dict[str, Any] = field(default_factory=dict)
-    process_blob: str | None = None
-    session_blob: str | None = None
 
 
 class Checkpointer:
@@ -328,7 +261,7 @@ class Checkpointer:
         ckpt = self._record(attempt, turn, label, out, cut.thawed_ns)
         return await self._publish(attempt, ckpt, out, cut.freeze_s)
 
-    async def _prepare(self, rec: SandboxRecord, kind: str, pair: tuple[str, str] | None) -> _Attempt:
+    async def _prepare(self, rec: SandboxRecord, kind: str, pair: tuple[str, str] | None) -> Attempt:
         """Step 1: the walk while the sandbox runs, and what the frozen step needs at hand."""
         t0 = time.monotonic()
         ckpt_id = new_checkpoint_id()
@@ -347,7 +280,7 @@ class Checkpointer:
             self._check_pair(rec, pair)
         full = kind == "full"
         session_pid = await self.sandboxes.session_pid(rec, st) if inspector and (full or pair) else None
-        return _Attempt(
+        return Attempt(
             ckpt_id, rec, kind, st, head, prepared, self.dump_root / ckpt_id, pair, inspector, session_pid, t0
         )
 
@@ -362,8 +295,8 @@ class Checkpointer:
             raise StalePairing(f"checkpoint {pair[0]}, whose process image it reuses, was deleted", sandbox=rec.id)
 
     async def _cut_and_store(
-        self, a: _Attempt, on_phase: Callable[[str], None] | None
-    ) -> tuple[_FrozenCut, _StoredCheckpoint]:
+        self, a: Attempt, on_phase: Callable[[str], None] | None
+    ) -> tuple[FrozenCut, StoredCheckpoint]:
         """Steps 2 and 3 for files and processes; the dump's work directory is removed on every path."""
         try:
             if a.full:
@@ -382,7 +315,7 @@ class Checkpointer:
         finally:
             await asyncio.to_thread(shutil.rmtree, a.work, True)
 
-    def _frozen_cut(self, a: _Attempt) -> _FrozenCut:
+    def _frozen_cut(self, a: Attempt) -> FrozenCut:
         """Step 2: freeze, dump, re-walk and thaw in one worker call.
 
         One call, so event-loop scheduling never stretches the time the
@@ -408,13 +341,13 @@ class Checkpointer:
                 a.dumped = inspector.at_dump(a.cid, a.st.pid, a.session_pid)
             cut = self.fs.capture(a.prepared)
             freeze_s = time.monotonic() - f0
-        return _FrozenCut(cut, dump, freeze_s, time.time_ns())
+        return FrozenCut(cut, dump, freeze_s, time.time_ns())
 
-    async def _store_cut(self, a: _Attempt, cut: _FrozenCut) -> _StoredCheckpoint:
+    async def _store_cut(self, a: Attempt, cut: FrozenCut) -> StoredCheckpoint:
         """Step 3 for the cut: the index and delta, then the process image (if dumped)."""
         capture, stored = await asyncio.to_thread(self.fs.store, cut.cut)
         crash_point("checkpoint.after_capture")
-        out = _StoredCheckpoint(
+        out = StoredCheckpoint(
             capture, stored, Blobs(dict(stored.children), dict(stored.sizes)), capture.new_bytes + stored.new_bytes
         )
         dump = cut.dump
@@ -434,7 +367,7 @@ class Checkpointer:
             )
         return out
 
-    async def _store_session(self, session_json: str | None, out: _StoredCheckpoint) -> None:
+    async def _store_session(self, session_json: str | None, out: StoredCheckpoint) -> None:
         """Step 3 for the session: its state document, as one more blob."""
         if session_json is None:
             return
@@ -444,7 +377,7 @@ class Checkpointer:
         out.new_bytes += put.stored
 
     def _record(
-        self, a: _Attempt, turn: int | None, label: str, out: _StoredCheckpoint, thawed_ns: int
+        self, a: Attempt, turn: int | None, label: str, out: StoredCheckpoint, thawed_ns: int
     ) -> CheckpointRecord:
         """The catalog's record of what was stored (its stats follow at publication)."""
         rec, head = a.rec, a.head
@@ -470,7 +403,7 @@ class Checkpointer:
         )
 
     async def _publish(
-        self, a: _Attempt, ckpt: CheckpointRecord, out: _StoredCheckpoint, freeze_s: float
+        self, a: Attempt, ckpt: CheckpointRecord, out: StoredCheckpoint, freeze_s: float
     ) -> CheckpointRecord:
         """Step 4: the quota, fsync every blob becoming live, then one transaction; tell the inspector."""
         rec, capture, new_bytes = a.rec, out.capture, out.new_bytes

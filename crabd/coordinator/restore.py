@@ -42,7 +42,8 @@ from typing import Any
 from crabd.backends.fsdelta import TICK_NS, FsDelta
 from crabd.backends.procdump import ProcessImages
 from crabd.backends.sandbox import ContainerStatus
-from crabd.coordinator.checkpoints import Blobs, Checkpointer
+from crabd.coordinator.attempt import Blobs
+from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.runner import Session
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
