@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from crabd.backends.fsdelta import TICK_NS, FsDelta, Tree
 from crabd.backends.procdump import ProcessDumper, ProcessImages
@@ -43,7 +42,7 @@ from crabd.inspector.decide import Inspector
 from crabd.models import CheckpointRecord, SandboxRecord
 from crabd.store import accounting
 from crabd.store.blobs import BlobStore
-from crabd.store.catalog import Catalog, Head, direct_refs
+from crabd.store.catalog import Catalog, Head, SizeOf, direct_refs
 from crabd.store.db import Database
 from crabd.store.fsblobs import store_error
 from crabd.store.registry import spec_to_json
@@ -106,7 +105,7 @@ class Checkpointer:
 
     # --- publishing helpers (shared with restore and fork) -------------------------
 
-    def size_of(self, sizes: dict[str, int]) -> Any:
+    def size_of(self, sizes: dict[str, int]) -> SizeOf:
         def size(blob: str) -> tuple[int, int]:
             return sizes.get(blob, 0), self.blobs.stored_size(blob)
 

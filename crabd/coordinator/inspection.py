@@ -28,9 +28,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from crabd.backends.fsdelta import FsDelta
+from crabd.backends.fsdelta import FsDelta, Tree
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.errors import CrabError, StalePairing
@@ -100,7 +99,7 @@ class TurnInspection:
         # Decoded head indexes and session states, by blob: the head rarely
         # changes between two turn ends, and decoding a big index costs more
         # than the whole decision otherwise.
-        self._trees: dict[str, tuple[str, list[Any]]] = {}
+        self._trees: dict[str, tuple[str, Tree]] = {}
         self._sessions: dict[str, tuple[str, str | None]] = {}
 
     @property
@@ -144,7 +143,7 @@ class TurnInspection:
 
     # --- deciding ------------------------------------------------------------------------
 
-    def _head_tree(self, sandbox_id: str, index_blob: str) -> list[Any]:
+    def _head_tree(self, sandbox_id: str, index_blob: str) -> Tree:
         cached = self._trees.get(sandbox_id)
         if cached is not None and cached[0] == index_blob:
             return cached[1]

@@ -35,11 +35,12 @@ import logging
 import secrets
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from crabd.backends.fsdelta import TICK_NS, FsDelta
+from crabd.backends.fsdelta import TICK_NS, FsDelta, Tree
 from crabd.backends.procdump import ProcessImages
 from crabd.backends.sandbox import ContainerStatus
 from crabd.coordinator.attempt import Blobs
@@ -170,7 +171,7 @@ class Restorer:
                 hint="Rebuild that env image (its recipe must be unchanged) or restore another checkpoint.",
             )
 
-    def _preparer(self, tree: list[Any], out: _Prepared, ckpt: CheckpointRecord) -> Any:
+    def _preparer(self, tree: Tree, out: _Prepared, ckpt: CheckpointRecord) -> Callable[[str], Awaitable[None]]:
         fs = self.fs
         backend = self.sandboxes.backend
 
@@ -211,7 +212,7 @@ class Restorer:
 
         return prepare
 
-    async def _load(self, ckpt: CheckpointRecord) -> tuple[list[Any], str | None]:
+    async def _load(self, ckpt: CheckpointRecord) -> tuple[Tree, str | None]:
         await asyncio.to_thread(self._check_image, ckpt)
         tree = await asyncio.to_thread(self.fs.load, ckpt.index_blob)
         session_json = await asyncio.to_thread(self.ck.session_json, ckpt)
@@ -365,7 +366,7 @@ class Restorer:
         return out
 
     async def _clone(
-        self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: list[Any], session_json: str | None
+        self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: Tree, session_json: str | None
     ) -> tuple[Session, str, list[str]]:
         prep = _Prepared()
         cid, st = await self.sandboxes.launch(
