@@ -26,6 +26,8 @@ from typing import Protocol, TypedDict
 
 
 class Kind(IntEnum):
+    """An entry's file type; the values are part of the index encoding (``backends/overlay/entries.py``)."""
+
     REG = 1
     DIR = 2
     LNK = 3
@@ -37,6 +39,8 @@ class Kind(IntEnum):
 
 @dataclass(slots=True)
 class Extent:
+    """One data region of a regular file, stored as one blob."""
+
     offset: int
     length: int
     blob: str  # sha256 hex of the content
