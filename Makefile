@@ -61,6 +61,7 @@ lint: venv
 	@$(VENV)/bin/ruff check crabd tests agents bench
 	@$(VENV)/bin/ruff format --check crabd tests agents bench
 	@$(VENV)/bin/mypy
+	@$(VENV)/bin/lint-imports --no-cache
 
 clean-venv:
 	rm -rf $(VENV)

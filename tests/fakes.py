@@ -31,14 +31,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from crabd.backends.fsdelta import Change, FsCapture, StoredTree, Tree
+from crabd.backends.criu.imagestore import ImageStore
+from crabd.backends.fsdelta import Change, FsCapture, MaterializeStats, ScanLimits, StoredTree, Tree
 
 # The one overlay type the tests name (it may move beside the FsDelta protocol).
-from crabd.backends.overlay.scan import ScanLimits
 from crabd.backends.procdump import DumpResult
 from crabd.backends.sandbox import ContainerStatus
 from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
+from crabd.coordinator.housekeeping import Housekeeper
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.restore import Restorer
@@ -54,6 +55,7 @@ from crabd.store.catalog import Catalog
 from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
+from crabd.util.aiolock import RWLock
 
 T = TypeVar("T")
 
@@ -331,13 +333,16 @@ class FakeFsDelta:
         files = tree.files if isinstance(tree, FakeTree) else {}
         return self._put_tree(files, {"stat": secrets.token_hex(4)})
 
-    def materialize(self, tree: Tree, into: Path) -> tuple[Tree, dict[str, Any]]:
+    def materialize(self, tree: Tree, into: Path) -> tuple[Tree, MaterializeStats]:
         self.faults.hit("fs.materialize", StoreError)
         files = tree.files if isinstance(tree, FakeTree) else {}
         for path, text in files.items():
             (into / path).parent.mkdir(parents=True, exist_ok=True)
             (into / path).write_text(text)
-        return FakeTree(dict(files)), {"files": len(files)}
+        written = sum(len(text.encode()) for text in files.values())
+        return FakeTree(dict(files)), MaterializeStats(
+            entries=len(files), bytes_written=written, materialize_s=0.0, stat_s=0.0
+        )
 
     def changes(self, delta_blob: str, limit: int) -> tuple[list[Change], bool]:
         doc = json.loads(self.blobs.read_bytes(delta_blob, limit=1 << 20))
@@ -415,14 +420,30 @@ def build_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: dict[
     sandboxes = SandboxManager(cfg, registry, backend, tmp_path / "init", "test-instance")
     dump_root = state / "dumps"
     dump_root.mkdir()
-    checkpointer = Checkpointer(db, sandboxes, catalog, blobs, fs, FakeDumper(faults), dump_root=dump_root)
+    # The real page-deduplicating image store: FakeDumper's images are plain files in a dir.
+    images = ImageStore(blobs)
+    store_lock = RWLock()
+    checkpointer = Checkpointer(
+        db, sandboxes, catalog, blobs, fs, FakeDumper(faults), images=images, dump_root=dump_root, store_lock=store_lock
+    )
     inspector = Inspector(ScanEvents(), limits=ScanLimits())
-    inspection = TurnInspection(inspector, checkpointer)
-    restorer = Restorer(checkpointer)
+    inspection = TurnInspection(inspector, checkpointer, sandboxes, catalog, fs)
+    restorer = Restorer(checkpointer, sandboxes, db, catalog, fs, images, store_lock)
     restorer.inspection = inspection
-    recovery = Recovery(checkpointer, restorer)
+    recovery = Recovery(restorer, sandboxes, catalog)
+    housekeeping = Housekeeper(checkpointer, sandboxes, catalog, blobs, fs, store_lock)
     engine = HostEngine(cfg.engine)
-    service = Service(cfg, sandboxes, checkpointer, restorer, recovery, inspection, engine, docker_version="fake")
+    service = Service(
+        cfg,
+        sandboxes,
+        checkpointer,
+        restorer,
+        recovery,
+        inspection,
+        engine,
+        housekeeping=housekeeping,
+        docker_version="fake",
+    )
     return Stack(
         cfg=cfg,
         faults=faults,

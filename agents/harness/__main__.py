@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,28 @@ def run_arm(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse the options, pick the tasks and arms, run the arms, write the report."""
+    args, tasks, chosen, faults = _options(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    arms = _run_arms(args, tasks, chosen, faults)
+    doc = _results(args, tasks, arms)
+    _write_report(args.out, doc, arms.by_arm)
+    return 0
+
+
+@dataclass
+class _Arms:
+    """What the arms produced: results by (fault, strategy), crabd kills by arm, every episode."""
+
+    by_arm: dict[tuple[str, str], list[Result]] = field(default_factory=dict)
+    kills: dict[str, int] = field(default_factory=dict)
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    #: monotonic time the first arm started (the run's wall_s).
+    t_start: float = 0.0
+
+
+def _options(argv: list[str] | None) -> tuple[argparse.Namespace, list[Task], list[str], list[str]]:
+    """The parsed options, the tasks they select, and the chosen strategies and faults (checked)."""
     ap = argparse.ArgumentParser(prog="python -m agents.harness", description=__doc__.split("\n\n")[0])
     ap.add_argument("--suite", default="shell", choices=SUITES)
     ap.add_argument("--concurrency", type=int, default=8)
@@ -102,15 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     faults = [f for f in args.faults.split(",") if f]
     if unknown or any(f not in FAULTS for f in faults):
         ap.error(f"unknown strategy or fault: {unknown or faults}")
-    args.out.mkdir(parents=True, exist_ok=True)
+    return args, tasks, chosen, faults
 
+
+def _run_arms(args: argparse.Namespace, tasks: list[Task], chosen: list[str], faults: list[str]) -> _Arms:
+    """The interleaved fault-free rounds, then one arm per fault and strategy, against one LLM."""
     standin = StandinServer(seed=args.seed, latency=LatencyModel(time_scale=args.time_scale))
     with standin if not args.llm else _Null():
         url = args.llm or f"{standin.url}/v1"
-        episodes: list[dict[str, Any]] = []
-        by_arm: dict[tuple[str, str], list[Result]] = {}
-        kills: dict[str, int] = {}
-        t_start = time.monotonic()
+        arms = _Arms(t_start=time.monotonic())
+        by_arm, kills = arms.by_arm, arms.kills
         for rnd in range(args.rounds):
             for s in [s for s in FAULT_FREE if s in chosen]:
                 res, _ = run_arm(tasks, s, "", concurrency=args.concurrency, llm_url=url, seed=args.seed,
@@ -123,8 +147,13 @@ def main(argv: list[str] | None = None) -> int:
                 by_arm[(fault, s)] = res
                 kills[f"{fault}/{s}"] = k
         for (fault, _), res in by_arm.items():
-            episodes += [{"fault_arm": fault or "fault-free", **r.to_json()} for r in res]
+            arms.episodes += [{"fault_arm": fault or "fault-free", **r.to_json()} for r in res]
+    return arms
 
+
+def _results(args: argparse.Namespace, tasks: list[Task], arms: _Arms) -> dict[str, Any]:
+    """The results document: the configuration, each arm's summary against the fault-free reference, the episodes."""
+    by_arm = arms.by_arm
     reference: dict[str, float] = {}
     for t in tasks:
         times = [r.seconds for r in by_arm.get(("", "none"), []) if r.task == t.name and r.solved]
@@ -139,25 +168,29 @@ def main(argv: list[str] | None = None) -> int:
             "time_scale": args.time_scale,
             "llm": args.llm or "stand-in",
             "seed": args.seed,
-            "wall_s": round(time.monotonic() - t_start, 1),
+            "wall_s": round(time.monotonic() - arms.t_start, 1),
         },
         "fault_free": {s: summarize(r, reference) for (f, s), r in by_arm.items() if not f},
         "faults": {},
-        "crabd_kills": kills,
+        "crabd_kills": arms.kills,
     }
     for (f, s), r in by_arm.items():
         if f:
             doc["faults"].setdefault(f, {})[s] = summarize(r, reference)
     doc["headline"] = headline(doc)
-    doc["episodes"] = episodes
-    (args.out / "results.json").write_text(json.dumps(doc, indent=1))
+    doc["episodes"] = arms.episodes
+    return doc
+
+
+def _write_report(out: Path, doc: dict[str, Any], by_arm: dict[tuple[str, str], list[Result]]) -> None:
+    """results.json, results.md (also printed) and the plots."""
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
     exposed = {s: [x for r in res for x in r.exposed_s] for (f, s), res in by_arm.items() if not f}
-    pngs = plots(doc, exposed, args.out)
+    pngs = plots(doc, exposed, out)
     md = "\n".join(markdown(doc)) + "\n"
-    (args.out / "results.md").write_text(md)
+    (out / "results.md").write_text(md)
     print(md)
-    print(f"wrote {args.out / 'results.json'}, {args.out / 'results.md'}, " + ", ".join(str(p) for p in pngs))
-    return 0
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in pngs))
 
 
 def headline(doc: dict[str, Any]) -> list[str]:

@@ -11,18 +11,149 @@ checkpoint freezes once for CRIU and the filesystem together):
 3. :meth:`FsDelta.store` after the thaw: work out the delta, encode the
    index and the delta.
 
-Trees are lists of :class:`~crabd.backends.overlay.entries.Entry` sorted by path.
+Trees are lists of :class:`Entry` sorted by path.  The value types that cross
+this interface (entries, trees, scan limits, the capture's statistics) live
+here, beside the Protocol, so that callers never import an implementation.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from enum import IntEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
-from crabd.backends.overlay.entries import Entry
+
+class Kind(IntEnum):
+    """An entry's file type; the values are part of the index encoding (``backends/overlay/entries.py``)."""
+
+    REG = 1
+    DIR = 2
+    LNK = 3
+    CHR = 4
+    BLK = 5
+    FIFO = 6
+    SOCK = 7
+
+
+@dataclass(slots=True)
+class Extent:
+    """One data region of a regular file, stored as one blob."""
+
+    offset: int
+    length: int
+    blob: str  # sha256 hex of the content
+
+
+@dataclass(slots=True)
+class Entry:
+    """One file, directory, link or special file.  Treat as immutable once built (entries are shared)."""
+
+    path: bytes
+    kind: Kind
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    nlink: int
+    rdev: int = 0
+    target: bytes = b""
+    link_to: bytes = b""
+    xattrs: list[tuple[bytes, bytes]] = field(default_factory=list)
+    extents: list[Extent] = field(default_factory=list)
+
+    def stat_key(self) -> tuple[int, ...]:
+        """What must be equal for the entry to count as unchanged on disk (atime is noise)."""
+        return (
+            self.kind,
+            self.mode,
+            self.uid,
+            self.gid,
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.ino,
+            self.nlink,
+            self.rdev,
+        )
+
+    def same_content(self, other: Entry) -> bool:
+        """Equal as a checkpointed file: everything but where it lives on disk (ino, ctime, nlink, atime)."""
+        return (
+            self.kind == other.kind
+            and self.mode == other.mode
+            and self.uid == other.uid
+            and self.gid == other.gid
+            and self.size == other.size
+            and self.mtime_ns == other.mtime_ns
+            and self.rdev == other.rdev
+            and self.target == other.target
+            and self.link_to == other.link_to
+            and self.xattrs == other.xattrs
+            and [(x.offset, x.length, x.blob) for x in self.extents]
+            == [(x.offset, x.length, x.blob) for x in other.extents]
+        )
+
+    @property
+    def is_whiteout(self) -> bool:
+        return self.kind is Kind.CHR and self.rdev == 0
+
 
 Tree = list[Entry]
+
+
+def _tick_ns() -> int:
+    try:
+        res = time.clock_getres(time.CLOCK_REALTIME_COARSE)  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        res = 0.01
+    return max(int(res * 2e9), 10_000_000)
+
+
+#: Safety margin for the coarse clock the kernel stamps ctime from: a write
+#: after a cut at ``t`` gets a ctime of at least ``t - TICK_NS`` (the "racy" bound).
+TICK_NS = _tick_ns()
+
+
+@dataclass(frozen=True)
+class ScanLimits:
+    """Bounds on one walk of a sandbox's files (entries in all, directory depth)."""
+
+    max_entries: int = 500_000
+    max_depth: int = 1000
+
+
+class CaptureStats(TypedDict, total=False):
+    """What a capture measured (merged into the checkpoint's stats)."""
+
+    entries: int
+    prescan_s: float
+    frozen_scan_s: float
+    files_read: int
+    files_reread_frozen: int
+    bytes_read: int
+
+
+class MaterializeStats(TypedDict):
+    """What writing a tree into a new container measured (merged into the restore's stats)."""
+
+    entries: int
+    bytes_written: int
+    materialize_s: float
+    stat_s: float
+
+
+class Prepared:
+    """Opaque result of :meth:`FsDelta.prepare`; an implementation subclasses it and takes back its own."""
+
+
+class Cut:
+    """Opaque result of :meth:`FsDelta.capture`; an implementation subclasses it and takes back its own."""
 
 
 @dataclass
@@ -33,7 +164,7 @@ class FsCapture:
     added: list[Entry]
     changed: list[Entry]
     deleted: list[bytes]
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: CaptureStats = field(default_factory=lambda: CaptureStats())
     #: Bytes newly written to the blob store by the capture (file contents).
     new_bytes: int = 0
 
@@ -52,11 +183,6 @@ class StoredTree:
     new_bytes: int
 
 
-#: Opaque results of :meth:`FsDelta.prepare` and :meth:`FsDelta.capture`, handed to the next step.
-Prepared = Any
-Cut = Any
-
-
 class FsDelta(Protocol):
     def load(self, index_blob: str) -> Tree:
         """The tree of a stored index, verified against its hashes."""
@@ -72,7 +198,7 @@ class FsDelta(Protocol):
         """Store a tree as an index only (the stat index after a restore)."""
         ...
 
-    def materialize(self, tree: Tree, into: Path) -> tuple[Tree, dict[str, Any]]:
+    def materialize(self, tree: Tree, into: Path) -> tuple[Tree, MaterializeStats]:
         """Write ``tree`` into the empty dir ``into``; return it with the new inode numbers and ctimes."""
         ...
 

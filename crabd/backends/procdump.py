@@ -1,12 +1,13 @@
-"""The process-dump backend interface: dump a sandbox's process tree to an images directory.
+"""The process-dump backend interfaces: dump a sandbox's process tree, store the images.
 
 Restoring goes through the sandbox backend (``SandboxBackend.start`` with a
-checkpoint), because the container engine must own the restored container.
+checkpoint), because the container engine must own the restored container;
+:class:`ProcessImages` puts the images that start reads in place.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -30,3 +31,30 @@ class ProcessDumper(Protocol):
         ...
 
     def version(self) -> str: ...
+
+
+@dataclass
+class StoredImage:
+    manifest: str
+    children: dict[str, set[str]] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    new_bytes: int = 0
+    image_bytes: int = 0
+    pages: int = 0
+    pages_new: int = 0
+
+
+class ProcessImages(Protocol):
+    """Process images in the blob store: de-duplicated by page, written back for a restore."""
+
+    def store(self, images_dir: Path, previous: str | None) -> StoredImage:
+        """Store the dump in ``images_dir``; ``previous`` (a manifest) holds the likeliest duplicate pages."""
+        ...
+
+    def write(self, manifest: str, target: Path) -> int:
+        """Write the images of ``manifest`` into the empty dir ``target``; return the bytes written."""
+        ...
+
+    def close_external_connections(self, images_dir: Path) -> dict[str, int]:
+        """Rewrite the images so restored processes find their outside connections closed; counts by outcome."""
+        ...

@@ -27,25 +27,22 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from crabd.backends.criu.imagestore import ImageStore
-from crabd.backends.fsdelta import FsDelta
-from crabd.backends.overlay.scan import TICK_NS
-from crabd.backends.procdump import DumpResult, ProcessDumper
+from crabd.backends.fsdelta import TICK_NS, FsDelta, Tree
+from crabd.backends.procdump import ProcessDumper, ProcessImages
 from crabd.backends.sandbox import SandboxBackend
 from crabd.coordinator import turnmap
+from crabd.coordinator.attempt import Attempt, Blobs, FrozenCut, StoredCheckpoint
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.coordinator.turns import check_session_state
 from crabd.errors import CrabError, InvalidRequest, StalePairing
 from crabd.inspector.decide import Inspector
-from crabd.inspector.model import Dumped
 from crabd.models import CheckpointKind, CheckpointPolicy, CheckpointRecord, SandboxRecord
 from crabd.store import accounting
 from crabd.store.blobs import BlobStore
-from crabd.store.catalog import Catalog, Head, direct_refs
+from crabd.store.catalog import Catalog, Head, SizeOf, direct_refs
 from crabd.store.db import Database
 from crabd.store.fsblobs import store_error
 from crabd.store.registry import spec_to_json
@@ -66,17 +63,6 @@ def new_checkpoint_id() -> str:
     return "ck-" + secrets.token_hex(6)
 
 
-@dataclass
-class Blobs:
-    """What publishing needs to know about the blobs of one checkpoint."""
-
-    children: dict[str, set[str]]
-    sizes: dict[str, int]
-
-    def child_of(self, blob: str) -> set[str]:
-        return self.children.get(blob, set())
-
-
 class Checkpointer:
     def __init__(
         self,
@@ -87,7 +73,9 @@ class Checkpointer:
         fs: FsDelta,
         dumper: ProcessDumper,
         *,
+        images: ProcessImages,
         dump_root: Path,
+        store_lock: RWLock | None = None,
         busy_wait_s: float = 10.0,
     ) -> None:
         self.db = db
@@ -96,11 +84,13 @@ class Checkpointer:
         self.blobs = blobs
         self.fs = fs
         self.dumper = dumper
-        self.images = ImageStore(blobs)
+        self.images = images
         #: Process dumps are written here first (one directory per checkpoint), then stored and removed.
         self.dump_root = dump_root
         self.busy_wait_s = busy_wait_s
-        self.store_lock = RWLock()
+        #: Shared by everything that touches blob files (see the module doc); daemon/app.py hands
+        #: the same lock to the restorer and the housekeeper.
+        self.store_lock = store_lock if store_lock is not None else RWLock()
         #: Told about dumps and publications, so its baselines follow the heads (see coordinator/inspection.py).
         self.inspector: Inspector | None = None
         #: The store-bytes quota: ``(owner uid, bytes added)`` raises QuotaExceeded (``service/quota.py``).
@@ -115,7 +105,7 @@ class Checkpointer:
 
     # --- publishing helpers (shared with restore and fork) -------------------------
 
-    def size_of(self, sizes: dict[str, int]) -> Any:
+    def size_of(self, sizes: dict[str, int]) -> SizeOf:
         def size(blob: str) -> tuple[int, int]:
             return sizes.get(blob, 0), self.blobs.stored_size(blob)
 
@@ -125,7 +115,7 @@ class Checkpointer:
         """fsync every blob that referencing ``roots`` would bring to life (before the publishing tx)."""
         self.blobs.sync(self.catalog.becoming_live(roots, info.child_of))
 
-    def load_tree(self, head: Head) -> list[Any]:
+    def load_tree(self, head: Head) -> Tree:
         return self.fs.load(head.index_blob)
 
     def session_json(self, rec: CheckpointRecord) -> str | None:
@@ -252,128 +242,175 @@ class Checkpointer:
         pair: tuple[str, str] | None,
         on_phase: Callable[[str], None] | None,
     ) -> CheckpointRecord:
+        """One checkpoint, under the sandbox's op lock and the shared store lock (the module doc's steps).
+
+        1. prepare: walk the upper dir while the sandbox runs;
+        2. cut: freeze, dump the processes ("full"), re-walk, thaw;
+        3. store: the index and delta, the process image, the session state;
+        4. publish: the quota, fsync, then the catalog's transaction.
+        """
+        attempt = await self._prepare(rec, kind, pair)
+        cut, out = await self._cut_and_store(attempt, on_phase)
+        if pair:
+            out.process_blob = pair[1]
+            out.stats["paired_with"] = pair[0]
+        await self._store_session(session_json, out)
+        ckpt = self._record(attempt, turn, label, out, cut.thawed_ns)
+        return await self._publish(attempt, ckpt, out, cut.freeze_s)
+
+    async def _prepare(self, rec: SandboxRecord, kind: CheckpointKind, pair: tuple[str, str] | None) -> Attempt:
+        """Step 1: the walk while the sandbox runs, and what the frozen step needs at hand."""
         t0 = time.monotonic()
         ckpt_id = new_checkpoint_id()
         rec = self.sandboxes.get(rec.id) or rec
         st = await self.sandboxes.running(rec)
-        cid = rec.container_id
         head = self.catalog.head(rec.id)
         base = await asyncio.to_thread(self.load_tree, head) if head else None
         # One docker inspect gives both the status and the upper dir.
-        upper = Path(st.upper_dir) if st.upper_dir else await asyncio.to_thread(self.backend.upper_dir, cid)
+        upper = (
+            Path(st.upper_dir) if st.upper_dir else await asyncio.to_thread(self.backend.upper_dir, rec.container_id)
+        )
         prepared = await asyncio.to_thread(self.fs.prepare, upper, base, head.racy_ns if head else 0)
         crash_point("checkpoint.after_prepare")
-        work = self.dump_root / ckpt_id
-        images = work / "images"
-        full = kind is CheckpointKind.FULL
         inspector = self.inspector
         if pair:
-            # Under the shared store lock nothing can delete it between here and the publication.
-            try:
-                owner = self.catalog.get(pair[0])
-            except CrabError:
-                owner = None
-            if owner is None or owner.process_blob != pair[1]:
-                raise StalePairing(f"checkpoint {pair[0]}, whose process image it reuses, was deleted", sandbox=rec.id)
+            self._check_pair(rec, pair)
+        full = kind is CheckpointKind.FULL
         session_pid = await self.sandboxes.session_pid(rec, st) if inspector and (full or pair) else None
-        dumped: Dumped | None = None
+        return Attempt(
+            ckpt_id, rec, kind, st, head, prepared, self.dump_root / ckpt_id, pair, inspector, session_pid, t0
+        )
 
-        def frozen_cut() -> tuple[Any, DumpResult | None, float, int]:
-            # Freeze, dump, re-walk and thaw in one worker call, so event-loop
-            # scheduling never stretches the time the sandbox stands still.
-            # CRIU finds the cgroup frozen and leaves it so after its dump:
-            # processes and files are one cut.
-            nonlocal dumped
-            with self.backend.frozen(cid):
-                f0 = time.monotonic()
-                crash_point("checkpoint.frozen")
-                if pair and inspector:
-                    stale = inspector.unchanged_since_image(rec.id, cid, st.pid, session_pid)
-                    if stale:
-                        raise StalePairing(stale, sandbox=rec.id)
-                if full:
-                    with inspector.source.quiet(rec.id) if inspector else contextlib.nullcontext():
-                        write_point("checkpoint.dump")
-                        dump = self.dumper.dump(cid, images, work)
-                    crash_point("checkpoint.after_dump")
-                else:
-                    dump = None
-                if dump is not None and inspector:
-                    dumped = inspector.at_dump(cid, st.pid, session_pid)
-                cut = self.fs.capture(prepared)
-                freeze_s = time.monotonic() - f0
-            return cut, dump, freeze_s, time.time_ns()
-
+    def _check_pair(self, rec: SandboxRecord, pair: tuple[str, str]) -> None:
+        """StalePairing unless the checkpoint whose process image ``pair`` reuses still holds it."""
+        # Under the shared store lock nothing can delete it between here and the publication.
         try:
-            if full:
-                images.mkdir(parents=True, mode=0o700)
-                async with self.sandboxes.quiesced(rec, self.busy_wait_s):
-                    cut, dump, freeze_s, thawed_ns = await asyncio.to_thread(frozen_cut)
+            owner = self.catalog.get(pair[0])
+        except CrabError:
+            owner = None
+        if owner is None or owner.process_blob != pair[1]:
+            raise StalePairing(f"checkpoint {pair[0]}, whose process image it reuses, was deleted", sandbox=rec.id)
+
+    async def _cut_and_store(
+        self, a: Attempt, on_phase: Callable[[str], None] | None
+    ) -> tuple[FrozenCut, StoredCheckpoint]:
+        """Steps 2 and 3 for files and processes; the dump's work directory is removed on every path."""
+        try:
+            if a.full:
+                a.images.mkdir(parents=True, mode=0o700)
+                async with self.sandboxes.quiesced(a.rec, self.busy_wait_s):
+                    cut = await asyncio.to_thread(self._frozen_cut, a)
             else:
-                cut, dump, freeze_s, thawed_ns = await asyncio.to_thread(frozen_cut)
+                cut = await asyncio.to_thread(self._frozen_cut, a)
             if on_phase is not None:
                 on_phase("versioning")
-            capture, stored = await asyncio.to_thread(self.fs.store, cut)
-            crash_point("checkpoint.after_capture")
-            info = Blobs(dict(stored.children), dict(stored.sizes))
-            new_bytes = capture.new_bytes + stored.new_bytes
-            stats: dict[str, Any] = {}
-            process_blob = None
-            if dump is not None:
-                image = await asyncio.to_thread(self.images.store, images, self._previous_image(head))
-                info.children.update(image.children)
-                info.sizes.update(image.sizes)
-                new_bytes += image.new_bytes
-                process_blob = image.manifest
-                stats.update(
-                    dump_s=dump.seconds,
-                    processes=len(dump.pids),
-                    image_bytes=image.image_bytes,
-                    pages=image.pages,
-                    pages_new=image.pages_new,
-                    process_new_bytes=image.new_bytes,
-                )
+            return cut, await self._store_cut(a, cut)
         except OSError as exc:
             # crabd's own writes of the dump (its directory, files beside CRIU's);
             # untranslated, a full disk would read as "internal error" and go unrecorded.
             raise store_error(exc, self.dump_root, "writing a process dump") from exc
         finally:
-            await asyncio.to_thread(shutil.rmtree, work, True)
-        if pair:
-            process_blob = pair[1]
-            stats["paired_with"] = pair[0]
-        session_blob = None
-        if session_json is not None:
-            put = await asyncio.to_thread(self.blobs.put_bytes, session_json.encode("utf-8", "surrogateescape"))
-            session_blob = put.hex
-            info.sizes[put.hex] = put.size
-            new_bytes += put.stored
-        ckpt = CheckpointRecord(
-            id=ckpt_id,
+            await asyncio.to_thread(shutil.rmtree, a.work, True)
+
+    def _frozen_cut(self, a: Attempt) -> FrozenCut:
+        """Step 2: freeze, dump, re-walk and thaw in one worker call.
+
+        One call, so event-loop scheduling never stretches the time the
+        sandbox stands still.  CRIU finds the cgroup frozen and leaves it so
+        after its dump: processes and files are one cut.
+        """
+        inspector = a.inspector
+        with self.backend.frozen(a.cid):
+            f0 = time.monotonic()
+            crash_point("checkpoint.frozen")
+            if a.pair and inspector:
+                stale = inspector.unchanged_since_image(a.rec.id, a.cid, a.st.pid, a.session_pid)
+                if stale:
+                    raise StalePairing(stale, sandbox=a.rec.id)
+            if a.full:
+                with inspector.source.quiet(a.rec.id) if inspector else contextlib.nullcontext():
+                    write_point("checkpoint.dump")
+                    dump = self.dumper.dump(a.cid, a.images, a.work)
+                crash_point("checkpoint.after_dump")
+            else:
+                dump = None
+            if dump is not None and inspector:
+                a.dumped = inspector.at_dump(a.cid, a.st.pid, a.session_pid)
+            cut = self.fs.capture(a.prepared)
+            freeze_s = time.monotonic() - f0
+        return FrozenCut(cut, dump, freeze_s, time.time_ns())
+
+    async def _store_cut(self, a: Attempt, cut: FrozenCut) -> StoredCheckpoint:
+        """Step 3 for the cut: the index and delta, then the process image (if dumped)."""
+        capture, stored = await asyncio.to_thread(self.fs.store, cut.cut)
+        crash_point("checkpoint.after_capture")
+        out = StoredCheckpoint(
+            capture, stored, Blobs(dict(stored.children), dict(stored.sizes)), capture.new_bytes + stored.new_bytes
+        )
+        dump = cut.dump
+        if dump is not None:
+            image = await asyncio.to_thread(self.images.store, a.images, self._previous_image(a.head))
+            out.info.children.update(image.children)
+            out.info.sizes.update(image.sizes)
+            out.new_bytes += image.new_bytes
+            out.process_blob = image.manifest
+            out.stats.update(
+                dump_s=dump.seconds,
+                processes=len(dump.pids),
+                image_bytes=image.image_bytes,
+                pages=image.pages,
+                pages_new=image.pages_new,
+                process_new_bytes=image.new_bytes,
+            )
+        return out
+
+    async def _store_session(self, session_json: str | None, out: StoredCheckpoint) -> None:
+        """Step 3 for the session: its state document, as one more blob."""
+        if session_json is None:
+            return
+        put = await asyncio.to_thread(self.blobs.put_bytes, session_json.encode("utf-8", "surrogateescape"))
+        out.session_blob = put.hex
+        out.info.sizes[put.hex] = put.size
+        out.new_bytes += put.stored
+
+    def _record(
+        self, a: Attempt, turn: int | None, label: str, out: StoredCheckpoint, thawed_ns: int
+    ) -> CheckpointRecord:
+        """The catalog's record of what was stored (its stats follow at publication)."""
+        rec, head = a.rec, a.head
+        return CheckpointRecord(
+            id=a.ckpt_id,
             sandbox_id=rec.id,
             sandbox_name=rec.name,
             owner_uid=rec.owner_uid,
             parent_id=head.checkpoint.id if head and head.checkpoint else None,
             branch=rec.branch,
             turn=rec.turn if turn is None else turn,
-            kind=kind,
+            kind=a.kind,
             created_at=time.time(),
             label=label,
             image=rec.image,
             spec_json=spec_to_json(rec.spec),
-            index_blob=stored.index_blob,
-            delta_blob=stored.delta_blob,
-            session_blob=session_blob,
-            process_blob=process_blob,
+            index_blob=out.stored.index_blob,
+            delta_blob=out.stored.delta_blob,
+            session_blob=out.session_blob,
+            process_blob=out.process_blob,
             # Writes after the thaw get a ctime of at least this (see scan.py's "racy" note).
             racy_ns=thawed_ns - TICK_NS,
         )
+
+    async def _publish(
+        self, a: Attempt, ckpt: CheckpointRecord, out: StoredCheckpoint, freeze_s: float
+    ) -> CheckpointRecord:
+        """Step 4: the quota, fsync every blob becoming live, then one transaction; tell the inspector."""
+        rec, capture, new_bytes = a.rec, out.capture, out.new_bytes
         if self.store_quota is not None:
             # Before anything becomes durable or visible: refused, it publishes nothing and
             # take() releases what it wrote.
             await asyncio.to_thread(self.store_quota, rec.owner_uid, new_bytes)
         p0 = time.monotonic()
-        await asyncio.to_thread(self.make_durable, direct_refs(ckpt), info)
+        await asyncio.to_thread(self.make_durable, direct_refs(ckpt), out.info)
+        stats = out.stats
         stats.update(
             capture.stats,
             changed=len(capture.added) + len(capture.changed),
@@ -383,21 +420,21 @@ class Checkpointer:
             freeze_s=freeze_s,
             sync_s=time.monotonic() - p0,
         )
-        stats["total_s"] = time.monotonic() - t0
+        stats["total_s"] = time.monotonic() - a.t0
         ckpt = replace(ckpt, stats=stats)
         crash_point("checkpoint.before_publish")
-        await asyncio.to_thread(self.catalog.publish, ckpt, info.child_of, self.size_of(info.sizes), in_publish)
+        await asyncio.to_thread(self.catalog.publish, ckpt, out.info.child_of, self.size_of(out.info.sizes), in_publish)
         crash_point("checkpoint.after_publish")
-        if inspector is not None:
-            inspector.published(rec.id, ckpt.id, process_blob, dumped)
-            if dumped is not None:
-                await asyncio.to_thread(inspector.settled, rec.id, cid)
+        if a.inspector is not None:
+            a.inspector.published(rec.id, ckpt.id, out.process_blob, a.dumped)
+            if a.dumped is not None:
+                await asyncio.to_thread(a.inspector.settled, rec.id, a.cid)
         log.info(
             "checkpoint published",
             extra={
                 "sandbox": rec.id,
                 "checkpoint": ckpt.id,
-                "kind": kind,
+                "kind": a.kind,
                 "turn": ckpt.turn,
                 "changed": stats["changed"],
                 "new_bytes": new_bytes,

@@ -27,10 +27,12 @@ import asyncio
 import logging
 import time
 
-from crabd.backends.fsdelta import Change
+from crabd.backends.fsdelta import Change, FsDelta
 from crabd.coordinator.checkpoints import Checkpointer
+from crabd.coordinator.sandboxes import SandboxManager
 from crabd.models import CheckpointRecord, SandboxRecord
-from crabd.store.catalog import direct_refs
+from crabd.store.blobs import BlobStore
+from crabd.store.catalog import Catalog, direct_refs
 from crabd.store.maintenance import (
     GcReport,
     VerifyReport,
@@ -40,6 +42,7 @@ from crabd.store.maintenance import (
     sweep_some,
     verify,
 )
+from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.housekeeping")
@@ -49,13 +52,26 @@ DELETE_WAIT_S = 60.0
 
 
 class Housekeeper:
-    def __init__(self, checkpointer: Checkpointer) -> None:
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        sandboxes: SandboxManager,
+        catalog: Catalog,
+        blobs: BlobStore,
+        fs: FsDelta,
+        store_lock: RWLock,
+    ) -> None:
         self.ck = checkpointer
+        self.sandboxes = sandboxes
+        self.catalog = catalog
+        self.blobs = blobs
+        self.fs = fs
+        self.store_lock = store_lock
 
     async def describe(self, ckpt: CheckpointRecord, max_changes: int) -> tuple[list[Change], bool, str | None]:
         """(changes recorded in its delta, whether truncated, its session state)."""
-        async with self.ck.store_lock.shared():
-            changes, truncated = await asyncio.to_thread(self.ck.fs.changes, ckpt.delta_blob, max_changes)
+        async with self.store_lock.shared():
+            changes, truncated = await asyncio.to_thread(self.fs.changes, ckpt.delta_blob, max_changes)
             return changes, truncated, await asyncio.to_thread(self.ck.session_json, ckpt)
 
     # --- deletion and sweeping ---------------------------------------------------------------
@@ -65,8 +81,8 @@ class Housekeeper:
         report = report if report is not None else GcReport()
         todo = sorted(set(candidates))
         while todo:
-            async with self.ck.store_lock.exclusive():
-                todo = await asyncio.to_thread(sweep_some, self.ck.catalog, self.ck.blobs, todo, report)
+            async with self.store_lock.exclusive():
+                todo = await asyncio.to_thread(sweep_some, self.catalog, self.blobs, todo, report)
             if report.blobs_removed:
                 crash_point(point)
         return report.bytes_freed
@@ -75,9 +91,9 @@ class Housekeeper:
         """Delete one checkpoint and the blobs only it used; return bytes freed."""
 
         def drop() -> list[str]:
-            return self.ck.catalog.delete(ckpt.id) + self.ck.catalog.take_dropped()
+            return self.catalog.delete(ckpt.id) + self.catalog.take_dropped()
 
-        async with self.ck.store_lock.exclusive(DELETE_WAIT_S, what=f"deleting {ckpt.id}"):
+        async with self.store_lock.exclusive(DELETE_WAIT_S, what=f"deleting {ckpt.id}"):
             dropped = await asyncio.to_thread(drop)
         crash_point("delete.after_catalog")
         freed = await self._sweep(dropped)
@@ -86,24 +102,24 @@ class Housekeeper:
 
     async def keep(self, rec: SandboxRecord) -> None:
         """Mark a sandbox's checkpoints kept, before its removal begins (so a crash midway cannot prune them)."""
-        ids = [c.id for c in await asyncio.to_thread(self.ck.catalog.list_checkpoints, rec.id)]
-        await asyncio.to_thread(self.ck.catalog.set_kept, ids, True)
+        ids = [c.id for c in await asyncio.to_thread(self.catalog.list_checkpoints, rec.id)]
+        await asyncio.to_thread(self.catalog.set_kept, ids, True)
 
     async def forget_sandbox(self, rec: SandboxRecord, *, keep: bool) -> int:
         """After a sandbox is removed: drop its head, and its checkpoints unless kept or still needed."""
 
         def drop() -> list[str]:
-            cat = self.ck.catalog
+            cat = self.catalog
             if keep:
                 cat.set_kept([c.id for c in cat.list_checkpoints(rec.id)], True)
             dropped = cat.drop_head(rec.id)
-            live = {r.id for r in self.ck.sandboxes.list_sandboxes(None)}
+            live = {r.id for r in self.sandboxes.list_sandboxes(None)}
             for ckpt_id in cat.prunable(live):
                 dropped += cat.delete(ckpt_id)
             return dropped + cat.take_dropped()
 
         # No timeout: the sandbox is gone already, its head must go too.
-        async with self.ck.store_lock.exclusive():
+        async with self.store_lock.exclusive():
             dropped = await asyncio.to_thread(drop)
         return await self._sweep(dropped)
 
@@ -116,14 +132,14 @@ class Housekeeper:
         leaves blob files nothing references, and the list of them lived in
         memory only.  Nothing is in flight yet, so a full gc is safe here.
         """
-        async with self.ck.store_lock.exclusive():
-            live = {r.id for r in self.ck.sandboxes.list_sandboxes(None)}
-            for sid in await asyncio.to_thread(self.ck.catalog.heads_without, live):
-                await asyncio.to_thread(self.ck.catalog.drop_head, sid)
-            for ckpt_id in await asyncio.to_thread(self.ck.catalog.prunable, live):
-                await asyncio.to_thread(self.ck.catalog.delete, ckpt_id)
-            self.ck.catalog.take_dropped()
-            return await asyncio.to_thread(lambda: collect_garbage(self.ck.catalog, self.ck.blobs, crash_at=""))
+        async with self.store_lock.exclusive():
+            live = {r.id for r in self.sandboxes.list_sandboxes(None)}
+            for sid in await asyncio.to_thread(self.catalog.heads_without, live):
+                await asyncio.to_thread(self.catalog.drop_head, sid)
+            for ckpt_id in await asyncio.to_thread(self.catalog.prunable, live):
+                await asyncio.to_thread(self.catalog.delete, ckpt_id)
+            self.catalog.take_dropped()
+            return await asyncio.to_thread(lambda: collect_garbage(self.catalog, self.blobs, crash_at=""))
 
     # --- store maintenance -------------------------------------------------------------------
 
@@ -131,13 +147,13 @@ class Housekeeper:
         t0 = time.monotonic()
         report = GcReport()
         # Head moves' releases are among the files gc lists anyway.
-        await asyncio.to_thread(self.ck.catalog.take_dropped)
-        candidates = await asyncio.to_thread(gc_candidates, self.ck.catalog, self.ck.blobs)
+        await asyncio.to_thread(self.catalog.take_dropped)
+        candidates = await asyncio.to_thread(gc_candidates, self.catalog, self.blobs)
         await self._sweep(candidates, report, point="gc.mid")
         # Temporary files belong to writes in flight until no checkpoint is: only under the lock.
-        async with self.ck.store_lock.exclusive():
-            report.tmp_bytes_freed = await asyncio.to_thread(self.ck.blobs.clean_tmp, 0)
-        live = await asyncio.to_thread(self.ck.catalog.live_blobs)
+        async with self.store_lock.exclusive():
+            report.tmp_bytes_freed = await asyncio.to_thread(self.blobs.clean_tmp, 0)
+        live = await asyncio.to_thread(self.catalog.live_blobs)
         report.live_blobs = len(live)
         report.live_bytes = sum(b.stored for b in live.values())
         report.seconds = time.monotonic() - t0
@@ -149,12 +165,12 @@ class Housekeeper:
         def plan() -> set[str] | None:
             if owner_uid is None:
                 return None
-            roots = [b for c in self.ck.catalog.list_checkpoints(None, owner_uid) for b in direct_refs(c)]
-            return set(self.ck.catalog.reachable(roots))
+            roots = [b for c in self.catalog.list_checkpoints(None, owner_uid) for b in direct_refs(c)]
+            return set(self.catalog.reachable(roots))
 
         only = await asyncio.to_thread(plan)
-        report = await asyncio.to_thread(verify, self.ck.catalog, self.ck.blobs, only)
+        report = await asyncio.to_thread(verify, self.catalog, self.blobs, only)
         if report.problems:
-            async with self.ck.store_lock.shared():
-                await asyncio.to_thread(recheck, self.ck.catalog, self.ck.blobs, report)
+            async with self.store_lock.shared():
+                await asyncio.to_thread(recheck, self.catalog, self.blobs, report)
         return report

@@ -28,14 +28,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from crabd.backends.fsdelta import FsDelta, Tree
 from crabd.coordinator.checkpoints import Checkpointer
+from crabd.coordinator.sandboxes import SandboxManager
 from crabd.errors import CrabError, StalePairing
 from crabd.inspector.decide import Inspector, TurnEnd
 from crabd.inspector.model import FS, FULL, SKIP, Decision
 from crabd.models import CheckpointKind, CheckpointPolicy, CheckpointRecord, DecisionKind, SandboxRecord, SandboxState
 from crabd.runtime import session_os
+from crabd.store.catalog import Catalog
 
 log = logging.getLogger("crabd.inspector")
 
@@ -86,14 +88,18 @@ def _keep_session_descriptors(d: Decision, session_json: str | None, head_sessio
 
 
 class TurnInspection:
-    def __init__(self, inspector: Inspector, checkpointer: Checkpointer) -> None:
+    def __init__(
+        self, inspector: Inspector, checkpointer: Checkpointer, sandboxes: SandboxManager, catalog: Catalog, fs: FsDelta
+    ) -> None:
         self.inspector = inspector
         self.ck = checkpointer
-        self.sandboxes = checkpointer.sandboxes
+        self.sandboxes = sandboxes
+        self.catalog = catalog
+        self.fs = fs
         # Decoded head indexes and session states, by blob: the head rarely
         # changes between two turn ends, and decoding a big index costs more
         # than the whole decision otherwise.
-        self._trees: dict[str, tuple[str, list[Any]]] = {}
+        self._trees: dict[str, tuple[str, Tree]] = {}
         self._sessions: dict[str, tuple[str, str | None]] = {}
 
     @property
@@ -137,11 +143,11 @@ class TurnInspection:
 
     # --- deciding ------------------------------------------------------------------------
 
-    def _head_tree(self, sandbox_id: str, index_blob: str) -> list[Any]:
+    def _head_tree(self, sandbox_id: str, index_blob: str) -> Tree:
         cached = self._trees.get(sandbox_id)
         if cached is not None and cached[0] == index_blob:
             return cached[1]
-        tree = self.ck.fs.load(index_blob)
+        tree = self.fs.load(index_blob)
         self._trees[sandbox_id] = (index_blob, tree)
         return tree
 
@@ -161,11 +167,11 @@ class TurnInspection:
         """:meth:`decide`, and the id of the head checkpoint it compared with."""
         st = await self.sandboxes.running(rec)
         session_pid = await self.sandboxes.session_pid(rec, st)
-        upper = Path(st.upper_dir or await asyncio.to_thread(self.ck.backend.upper_dir, rec.container_id))
+        upper = Path(st.upper_dir or await asyncio.to_thread(self.sandboxes.backend.upper_dir, rec.container_id))
 
         def go() -> tuple[Decision, str | None]:
             # Read under the op lock: no restore or checkpoint moves the head while it is compared with.
-            head = self.ck.catalog.head(rec.id)
+            head = self.catalog.head(rec.id)
             tree = self._head_tree(rec.id, head.index_blob) if head else None
             head_session = self._head_session(rec.id, head.checkpoint) if head and head.checkpoint else None
             d = self.inspector.decide(

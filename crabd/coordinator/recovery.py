@@ -24,11 +24,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.restore import Restorer
+from crabd.coordinator.sandboxes import SandboxManager
 from crabd.coordinator.turnmap import lost_turns
 from crabd.errors import CrabError, InvalidRequest
 from crabd.models import CheckpointRecord, RecoveryMode, SandboxRecord, SandboxState
+from crabd.store.catalog import Catalog
 from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.recovery")
@@ -47,10 +48,10 @@ class Recovered:
 
 
 class Recovery:
-    def __init__(self, checkpointer: Checkpointer, restorer: Restorer) -> None:
-        self.ck = checkpointer
+    def __init__(self, restorer: Restorer, sandboxes: SandboxManager, catalog: Catalog) -> None:
         self.restorer = restorer
-        self.sandboxes = checkpointer.sandboxes
+        self.sandboxes = sandboxes
+        self.catalog = catalog
         self._task: asyncio.Task[None] | None = None
         self._busy: set[str] = set()
         #: sandbox id -> (failed attempts, monotonic time of the last); automatic
@@ -58,10 +59,10 @@ class Recovery:
         self._failed: dict[str, tuple[int, float]] = {}
 
     def _latest(self, rec: SandboxRecord) -> CheckpointRecord:
-        head = self.ck.catalog.head(rec.id)
+        head = self.catalog.head(rec.id)
         if head is not None and head.checkpoint is not None:
             return head.checkpoint
-        own = self.ck.catalog.list_checkpoints(rec.id)
+        own = self.catalog.list_checkpoints(rec.id)
         if not own:
             raise InvalidRequest(
                 f"sandbox {rec.name} has no checkpoint to recover from",

@@ -35,24 +35,29 @@ import logging
 import secrets
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from crabd.backends.criu.sockets import close_external_connections
-from crabd.backends.overlay.scan import TICK_NS
+from crabd.backends.fsdelta import TICK_NS, FsDelta, Tree
+from crabd.backends.procdump import ProcessImages
 from crabd.backends.sandbox import ContainerStatus
-from crabd.coordinator.checkpoints import Blobs, Checkpointer
+from crabd.coordinator.attempt import Blobs
+from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.runner import Session
-from crabd.coordinator.sandboxes import env_dict
+from crabd.coordinator.sandboxes import SandboxManager, env_dict
 from crabd.errors import ImageError, InvalidRequest, SandboxBusy, SessionProcessError
 from crabd.models import CheckpointKind, CheckpointRecord, SandboxRecord, SandboxState
 from crabd.runtime import session_os
 from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
+from crabd.store.catalog import Catalog
+from crabd.store.db import Database
 from crabd.store.fsblobs import store_error
 from crabd.store.registry import spec_from_json
+from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point, write_point
 from crabd.util.netns import Netns
 
@@ -76,9 +81,23 @@ class _Prepared:
 
 
 class Restorer:
-    def __init__(self, checkpointer: Checkpointer) -> None:
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        sandboxes: SandboxManager,
+        db: Database,
+        catalog: Catalog,
+        fs: FsDelta,
+        images: ProcessImages,
+        store_lock: RWLock,
+    ) -> None:
         self.ck = checkpointer
-        self.sandboxes = checkpointer.sandboxes
+        self.sandboxes = sandboxes
+        self.db = db
+        self.catalog = catalog
+        self.fs = fs
+        self.images = images
+        self.store_lock = store_lock
         #: Told about every container started from a checkpoint (its processes are the new baseline).
         self.inspection: TurnInspection | None = None
 
@@ -134,7 +153,7 @@ class Restorer:
 
     def _set_head(self, conn: sqlite3.Connection, sandbox_id: str, ckpt: CheckpointRecord, prep: _Prepared) -> None:
         """Within the caller's transaction: the sandbox's files now descend from ``ckpt``, as ``prep`` wrote them."""
-        self.ck.catalog.set_head(
+        self.catalog.set_head(
             sandbox_id,
             ckpt.id,
             prep.stat_blob,
@@ -152,8 +171,8 @@ class Restorer:
                 hint="Rebuild that env image (its recipe must be unchanged) or restore another checkpoint.",
             )
 
-    def _preparer(self, tree: list[Any], out: _Prepared, ckpt: CheckpointRecord) -> Any:
-        fs = self.ck.fs
+    def _preparer(self, tree: Tree, out: _Prepared, ckpt: CheckpointRecord) -> Callable[[str], Awaitable[None]]:
+        fs = self.fs
         backend = self.sandboxes.backend
 
         def go(container_id: str) -> None:
@@ -166,14 +185,16 @@ class Restorer:
 
         def write(container_id: str, upper: Path) -> None:
             write_point("restore.materialize")
-            fresh, stats = fs.materialize(tree, upper)
+            fresh, fs_stats = fs.materialize(tree, upper)
+            stats: dict[str, Any] = {}
+            stats.update(fs_stats)
             crash_point("restore.after_materialize")
             if ckpt.process_blob:
                 # Files first: CRIU reopens the processes' files by path and checks their sizes.
                 t0 = time.monotonic()
                 target = backend.checkpoint_dir(container_id, PROCESS_CHECKPOINT)
-                stats["image_bytes"] = self.ck.images.write(ckpt.process_blob, target)
-                stats.update(close_external_connections(target))
+                stats["image_bytes"] = self.images.write(ckpt.process_blob, target)
+                stats.update(self.images.close_external_connections(target))
                 # Docker uploads the directory to containerd as a tarball named by
                 # its digest; two clones restoring identical images at once collide
                 # there ("content ... already exists").  CRIU ignores this file.
@@ -191,9 +212,9 @@ class Restorer:
 
         return prepare
 
-    async def _load(self, ckpt: CheckpointRecord) -> tuple[list[Any], str | None]:
+    async def _load(self, ckpt: CheckpointRecord) -> tuple[Tree, str | None]:
         await asyncio.to_thread(self._check_image, ckpt)
-        tree = await asyncio.to_thread(self.ck.fs.load, ckpt.index_blob)
+        tree = await asyncio.to_thread(self.fs.load, ckpt.index_blob)
         session_json = await asyncio.to_thread(self.ck.session_json, ckpt)
         return tree, session_json
 
@@ -208,7 +229,7 @@ class Restorer:
             )
         if rec.state is SandboxState.CREATING:
             raise SandboxBusy(f"sandbox {rec.name} is still being created", sandbox=rec.id)
-        async with self.sandboxes.op_lock(rec.id), self.ck.store_lock.shared():
+        async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
             if self.sandboxes.session_busy(rec.id):
                 raise SandboxBusy(
                     f"sandbox {rec.name}'s session is running a command; restore after it finished", sandbox=rec.id
@@ -242,7 +263,7 @@ class Restorer:
             reg = self.sandboxes.registry
 
             def swap() -> None:
-                with self.ck.db.tx() as conn:
+                with self.db.tx() as conn:
                     reg.update_sandbox(
                         rec.id, container_id=new_cid, state=SandboxState.RUNNING, branch=rec.branch + 1, revive=True
                     )
@@ -306,7 +327,7 @@ class Restorer:
         ids = [self.sandboxes.new_id() for _ in range(n)]
         names = self._names(ckpt, ids, name_prefix)
         base = spec_from_json(ckpt.spec_json)
-        async with self.ck.store_lock.shared():
+        async with self.store_lock.shared():
             tree, session_json = await self._load(ckpt)
             recs: list[SandboxRecord] = []
             try:
@@ -345,7 +366,7 @@ class Restorer:
         return out
 
     async def _clone(
-        self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: list[Any], session_json: str | None
+        self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: Tree, session_json: str | None
     ) -> tuple[Session, str, list[str]]:
         prep = _Prepared()
         cid, st = await self.sandboxes.launch(
@@ -362,7 +383,7 @@ class Restorer:
         reg = self.sandboxes.registry
 
         def commit() -> None:
-            with self.ck.db.tx() as conn:
+            with self.db.tx() as conn:
                 self._set_head(conn, rec.id, ckpt, prep)
                 reg.update_sandbox(rec.id, state=SandboxState.RUNNING)
 
@@ -371,6 +392,6 @@ class Restorer:
         return session, st.ip_address, not_restored
 
     async def _undo_clone(self, rec: SandboxRecord) -> None:
-        await asyncio.to_thread(self.ck.catalog.drop_head, rec.id)
+        await asyncio.to_thread(self.catalog.drop_head, rec.id)
         current = self.sandboxes.get(rec.id)
         await self.sandboxes.rollback(current or rec)

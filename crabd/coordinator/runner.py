@@ -158,6 +158,10 @@ class Session:
         #: Messages other processes wrote into the session's control channel (dropped by init).
         self.control_rejections = 0
 
+    def rebind(self, connect: Connector) -> None:
+        """Reach init through ``connect`` from now on (the container was restarted under a new pid)."""
+        self._connect = connect
+
     @property
     def busy(self) -> bool:
         return self._lock.locked()

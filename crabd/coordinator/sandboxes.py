@@ -255,7 +255,7 @@ class SandboxManager:
         if live.session is None:
             live.session = Session(connect, env_dict(st.env), rec.spec.workdir)
         else:
-            live.session._connect = connect
+            live.session.rebind(connect)
         live.session.probe = self.session_probe(rec.container_id, rec.id)
         return live.session
 

@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -36,11 +37,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from crabd.api.peercred import CallerTable, FrontDoor
 from crabd.api.servicer import CrabServicer
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
+from crabd.backends.criu.imagestore import ImageStore
 from crabd.backends.criu.runc import RuncDumper
 from crabd.backends.docker_sandbox import DockerSandboxBackend
+from crabd.backends.fsdelta import ScanLimits
 from crabd.backends.overlay.backend import OverlayDelta
 from crabd.backends.overlay.index import PageCache
-from crabd.backends.overlay.scan import ScanLimits
 from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
@@ -60,6 +62,7 @@ from crabd.store.catalog import Catalog
 from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
+from crabd.util.aiolock import RWLock
 
 log = logging.getLogger("crabd")
 
@@ -79,6 +82,17 @@ def _raise_nofile() -> None:
 def instance_id(state_dir: Path) -> str:
     """Labels this daemon's containers: one per state dir, stable across restarts."""
     return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class _Wiring:
+    """The coordinator's parts, built over the chosen backends."""
+
+    checkpointer: Checkpointer
+    restorer: Restorer
+    recovery: Recovery
+    inspection: TurnInspection
+    housekeeping: Housekeeper
 
 
 class Daemon:
@@ -105,6 +119,34 @@ class Daemon:
         return self.cfg.paths.state_dir / "run" / "grpc.sock"
 
     async def start(self) -> None:
+        """Bring crabd up in the module doc's order; every step is one method below."""
+        self._prepare_host()
+        docker_version = await self._open_sandboxes()
+        wiring = await self._open_checkpoints()
+        counts = await self._manager_or_fail().adopt()
+        await self._reconcile(wiring.housekeeping)
+        engine = await self._start_engine(wiring.inspection)
+        service = Service(
+            self.cfg,
+            self._manager_or_fail(),
+            wiring.checkpointer,
+            wiring.restorer,
+            wiring.recovery,
+            wiring.inspection,
+            engine,
+            housekeeping=wiring.housekeeping,
+            docker_version=docker_version,
+        )
+        await self._serve(service)
+        await self._start_proxy(service, engine)
+        self._ready(wiring.inspection.name, docker_version, counts)
+
+    def _manager_or_fail(self) -> SandboxManager:
+        assert self._manager is not None, "the sandbox manager is opened first"
+        return self._manager
+
+    def _prepare_host(self) -> None:
+        """The state dir (0700), the fd limit, and a worker pool sized for blocking work."""
         paths = self.cfg.paths
         paths.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(paths.state_dir, 0o700)
@@ -115,6 +157,10 @@ class Daemon:
         asyncio.get_running_loop().set_default_executor(
             concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="crabd")
         )
+
+    async def _open_sandboxes(self) -> str:
+        """The registry, crab's init binary, Docker and the sandbox manager; returns Docker's version."""
+        paths = self.cfg.paths
         self._db = Database(paths.state_dir / "registry.db")
         self._registry = Registry(self._db)
         init_binary = await asyncio.to_thread(initbin.install, paths.state_dir)
@@ -128,7 +174,13 @@ class Daemon:
         self._manager = SandboxManager(
             self.cfg, self._registry, self._backend, init_binary, instance_id(paths.state_dir)
         )
-        ck = self.cfg.checkpoint
+        return docker_version
+
+    async def _open_checkpoints(self) -> _Wiring:
+        """The inspector, the blob store, the file and process backends, and the coordinator over them."""
+        paths, ck = self.cfg.paths, self.cfg.checkpoint
+        db, manager = self._db, self._manager_or_fail()
+        assert db is not None, "the registry is opened first"
         limits = ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth)
         # Compiling and attaching the probes takes a second or two.
         inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits)
@@ -151,48 +203,54 @@ class Daemon:
         # Dumps a crash interrupted; nothing references them.
         await asyncio.to_thread(shutil.rmtree, dump_root, True)
         dump_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        catalog = Catalog(db)
+        images = ImageStore(blobs)
+        store_lock = RWLock()
         checkpointer = Checkpointer(
-            self._db,
-            self._manager,
-            Catalog(self._db),
+            db,
+            manager,
+            catalog,
             blobs,
             fs,
             dumper,
+            images=images,
             dump_root=dump_root,
+            store_lock=store_lock,
             busy_wait_s=self.cfg.criu.busy_wait_s,
         )
         checkpointer.inspector = inspector
-        inspection = TurnInspection(inspector, checkpointer)
-        restorer = Restorer(checkpointer)
+        inspection = TurnInspection(inspector, checkpointer, manager, catalog, fs)
+        restorer = Restorer(checkpointer, manager, db, catalog, fs, images, store_lock)
         restorer.inspection = inspection
-        self._recovery = Recovery(checkpointer, restorer)
-        counts = await self._manager.adopt()
+        self._recovery = Recovery(restorer, manager, catalog)
+        housekeeping = Housekeeper(checkpointer, manager, catalog, blobs, fs, store_lock)
+        return _Wiring(checkpointer, restorer, self._recovery, inspection, housekeeping)
+
+    async def _reconcile(self, housekeeping: Housekeeper) -> None:
+        """What the last run left behind: orphaned blobs, and turns whose checkpoint was still queued."""
         # Blobs of checkpoints a crash interrupted before publication, or that a delete, gc or
         # restore dropped just before one: nothing references them, and before the server starts
         # no checkpoint can be about to (see crabd/store/accounting.py).  A full gc, once.
-        swept = await Housekeeper(checkpointer).reconcile()
+        swept = await housekeeping.reconcile()
         if swept.blobs_removed:
             log.warning("orphaned blobs reclaimed", extra={"blobs": swept.blobs_removed, "freed": swept.bytes_freed})
+        assert self._registry is not None, "the registry is opened first"
         lost = await asyncio.to_thread(
             self._registry.lose_pending_turns, "crabd stopped before this turn's checkpoint was taken"
         )
         if lost:
             log.warning("turn checkpoints lost in the last shutdown", extra={"turns": lost})
+
+    async def _start_engine(self, inspection: TurnInspection) -> HostEngine:
+        """The host engine, then the inspector's baselines of every adopted sandbox."""
         self._engine = HostEngine(self.cfg.engine)
         await self._engine.start()
-        for rec in self._manager.list_sandboxes(None):
+        for rec in self._manager_or_fail().list_sandboxes(None):
             await inspection.adopted(rec)
-        service = Service(
-            self.cfg,
-            self._manager,
-            checkpointer,
-            restorer,
-            self._recovery,
-            inspection,
-            self._engine,
-            docker_version=docker_version,
-        )
+        return self._engine
 
+    async def _serve(self, service: Service) -> None:
+        """The private gRPC server, then the public front door, then health SERVING."""
         callers = CallerTable()
         run_dir = self.private_socket.parent
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -210,16 +268,23 @@ class Daemon:
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._grpc)
         self._grpc.add_insecure_port(f"unix:{self.private_socket}")
         await self._grpc.start()
-        self._front = FrontDoor(paths.socket, self.private_socket, callers)
+        self._front = FrontDoor(self.cfg.paths.socket, self.private_socket, callers)
         await self._front.start()
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         await health_servicer.set("crab.v1.Crab", health_pb2.HealthCheckResponse.SERVING)
+
+    async def _start_proxy(self, service: Service, engine: HostEngine) -> None:
+        """The OpenAI proxy, if enabled."""
         if self.cfg.proxy.enabled:
-            self._proxy = OpenAIProxy(self.cfg.proxy, ServiceGate(service), self._engine.prometheus)
+            self._proxy = OpenAIProxy(self.cfg.proxy, ServiceGate(service), engine.prometheus)
             await self._proxy.start()
             service.proxy_url = self._proxy.url
 
+    def _ready(self, inspector: str, docker_version: str, counts: dict[str, int]) -> None:
+        """Recovery from here on, READY=1 and watchdog pings to systemd, and one log line."""
+        paths = self.cfg.paths
         # Sandboxes that died while crabd was down are recovered (policy "auto") from here on.
+        assert self._recovery is not None, "recovery is wired before serving"
         self._recovery.start()
         notify.notify(f"READY=1\nSTATUS=serving on {paths.socket}\nMAINPID={os.getpid()}")
         interval = notify.watchdog_interval()
@@ -232,7 +297,7 @@ class Daemon:
                 "state_dir": str(paths.state_dir),
                 "docker": docker_version,
                 "ephemeral": self.ephemeral,
-                "inspector": inspector.name,
+                "inspector": inspector,
                 "proxy": self._proxy.url if self._proxy else None,
                 **counts,
             },

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from crabd.backends.overlay.scan import ScanLimits
+from crabd.backends.fsdelta import ScanLimits
 from crabd.config import InspectorConfig
 from crabd.errors import BpfError
 from crabd.inspector.base import EventSource, ScanEvents

@@ -60,8 +60,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from crabd.backends.overlay.entries import Entry
-from crabd.backends.overlay.scan import ScanLimits
+from crabd.backends.fsdelta import Entry, ScanLimits
 from crabd.inspector import files, mounts, procs
 from crabd.inspector.base import EventSource, ScanEvents
 from crabd.inspector.model import FS, FULL, SKIP, Baseline, Decision, Dumped, Evidence, Proc

@@ -19,7 +19,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from crabd.backends.overlay.scan import DIR_FLAGS, open_dir
+from crabd.util.dirfd import DIR_FLAGS, open_dir
 
 _KINDS = ("tmpfs", "mqueue")
 #: Directories Docker creates in /dev (most are mount points of their own).

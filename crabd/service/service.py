@@ -103,6 +103,7 @@ class Service:
         inspection: TurnInspection,
         engine: HostEngine,
         *,
+        housekeeping: Housekeeper,
         docker_version: str,
     ) -> None:
         self.cfg = cfg
@@ -117,7 +118,7 @@ class Service:
         self.quotas = Quotas(cfg.quota, checkpointer.db, lambda uid: len(sandboxes.list_sandboxes(uid)))
         checkpointer.store_quota = self.quotas.check_store
         self.flow = TurnFlow(cfg.engine, engine, self.commands, inspection)
-        self.housekeeping = Housekeeper(checkpointer)
+        self.housekeeping = housekeeping
         # The engine reports the store lock's waits with its own metrics (util/aiolock.py).
         engine.store_lock = checkpointer.store_lock.stats
         self.started_at = time.time()
@@ -396,7 +397,7 @@ class Service:
         if not ckpt_id:
             # After the settle: the turn's own checkpoint, if it was still queued, is durable (or failed) now.
             ckpt = self.checkpoints.resolve_turn(rec, turn)
-        if rec.turn_open and rec.state is SandboxState.RUNNING and self.restorer.ck.may_restore(rec, ckpt):
+        if rec.turn_open and rec.state is SandboxState.RUNNING and self.checkpoints.may_restore(rec, ckpt):
             # The state being replaced ends its turn first, so it stays restorable too.
             # A session state over its quota cannot be saved; it must not keep the sandbox from going back.
             with contextlib.suppress(SandboxBusy, QuotaExceeded):

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from crabd.backends.fsdelta import Entry, Extent, Kind
 from crabd.backends.overlay import index
 from crabd.backends.overlay.backend import OverlayDelta
 from crabd.backends.overlay.entries import (
-    Entry,
-    Extent,
-    Kind,
     decode_delta,
     decode_root,
     encode_entry,

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from crabd.backends.fsdelta import Entry, ScanLimits
 from crabd.backends.overlay.backend import OverlayDelta
-from crabd.backends.overlay.entries import Entry
 from crabd.backends.overlay.index import PageCache
-from crabd.backends.overlay.scan import ScanLimits
 from crabd.inspector import decide as decide_mod
 from crabd.inspector import files, mounts, procs
 from crabd.inspector.base import ScanEvents

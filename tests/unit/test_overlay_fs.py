@@ -15,12 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from crabd.backends.fsdelta import FsCapture, StoredTree
+from crabd.backends.fsdelta import TICK_NS, Entry, FsCapture, Kind, ScanLimits, StoredTree
 from crabd.backends.overlay.backend import OverlayDelta
-from crabd.backends.overlay.entries import Entry, Kind
 from crabd.backends.overlay.index import PageCache, paginate
 from crabd.backends.overlay.materialize import materialize
-from crabd.backends.overlay.scan import TICK_NS, ScanLimits
 from crabd.errors import CorruptBlob, StoreError, TooManyEntries, UnsafeEntry
 from crabd.store.fsblobs import FileBlobStore
 from tests.fstree import bound_unix_socket, diff, snapshot

@@ -11,9 +11,11 @@ from typing import Any, cast
 
 import pytest
 
+from crabd.backends.fsdelta import FsDelta
 from crabd.config import EngineConfig
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
+from crabd.coordinator.sandboxes import SandboxManager
 from crabd.engine import HostEngine
 from crabd.errors import StoreBusy
 from crabd.models import CheckpointKind, CheckpointRecord
@@ -221,10 +223,9 @@ def _publish(catalog: Catalog, blobs: FileBlobStore, cid: str, sandbox: str, fil
 
 
 def _housekeeper(catalog: Catalog, blobs: FileBlobStore, lock: RWLock) -> Housekeeper:
-    ck = SimpleNamespace(
-        catalog=catalog, blobs=blobs, store_lock=lock, sandboxes=SimpleNamespace(list_sandboxes=lambda _o: [])
-    )
-    return Housekeeper(cast(Checkpointer, ck))
+    sandboxes = cast(SandboxManager, SimpleNamespace(list_sandboxes=lambda _o: []))
+    ck = cast(Checkpointer, SimpleNamespace())
+    return Housekeeper(ck, sandboxes, catalog, blobs, cast(FsDelta, None), lock)
 
 
 def test_a_long_verify_and_a_queued_delete_do_not_block_another_users_checkpoint(

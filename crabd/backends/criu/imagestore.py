@@ -34,6 +34,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crabd.backends.criu import sockets
+from crabd.backends.procdump import StoredImage
 from crabd.errors import StoreError, UnsafeEntry
 from crabd.store.blobs import BlobStore
 
@@ -53,17 +55,6 @@ def _digest(page: bytes | memoryview) -> bytes:
 
 def _is_pages(name: str, size: int) -> bool:
     return name.startswith("pages-") and name.endswith(".img") and size % PAGE == 0
-
-
-@dataclass
-class StoredImage:
-    manifest: str
-    children: dict[str, set[str]] = field(default_factory=dict)
-    sizes: dict[str, int] = field(default_factory=dict)
-    new_bytes: int = 0
-    image_bytes: int = 0
-    pages: int = 0
-    pages_new: int = 0
 
 
 @dataclass
@@ -278,6 +269,9 @@ class ImageStore:
     def children_of(self, manifest: str) -> set[str]:
         files = _decode(self._read(manifest))
         return {f.blob for f in files} | {p for f in files for p, _, _ in f.runs}
+
+    def close_external_connections(self, images_dir: Path) -> dict[str, int]:
+        return sockets.close_external_connections(images_dir)
 
 
 def _chunks(path: Path) -> Iterator[bytes]:

@@ -5,18 +5,29 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from crabd.backends.fsdelta import Change, FsCapture, StoredTree, Tree
-from crabd.backends.overlay.entries import Entry, Kind, decode_delta
+from crabd.backends.fsdelta import (
+    CaptureStats,
+    Change,
+    Cut,
+    Entry,
+    FsCapture,
+    Kind,
+    MaterializeStats,
+    Prepared,
+    ScanLimits,
+    StoredTree,
+    Tree,
+)
+from crabd.backends.overlay.entries import decode_delta
 from crabd.backends.overlay.index import MAX_META_BLOB, PageCache, bounded_delta, build_index, load_index
 from crabd.backends.overlay.materialize import drop_empty_dirs, materialize, stat_index
-from crabd.backends.overlay.scan import PassResult, ScanLimits, link_hardlinks, scan_pass
+from crabd.backends.overlay.scan import PassResult, link_hardlinks, scan_pass
 from crabd.store.blobs import BlobStore, PutResult
 
 
 @dataclass
-class OverlayPrepared:
+class OverlayPrepared(Prepared):
     upper: Path
     base: dict[bytes, Entry]
     racy_ns: int
@@ -24,7 +35,7 @@ class OverlayPrepared:
 
 
 @dataclass
-class OverlayCut:
+class OverlayCut(Cut):
     prepared: OverlayPrepared
     final: PassResult
 
@@ -57,7 +68,8 @@ class OverlayDelta:
         first = scan_pass(upper, base_map, racy_ns, self.blobs, self.limits, strict=False)
         return OverlayPrepared(upper, base_map, racy_ns, first)
 
-    def capture(self, prepared: OverlayPrepared) -> OverlayCut:
+    def capture(self, prepared: Prepared) -> OverlayCut:
+        assert isinstance(prepared, OverlayPrepared), "a cut continues this backend's own prepare"
         # Only the walk itself runs frozen; sorting and diffing wait for the thaw.
         first = prepared.first
         final = scan_pass(
@@ -85,14 +97,14 @@ class OverlayDelta:
             added=added,
             changed=changed,
             deleted=sorted(p for p in base if p not in present),
-            stats={
-                "entries": len(tree),
-                "prescan_s": first.stats.seconds,
-                "frozen_scan_s": stats.seconds,
-                "files_read": first.stats.read_files + stats.read_files,
-                "files_reread_frozen": stats.read_files,
-                "bytes_read": first.stats.bytes_read + stats.bytes_read,
-            },
+            stats=CaptureStats(
+                entries=len(tree),
+                prescan_s=first.stats.seconds,
+                frozen_scan_s=stats.seconds,
+                files_read=first.stats.read_files + stats.read_files,
+                files_reread_frozen=stats.read_files,
+                bytes_read=first.stats.bytes_read + stats.bytes_read,
+            ),
             new_bytes=first.stats.new_bytes + stats.new_bytes,
         )
         return capture
@@ -116,7 +128,8 @@ class OverlayDelta:
             new_bytes=sum(p.stored for p in puts),
         )
 
-    def store(self, cut: OverlayCut) -> tuple[FsCapture, StoredTree]:
+    def store(self, cut: Cut) -> tuple[FsCapture, StoredTree]:
+        assert isinstance(cut, OverlayCut), "store continues this backend's own capture"
         capture = self._finish_capture(cut)
         empty = not (capture.added or capture.changed or capture.deleted)
         delta = None if empty else bounded_delta(capture.added, capture.changed, capture.deleted)
@@ -125,17 +138,17 @@ class OverlayDelta:
     def store_tree(self, tree: Tree) -> StoredTree:
         return self._finish(tree, None)
 
-    def materialize(self, tree: Tree, into: Path) -> tuple[Tree, dict[str, Any]]:
+    def materialize(self, tree: Tree, into: Path) -> tuple[Tree, MaterializeStats]:
         drop_empty_dirs(into)  # Docker's pre-created working directory (see drop_empty_dirs)
         stats = materialize(tree, self.blobs, into)
         t0 = time.monotonic()
         fresh = stat_index(tree, into, self.limits)
-        return fresh, {
-            "entries": stats.entries,
-            "bytes_written": stats.bytes_written,
-            "materialize_s": stats.seconds,
-            "stat_s": time.monotonic() - t0,
-        }
+        return fresh, MaterializeStats(
+            entries=stats.entries,
+            bytes_written=stats.bytes_written,
+            materialize_s=stats.seconds,
+            stat_s=time.monotonic() - t0,
+        )
 
     def changes(self, delta_blob: str, limit: int) -> tuple[list[Change], bool]:
         if not delta_blob:

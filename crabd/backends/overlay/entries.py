@@ -32,10 +32,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
 
+from crabd.backends.fsdelta import Entry, Extent, Kind
 from crabd.errors import StoreError
 
 ROOT_MAGIC = b"CRABIX01"
@@ -47,81 +46,6 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _EXTENT = struct.Struct(">QQ32s")
 _PAGE_REF = struct.Struct(">32sI")
-
-
-class Kind(IntEnum):
-    REG = 1
-    DIR = 2
-    LNK = 3
-    CHR = 4
-    BLK = 5
-    FIFO = 6
-    SOCK = 7
-
-
-@dataclass(slots=True)
-class Extent:
-    offset: int
-    length: int
-    blob: str  # sha256 hex of the content
-
-
-@dataclass(slots=True)
-class Entry:
-    """One file, directory, link or special file.  Treat as immutable once built (entries are shared)."""
-
-    path: bytes
-    kind: Kind
-    mode: int
-    uid: int
-    gid: int
-    size: int
-    atime_ns: int
-    mtime_ns: int
-    ctime_ns: int
-    ino: int
-    nlink: int
-    rdev: int = 0
-    target: bytes = b""
-    link_to: bytes = b""
-    xattrs: list[tuple[bytes, bytes]] = field(default_factory=list)
-    extents: list[Extent] = field(default_factory=list)
-
-    def stat_key(self) -> tuple[int, ...]:
-        """What must be equal for the entry to count as unchanged on disk (atime is noise)."""
-        return (
-            self.kind,
-            self.mode,
-            self.uid,
-            self.gid,
-            self.size,
-            self.mtime_ns,
-            self.ctime_ns,
-            self.ino,
-            self.nlink,
-            self.rdev,
-        )
-
-    def same_content(self, other: Entry) -> bool:
-        """Equal as a checkpointed file: everything but where it lives on disk (ino, ctime, nlink, atime)."""
-        return (
-            self.kind == other.kind
-            and self.mode == other.mode
-            and self.uid == other.uid
-            and self.gid == other.gid
-            and self.size == other.size
-            and self.mtime_ns == other.mtime_ns
-            and self.rdev == other.rdev
-            and self.target == other.target
-            and self.link_to == other.link_to
-            and self.xattrs == other.xattrs
-            and [(x.offset, x.length, x.blob) for x in self.extents]
-            == [(x.offset, x.length, x.blob) for x in other.extents]
-        )
-
-    @property
-    def is_whiteout(self) -> bool:
-        return self.kind is Kind.CHR and self.rdev == 0
 
 
 def _put_bytes(out: bytearray, data: bytes) -> None:

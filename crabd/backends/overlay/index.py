@@ -38,10 +38,10 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from crabd.backends.fsdelta import Entry
 from crabd.backends.overlay.entries import (
     DELTA_HEADER,
     PAGE_HEADER,
-    Entry,
     decode_page,
     decode_root,
     encode_delta,

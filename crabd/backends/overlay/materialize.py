@@ -25,10 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from crabd.backends.overlay.entries import Entry, Kind
-from crabd.backends.overlay.scan import DIR_FLAGS, ScanLimits, stat_entry, walk
+from crabd.backends.fsdelta import Entry, Kind, ScanLimits
+from crabd.backends.overlay.scan import stat_entry, walk
 from crabd.errors import StoreError, UnsafeEntry
 from crabd.store.blobs import BlobStore
+from crabd.util.dirfd import DIR_FLAGS
 
 _FD_CACHE = 64
 _SPECIAL = {Kind.CHR: stat.S_IFCHR, Kind.BLK: stat.S_IFBLK, Kind.FIFO: stat.S_IFIFO, Kind.SOCK: stat.S_IFSOCK}
