@@ -41,10 +41,9 @@ from crabd.errors import CrabError, InvalidRequest, StalePairing
 from crabd.inspector.decide import Inspector
 from crabd.models import CheckpointKind, CheckpointPolicy, CheckpointRecord, SandboxRecord
 from crabd.store import accounting
-from crabd.store.blobs import BlobStore
+from crabd.store.blobs import BlobStore, store_error
 from crabd.store.catalog import Catalog, Head, SizeOf, direct_refs
 from crabd.store.db import Database
-from crabd.store.fsblobs import store_error
 from crabd.store.registry import spec_to_json
 from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point, write_point

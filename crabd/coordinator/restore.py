@@ -53,9 +53,10 @@ from crabd.models import CheckpointKind, CheckpointRecord, SandboxRecord, Sandbo
 from crabd.runtime import session_os
 from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
+from crabd.store import accounting
+from crabd.store.blobs import store_error
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
-from crabd.store.fsblobs import store_error
 from crabd.store.registry import spec_from_json
 from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point, write_point
@@ -229,12 +230,27 @@ class Restorer:
             )
         if rec.state is SandboxState.CREATING:
             raise SandboxBusy(f"sandbox {rec.name} is still being created", sandbox=rec.id)
-        async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
-            if self.sandboxes.session_busy(rec.id):
-                raise SandboxBusy(
-                    f"sandbox {rec.name}'s session is running a command; restore after it finished", sandbox=rec.id
-                )
-            return await self._restore_locked(rec, ckpt)
+        with accounting.journal() as written:
+            try:
+                async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
+                    if self.sandboxes.session_busy(rec.id):
+                        raise SandboxBusy(
+                            f"sandbox {rec.name}'s session is running a command; restore after it finished",
+                            sandbox=rec.id,
+                        )
+                    return await self._restore_locked(rec, ckpt)
+            except BaseException:
+                await self._release(written)
+                raise
+
+    async def _release(self, written: set[str]) -> None:
+        """Give back what a failed restore or fork stored (its stat indexes): published nowhere, now or later.
+
+        After the shared store lock is left: the release takes it exclusively.
+        A crash instead is covered by the sweep at start-up.
+        """
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self.ck.release_unpublished(written))
 
     async def _restore_locked(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> SandboxRecord:
         t0 = time.monotonic()
@@ -326,36 +342,15 @@ class Restorer:
             raise InvalidRequest(f"a fork makes 1 to {MAX_FORKS} sandboxes, not {n}")
         ids = [self.sandboxes.new_id() for _ in range(n)]
         names = self._names(ckpt, ids, name_prefix)
-        base = spec_from_json(ckpt.spec_json)
-        async with self.store_lock.shared():
-            tree, session_json = await self._load(ckpt)
-            recs: list[SandboxRecord] = []
+        with accounting.journal() as written:
             try:
-                for sid, name in zip(ids, names, strict=True):
-                    recs.append(
-                        await self.sandboxes.reserve(
-                            owner_uid, replace(base, name=name), ckpt.image, sandbox_id=sid, origin=ckpt.id
-                        )
-                    )
-                crash_point("fork.after_reserve")
-                gate = asyncio.Semaphore(FORK_PARALLEL)
-
-                async def one(r: SandboxRecord) -> tuple[Session, str, list[str]]:
-                    async with gate:
-                        return await self._clone(r, ckpt, tree, session_json)
-
-                results = await asyncio.gather(*(one(r) for r in recs), return_exceptions=True)
-                failed = [x for x in results if isinstance(x, BaseException)]
-                if failed:
-                    raise failed[0]
+                async with self.store_lock.shared():
+                    recs, results = await self._fork_locked(owner_uid, ckpt, ids, names)
             except BaseException:
-                for r in recs:
-                    with contextlib.suppress(Exception):
-                        await asyncio.shield(self._undo_clone(r))
+                await self._release(written)
                 raise
         out = []
         for r, res in zip(recs, results, strict=True):
-            assert not isinstance(res, BaseException)
             self.sandboxes.bind_session(r.id, res[0])
             await self._watch(r, ckpt)
             got = self.sandboxes.get(r.id)
@@ -364,6 +359,38 @@ class Restorer:
             out.append(got)
         log.info("checkpoint forked", extra={"checkpoint": ckpt.id, "n": n, "sandboxes": [r.id for r in out]})
         return out
+
+    async def _fork_locked(
+        self, owner_uid: int, ckpt: CheckpointRecord, ids: list[str], names: list[str]
+    ) -> tuple[list[SandboxRecord], list[tuple[Session, str, list[str]]]]:
+        """Reserve every fork, then clone them in parallel; any failure undoes them all."""
+        base = spec_from_json(ckpt.spec_json)
+        tree, session_json = await self._load(ckpt)
+        recs: list[SandboxRecord] = []
+        try:
+            for sid, name in zip(ids, names, strict=True):
+                recs.append(
+                    await self.sandboxes.reserve(
+                        owner_uid, replace(base, name=name), ckpt.image, sandbox_id=sid, origin=ckpt.id
+                    )
+                )
+            crash_point("fork.after_reserve")
+            gate = asyncio.Semaphore(FORK_PARALLEL)
+
+            async def one(r: SandboxRecord) -> tuple[Session, str, list[str]]:
+                async with gate:
+                    return await self._clone(r, ckpt, tree, session_json)
+
+            results = await asyncio.gather(*(one(r) for r in recs), return_exceptions=True)
+            failed = [x for x in results if isinstance(x, BaseException)]
+            if failed:
+                raise failed[0]
+        except BaseException:
+            for r in recs:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._undo_clone(r))
+            raise
+        return recs, [x for x in results if not isinstance(x, BaseException)]
 
     async def _clone(
         self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: Tree, session_json: str | None

@@ -13,10 +13,14 @@ blob a checkpoint names before it publishes the checkpoint.
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
+
+from crabd.errors import StoreError, StoreFull
 
 HEX_LEN = 64
 
@@ -77,3 +81,14 @@ class BlobStore(Protocol):
     def clean_tmp(self, older_than_s: float) -> int:
         """Remove leftovers of interrupted writes; return bytes freed."""
         ...
+
+
+def store_error(exc: OSError, root: Path, what: str) -> StoreError:
+    """A failed write of checkpoint data under ``root`` as a crab error: a full disk (or quota) reads as StoreFull.
+
+    For every writer of checkpoint data (blob stores, process dumps, a restore's files), so that
+    a full disk is recorded as one instead of an internal error.
+    """
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StoreFull(f"no space left for checkpoint data in {root} while {what}", path=str(root))
+    return StoreError(f"{what} under {root} failed: {exc}")

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import errno
 import hashlib
 import os
 import secrets
@@ -46,9 +45,9 @@ from pathlib import Path
 
 import zstandard
 
-from crabd.errors import CorruptBlob, StoreError, StoreFull
+from crabd.errors import CorruptBlob, StoreError
 from crabd.store import accounting
-from crabd.store.blobs import PutResult, valid_address
+from crabd.store.blobs import PutResult, store_error, valid_address
 from crabd.util.faults import crash_point, write_point
 
 #: Data moves through memory in pieces of at most this size.
@@ -76,16 +75,6 @@ def _fsync_path(path: str) -> None:
         os.close(fd)
 
 
-def _store_error(exc: OSError, root: Path, what: str) -> StoreError:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StoreFull(f"no space left for checkpoint data in {root} while {what}", path=str(root))
-    return StoreError(f"{what} under {root} failed: {exc}")
-
-
-#: For crabd's other writes of checkpoint data (process dumps, a restore's files): a full disk reads as one.
-store_error = _store_error
-
-
 class FileBlobStore:
     """:class:`~crabd.store.blobs.BlobStore` over a local directory."""
 
@@ -96,7 +85,7 @@ class FileBlobStore:
             (root / "sha256").mkdir(parents=True, exist_ok=True, mode=0o700)
             self.tmp.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
-            raise _store_error(exc, root, "creating the blob store") from exc
+            raise store_error(exc, root, "creating the blob store") from exc
         self._level = level
         self._base = str(root / "sha256")
         self._tmp = str(self.tmp)
@@ -181,7 +170,7 @@ class FileBlobStore:
             return PutResult(hex_, size, stored)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            raise _store_error(exc, self.root, "writing a blob") from exc
+            raise store_error(exc, self.root, "writing a blob") from exc
 
     def put_bytes(self, data: bytes) -> PutResult:
         # In-memory data: hash first, so content already stored costs no write at all.
@@ -208,7 +197,7 @@ class FileBlobStore:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise _store_error(exc, self.root, "writing a blob") from exc
+            raise store_error(exc, self.root, "writing a blob") from exc
         return PutResult(hex_, len(data), len(packed))
 
     def put_range(self, fd: int, offset: int, length: int) -> PutResult:
@@ -254,7 +243,7 @@ class FileBlobStore:
         except FileNotFoundError as exc:
             raise StoreError(f"a blob vanished before it was made durable: {exc.filename}") from exc
         except OSError as exc:
-            raise _store_error(exc, self.root, "making blobs durable") from exc
+            raise store_error(exc, self.root, "making blobs durable") from exc
 
     # --- reading ---------------------------------------------------------------
 

@@ -73,8 +73,8 @@ def test_a_failed_clone_undoes_the_whole_fork(
         assert [r.id for r in st.registry.list_sandboxes()] == sandboxes
         assert set(st.backend.containers) == containers
         assert st.catalog.list_checkpoints() == checkpoints
-        # What the clones that got that far stored (their stat indexes) is published nowhere.
-        assert all(not st.catalog.is_live(b) for b in st.blob_files() - blobs)
+        # What the clones that got that far stored (their stat indexes) is given back at once.
+        assert st.blob_files() == blobs
         # The fork can be retried (names, ids and quota were all given back).
         st.faults.disarm(point)
         _, forks = await st.service.fork(ALICE, ckpt.id, "", 5, "")
@@ -121,9 +121,16 @@ def test_a_restore_replaces_the_container_or_changes_nothing(tmp_path: Path, mon
         assert set(st.backend.containers) == {rec.container_id}
         assert st.checkpointer.head_id(rec.id) == later.id
         assert st.files(rec.id) == {"work/result.txt": "43"}
-        assert all(not st.catalog.is_live(b) for b in st.blob_files() - blobs)
-
+        assert st.blob_files() == blobs
         st.faults.disarm("fs.materialize")
+        # A later failure (the new container will not start): its stat index is given back too.
+        st.faults.arm("backend.start")
+        with pytest.raises(DockerError):
+            await st.service.restore(ALICE, "origin", ckpt.id, -1)
+        assert st.faults.calls["fs.materialize"] >= 2  # the files were written before the start failed
+        assert st.blob_files() == blobs
+        assert st.checkpointer.head_id(rec.id) == later.id
+        st.faults.disarm("backend.start")
         restored = await st.service.restore(ALICE, "origin", ckpt.id, -1)
         await st.sandboxes.close(remove_all=False)  # waits for the old container's removal
         assert restored.container_id != rec.container_id and restored.branch == 1
