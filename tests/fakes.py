@@ -50,6 +50,7 @@ from crabd.inspector.base import ScanEvents
 from crabd.inspector.decide import Inspector
 from crabd.models import Caller, CheckpointPolicy, CheckpointRecord, RecoveryMode, SandboxSpec, TurnRecord
 from crabd.runtime.initproto import InitConnection
+from crabd.service.quota import Quotas
 from crabd.service.service import Service
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
@@ -433,6 +434,9 @@ def build_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: dict[
     recovery = Recovery(restorer, sandboxes, catalog)
     housekeeping = Housekeeper(checkpointer, sandboxes, catalog, blobs, fs, store_lock)
     engine = HostEngine(cfg.engine)
+    engine.store_lock = store_lock.stats
+    quotas = Quotas(cfg.quota, db, lambda uid: len(sandboxes.list_sandboxes(uid)))
+    checkpointer.store_quota = quotas.check_store
     service = Service(
         cfg,
         sandboxes,
@@ -441,6 +445,8 @@ def build_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: dict[
         recovery,
         inspection,
         engine,
+        catalog=catalog,
+        quotas=quotas,
         housekeeping=housekeeping,
         docker_version="fake",
     )

@@ -57,6 +57,7 @@ from crabd.inspector.decide import Inspector
 from crabd.proxy.server import OpenAIProxy
 from crabd.runtime import initbin
 from crabd.service.llm_gate import ServiceGate
+from crabd.service.quota import Quotas
 from crabd.service.service import Service
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
@@ -93,6 +94,9 @@ class _Wiring:
     recovery: Recovery
     inspection: TurnInspection
     housekeeping: Housekeeper
+    catalog: Catalog
+    quotas: Quotas
+    store_lock: RWLock
 
 
 class Daemon:
@@ -126,6 +130,8 @@ class Daemon:
         counts = await self._manager_or_fail().adopt()
         await self._reconcile(wiring.housekeeping)
         engine = await self._start_engine(wiring.inspection)
+        # The engine reports the store lock's waits with its own metrics (util/aiolock.py).
+        engine.store_lock = wiring.store_lock.stats
         service = Service(
             self.cfg,
             self._manager_or_fail(),
@@ -134,6 +140,8 @@ class Daemon:
             wiring.recovery,
             wiring.inspection,
             engine,
+            catalog=wiring.catalog,
+            quotas=wiring.quotas,
             housekeeping=wiring.housekeeping,
             docker_version=docker_version,
         )
@@ -224,7 +232,10 @@ class Daemon:
         restorer.inspection = inspection
         self._recovery = Recovery(restorer, manager, catalog)
         housekeeping = Housekeeper(checkpointer, manager, catalog, blobs, fs, store_lock)
-        return _Wiring(checkpointer, restorer, self._recovery, inspection, housekeeping)
+        quotas = Quotas(self.cfg.quota, db, lambda uid: len(manager.list_sandboxes(uid)))
+        # A checkpoint's new bytes are charged just before it is published (coordinator/checkpoints.py).
+        checkpointer.store_quota = quotas.check_store
+        return _Wiring(checkpointer, restorer, self._recovery, inspection, housekeeping, catalog, quotas, store_lock)
 
     async def _reconcile(self, housekeeping: Housekeeper) -> None:
         """What the last run left behind: orphaned blobs, and turns whose checkpoint was still queued."""

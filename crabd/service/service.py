@@ -66,7 +66,7 @@ from crabd.runtime.session_state import SessionState
 from crabd.service.limits import RequestLimits, fit_output
 from crabd.service.quota import Quotas, QuotaUse
 from crabd.service.reports import CheckpointDetail, DaemonStatus, EngineReport
-from crabd.store.catalog import CheckpointFailure
+from crabd.store.catalog import Catalog, CheckpointFailure
 from crabd.store.maintenance import GcReport, VerifyReport
 from crabd.util import validate
 from crabd.util.faults import crash_point
@@ -103,6 +103,8 @@ class Service:
         inspection: TurnInspection,
         engine: HostEngine,
         *,
+        catalog: Catalog,
+        quotas: Quotas,
         housekeeping: Housekeeper,
         docker_version: str,
     ) -> None:
@@ -115,12 +117,10 @@ class Service:
         self.inspection = inspection
         self.engine = engine
         self.limits = RequestLimits(cfg.limits)
-        self.quotas = Quotas(cfg.quota, checkpointer.db, lambda uid: len(sandboxes.list_sandboxes(uid)))
-        checkpointer.store_quota = self.quotas.check_store
+        self.catalog = catalog
+        self.quotas = quotas
         self.flow = TurnFlow(cfg.engine, engine, self.commands, inspection)
         self.housekeeping = housekeeping
-        # The engine reports the store lock's waits with its own metrics (util/aiolock.py).
-        engine.store_lock = checkpointer.store_lock.stats
         self.started_at = time.time()
         #: Set by the daemon once the OpenAI proxy listens ("" = not enabled).
         self.proxy_url = ""
@@ -149,7 +149,7 @@ class Service:
     def _checkpoint(self, caller: Caller, ckpt_id: str) -> CheckpointRecord:
         if not ckpt_id:
             raise InvalidRequest("no checkpoint named in the request")
-        rec = self.checkpoints.catalog.find(ckpt_id)
+        rec = self.catalog.find(ckpt_id)
         if rec is None:
             raise CheckpointNotFound(f"no checkpoint {ckpt_id!r}", checkpoint=ckpt_id)
         if not caller.is_root and rec.owner_uid != caller.uid:
@@ -380,7 +380,7 @@ class Service:
         # stats count all of them, so a short list is known to be short.
         counted = sum(int(v) for k, v in rec.stats.items() if k in ("changed", "deleted") and isinstance(v, int))
         truncated = truncated or len(changes) < min(MAX_CHANGES_SHOWN, counted)
-        lineage = [c.id for c in await asyncio.to_thread(self.checkpoints.catalog.lineage, rec.id)]
+        lineage = [c.id for c in await asyncio.to_thread(self.catalog.lineage, rec.id)]
         return CheckpointDetail(rec, changes, truncated, session_json, lineage)
 
     async def delete_checkpoint(self, caller: Caller, ckpt_id: str) -> int:
@@ -459,7 +459,7 @@ class Service:
         sandboxes = self.sandboxes.list_sandboxes(owner)
         return await asyncio.to_thread(
             build_tree,
-            self.checkpoints.catalog,
+            self.catalog,
             sandboxes,
             start,
             lambda c: caller.is_root or c.owner_uid == caller.uid,
@@ -481,9 +481,9 @@ class Service:
         if ref:
             rec = self._lookup(caller, ref)
             await self.flow.settle(rec.id, agent=False)
-            return await asyncio.to_thread(self.checkpoints.catalog.failures, rec.id)
+            return await asyncio.to_thread(self.catalog.failures, rec.id)
         visible = {r.id for r in self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)}
-        every = await asyncio.to_thread(self.checkpoints.catalog.failures, None, limit=200)
+        every = await asyncio.to_thread(self.catalog.failures, None, limit=200)
         return [f for f in every if caller.is_root or f.sandbox_id in visible]
 
     async def quota(self, caller: Caller, uid: int) -> QuotaUse:

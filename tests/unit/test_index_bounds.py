@@ -165,7 +165,7 @@ def test_a_short_delta_is_listed_as_truncated() -> None:
         return kept[:limit], len(kept) > limit, None
 
     svc = Service.__new__(Service)
-    svc.checkpoints = SimpleNamespace(catalog=SimpleNamespace(find=lambda _id: rec, lineage=lambda _id: [rec]))  # type: ignore[assignment]
+    svc.catalog = SimpleNamespace(find=lambda _id: rec, lineage=lambda _id: [rec])  # type: ignore[assignment]
     svc.housekeeping = SimpleNamespace(describe=describe)  # type: ignore[assignment]
     detail = asyncio.run(svc.describe_checkpoint(Caller(uid=0, gid=0, pid=1), "ck-1"))
     assert len(detail.changes) == 300 and detail.truncated

@@ -281,7 +281,7 @@ def test_engine_status_and_checkpoint_detail_are_records() -> None:
     async def describe(_rec: object, _limit: int) -> tuple[list[object], bool, str]:
         return [], False, '{"cwd": "/"}'
 
-    svc.checkpoints = SimpleNamespace(catalog=SimpleNamespace(find=lambda _id: rec, lineage=lambda _id: [rec]))  # type: ignore[assignment]
+    svc.catalog = SimpleNamespace(find=lambda _id: rec, lineage=lambda _id: [rec])  # type: ignore[assignment]
     svc.housekeeping = SimpleNamespace(describe=describe)  # type: ignore[assignment]
     detail = asyncio.run(svc.describe_checkpoint(ROOT, "ck-1"))
     assert detail == CheckpointDetail(rec, [], False, '{"cwd": "/"}', ["ck-1"])
