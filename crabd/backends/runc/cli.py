@@ -258,6 +258,7 @@ class Runc:
             options=opts.argv(),
         )
         images_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             proc.run(argv, timeout=self.criu_timeout_s)
         except CommandError as exc:

@@ -135,3 +135,12 @@ def enter(path: Path) -> None:
         _check(_libc.setns(fd, netns.CLONE_NEWNET), f"setns({path})")
     finally:
         os.close(fd)
+
+
+def release_dir(directory: Path = DEFAULT_NETNS_DIR) -> bool:
+    """Undo :func:`ensure_dir` once no namespace is left in ``directory``; False if some are."""
+    if list_ids(directory):
+        return False
+    if directory.is_dir() and _is_mount_point(directory):
+        _check(_libc.umount2(str(directory).encode(), MNT_DETACH), f"umount {directory}")
+    return True
