@@ -32,6 +32,7 @@ from crabd.backends.network import chain_names
 from crabd.backends.runc import bundle, cleanup, cni, named_netns, rootfs
 from crabd.backends.runc.cli import Runc, RuncStatus
 from crabd.config import NetworkConfig
+from crabd.errors import CriuError
 from crabd.host import images
 from crabd.runtime import initbin
 from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
@@ -295,6 +296,7 @@ def test_sandbox_without_network_posture_and_limits(make: Maker, layout: cleanup
     # Limits land in the container's cgroup (v1 here).
     cg = Path("/sys/fs/cgroup")
     assert int((cg / "memory/crab" / box.id / "memory.limit_in_bytes").read_text()) == 256 << 20
+    assert int((cg / "memory/crab" / box.id / "memory.memsw.limit_in_bytes").read_text()) == 256 << 20
     assert int((cg / "cpu/crab" / box.id / "cpu.cfs_quota_us").read_text()) == 100_000
     assert (cg / "pids/crab" / box.id / "pids.max").read_text().strip() == "123"
     # No network: loopback only, and up.
@@ -302,7 +304,9 @@ def test_sandbox_without_network_posture_and_limits(make: Maker, layout: cleanup
     assert "1" in run_in(box, "python3", "-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(1)")
 
 
-def test_networked_sandboxes_reach_the_gateway_but_not_each_other(make: Maker) -> None:
+def test_networked_sandboxes_reach_the_gateway_but_not_each_other(
+    make: Maker, network: cni.CniNetwork, layout: cleanup.Layout
+) -> None:
     a, b = make("crt-net-a", networked=True), make("crt-net-b", networked=True)
     # The gateway's address exists once the bridge does (first ADD).
     servers = [socket.create_server((str(GATEWAY), p)) for p in (HOST_PORT_ALLOWED, HOST_PORT_BLOCKED)]
@@ -318,6 +322,7 @@ def test_networked_sandboxes_reach_the_gateway_but_not_each_other(make: Maker) -
         threading.Thread(target=serve, args=(s,), daemon=True).start()
     try:
         assert a.ip in SUBNET and b.ip in SUBNET and a.ip != b.ip
+        network.check(a.id, named_netns.path_of(a.id, layout.netns))  # CNI CHECK agrees with the kept result
         start_counter(b)
         assert ask(b.ip) == "1"  # crabd's side (the host) reaches a sandbox
         probe = ["python3", "-c", PROBE]
@@ -367,3 +372,35 @@ def test_survey_and_reap_leftovers(make: Maker, layout: cleanup.Layout, runc: Ru
     again = cleanup.survey(layout, runc, {live.id})
     assert not again.orphans and not again.partial_bundles
     assert run_in(live, "echo", "alive").strip() == "alive"
+
+
+def test_restore_without_network_keeps_loopback_up(make: Maker, runc: Runc, base: Path, layout: cleanup.Layout) -> None:
+    """A restore joins crabd's fresh netns, whose lo is up (runc's own netns came back with lo down: PLATFORM.md)."""
+    orig = make("crt-lo", networked=False)
+    start_counter(orig)
+    images_dir = base / "images" / orig.id
+    runc.checkpoint(orig.id, images_dir, base / "work" / f"{orig.id}-dump")
+    box = make("crt-lo-restored", networked=False, images_dir=images_dir, upper_from=orig.upper)
+    assert _links_in(named_netns.path_of(box.id, layout.netns)) == [("lo", True)]
+    assert run_in(box, "python3", "-c", PROBE, "127.0.0.1", "8000").strip() == "got 1"
+
+
+def test_failed_restore_is_a_criu_error_with_its_log(make: Maker, runc: Runc, base: Path) -> None:
+    empty = base / "images" / "empty"
+    empty.mkdir(parents=True)
+    # runc's own part of the image is there, CRIU's is not: CRIU runs and refuses.
+    (empty / "descriptors.json").write_text('["/dev/null", "/dev/null", "/dev/null"]')
+    with pytest.raises(CriuError) as caught:
+        make("crt-bad-restore", networked=False, images_dir=empty)
+    assert caught.value.log_path and Path(caught.value.log_path).is_file()
+    assert caught.value.log_excerpt
+
+
+def test_a_new_driver_readopts_running_containers(make: Maker, layout: cleanup.Layout, base: Path) -> None:
+    """After crabd dies (kill -9), a new driver on the same state root finds its containers as they were."""
+    box = make("crt-readopt", networked=True)
+    fresh = Runc(layout.runc_root, log_dir=base / "criu-logs")
+    found = cleanup.survey(layout, fresh, {box.id})
+    assert found.live_containers[box.id].pid == box.pid and not found.orphans
+    cached = cni.CniNetwork(layout.cni).cached(box.id)
+    assert cached is not None and cached.ip == box.ip
