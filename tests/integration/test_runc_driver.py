@@ -29,10 +29,10 @@ import pytest
 
 from crabd.backends.docker_sandbox import SANDBOX_CAPABILITIES
 from crabd.backends.network import chain_names
-from crabd.backends.runc import bundle, cleanup, cni, named_netns, rootfs
+from crabd.backends.runc import bundle, cleanup, cni, launch, named_netns, rootfs
 from crabd.backends.runc.cli import Runc, RuncStatus
 from crabd.config import NetworkConfig
-from crabd.errors import CriuError
+from crabd.errors import ContainerRuntimeError, CriuError
 from crabd.host import images
 from crabd.runtime import initbin
 from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
@@ -132,6 +132,7 @@ def make(
 ) -> Iterator[Maker]:
     """make(id, networked=..., images=None, upper_from=None, **limits): a running sandbox (or a restored one)."""
     made: list[str] = []
+    launcher = launch.Launcher(layout, runc, network)
 
     def make_one(
         cid: str,
@@ -144,11 +145,9 @@ def make(
         pids: int = 0,
     ) -> Box:
         made.append(cid)
-        ns_path = named_netns.create(cid, layout.netns)
-        ip = network.add(cid, ns_path).ip if networked else None
         spec = bundle.ContainerSpec(
             id=cid,
-            netns=ns_path,
+            netns=Path("/set/by/launcher"),
             init_binary=init_binary,
             networked=networked,
             env=("LANG=C.UTF-8",),
@@ -156,19 +155,14 @@ def make(
             memory_bytes=memory_bytes,
             pids=pids,
         )
-        b = bundle.write(spec, layout.bundles)
         upper = base / "sv" / cid / "upper"
         if upper_from is not None:  # what a btrfs snapshot does, by copy
             upper.parent.mkdir(parents=True)
             subprocess.run(["cp", "-a", str(upper_from), str(upper)], check=True, timeout=120)
-        rootfs.mount(rootfs.Overlay((lower,), upper, upper.parent / "work", b.rootfs))
-        if images_dir is None:
-            runc.run_detached(cid, b)
-            st = runc.state(cid)
-        else:
-            st = runc.restore(cid, b, images_dir, base / "work" / cid)
-        assert st is not None and st.status is RuncStatus.RUNNING
-        return Box(cid, st.pid, upper, ip)
+        restore = None if images_dir is None else launch.Restore(images_dir, base / "work" / cid)
+        done = launcher.launch(spec, launch.Storage((lower,), upper, upper.parent / "work"), restore)
+        assert done.state.status is RuncStatus.RUNNING and done.netns == named_netns.path_of(cid, layout.netns)
+        return Box(cid, done.state.pid, upper, done.ip)
 
     yield make_one
     errors = [e for cid in made for e in cleanup.teardown(layout, runc, cid)]
@@ -385,7 +379,9 @@ def test_restore_without_network_keeps_loopback_up(make: Maker, runc: Runc, base
     assert run_in(box, "python3", "-c", PROBE, "127.0.0.1", "8000").strip() == "got 1"
 
 
-def test_failed_restore_is_a_criu_error_with_its_log(make: Maker, runc: Runc, base: Path) -> None:
+def test_failed_restore_is_a_criu_error_and_rolls_back(
+    make: Maker, runc: Runc, base: Path, layout: cleanup.Layout
+) -> None:
     empty = base / "images" / "empty"
     empty.mkdir(parents=True)
     # runc's own part of the image is there, CRIU's is not: CRIU runs and refuses.
@@ -394,6 +390,7 @@ def test_failed_restore_is_a_criu_error_with_its_log(make: Maker, runc: Runc, ba
         make("crt-bad-restore", networked=False, images_dir=empty)
     assert caught.value.log_path and Path(caught.value.log_path).is_file()
     assert caught.value.log_excerpt
+    assert not cleanup.survey(layout, runc, set()).orphans  # the launch removed what it had made
 
 
 def test_a_new_driver_readopts_running_containers(make: Maker, layout: cleanup.Layout, base: Path) -> None:
@@ -404,3 +401,6 @@ def test_a_new_driver_readopts_running_containers(make: Maker, layout: cleanup.L
     assert found.live_containers[box.id].pid == box.pid and not found.orphans
     cached = cni.CniNetwork(layout.cni).cached(box.id)
     assert cached is not None and cached.ip == box.ip
+    with pytest.raises(ContainerRuntimeError):  # a taken id is refused, and its owner left alone
+        make(box.id, networked=True)
+    assert fresh.state(box.id) is not None and run_in(box, "echo", "ok").strip() == "ok"

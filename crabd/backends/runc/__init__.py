@@ -8,5 +8,6 @@ The pieces, bottom up (see docs/runc.md):
 * :mod:`.cli`: the :class:`~.cli.Runc` driver (its own state root) and its typed state.
 * :mod:`.named_netns`: persistent network namespaces under ``/run/crab/netns``.
 * :mod:`.cni`: networking through the standard CNI plugins, and the isolation rules.
-* :mod:`.cleanup`: what is left after a crash, and reaping it.
+* :mod:`.cleanup`: the layout of it all; what is left after a crash, and reaping it.
+* :mod:`.launch`: one container made to run (fresh or restored) in the right order, or rolled back.
 """
