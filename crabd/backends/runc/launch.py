@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from crabd.backends.runc import bundle, cleanup, named_netns, rootfs
@@ -47,10 +48,23 @@ class Launched:
     bundle: bundle.Bundle
     netns: Path
     network: CniResult | None
+    #: Seconds per step: netns, cni, bundle, mount, runc (run or restore).
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def ip(self) -> ipaddress.IPv4Address | None:
         return self.network.ip if self.network else None
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._t = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = now - self._t
+        self._t = now
 
 
 class Launcher:
@@ -65,11 +79,16 @@ class Launcher:
         """Run ``spec`` (``spec.netns`` is replaced by the layout's path for its id), fresh or from ``restore``."""
         # First, outside the rollback: if the id is taken, its netns exists and
         # this refuses, and the rollback must not tear down the owner's pieces.
+        clock = _Clock()
         ns = named_netns.create(spec.id, self.layout.netns)
+        clock.lap("netns")
         try:
             result = self.network.add(spec.id, ns) if spec.networked else None
+            clock.lap("cni")
             b = bundle.write(dataclasses.replace(spec, netns=ns), self.layout.bundles)
+            clock.lap("bundle")
             rootfs.mount(rootfs.Overlay(storage.lowers, storage.upper, storage.work, b.rootfs))
+            clock.lap("mount")
             if restore is None:
                 self.runc.run_detached(spec.id, b)
                 state = self.runc.state(spec.id)
@@ -77,10 +96,11 @@ class Launcher:
                 state = self.runc.restore(spec.id, b, restore.images_dir, restore.work_dir, restore.options)
             if state is None:
                 raise ContainerRuntimeError(f"{spec.id} vanished after start", container=spec.id)
+            clock.lap("runc")
         except BaseException:
             cleanup.teardown(self.layout, self.runc, spec.id)
             raise
-        return Launched(state, b, ns, result)
+        return Launched(state, b, ns, result, clock.laps)
 
     def remove(self, container_id: str) -> list[str]:
         """Tear ``container_id`` down (container, CNI, netns, bundle); returns what could not be removed."""
