@@ -404,3 +404,34 @@ def test_a_new_driver_readopts_running_containers(make: Maker, layout: cleanup.L
     with pytest.raises(ContainerRuntimeError):  # a taken id is refused, and its owner left alone
         make(box.id, networked=True)
     assert fresh.state(box.id) is not None and run_in(box, "echo", "ok").strip() == "ok"
+
+
+def test_lifecycle_create_start_pause_kill(
+    runc: Runc, layout: cleanup.Layout, lower: Path, init_binary: Path, base: Path
+) -> None:
+    cid = "crt-life"
+    try:
+        ns = named_netns.create(cid, layout.netns)
+        b = bundle.write(bundle.ContainerSpec(id=cid, netns=ns, init_binary=init_binary), layout.bundles)
+        sv = base / "sv" / cid
+        rootfs.mount(rootfs.Overlay((lower,), sv / "upper", sv / "work", b.rootfs))
+        runc.create(cid, b)
+        st = runc.state(cid)
+        assert st is not None and st.status is RuncStatus.CREATED and st.bundle == b.path
+        runc.start(cid)
+        assert [s.status for s in runc.list() if s.id == cid] == [RuncStatus.RUNNING]
+        runc.pause(cid)
+        assert (Path("/sys/fs/cgroup/freezer/crab") / cid / "freezer.state").read_text().strip() == "FROZEN"
+        assert runc.state(cid).status is RuncStatus.PAUSED  # type: ignore[union-attr]
+        runc.resume(cid)
+        runc.kill(cid, "KILL")
+        for _ in range(100):
+            if runc.state(cid).status is RuncStatus.STOPPED:  # type: ignore[union-attr]
+                break
+            time.sleep(0.05)
+        assert runc.state(cid).status is RuncStatus.STOPPED  # type: ignore[union-attr]
+        assert runc.delete(cid) and runc.state(cid) is None and not runc.delete(cid)
+        with pytest.raises(ContainerRuntimeError):
+            runc.start(cid)
+    finally:
+        assert cleanup.teardown(layout, runc, cid) == []

@@ -174,37 +174,22 @@ class Runc:
 
     # --- life cycle ------------------------------------------------------------
 
+    def _launch(self, command: tuple[str, ...], container_id: str, bundle: Bundle) -> None:
+        args = (*command, "--bundle", str(bundle.path), _check_id(container_id))
+        err = self._detached(container_id, bundle, *args, timeout=self.timeout_s)
+        if err:
+            raise ContainerRuntimeError(f"runc {command[0]} {container_id}: {err}", container=container_id)
+
     def create(self, container_id: str, bundle: Bundle) -> None:
         """``runc create``: namespaces, mounts and cgroup made; init waits for :meth:`start`."""
-        err = self._detached(
-            _check_id(container_id),
-            bundle,
-            "create",
-            "--bundle",
-            str(bundle.path),
-            container_id,
-            timeout=self.timeout_s,
-        )
-        if err:
-            raise ContainerRuntimeError(f"runc create {container_id}: {err}", container=container_id)
+        self._launch(("create",), container_id, bundle)
 
     def start(self, container_id: str) -> None:
         self._run(container_id, "start", _check_id(container_id))
 
     def run_detached(self, container_id: str, bundle: Bundle) -> None:
         """``runc run -d``: create and start in one call."""
-        err = self._detached(
-            _check_id(container_id),
-            bundle,
-            "run",
-            "--detach",
-            "--bundle",
-            str(bundle.path),
-            container_id,
-            timeout=self.timeout_s,
-        )
-        if err:
-            raise ContainerRuntimeError(f"runc run {container_id}: {err}", container=container_id)
+        self._launch(("run", "--detach"), container_id, bundle)
 
     def state(self, container_id: str) -> RuncState | None:
         """The container's state; None if runc does not know it."""
@@ -228,6 +213,9 @@ class Runc:
 
     def delete(self, container_id: str) -> bool:
         """``runc delete --force`` (kills what runs); False if runc did not know the container."""
+        # runc 1.1 exits 0 for an unknown id with --force: ask first.
+        if self.state(container_id) is None:
+            return False
         done = proc.run(self._argv("delete", "--force", _check_id(container_id)), timeout=self.timeout_s, check=False)
         if done.exit_code == 0:
             return True
