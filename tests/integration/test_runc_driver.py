@@ -107,6 +107,12 @@ def lower() -> Path:
 
 
 @pytest.fixture(scope="module")
+def image_env() -> tuple[str, ...]:
+    # `docker import`-ed images carry none: the bundle then adds Docker's default PATH.
+    return rootfs.image_env(images.find_recipe("bookworm").image_ref)
+
+
+@pytest.fixture(scope="module")
 def init_binary(base: Path) -> Path:
     return initbin.install(base / "state")
 
@@ -128,7 +134,13 @@ Maker = Callable[..., Box]
 
 @pytest.fixture
 def make(
-    layout: cleanup.Layout, runc: Runc, network: cni.CniNetwork, lower: Path, init_binary: Path, base: Path
+    layout: cleanup.Layout,
+    runc: Runc,
+    network: cni.CniNetwork,
+    lower: Path,
+    init_binary: Path,
+    base: Path,
+    image_env: tuple[str, ...],
 ) -> Iterator[Maker]:
     """make(id, networked=..., images=None, upper_from=None, **limits): a running sandbox (or a restored one)."""
     made: list[str] = []
@@ -150,7 +162,7 @@ def make(
             netns=Path("/set/by/launcher"),
             init_binary=init_binary,
             networked=networked,
-            env=("LANG=C.UTF-8",),
+            env=(*image_env, "CRAB_TEST=1"),
             cpus=cpus,
             memory_bytes=memory_bytes,
             pids=pids,
@@ -279,6 +291,8 @@ def test_sandbox_without_network_posture_and_limits(make: Maker, layout: cleanup
     assert os.readlink(f"/proc/{box.pid}/exe") == "/.crab/init"
     assert [os.readlink(f"/proc/{box.pid}/fd/{i}") for i in range(3)] == ["/dev/null"] * 3
     assert run_in(box, "cat", "/proc/1/cmdline").startswith("/.crab/init")
+    environ = Path(f"/proc/{box.pid}/environ").read_text().split("\0")  # from the host: init is non-dumpable
+    assert "CRAB_TEST=1" in environ and bundle.DEFAULT_PATH in environ
     # The Docker backend's posture: trimmed capabilities, no new privileges, a seccomp filter.
     assert int(_status_field(box.pid, "CapEff"), 16) == _caps_mask(SANDBOX_CAPABILITIES)
     assert int(_status_field(box.pid, "CapBnd"), 16) == _caps_mask(SANDBOX_CAPABILITIES)
@@ -348,6 +362,7 @@ def test_checkpoint_then_parallel_restores_keep_process_state(make: Maker, runc:
         forks = list(pool.map(fork, range(2)))
     for box, _ in forks:
         assert box.ip not in (orig.ip, None)
+        assert _status_field(box.pid, "Seccomp") == "2" and _status_field(box.pid, "NoNewPrivs") == "1"
         assert ask(box.ip) == "3"  # the memory state at the dump, in its own network identity
         assert ask(box.ip) == "4"
     assert len({box.ip for box, _ in forks}) == 2

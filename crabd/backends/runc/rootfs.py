@@ -28,8 +28,10 @@ refuses writes when it changes):
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,7 @@ TMP_PREFIX = "tmp-"
 OVERLAY_OPTIONS = ("index=off", "xino=off", "redirect_dir=off", "metacopy=off")
 
 _DOCKER_TIMEOUT_S = 60.0
+_export_lock = threading.Lock()
 _EXPORT_TIMEOUT_S = 900.0
 _MOUNT_TIMEOUT_S = 30.0
 
@@ -59,12 +62,35 @@ def image_id(image: str) -> str:
     return ident
 
 
+def image_env(image: str) -> tuple[str, ...]:
+    """The image's own environment ("KEY=VALUE", PATH among them): Docker merges it under a container's."""
+    argv = ["docker", "image", "inspect", "--format", "{{json .Config.Env}}", image]
+    done = proc.run(argv, timeout=_DOCKER_TIMEOUT_S, check=False)
+    try:
+        env = json.loads(done.out) if done.exit_code == 0 else None
+    except ValueError:
+        env = None
+    if done.exit_code != 0 or not isinstance(env, list | None):
+        raise ImageError(f"cannot read the environment of image {image!r}: {done.err.strip()}", env=image)
+    return tuple(str(e) for e in env or ())
+
+
 def lower_dir(image: str, root: Path = DEFAULT_ROOTFS_ROOT) -> Path:
     """The read-only lower dir of ``image``, exported on first use (idempotent; atomic)."""
     ident = image_id(image)
     final = root / ident
     if final.is_dir():
         return final
+    # One export at a time in this process (two threads would export the same
+    # image twice, into the same tmp dir); other processes use other tmp dirs.
+    with _export_lock:
+        if final.is_dir():
+            return final
+        return _export_once(image, ident, root)
+
+
+def _export_once(image: str, ident: str, root: Path) -> Path:
+    final = root / ident
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = root / f"{TMP_PREFIX}{ident}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
