@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from crabd.backends.docker_sandbox import SANDBOX_CAPABILITIES
+from crabd.backends.docker_sandbox import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
 from crabd.backends.network import chain_names
 from crabd.backends.runc import bundle, cleanup, cni, launch, named_netns, rootfs
 from crabd.backends.runc.cli import Runc, RuncStatus
@@ -363,6 +363,9 @@ def test_checkpoint_then_parallel_restores_keep_process_state(make: Maker, runc:
     for box, _ in forks:
         assert box.ip not in (orig.ip, None)
         assert _status_field(box.pid, "Seccomp") == "2" and _status_field(box.pid, "NoNewPrivs") == "1"
+        assert run_in(box, "cat", "/proc/sys/net/ipv6/conf/all/disable_ipv6").strip() == "1"  # as a fresh sandbox
+        pids_max = Path("/sys/fs/cgroup/pids/crab") / box.id / "pids.max"
+        assert pids_max.read_text().strip() == str(DEFAULT_PIDS_LIMIT)  # the new bundle's limits apply
         assert ask(box.ip) == "3"  # the memory state at the dump, in its own network identity
         assert ask(box.ip) == "4"
     assert len({box.ip for box, _ in forks}) == 2

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crabd.backends.network import SANDBOX_SYSCTLS
 from crabd.backends.runc import bundle, cleanup, named_netns, rootfs
 from crabd.backends.runc.cli import CheckpointOptions, Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniResult
@@ -80,7 +81,7 @@ class Launcher:
         # First, outside the rollback: if the id is taken, its netns exists and
         # this refuses, and the rollback must not tear down the owner's pieces.
         clock = _Clock()
-        ns = named_netns.create(spec.id, self.layout.netns)
+        ns = named_netns.create(spec.id, self.layout.netns, SANDBOX_SYSCTLS if spec.networked else None)
         clock.lap("netns")
         try:
             result = self.network.add(spec.id, ns) if spec.networked else None

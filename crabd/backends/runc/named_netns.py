@@ -24,6 +24,7 @@ import ctypes
 import errno
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from crabd.errors import ContainerRuntimeError
@@ -72,8 +73,15 @@ def path_of(netns_id: str, directory: Path = DEFAULT_NETNS_DIR) -> Path:
     return directory / netns_id
 
 
-def create(netns_id: str, directory: Path = DEFAULT_NETNS_DIR) -> Path:
-    """A new network namespace with only ``lo``, up, pinned at ``<directory>/<netns_id>``; its path."""
+def create(
+    netns_id: str, directory: Path = DEFAULT_NETNS_DIR, sysctls: Mapping[str, str] | None = None
+) -> Path:
+    """A new network namespace with only ``lo``, up, pinned at ``<directory>/<netns_id>``; its path.
+
+    ``sysctls`` ("net.…" names) are set in it.  They belong here rather than
+    only in the bundle's ``linux.sysctl``: runc applies those when it starts
+    a fresh container, not on a restore into a namespace it was given.
+    """
     if "/" in netns_id or netns_id in ("", ".", ".."):
         raise ContainerRuntimeError(f"not a valid netns name: {netns_id!r}", container=netns_id)
     ensure_dir(directory)
@@ -89,6 +97,9 @@ def create(netns_id: str, directory: Path = DEFAULT_NETNS_DIR) -> Path:
         try:
             _check(_libc.unshare(netns.CLONE_NEWNET), "unshare(CLONE_NEWNET)")
             netns.loopback_up_here()
+            for key, value in (sysctls or {}).items():
+                # /proc/sys/net/* resolves to the opening task's netns: this thread's new one.
+                Path("/proc/sys", *key.split(".")).write_text(value)
             _mount("/proc/thread-self/ns/net", str(target), None, MS_BIND)
         except BaseException as exc:  # handed to the caller
             box["error"] = exc
