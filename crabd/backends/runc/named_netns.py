@@ -73,9 +73,7 @@ def path_of(netns_id: str, directory: Path = DEFAULT_NETNS_DIR) -> Path:
     return directory / netns_id
 
 
-def create(
-    netns_id: str, directory: Path = DEFAULT_NETNS_DIR, sysctls: Mapping[str, str] | None = None
-) -> Path:
+def create(netns_id: str, directory: Path = DEFAULT_NETNS_DIR, sysctls: Mapping[str, str] | None = None) -> Path:
     """A new network namespace with only ``lo``, up, pinned at ``<directory>/<netns_id>``; its path.
 
     ``sysctls`` ("net.…" names) are set in it.  They belong here rather than
