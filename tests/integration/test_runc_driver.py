@@ -227,6 +227,19 @@ def _caps_mask(names: tuple[str, ...]) -> int:
     return sum(1 << bits[n] for n in names)
 
 
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    """Whether ``pid`` is dead (or a zombie) within ``timeout``; host PID 1 here reaps orphans lazily."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if _status_field(pid, "State").startswith("Z"):
+                return True
+        except (OSError, AssertionError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def _status_field(pid: int, key: str) -> str:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -375,15 +388,19 @@ def test_checkpoint_then_parallel_restores_keep_process_state(make: Maker, runc:
 
 def test_survey_and_reap_leftovers(make: Maker, layout: cleanup.Layout, runc: Runc) -> None:
     live = make("crt-live", networked=False)
+    lost = make("crt-lost", networked=True)  # running, but crabd's records lost it (kill -9 before it wrote them)
     named_netns.create("crt-orphan", layout.netns)  # a crash between netns and bundle
     (layout.bundles / f"{bundle.TMP_PREFIX}crt-half-1").mkdir(parents=True)
     found = cleanup.survey(layout, runc, {live.id})
     assert set(found.live_containers) == {live.id}
-    assert found.orphans == {"crt-orphan"} and found.partial_bundles == (f"{bundle.TMP_PREFIX}crt-half-1",)
+    assert found.orphans == {"crt-orphan", lost.id} and found.partial_bundles == (f"{bundle.TMP_PREFIX}crt-half-1",)
     assert cleanup.reap(layout, runc, found) == []
     again = cleanup.survey(layout, runc, {live.id})
     assert not again.orphans and not again.partial_bundles
     assert run_in(live, "echo", "alive").strip() == "alive"
+    assert runc.state(lost.id) is None and _gone(lost.pid)
+    assert not rootfs.is_mounted(layout.bundles / lost.id / "rootfs")
+    assert lost.upper.is_dir()  # the sandbox's files are the storage layer's, never deleted here
 
 
 def test_restore_without_network_keeps_loopback_up(make: Maker, runc: Runc, base: Path, layout: cleanup.Layout) -> None:

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from crabd.backends.runc import rootfs
 from crabd.errors import ContainerRuntimeError
 from crabd.util import netns
 
@@ -54,17 +55,11 @@ def _mount(source: str, target: str, fstype: str | None, flags: int) -> None:
     )
 
 
-def _is_mount_point(path: Path) -> bool:
-    want = os.path.realpath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        return any(len(p) > 4 and p[4] == want for p in (line.split() for line in f))
-
-
 def ensure_dir(directory: Path = DEFAULT_NETNS_DIR) -> None:
     """Make ``directory`` exist as a shared mount point (idempotent)."""
     with _dir_lock:
         directory.mkdir(parents=True, exist_ok=True, mode=0o755)
-        if not _is_mount_point(directory):
+        if not rootfs.is_mounted(directory):
             _mount(str(directory), str(directory), None, MS_BIND | MS_REC)
         _mount("none", str(directory), None, MS_SHARED | MS_REC)
 
@@ -150,6 +145,6 @@ def release_dir(directory: Path = DEFAULT_NETNS_DIR) -> bool:
     """Undo :func:`ensure_dir` once no namespace is left in ``directory``; False if some are."""
     if list_ids(directory):
         return False
-    if directory.is_dir() and _is_mount_point(directory):
+    if directory.is_dir() and rootfs.is_mounted(directory):
         _check(_libc.umount2(str(directory).encode(), MNT_DETACH), f"umount {directory}")
     return True
