@@ -344,6 +344,7 @@ def test_networked_sandboxes_reach_the_gateway_but_not_each_other(
     try:
         assert a.ip in SUBNET and b.ip in SUBNET and a.ip != b.ip
         network.check(a.id, named_netns.path_of(a.id, layout.netns))  # CNI CHECK agrees with the kept result
+        assert run_in(a, "cat", "/proc/sys/net/ipv6/conf/all/disable_ipv6").strip() == "1"  # no IPv6 bypass
         start_counter(b)
         assert ask(b.ip) == "1"  # crabd's side (the host) reaches a sandbox
         probe = ["python3", "-c", PROBE]

@@ -16,6 +16,7 @@ from crabd.backends.runc.cli import CheckpointOptions, RuncState, RuncStatus, _c
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX
 from crabd.config import NetworkConfig
 from crabd.errors import ContainerRuntimeError
+from crabd.util import proc
 
 
 def _spec(**kw: object) -> bundle.ContainerSpec:
@@ -236,3 +237,9 @@ def test_survey_splits_live_and_orphans(tmp_path: Path) -> None:
     found = cleanup.survey(layout, FakeRunc(), {"live"})  # type: ignore[arg-type]
     assert set(found.live_containers) == {"live"}
     assert found.orphans == {"dead", "gone", "lost"} and found.partial_bundles == ("tmp-half-1",)
+
+
+def test_proc_run_without_capture_does_not_wait_for_detached_children() -> None:
+    """``runc run -d`` leaves a child holding runc's stdout: a captured pipe would wait for it to exit."""
+    done = proc.run(["sh", "-c", "echo out; echo err >&2; sleep 5 &"], timeout=3, capture=False)
+    assert done.exit_code == 0 and done.stdout == b"" and done.stderr == b""
