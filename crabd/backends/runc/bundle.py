@@ -220,7 +220,8 @@ class Bundle:
         return data
 
 
-def _write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write ``path`` through a tmp file beside it, fsynced, then renamed over it."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
@@ -244,7 +245,7 @@ def _etc_files(spec: ContainerSpec, etc: Path) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for dest, text in files.items():
         host = etc / Path(dest).name
-        _write_atomic(host, text.encode(), 0o644)
+        write_atomic(host, text.encode(), 0o644)
         out[dest] = host
     return out
 
@@ -274,7 +275,7 @@ def write(spec: ContainerSpec, root: Path = DEFAULT_BUNDLES_ROOT) -> Bundle:
         # The config names its files by their final paths.
         etc = {dest: final / "etc" / host.name for dest, host in etc.items()}
         data = json.dumps(config(spec, final, etc), indent=1, sort_keys=True).encode()
-        _write_atomic(tmp / CONFIG, data)
+        write_atomic(tmp / CONFIG, data)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

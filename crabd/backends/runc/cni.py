@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from crabd.backends import network
+from crabd.backends.runc import bundle
 from crabd.config import NetworkConfig
 from crabd.errors import CommandError, ContainerRuntimeError
 from crabd.util import proc
@@ -159,13 +160,6 @@ def _iptables(*args: str) -> proc.Completed:
     return proc.run(["iptables", "-w", *args], timeout=_PLUGIN_TIMEOUT_S, check=False)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 class CniNetwork:
     """The runc sandboxes' network: :meth:`ensure` once, then :meth:`add` / :meth:`delete` per sandbox."""
 
@@ -180,7 +174,8 @@ class CniNetwork:
         with self._lock:
             network.require_bridge_netfilter()
             conf = json.dumps(conflist(self.settings), indent=1).encode()
-            _write_atomic(self.settings.cache_dir / f"{self.settings.name}.conflist", conf)
+            self.settings.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            bundle.write_atomic(self.settings.cache_dir / f"{self.settings.name}.conflist", conf)
             # The firewall plugin makes CNI-ADMIN on its first ADD; the hook needs it now.
             if _iptables("-n", "-L", ADMIN_CHAIN).exit_code != 0:
                 _iptables("-N", ADMIN_CHAIN)
@@ -248,7 +243,9 @@ class CniNetwork:
             # The spec: a failed ADD is followed by a DEL (each plugin's DEL tolerates what was never added).
             self._delete_plugins(container_id, netns, prev)
             raise
-        _write_atomic(self.settings.result_path(container_id), json.dumps(prev).encode())
+        results = self.settings.result_path(container_id)
+        results.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        bundle.write_atomic(results, json.dumps(prev).encode())
         return result
 
     def cached(self, container_id: str) -> CniResult | None:
