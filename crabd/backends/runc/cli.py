@@ -204,7 +204,7 @@ class Runc:
         """Every container under this state root."""
         if not self.root.is_dir():
             return []
-        data = _json(self._run("-", "list", "--format", "json").out, "-")
+        data = _json(self._run("", "list", "--format", "json").out, "")
         return [RuncState.parse(d) for d in (data or [])]
 
     def kill(self, container_id: str, signal: str = "KILL", *, all_processes: bool = False) -> None:
