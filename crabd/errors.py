@@ -49,6 +49,7 @@ each under its parent)::
         DaemonUnavailable: the SDK cannot reach crabd
         ClientClosed: an SDK client was used after close()
         DockerError: the Docker engine refused or failed a request
+        ContainerRuntimeError: runc or a CNI plugin refused or failed a request
         ImageError: a sandbox image is missing or could not be built
         DumpError: a process dump or restore failed (the CRIU domain)
             CriuError: CRIU ran and refused; carries its log's path and tail
@@ -461,6 +462,17 @@ class DockerError(CrabError):
     def __init__(self, message: str, *, status: int | None = None, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.status = status
+
+
+class ContainerRuntimeError(CrabError):
+    """runc (crab's own bundles) or a CNI plugin refused or failed a request.  Attribute: ``container``."""
+
+    grpc_code = "UNAVAILABLE"
+    default_hint = "Read the runtime's message above; `crabctl doctor` checks runc and the CNI plugins."
+
+    def __init__(self, message: str, *, container: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.container = container
 
 
 class ImageError(CrabError):

@@ -28,7 +28,7 @@ HEADERS_SUITE=${HEADERS_SUITE:-trixie}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 # systemd: only for `systemd-analyze` (the unit's tests check it offline; no systemd needs to run).
-APT_PACKAGES=(docker.io debootstrap python3-bpfcc bpfcc-tools busybox-static zstd iproute2 iptables ca-certificates systemd)
+APT_PACKAGES=(docker.io debootstrap python3-bpfcc bpfcc-tools busybox-static zstd iproute2 iptables ca-certificates systemd containernetworking-plugins)
 
 log() { printf '[setup-host] %s\n' "$*" >&2; }
 die() { printf '[setup-host] ERROR: %s\n' "$*" >&2; exit 1; }

@@ -98,11 +98,11 @@ def restore_script(cfg: NetworkConfig) -> str:
     return "\n".join(lines)
 
 
-def jumps(cfg: NetworkConfig) -> list[tuple[str, list[str]]]:
-    """(parent chain, rule) of the two jumps into crab's chains."""
+def jumps(cfg: NetworkConfig, forward_parent: str = "DOCKER-USER") -> list[tuple[str, list[str]]]:
+    """(parent chain, rule) of the two jumps into crab's chains (CNI networks hook routed traffic in CNI-ADMIN)."""
     chain_in, chain_fwd = chain_names(cfg)
     bridge = bridge_name(cfg)
-    return [("INPUT", ["-i", bridge, "-j", chain_in]), ("DOCKER-USER", ["-i", bridge, "-j", chain_fwd])]
+    return [("INPUT", ["-i", bridge, "-j", chain_in]), (forward_parent, ["-i", bridge, "-j", chain_fwd])]
 
 
 def _iptables(*args: str, check: bool = True) -> proc.Completed:
@@ -110,7 +110,7 @@ def _iptables(*args: str, check: bool = True) -> proc.Completed:
     return proc.run(["iptables", "-w", *args], timeout=_IPTABLES_TIMEOUT_S, check=check)
 
 
-def install_rules(cfg: NetworkConfig) -> None:
+def install_rules(cfg: NetworkConfig, forward_parent: str = "DOCKER-USER") -> None:
     """Write crab's chains and hook them in (idempotent)."""
     try:
         proc.run(
@@ -118,7 +118,7 @@ def install_rules(cfg: NetworkConfig) -> None:
             input=restore_script(cfg).encode(),
             timeout=_IPTABLES_TIMEOUT_S,
         )
-        for parent, rule in jumps(cfg):
+        for parent, rule in jumps(cfg, forward_parent):
             if _iptables("-C", parent, *rule, check=False).exit_code != 0:
                 _iptables("-I", parent, "1", *rule)
     except CommandError as exc:
@@ -128,9 +128,9 @@ def install_rules(cfg: NetworkConfig) -> None:
         ) from exc
 
 
-def remove_rules(cfg: NetworkConfig) -> None:
+def remove_rules(cfg: NetworkConfig, forward_parent: str = "DOCKER-USER") -> None:
     """Unhook and delete crab's chains; what is already gone is not an error."""
-    for parent, rule in jumps(cfg):
+    for parent, rule in jumps(cfg, forward_parent):
         while _iptables("-C", parent, *rule, check=False).exit_code == 0:
             _iptables("-D", parent, *rule, check=False)
     for chain in chain_names(cfg):
@@ -170,6 +170,20 @@ def _ensure_network(api: Any, cfg: NetworkConfig) -> None:
         )
 
 
+def require_bridge_netfilter() -> None:
+    """HostError unless br_netfilter shows bridged traffic to iptables (else sandboxes on one bridge meet)."""
+    try:
+        br_nf = _BR_NETFILTER.read_text().strip()
+    except OSError:
+        br_nf = "absent"
+    if br_nf != "1":
+        raise HostError(
+            f"bridge netfilter is off ({_BR_NETFILTER}: {br_nf}): sandboxes on one bridge could reach each other",
+            hint="Load br_netfilter and set net.bridge.bridge-nf-call-iptables = 1 "
+            "(or set [network] isolate = false to accept shared networking).",
+        )
+
+
 class SandboxNetwork:
     """The network networked sandboxes join; :meth:`ensure` before each create."""
 
@@ -186,17 +200,7 @@ class SandboxNetwork:
         """Make the network and the rules exist (idempotent; blocking); returns the network's name."""
         with self._lock:
             _ensure_network(self.api, self.cfg)
-            try:
-                br_nf = _BR_NETFILTER.read_text().strip()
-            except OSError:
-                br_nf = "absent"
-            if br_nf != "1":
-                raise HostError(
-                    f"bridge netfilter is off ({_BR_NETFILTER}: {br_nf}): "
-                    "sandboxes on one bridge could reach each other",
-                    hint="Load br_netfilter and set net.bridge.bridge-nf-call-iptables = 1 "
-                    "(or set [network] isolate = false to accept shared networking).",
-                )
+            require_bridge_netfilter()
             install_rules(self.cfg)
             return self.name
 

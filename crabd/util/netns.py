@@ -89,19 +89,20 @@ def in_netns(ns: Netns, work: Callable[[], T], timeout: float = 10.0) -> T:
     return box["value"]  # type: ignore[return-value]
 
 
+def loopback_up_here() -> bool:
+    """Bring ``lo`` up in the calling thread's netns; True if it was down."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH", b"lo", 0)
+        flags = struct.unpack("16sH", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[1]
+        if flags & IFF_UP:
+            return False
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
+        return True
+
+
 def loopback_up(ns: Netns) -> bool:
     """Bring ``lo`` up in ``ns`` (the kernel then adds 127.0.0.1 and ::1).
 
     Returns True if it was down.
     """
-
-    def work() -> bool:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            req = struct.pack("16sH", b"lo", 0)
-            flags = struct.unpack("16sH", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[1]
-            if flags & IFF_UP:
-                return False
-            fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
-            return True
-
-    return in_netns(ns, work)
+    return in_netns(ns, loopback_up_here)

@@ -50,12 +50,15 @@ def run(
     env: Mapping[str, str] | None = None,
     input: bytes | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    capture: bool = True,
 ) -> Completed:
     """Run ``argv`` and wait at most ``timeout`` seconds.
 
     Raises :class:`CommandTimeout` on timeout (the process is killed), and
     :class:`CommandError` on a non-zero exit when ``check`` is true, or when
-    the program cannot be started at all.
+    the program cannot be started at all.  ``capture=False`` sends stdout and
+    stderr to /dev/null instead: for a program whose detached children inherit
+    them (``runc run -d``), where a pipe would never see EOF.
     """
     args = [os.fspath(a) for a in argv]
     try:
@@ -63,7 +66,8 @@ def run(
             args,
             input=input,
             stdin=None if input is not None else subprocess.DEVNULL,
-            capture_output=True,
+            stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
+            stderr=subprocess.PIPE if capture else subprocess.DEVNULL,
             timeout=timeout,
             env=dict(env) if env is not None else None,
             cwd=cwd,
@@ -84,7 +88,7 @@ def run(
             stderr="",
             hint=f"Install {os.path.basename(args[0])} or fix PATH (`make setup` provisions crab's tools).",
         ) from exc
-    done = Completed(tuple(args), proc.returncode, proc.stdout, proc.stderr)
+    done = Completed(tuple(args), proc.returncode, proc.stdout or b"", proc.stderr or b"")
     if check and proc.returncode != 0:
         tail = _tail(proc.stderr) or _tail(proc.stdout)
         raise CommandError(

@@ -83,6 +83,46 @@ def _container_pids(container_id: str) -> dict[int, str]:
     return out
 
 
+#: What every sandbox dump passes to CRIU (why: see the module's docstring).
+DUMP_OPTIONS = ("--tcp-established", "--file-locks")
+
+
+def checkpoint_argv(
+    runc: str,
+    runc_root: Path,
+    container_id: str,
+    images_dir: Path,
+    work_dir: Path,
+    *,
+    leave_running: bool = True,
+    options: tuple[str, ...] = DUMP_OPTIONS,
+) -> list[str]:
+    """``runc checkpoint`` of ``container_id`` into ``images_dir`` (CRIU's log lands in ``work_dir``)."""
+    return [
+        runc,
+        "--root",
+        str(runc_root),
+        "checkpoint",
+        *(["--leave-running"] if leave_running else []),
+        *options,
+        "--image-path",
+        str(images_dir),
+        "--work-path",
+        str(work_dir),
+        container_id,
+    ]
+
+
+def keep_log(log: Path, log_dir: Path, container_id: str, what: str) -> Path | None:
+    """Copy CRIU's ``log`` into ``log_dir`` under a dated name; None if there is no log."""
+    if not log.exists():
+        return None
+    log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    kept = log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{container_id[:12]}-{what}.log"
+    shutil.copyfile(log, kept)
+    return kept
+
+
 class RuncDumper:
     """:class:`~crabd.backends.procdump.ProcessDumper` through runc."""
 
@@ -99,29 +139,11 @@ class RuncDumper:
         return out.splitlines()[0].replace("Version: ", "") if out else "?"
 
     def _keep_log(self, log: Path, container_id: str, what: str) -> Path | None:
-        if not log.exists():
-            return None
-        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        kept = self.log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{container_id[:12]}-{what}.log"
-        shutil.copyfile(log, kept)
-        return kept
+        return keep_log(log, self.log_dir, container_id, what)
 
     def dump(self, container_id: str, images_dir: Path, work_dir: Path) -> DumpResult:
         t0 = time.monotonic()
-        argv = [
-            self.runc,
-            "--root",
-            str(self.runc_root),
-            "checkpoint",
-            "--leave-running",
-            "--tcp-established",
-            "--file-locks",
-            "--image-path",
-            str(images_dir),
-            "--work-path",
-            str(work_dir),
-            container_id,
-        ]
+        argv = checkpoint_argv(self.runc, self.runc_root, container_id, images_dir, work_dir)
         try:
             proc.run(argv, timeout=self.timeout_s)
         except CommandError as exc:

@@ -1,0 +1,13 @@
+"""crab's own container runtime layer: runc bundles, overlay root filesystems and CNI networking.
+
+The pieces, bottom up (see docs/runc.md):
+
+* :mod:`.rootfs`: an env image exported once into a read-only lower dir; overlay mounts.
+* :mod:`.bundle`: a typed :class:`~.bundle.ContainerSpec` and the OCI ``config.json`` made from it.
+* :mod:`.security`: the sandbox's security posture in OCI terms (mirrors the Docker backend).
+* :mod:`.cli`: the :class:`~.cli.Runc` driver (its own state root) and its typed state.
+* :mod:`.named_netns`: persistent network namespaces under ``/run/crab/netns``.
+* :mod:`.cni`: networking through the standard CNI plugins, and the isolation rules.
+* :mod:`.cleanup`: the layout of it all; what is left after a crash, and reaping it.
+* :mod:`.launch`: one container made to run (fresh or restored) in the right order, or rolled back.
+"""

@@ -1,0 +1,292 @@
+"""OCI bundles for crab's runc containers: a typed spec, and the ``config.json`` made from it.
+
+A bundle on disk (``<bundles root>/<id>/``, default root ``/run/crab/bundles``)::
+
+    <id>/
+        config.json     the OCI runtime config (written atomically: tmp file + rename)
+        rootfs/         the root file system: an overlay mount point (see rootfs.py),
+                        unless the spec names another directory
+        etc/            hostname, hosts (and resolv.conf when networked), bind-mounted
+                        read-only over the image's own, as Docker does
+        runc.log        runc's own log (JSON lines) of create/run/restore
+
+A bundle is first made as ``tmp-<id>-<pid>/`` and renamed to ``<id>/``
+when complete, so a crash leaves either a complete bundle or a ``tmp-*``
+directory that :mod:`.cleanup` removes.  runc keeps its own state (pid,
+status) under the driver's state root (:mod:`.cli`), not here.
+
+What a container gets (the Docker backend's sandbox, in OCI terms; the
+security parts live in :mod:`.security`): crab-init bind-mounted read-only
+at ``/.crab/init`` as PID 1, root, no terminal; stdio is the caller's
+``/dev/null`` (CRIU refuses to dump a host file on fds 0-2, but runc passes
+``/dev/null`` through); its own pid, mount, ipc, uts and cgroup
+namespaces; the network namespace at ``spec.netns`` (made by crabd, so
+that a restore can land in another one with its own address); cgroup
+limits for CPU, memory (no swap beyond it) and pids under ``/crab/<id>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crabd.backends.docker_sandbox import DEFAULT_PIDS_LIMIT
+from crabd.backends.network import SANDBOX_SYSCTLS
+from crabd.backends.runc import rootfs, security
+from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX
+from crabd.errors import ContainerRuntimeError
+
+DEFAULT_BUNDLES_ROOT = Path("/run/crab/bundles")
+TMP_PREFIX = "tmp-"
+CONFIG = "config.json"
+ROOTFS = "rootfs"
+RUNC_LOG = "runc.log"
+#: cgroup parent of every container: /sys/fs/cgroup/<controller>/crab/<id>.
+CGROUP_PARENT = "/crab"
+CPU_PERIOD_US = 100_000
+OCI_VERSION = "1.0.2"
+DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class BindMount:
+    """A host path bind-mounted into the container (read-only unless ``writable``)."""
+
+    source: Path
+    destination: str
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything a bundle's config.json says.  ``id`` names the container in runc and its cgroup."""
+
+    id: str
+    #: The network namespace to join (a bind-mounted nsfs file, see named_netns.py).
+    netns: Path
+    #: crab-init on the host; bind-mounted at INIT_PATH_IN_SANDBOX and run as PID 1.
+    init_binary: Path
+    #: Arguments after crab-init's path (none today).
+    init_args: tuple[str, ...] = ()
+    #: "KEY=VALUE" entries: the image's, then the sandbox's.  PATH is added if missing.
+    env: tuple[str, ...] = ()
+    cwd: str = "/"
+    hostname: str = ""
+    #: Networked sandboxes get IPv6 off (SANDBOX_SYSCTLS) and the host's resolv.conf.
+    networked: bool = False
+    cpus: float = 0.0
+    memory_bytes: int = 0
+    #: 0: DEFAULT_PIDS_LIMIT (a fork bomb must not exhaust the host's pid space).
+    pids: int = 0
+    #: The root file system; None: the bundle's own rootfs/ (an overlay mount point).
+    rootfs: Path | None = None
+    binds: tuple[BindMount, ...] = ()
+    #: OCI annotations; `runc state` reports them (labels for re-adoption).
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cgroups_path(self) -> str:
+        return f"{CGROUP_PARENT}/{self.id}"
+
+
+def _standard_mounts() -> list[dict[str, Any]]:
+    """/proc, /dev and friends, /sys read-only and the cgroup tree read-only (runc's and Docker's)."""
+    return [
+        {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+        },
+        {
+            "destination": "/dev/pts",
+            "type": "devpts",
+            "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+        },
+        {
+            "destination": "/dev/shm",
+            "type": "tmpfs",
+            "source": "shm",
+            "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        },
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+        {
+            "destination": "/sys/fs/cgroup",
+            "type": "cgroup",
+            "source": "cgroup",
+            "options": ["nosuid", "noexec", "nodev", "relatime", "ro"],
+        },
+    ]
+
+
+def _bind(source: Path, destination: str, *, writable: bool) -> dict[str, Any]:
+    return {
+        "destination": destination,
+        "type": "bind",
+        "source": str(source),
+        "options": ["rbind", "rw" if writable else "ro", "nosuid", "nodev", "rprivate"],
+    }
+
+
+def _resources(spec: ContainerSpec) -> dict[str, Any]:
+    res: dict[str, Any] = {
+        # Deny every device; runc adds back its standard character devices.
+        "devices": [{"allow": False, "access": "rwm"}],
+        "pids": {"limit": spec.pids if spec.pids > 0 else DEFAULT_PIDS_LIMIT},
+    }
+    if spec.memory_bytes > 0:
+        # swap == limit: no swap beyond the memory limit (memsw on cgroup v1).
+        res["memory"] = {"limit": spec.memory_bytes, "swap": spec.memory_bytes}
+    if spec.cpus > 0:
+        res["cpu"] = {"quota": int(spec.cpus * CPU_PERIOD_US), "period": CPU_PERIOD_US}
+    return res
+
+
+def _env(spec: ContainerSpec) -> list[str]:
+    env = list(spec.env)
+    if not any(e.startswith("PATH=") for e in env):
+        env.insert(0, DEFAULT_PATH)
+    return env
+
+
+def config(spec: ContainerSpec, bundle_dir: Path, etc_files: dict[str, Path]) -> dict[str, Any]:
+    """The OCI config of ``spec`` for a bundle at ``bundle_dir``; ``etc_files`` maps /etc paths to host files."""
+    mounts = _standard_mounts()
+    mounts.append(_bind(spec.init_binary, INIT_PATH_IN_SANDBOX, writable=False))
+    mounts += [_bind(src, dest, writable=False) for dest, src in sorted(etc_files.items())]
+    mounts += [_bind(b.source, b.destination, writable=b.writable) for b in spec.binds]
+    namespaces: list[dict[str, str]] = [{"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")]
+    namespaces.append({"type": "network", "path": str(spec.netns)})
+    return {
+        "ociVersion": OCI_VERSION,
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": [INIT_PATH_IN_SANDBOX, *spec.init_args],
+            "env": _env(spec),
+            "cwd": spec.cwd or "/",
+            "capabilities": security.capabilities(),
+            "rlimits": security.rlimits(),
+            "noNewPrivileges": True,
+        },
+        "root": {"path": str(spec.rootfs or bundle_dir / ROOTFS), "readonly": False},
+        "hostname": spec.hostname or spec.id[:12],
+        "mounts": mounts,
+        "annotations": dict(spec.annotations),
+        "linux": {
+            "cgroupsPath": spec.cgroups_path,
+            "resources": _resources(spec),
+            "namespaces": namespaces,
+            "sysctl": dict(SANDBOX_SYSCTLS) if spec.networked else {},
+            "maskedPaths": list(security.MASKED_PATHS),
+            "readonlyPaths": list(security.READONLY_PATHS),
+            "seccomp": security.seccomp(),
+            "rootfsPropagation": "rprivate",
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle directory on disk."""
+
+    path: Path
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def rootfs(self) -> Path:
+        return self.path / ROOTFS
+
+    @property
+    def log_path(self) -> Path:
+        return self.path / RUNC_LOG
+
+    def config(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.config_path.read_text())
+        return data
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write ``path`` through a tmp file beside it, fsynced, then renamed over it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _etc_files(spec: ContainerSpec, etc: Path) -> dict[str, Path]:
+    """Write the sandbox's hostname, hosts (and resolv.conf) into ``etc``; {path inside: host file}."""
+    etc.mkdir(mode=0o755)
+    hostname = spec.hostname or spec.id[:12]
+    files = {
+        "/etc/hostname": f"{hostname}\n",
+        "/etc/hosts": f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n",
+    }
+    if spec.networked:
+        files["/etc/resolv.conf"] = _resolv_conf()
+    out: dict[str, Path] = {}
+    for dest, text in files.items():
+        host = etc / Path(dest).name
+        write_atomic(host, text.encode(), 0o644)
+        out[dest] = host
+    return out
+
+
+def _resolv_conf(path: Path = Path("/etc/resolv.conf")) -> str:
+    """The host's resolv.conf less loopback name servers (unreachable from a sandbox's netns), as Docker does."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        lines = []
+    kept = [ln for ln in lines if not ln.startswith(("nameserver 127.", "nameserver ::1"))]
+    return "\n".join(kept) + "\n"
+
+
+def write(spec: ContainerSpec, root: Path = DEFAULT_BUNDLES_ROOT) -> Bundle:
+    """Make the bundle of ``spec`` under ``root`` (see the module's docstring); atomic."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    final = root / spec.id
+    if final.exists():
+        raise ContainerRuntimeError(f"a bundle for {spec.id} exists already at {final}", container=spec.id)
+    tmp = root / f"{TMP_PREFIX}{spec.id}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o700)
+    try:
+        (tmp / ROOTFS).mkdir(mode=0o755)
+        etc = _etc_files(spec, tmp / "etc")
+        # The config names its files by their final paths.
+        etc = {dest: final / "etc" / host.name for dest, host in etc.items()}
+        data = json.dumps(config(spec, final, etc), indent=1, sort_keys=True).encode()
+        write_atomic(tmp / CONFIG, data)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Bundle(final)
+
+
+def remove(bundle: Bundle) -> None:
+    """Delete the bundle's directory; refused while its rootfs is mounted (rmtree would empty the upper dir)."""
+    if rootfs.is_mounted(bundle.rootfs):
+        raise ContainerRuntimeError(
+            f"bundle {bundle.path}: rootfs is still mounted", container=bundle.id, hint="Unmount it first."
+        )
+    shutil.rmtree(bundle.path, ignore_errors=True)

@@ -1,0 +1,116 @@
+"""Re-adoption and clean-up: what crab's runc layer left on the host, and reaping what nobody owns.
+
+One id names all the pieces of one container: the runc container, its
+bundle directory, its network namespace file and its kept CNI result.
+After a crash (kill -9 of crabd, a failed create or restore half-way) some
+of them may exist without the others.  :func:`survey` lists every id the
+host still holds, split into the ones the caller says are live and the
+rest; :func:`reap` removes the rest in dependency order: the container
+(kills its processes), the CNI attachment (releases the address and the
+per-sandbox iptables rules), the namespace, then the bundle (its rootfs
+unmounted first, so that nothing of the sandbox's files is deleted
+through the mount).  Half-made bundles (``tmp-*``) are always reaped.
+
+A live id's pieces are never touched; re-adoption of those is the caller's
+(the adapter's) business: :func:`survey` tells it which exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crabd.backends.runc import bundle, named_netns, rootfs
+from crabd.backends.runc.cli import Runc, RuncState
+from crabd.backends.runc.cni import CniNetwork, CniSettings
+from crabd.errors import ContainerRuntimeError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where crab's runc layer keeps things (one host-wide set; tests use a private one)."""
+
+    runc_root: Path = Path("/run/crab/runc")
+    bundles: Path = bundle.DEFAULT_BUNDLES_ROOT
+    netns: Path = named_netns.DEFAULT_NETNS_DIR
+    rootfs: Path = rootfs.DEFAULT_ROOTFS_ROOT
+    cni: CniSettings = field(default_factory=CniSettings)
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What the host holds: live ids' containers (for re-adoption) and the ids nobody owns."""
+
+    live_containers: dict[str, RuncState]
+    orphan_containers: tuple[str, ...]
+    orphan_bundles: tuple[str, ...]
+    partial_bundles: tuple[str, ...]
+    orphan_netns: tuple[str, ...]
+    orphan_cni: tuple[str, ...]
+
+    @property
+    def orphans(self) -> set[str]:
+        return {*self.orphan_containers, *self.orphan_bundles, *self.orphan_netns, *self.orphan_cni}
+
+
+def _bundle_ids(root: Path) -> tuple[list[str], list[str]]:
+    """(complete bundle ids, half-made tmp-* names)."""
+    if not root.is_dir():
+        return [], []
+    names = sorted(p.name for p in root.iterdir() if p.is_dir())
+    return [n for n in names if not n.startswith(bundle.TMP_PREFIX)], [
+        n for n in names if n.startswith(bundle.TMP_PREFIX)
+    ]
+
+
+def survey(layout: Layout, runc: Runc, live: set[str]) -> Survey:
+    """Everything of crab's runc layer on the host, against the ``live`` ids."""
+    containers = {st.id: st for st in runc.list()}
+    bundles, partial = _bundle_ids(layout.bundles)
+    netns_ids = named_netns.list_ids(layout.netns)
+    cni_ids = CniNetwork(layout.cni).attached()
+    return Survey(
+        live_containers={i: st for i, st in containers.items() if i in live},
+        orphan_containers=tuple(sorted(set(containers) - live)),
+        orphan_bundles=tuple(sorted(set(bundles) - live)),
+        partial_bundles=tuple(partial),
+        orphan_netns=tuple(sorted(set(netns_ids) - live)),
+        orphan_cni=tuple(sorted(set(cni_ids) - live)),
+    )
+
+
+def remove_bundle(b: bundle.Bundle) -> None:
+    """Unmount the bundle's rootfs (if mounted) and delete the bundle directory."""
+    rootfs.umount(b.rootfs)
+    bundle.remove(b)
+
+
+def teardown(layout: Layout, runc: Runc, container_id: str) -> list[str]:
+    """Remove every piece of ``container_id`` (each step tolerates a missing piece); returns the errors."""
+    errors: list[str] = []
+    netns_path = named_netns.path_of(container_id, layout.netns)
+    steps = (
+        lambda: runc.delete(container_id),
+        lambda: CniNetwork(layout.cni).delete(container_id, netns_path),
+        lambda: named_netns.remove(container_id, layout.netns),
+        lambda: remove_bundle(bundle.Bundle(layout.bundles / container_id)),
+    )
+    for step in steps:
+        try:
+            step()
+        except (ContainerRuntimeError, OSError) as exc:
+            errors.append(f"{container_id}: {exc}")
+    return errors
+
+
+def reap(layout: Layout, runc: Runc, found: Survey) -> list[str]:
+    """Remove every orphan and half-made bundle of ``found``; returns the errors (the rest goes on)."""
+    errors: list[str] = []
+    for cid in sorted(found.orphans):
+        errors += teardown(layout, runc, cid)
+    for name in found.partial_bundles:
+        try:
+            remove_bundle(bundle.Bundle(layout.bundles / name))
+        except (ContainerRuntimeError, OSError) as exc:
+            errors.append(f"{name}: {exc}")
+    return errors

@@ -1,0 +1,200 @@
+"""Root filesystems for runc bundles: an exported env image below, an overlay on top.
+
+Lower dirs.  An env image (built and tagged by Docker, as for the Docker
+backend) is exported ONCE into ``<root>/<image id hex>/`` and then only
+read: overlay never writes to a lower dir.  The directory is keyed by the
+image's id, not its tag, so a rebuilt image gets a new directory and
+running sandboxes keep the one they were made from.  The export is atomic:
+it lands in ``<root>/tmp-<hex>-<pid>/`` and is renamed into place, so a
+crash leaves a ``tmp-*`` dir (reaped by :func:`remove_partial`) and never a
+half-filled lower dir that would look complete.
+
+Overlay mounts.  ``upper`` and ``work`` must live on the same file system
+(overlay renames between them; on btrfs that means the same subvolume:
+renames across subvolumes fail with EXDEV).  The options are chosen so
+that a file's ``st_ino`` seen through the overlay stays the same after the
+upper dir is snapshotted and mounted again (SQLite caches st_ino and
+refuses writes when it changes):
+
+* ``index=off``: the index would record the upper fs's identity in the
+  work dir and refuse (ESTALE) an upper dir that is a snapshot of it.
+* ``xino=off``: with xino, overlay ORs a layer number into the high bits of
+  st_ino; off, a file created in the sandbox reports its upper inode number
+  as is (the number a btrfs snapshot keeps).
+* ``redirect_dir=off``, ``metacopy=off``: nothing in the upper dir points
+  at lower paths by name beyond the standard whiteouts and opaque dirs, so
+  the upper dir is a self-contained delta.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from crabd.errors import CommandError, ContainerRuntimeError, ImageError
+from crabd.util import proc
+
+DEFAULT_ROOTFS_ROOT = Path("/var/lib/crab/rootfs")
+
+#: Prefix of an export in progress (and of what a crash leaves behind).
+TMP_PREFIX = "tmp-"
+
+OVERLAY_OPTIONS = ("index=off", "xino=off", "redirect_dir=off", "metacopy=off")
+
+_DOCKER_TIMEOUT_S = 60.0
+_export_lock = threading.Lock()
+_EXPORT_TIMEOUT_S = 900.0
+_MOUNT_TIMEOUT_S = 30.0
+
+
+def image_id(image: str) -> str:
+    """The image's content id (hex, no ``sha256:``); ImageError if Docker has no such image."""
+    done = proc.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout=_DOCKER_TIMEOUT_S, check=False
+    )
+    ident = done.out.strip().removeprefix("sha256:")
+    if done.exit_code != 0 or not ident.isalnum():
+        raise ImageError(f"no Docker image {image!r}: {done.err.strip()}", env=image)
+    return ident
+
+
+def image_env(image: str) -> tuple[str, ...]:
+    """The image's own environment ("KEY=VALUE", PATH among them): Docker merges it under a container's."""
+    argv = ["docker", "image", "inspect", "--format", "{{json .Config.Env}}", image]
+    done = proc.run(argv, timeout=_DOCKER_TIMEOUT_S, check=False)
+    try:
+        env = json.loads(done.out) if done.exit_code == 0 else None
+    except ValueError:
+        env = None
+    if done.exit_code != 0 or not isinstance(env, list | None):
+        raise ImageError(f"cannot read the environment of image {image!r}: {done.err.strip()}", env=image)
+    return tuple(str(e) for e in env or ())
+
+
+def lower_dir(image: str, root: Path = DEFAULT_ROOTFS_ROOT) -> Path:
+    """The read-only lower dir of ``image``, exported on first use (idempotent; atomic)."""
+    ident = image_id(image)
+    final = root / ident
+    if final.is_dir():
+        return final
+    # One export at a time in this process (two threads would export the same
+    # image twice, into the same tmp dir); other processes use other tmp dirs.
+    with _export_lock:
+        if final.is_dir():
+            return final
+        return _export_once(image, ident, root)
+
+
+def _export_once(image: str, ident: str, root: Path) -> Path:
+    final = root / ident
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = root / f"{TMP_PREFIX}{ident}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o755)
+    try:
+        _export(image, tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():  # not "another export won the race"
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _export(image: str, into: Path) -> None:
+    """Steps: a stopped container of the image, ``docker export`` to a tar beside ``into``, untar, remove both."""
+    tar = into.with_name(into.name + ".tar")
+    try:
+        # The command is never run; some images have none, and `docker create` needs one.
+        cid = proc.run(["docker", "create", image, "/.crab-export"], timeout=_DOCKER_TIMEOUT_S).out.strip()
+        try:
+            proc.run(["docker", "export", "-o", str(tar), cid], timeout=_EXPORT_TIMEOUT_S)
+        finally:
+            proc.run(["docker", "rm", "-f", cid], timeout=_DOCKER_TIMEOUT_S, check=False)
+        proc.run(["tar", "-x", "--numeric-owner", "-p", "-C", str(into), "-f", str(tar)], timeout=_EXPORT_TIMEOUT_S)
+    except CommandError as exc:
+        raise ImageError(f"cannot export image {image!r} to a root file system: {exc.message}", env=image) from exc
+    finally:
+        tar.unlink(missing_ok=True)
+
+
+def remove_partial(root: Path = DEFAULT_ROOTFS_ROOT) -> list[Path]:
+    """Remove exports a crash left half-made (``tmp-*``); returns what was removed.
+
+    Call only while no export runs (at daemon start).
+    """
+    if not root.is_dir():
+        return []
+    gone = [p for p in root.iterdir() if p.name.startswith(TMP_PREFIX)]
+    for p in gone:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return gone
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """One overlay mount: ``lowers`` (topmost first) under ``upper``, seen at ``target``."""
+
+    lowers: tuple[Path, ...]
+    upper: Path
+    work: Path
+    target: Path
+
+    def options(self) -> str:
+        lower = ":".join(str(p) for p in self.lowers)
+        # ':' and ',' separate overlay's options; such paths cannot be passed.
+        for p in (*self.lowers, self.upper, self.work):
+            if "," in str(p) or ":" in str(p):
+                raise ContainerRuntimeError(f"overlay path {p} holds ',' or ':'", container="")
+        return ",".join([f"lowerdir={lower}", f"upperdir={self.upper}", f"workdir={self.work}", *OVERLAY_OPTIONS])
+
+
+def mount(overlay: Overlay) -> None:
+    """Mount ``overlay`` (creating upper, work and target dirs as needed)."""
+    for d in (overlay.upper, overlay.work, overlay.target):
+        d.mkdir(parents=True, exist_ok=True, mode=0o755)
+    try:
+        proc.run(
+            ["mount", "-t", "overlay", "overlay", "-o", overlay.options(), str(overlay.target)],
+            timeout=_MOUNT_TIMEOUT_S,
+        )
+    except CommandError as exc:
+        raise ContainerRuntimeError(
+            f"cannot mount the overlay at {overlay.target}: {exc.message}", container=""
+        ) from exc
+
+
+def is_mounted(target: Path) -> bool:
+    """Whether something is mounted exactly at ``target``."""
+    want = os.path.realpath(target)
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        # Field 5 is the mount point, with spaces etc. octal-escaped.
+        return any(_unescape(line.split()[4]) == want for line in f if len(line.split()) > 4)
+
+
+def _unescape(field: str) -> str:
+    return field.encode().decode("unicode_escape")
+
+
+def umount(target: Path) -> bool:
+    """Unmount ``target`` if mounted; True if it was.  Lazy (MNT_DETACH) only when busy."""
+    if not is_mounted(target):
+        return False
+    done = proc.run(["umount", str(target)], timeout=_MOUNT_TIMEOUT_S, check=False)
+    if done.exit_code != 0:
+        # Busy: a process still has a cwd or fd inside; detach so that the
+        # sandbox's files stop being reachable by path now.
+        try:
+            proc.run(["umount", "-l", str(target)], timeout=_MOUNT_TIMEOUT_S)
+        except CommandError as exc:
+            raise ContainerRuntimeError(f"cannot unmount {target}: {exc.message}", container="") from exc
+    return True
