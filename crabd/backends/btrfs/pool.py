@@ -168,7 +168,9 @@ class Pool:
         """
         if not self.exists(ref):
             raise SnapshotError(f"no subvolume {ref.relpath}", op=PoolOp.FIND_NEW, subvolume=ref.relpath)
-        done = proc.run(["btrfs", "subvolume", "find-new", str(self.path(ref)), str(generation)], timeout=300)
+        # find-new lists extents of transactions >= its argument; "after generation" is one more.
+        since = str(generation + 1)
+        done = proc.run(["btrfs", "subvolume", "find-new", str(self.path(ref)), since], timeout=300)
         paths: set[str] = set()
         now = generation
         for line in done.out.splitlines():
