@@ -20,7 +20,6 @@ import secrets
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +38,7 @@ def make_tree(upper: Path, n: int) -> None:
     os.sync()  # measure the snapshot, not the flush of a fresh tree's dirty pages
 
 
-def timed(fn: Callable[[], object]) -> float:
-    t = time.perf_counter()
-    fn()
+def ms_since(t: float) -> float:
     return (time.perf_counter() - t) * 1000
 
 
@@ -60,9 +57,16 @@ def bench_size(pool: Pool, n: int, reps: int) -> dict[str, Any]:
                 SubvolRef.snapshot("bench-" + secrets.token_hex(4)),
                 SubvolRef.sandbox("bench-" + secrets.token_hex(4)),
             )
-            ro.append(timed(lambda: pool.snapshot(sb, ck, readonly=True)))
-            rw.append(timed(lambda: pool.snapshot(ck, back, readonly=False)))
-            rm.append(timed(lambda: (pool.delete(back), pool.delete(ck))))
+            t = time.perf_counter()
+            pool.snapshot(sb, ck, readonly=True)
+            ro.append(ms_since(t))
+            t = time.perf_counter()
+            pool.snapshot(ck, back, readonly=False)
+            rw.append(ms_since(t))
+            t = time.perf_counter()
+            pool.delete(back)
+            pool.delete(ck)
+            rm.append(ms_since(t))
     finally:
         pool.delete(sb)
     return {"files": n, "readonly_snapshot": stats(ro), "writable_from_snapshot": stats(rw), "delete_both": stats(rm)}
