@@ -340,3 +340,55 @@ def test_overlay_upper_in_a_subvolume_keeps_inodes_across_snapshots(
     with overlay(lower, restored, crab_tmp / "merged2") as m:
         assert {n: os.stat(m / n).st_ino for n in inodes} == inodes
         assert (m / "etc" / "conf").read_text() == "from the image + changed"
+
+
+CHURN = """
+import sys
+from crabd.backends.btrfs import Pool, SubvolRef
+with Pool(sys.argv[1]) as pool:
+    print("ready", flush=True)
+    i = 0
+    while True:
+        sb = SubvolRef.sandbox(f"s{i}")
+        pool.create_subvolume(sb, dirs=("upper", "work"))
+        pool.snapshot(sb, SubvolRef.snapshot(f"ck-{i}"))
+        pool.snapshot(SubvolRef.snapshot(f"ck-{i}"), SubvolRef.sandbox(f"r{i}"), readonly=False)
+        i += 1
+"""
+
+
+def test_kill_9_while_snapshotting_leaves_nothing_after_cleanup(small_pool: Pool) -> None:
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHURN, str(small_pool.mount_point)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
+        time.sleep(0.3)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert small_pool.list(SubvolKind.SANDBOX), "the child made nothing before it was killed"
+    small_pool.cleanup_orphans({})
+    for kind in SubvolKind:
+        assert os.listdir(small_pool.mount_point / kind.value) == []
+
+
+def test_pool_never_follows_a_symlinked_kind_directory(small_pool: Pool, crab_tmp: Path) -> None:
+    elsewhere = crab_tmp / "elsewhere"
+    elsewhere.mkdir()
+    mnt = small_pool.mount_point
+    os.rmdir(mnt / "snapshots")
+    os.symlink(elsewhere, mnt / "snapshots")
+    try:
+        with pytest.raises(HostError, match="cannot open its directories"):
+            Pool(mnt)
+    finally:
+        os.unlink(mnt / "snapshots")
+    assert os.listdir(elsewhere) == []
