@@ -14,6 +14,8 @@ import os
 import secrets
 import stat
 import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from crabd.backends.btrfs import POOL_FULL_HINT, Pool, SubvolKind, SubvolRef
 from crabd.config import CrabConfig
 from crabd.errors import HostError, SnapshotError, StoreFull
 from crabd.host.backend_check import pool_facts
-from tests.conftest import have_root, require
+from tests.conftest import REPO, have_root, require
 
 pytestmark = pytest.mark.root
 
@@ -358,11 +360,6 @@ with Pool(sys.argv[1]) as pool:
 
 
 def test_kill_9_while_snapshotting_leaves_nothing_after_cleanup(small_pool: Pool) -> None:
-    import sys
-    import time
-
-    from tests.conftest import REPO
-
     child = subprocess.Popen(
         [sys.executable, "-c", CHURN, str(small_pool.mount_point)],
         stdout=subprocess.PIPE,
@@ -392,3 +389,31 @@ def test_pool_never_follows_a_symlinked_kind_directory(small_pool: Pool, crab_tm
     finally:
         os.unlink(mnt / "snapshots")
     assert os.listdir(elsewhere) == []
+
+
+def run_setup_pool_step(image: Path, mount: Path) -> str:
+    """Run only ``ensure_btrfs_pool`` of scripts/setup-host.sh (its definitions, none of its steps); its log."""
+    script = REPO / "scripts" / "setup-host.sh"
+    body = f"set -euo pipefail; source <(sed '/^ensure_apt_packages$/,$d' {script}); ensure_btrfs_pool"
+    env = {**os.environ, "CRAB_BTRFS_IMAGE": str(image), "CRAB_BTRFS_MOUNT": str(mount), "CRAB_BTRFS_SIZE": "200M"}
+    done = subprocess.run(["bash", "-c", body], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_setup_makes_and_mounts_the_pool_once(crab_tmp: Path) -> None:
+    require(have_root(), "needs root")
+    image, mount = crab_tmp / "img" / "btrfs.img", crab_tmp / "pool"
+    try:
+        first = run_setup_pool_step(image, mount)
+        assert f"made {image} (200M, sparse)" in first and "mounted now" in first and "free of" in first
+        assert os.stat(image).st_blocks * 512 < 200 << 20  # sparse
+        second = run_setup_pool_step(image, mount)
+        assert "made" not in second and "(mounted)" in second
+        with Pool(mount) as p:
+            assert p.usage().total_bytes > 100 << 20
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True, timeout=60)
+        left = subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True, timeout=30).stdout
+        image.unlink(missing_ok=True)
+        assert left.strip() == ""
