@@ -263,17 +263,21 @@ def test_orphan_cleanup_removes_half_made_and_unreferenced(small_pool: Pool) -> 
         str(small_pool.path(live_sb)),
         str(small_pool.mount_point / "snapshots" / "tmp-ck-y-00c0ffee"),
     )
-    (small_pool.mount_point / "sandboxes" / "not-a-subvolume").mkdir()  # not crab's: left alone
+    sh("btrfs", "subvolume", "create", str(small_pool.mount_point / "sandboxes" / "tmp-.odd"))
+    # Not crab's, left alone: a plain directory, and a subvolume whose name is no id.
+    (small_pool.mount_point / "sandboxes" / "not-a-subvolume").mkdir()
+    sh("btrfs", "subvolume", "create", str(small_pool.mount_point / "sandboxes" / "someone.else"))
 
     removed = small_pool.cleanup_orphans({SubvolKind.SANDBOX: {"live"}, SubvolKind.SNAPSHOT: {"ck-live"}})
     assert sorted(removed) == [
         "sandboxes/dead",
+        "sandboxes/tmp-.odd",
         "sandboxes/tmp-x-0badf00d",
         "snapshots/ck-dead",
         "snapshots/tmp-ck-y-00c0ffee",
     ]
     assert small_pool.list(SubvolKind.SANDBOX) == ["live"] and small_pool.list(SubvolKind.SNAPSHOT) == ["ck-live"]
-    assert sorted(os.listdir(small_pool.mount_point / "sandboxes")) == ["live", "not-a-subvolume"]
+    assert sorted(os.listdir(small_pool.mount_point / "sandboxes")) == ["live", "not-a-subvolume", "someone.else"]
     assert small_pool.cleanup_orphans({SubvolKind.SANDBOX: {"live"}, SubvolKind.SNAPSHOT: {"ck-live"}}) == []
 
 

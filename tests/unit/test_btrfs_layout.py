@@ -88,7 +88,7 @@ def _bare_pool(tmp_path: Path) -> Pool:
 
 def test_enospc_becomes_store_full_with_hint(tmp_path: Path) -> None:
     pool, ref = _bare_pool(tmp_path), SubvolRef.snapshot("ck-1")
-    with pytest.raises(StoreFull) as info, pool._translating(PoolOp.SNAPSHOT, ref):
+    with pytest.raises(StoreFull) as info, pool._translating(PoolOp.SNAPSHOT, ref.relpath):
         raise OSError(errno.ENOSPC, "No space left on device")
     assert info.value.hint == POOL_FULL_HINT and info.value.path == str(tmp_path)
     assert isinstance(info.value.__cause__, OSError)
@@ -96,7 +96,7 @@ def test_enospc_becomes_store_full_with_hint(tmp_path: Path) -> None:
 
 def test_other_errors_become_snapshot_errors(tmp_path: Path) -> None:
     pool, ref = _bare_pool(tmp_path), SubvolRef.sandbox("abc")
-    with pytest.raises(SnapshotError) as info, pool._translating(PoolOp.DELETE, ref):
+    with pytest.raises(SnapshotError) as info, pool._translating(PoolOp.DELETE, ref.relpath):
         raise OSError(errno.ENOTEMPTY, "Directory not empty")
     err = info.value
     assert isinstance(err, StoreError)

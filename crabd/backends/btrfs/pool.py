@@ -152,12 +152,12 @@ class Pool:
         return self.usage().free_bytes
 
     def is_readonly(self, ref: SubvolRef) -> bool:
-        with self._translating(PoolOp.INFO, ref), self._open(ref) as fd:
+        with self._translating(PoolOp.INFO, ref.relpath), self._open(ref) as fd:
             return bool(ioctl.get_flags(fd) & ioctl.SUBVOL_RDONLY)
 
     def generation(self, ref: SubvolRef) -> int:
         """The last transaction that changed ``ref`` (for :meth:`changed_since`)."""
-        with self._translating(PoolOp.INFO, ref), self._open(ref) as fd:
+        with self._translating(PoolOp.INFO, ref.relpath), self._open(ref) as fd:
             return ioctl.subvol_info(fd).generation
 
     def changed_since(self, ref: SubvolRef, generation: int) -> Changes:
@@ -186,7 +186,7 @@ class Pool:
         """Make the empty subvolume ``ref`` holding the directories ``dirs`` (e.g. upper/, work/)."""
         self._check_room(ref)
         kind_fd, tmp = self._dirs[ref.kind], ref.tmp_name()
-        with self._translating(PoolOp.CREATE, ref):
+        with self._translating(PoolOp.CREATE, ref.relpath):
             ioctl.subvol_create(kind_fd, tmp)
             try:
                 sub = os.open(tmp, _DIR_FLAGS, dir_fd=kind_fd)
@@ -205,7 +205,7 @@ class Pool:
         """Snapshot ``src`` as ``dst`` in one transaction, independent of the tree's size."""
         self._check_room(dst)
         kind_fd, tmp = self._dirs[dst.kind], dst.tmp_name()
-        with self._translating(PoolOp.SNAPSHOT, dst):
+        with self._translating(PoolOp.SNAPSHOT, dst.relpath):
             with self._open(src) as src_fd:
                 ioctl.snap_create(kind_fd, tmp, src_fd, readonly=readonly)
             try:
@@ -220,7 +220,7 @@ class Pool:
         kind_fd = self._dirs[ref.kind]
         if not _is_subvol(kind_fd, ref.id):
             return False
-        with self._translating(PoolOp.DELETE, ref):
+        with self._translating(PoolOp.DELETE, ref.relpath):
             self._destroy(kind_fd, ref.id)
         return True
 
@@ -238,9 +238,10 @@ class Pool:
             for name in self._names(kind):
                 orphan = is_tmp_name(name) or (is_id(name) and name not in keep)
                 if orphan and _is_subvol(fd, name):
-                    with self._translating(PoolOp.DELETE, SubvolRef(kind, name.removeprefix("tmp-"))):
+                    relpath = f"{kind.value}/{name}"
+                    with self._translating(PoolOp.DELETE, relpath):
                         self._destroy(fd, name)
-                    removed.append(f"{kind.value}/{name}")
+                    removed.append(relpath)
         return removed
 
     # --- helpers ------------------------------------------------------------------
@@ -308,7 +309,7 @@ class Pool:
             self._destroy(kind_fd, name)
 
     @contextlib.contextmanager
-    def _translating(self, op: PoolOp, ref: SubvolRef) -> Iterator[None]:
+    def _translating(self, op: PoolOp, relpath: str) -> Iterator[None]:
         try:
             yield
         except CrabError:
@@ -316,12 +317,12 @@ class Pool:
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StoreFull(
-                    f"btrfs pool {self.mount_point} is full ({op} of {ref.relpath}): {exc.strerror}",
+                    f"btrfs pool {self.mount_point} is full ({op} of {relpath}): {exc.strerror}",
                     path=str(self.mount_point),
                     hint=POOL_FULL_HINT,
                 ) from exc
             raise SnapshotError(
-                f"btrfs {op} of {ref.relpath} in {self.mount_point} failed: {exc.strerror or exc}",
+                f"btrfs {op} of {relpath} in {self.mount_point} failed: {exc.strerror or exc}",
                 op=op,
-                subvolume=ref.relpath,
+                subvolume=relpath,
             ) from exc
