@@ -302,6 +302,23 @@ class ProxyConfig(_Model):
         return split_host_port(self.listen)
 
 
+class BtrfsConfig(_Model):
+    """The btrfs pool of the runc backend (a loop file made by scripts/setup-host.sh; see docs/btrfs.md)."""
+
+    image: Path = Field(Path("/var/lib/crab/btrfs.img"), description="the pool's sparse loop file")
+    mount_point: Path = Field(Path("/var/lib/crab/pool"), description="where the pool is mounted")
+    size: str = Field("16G", pattern=r"^[1-9][0-9]*[KMGT]?$", description="size of a new loop file (truncate -s)")
+    min_free_bytes: int = Field(1 << 30, ge=0, description="below this, new subvolumes and snapshots are refused")
+    warn_free_bytes: int = Field(4 << 30, ge=0, description="`crabctl doctor` warns below this much free space")
+
+    @property
+    def size_bytes(self) -> int:
+        """``size`` in bytes (binary units, as truncate(1) reads them)."""
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+        unit = units.get(self.size[-1], 1)
+        return int(self.size.rstrip("KMGT")) * unit
+
+
 class CrabConfig(_Model):
     """The whole configuration file."""
 
@@ -316,6 +333,7 @@ class CrabConfig(_Model):
     engine: EngineConfig = EngineConfig()
     proxy: ProxyConfig = ProxyConfig()
     network: NetworkConfig = NetworkConfig()
+    btrfs: BtrfsConfig = BtrfsConfig()
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

@@ -46,6 +46,7 @@ each under its parent)::
             CorruptBlob: a stored blob does not match its hash
             TooManyEntries: a sandbox's tree exceeds a checkpoint bound
             UnsafeEntry: a checkpoint entry would write outside its tree
+            SnapshotError: a btrfs subvolume or snapshot operation failed
         DaemonUnavailable: the SDK cannot reach crabd
         ClientClosed: an SDK client was used after close()
         DockerError: the Docker engine refused or failed a request
@@ -403,6 +404,17 @@ class CorruptBlob(StoreError):
         super().__init__(message, hint=hint)
         self.blob = blob
         self.checkpoints = checkpoints
+
+
+class SnapshotError(StoreError):
+    """A btrfs subvolume or snapshot operation failed.  Attributes: ``op``, ``subvolume`` (pool-relative)."""
+
+    default_hint = "Check the btrfs pool with `crabctl doctor` and `btrfs subvolume list`; the crabd log has details."
+
+    def __init__(self, message: str, *, op: str, subvolume: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.op = op
+        self.subvolume = subvolume
 
 
 class CheckpointNotFound(NotFound):

@@ -24,11 +24,16 @@ CRAB_CACHE=${CRAB_CACHE:-/var/cache/crab}
 CRAB_LOG_DIR=${CRAB_LOG_DIR:-/var/log/crab}
 CRIU_MIN=${CRIU_MIN:-4.2}
 CRIU_SUITE=${CRIU_SUITE:-forky}
+# The btrfs pool of the runc backend; keep in step with [btrfs] in crabd.toml (docs/btrfs.md).
+CRAB_BTRFS_IMAGE=${CRAB_BTRFS_IMAGE:-/var/lib/crab/btrfs.img}
+CRAB_BTRFS_MOUNT=${CRAB_BTRFS_MOUNT:-/var/lib/crab/pool}
+CRAB_BTRFS_SIZE=${CRAB_BTRFS_SIZE:-16G}
 HEADERS_SUITE=${HEADERS_SUITE:-trixie}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 # systemd: only for `systemd-analyze` (the unit's tests check it offline; no systemd needs to run).
-APT_PACKAGES=(docker.io debootstrap python3-bpfcc bpfcc-tools busybox-static zstd iproute2 iptables ca-certificates systemd containernetworking-plugins)
+# btrfs-progs, containernetworking-plugins: the runc backend's snapshot pool and CNI networking (issue 19).
+APT_PACKAGES=(docker.io debootstrap python3-bpfcc bpfcc-tools busybox-static zstd iproute2 iptables ca-certificates systemd btrfs-progs containernetworking-plugins)
 
 log() { printf '[setup-host] %s\n' "$*" >&2; }
 die() { printf '[setup-host] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -235,6 +240,29 @@ ensure_group() {
     log "group crab: created"
 }
 
+# --- 7. the btrfs pool (runc backend: one subvolume per sandbox, snapshots as checkpoints) ---
+btrfs_pool_report() {
+    log "btrfs pool: $CRAB_BTRFS_MOUNT ($1); $(df -h --output=avail "$CRAB_BTRFS_MOUNT" | tail -1 | tr -d ' ') free of $(df -h --output=size "$CRAB_BTRFS_MOUNT" | tail -1 | tr -d ' ')"
+}
+ensure_btrfs_pool() {
+    if [ "$(findmnt -n -o FSTYPE --mountpoint "$CRAB_BTRFS_MOUNT" 2>/dev/null)" = btrfs ]; then
+        btrfs_pool_report "mounted"
+        return
+    fi
+    mountpoint -q "$CRAB_BTRFS_MOUNT" && die "$CRAB_BTRFS_MOUNT is a mount point, but not of btrfs; unmount it or set CRAB_BTRFS_MOUNT"
+    mkdir -p "$(dirname "$CRAB_BTRFS_IMAGE")" "$CRAB_BTRFS_MOUNT"
+    if [ ! -f "$CRAB_BTRFS_IMAGE" ]; then
+        # Sparse: the file takes only what the pool holds.  Made under a temporary
+        # name so that an interrupted run never leaves a half-formatted image.
+        truncate -s "$CRAB_BTRFS_SIZE" "$CRAB_BTRFS_IMAGE.tmp"
+        mkfs.btrfs -q -L crab-pool "$CRAB_BTRFS_IMAGE.tmp" >/dev/null
+        mv -f "$CRAB_BTRFS_IMAGE.tmp" "$CRAB_BTRFS_IMAGE"
+        log "btrfs pool: made $CRAB_BTRFS_IMAGE ($CRAB_BTRFS_SIZE, sparse)"
+    fi
+    mount -o loop "$CRAB_BTRFS_IMAGE" "$CRAB_BTRFS_MOUNT" || die "cannot mount $CRAB_BTRFS_IMAGE at $CRAB_BTRFS_MOUNT"
+    btrfs_pool_report "mounted now"
+}
+
 ensure_apt_packages
 ensure_group
 ensure_criu
@@ -242,4 +270,5 @@ ensure_criu_config
 ensure_kernel_headers
 ensure_tracefs
 ensure_dockerd
+ensure_btrfs_pool
 log "host ready"

@@ -443,6 +443,7 @@ def check_disk(cfg: CrabConfig) -> Check:
 
 
 def run_checks(cfg: CrabConfig) -> list[Check]:
+    from crabd.host.backend_check import check_backend, check_btrfs_pool  # they build on this module
     from crabd.host.inspector_check import check_inspector  # it builds on this module
 
     checks: list[Callable[[], Check]] = [
@@ -459,5 +460,7 @@ def run_checks(cfg: CrabConfig) -> list[Check]:
         lambda: check_disk(cfg),
         lambda: check_checkpoint_failures(cfg),
         lambda: check_inspector(cfg),
+        lambda: check_btrfs_pool(cfg),
+        lambda: check_backend(cfg),
     ]
     return [c() for c in checks]

@@ -45,6 +45,8 @@ def test_doctor_reports_every_check_ok() -> None:
         "cgroups",
         "disk",
         "inspector",
+        "btrfs-pool",
+        "backend",
     }
     # In CI the eBPF inspector must be the one crabd runs, never a silent fallback.
     assert by_name(report)["inspector"]["summary"].startswith("ebpf:")
