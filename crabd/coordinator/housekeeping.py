@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from crabd.backends.fsdelta import Change, FsDelta
 from crabd.coordinator.checkpoints import Checkpointer
@@ -51,6 +52,17 @@ log = logging.getLogger("crabd.housekeeping")
 DELETE_WAIT_S = 60.0
 
 
+@dataclass(frozen=True)
+class Contents:
+    """What :meth:`Housekeeper.describe` read from a checkpoint's blobs."""
+
+    changes: list[Change]
+    #: The delta holds more changes than were read.
+    truncated: bool
+    #: The session's semantic state (JSON), if the checkpoint has one.
+    session_json: str | None
+
+
 class Housekeeper:
     def __init__(
         self,
@@ -68,11 +80,11 @@ class Housekeeper:
         self.fs = fs
         self.store_lock = store_lock
 
-    async def describe(self, ckpt: CheckpointRecord, max_changes: int) -> tuple[list[Change], bool, str | None]:
-        """(changes recorded in its delta, whether truncated, its session state)."""
+    async def describe(self, ckpt: CheckpointRecord, max_changes: int) -> Contents:
+        """What a checkpoint holds: the changes its delta records (at most ``max_changes``), its session state."""
         async with self.store_lock.shared():
             changes, truncated = await asyncio.to_thread(self.fs.changes, ckpt.delta_blob, max_changes)
-            return changes, truncated, await asyncio.to_thread(self.ck.session_json, ckpt)
+            return Contents(changes, truncated, await asyncio.to_thread(self.ck.session_json, ckpt))
 
     # --- deletion and sweeping ---------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -111,6 +111,22 @@ class _Live:
         if self.conns <= 0:
             self.conns = 0
             self.idle.set()
+
+
+@dataclass
+class Adopted:
+    """What :meth:`SandboxManager.adopt` found after a (re)start."""
+
+    #: Sandboxes found running and taken over.
+    adopted: int = 0
+    #: Sandboxes whose container was gone or had stopped.
+    dead: int = 0
+    #: Creations a crash interrupted, undone.
+    rolled_back: int = 0
+    #: Containers no sandbox points at, removed.
+    orphans_removed: int = 0
+    #: Removals a crash interrupted, finished.
+    removed: int = 0
 
 
 class SandboxManager:
@@ -423,9 +439,9 @@ class SandboxManager:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def adopt(self) -> dict[str, int]:
-        """Reconcile the registry with Docker after a (re)start.  Returns counts."""
-        counts = {"adopted": 0, "dead": 0, "rolled_back": 0, "orphans_removed": 0, "removed": 0}
+    async def adopt(self) -> Adopted:
+        """Reconcile the registry with Docker after a (re)start.  Returns what it found."""
+        counts = Adopted()
         containers = await self._io(self.backend.list_instance, self.instance)
         known: set[str] = set()
         for rec in self.registry.list_sandboxes(None):
@@ -433,7 +449,7 @@ class SandboxManager:
                 # Its owner asked for the removal; a crash (or Docker) interrupted it.
                 try:
                     await self.remove(rec, force=True)
-                    counts["removed"] += 1
+                    counts.removed += 1
                     continue
                 except CrabError as exc:
                     log.warning("interrupted removal not finished", extra={"sandbox": rec.id, "error": str(exc)})
@@ -443,7 +459,7 @@ class SandboxManager:
                     if st.labels.get(LABEL_SANDBOX) == rec.id:
                         await self._io(self.backend.remove, cid)
                 await self._rollback(rec)
-                counts["rolled_back"] += 1
+                counts.rolled_back += 1
                 continue
             if rec.container_id:
                 known.add(rec.container_id)
@@ -452,14 +468,17 @@ class SandboxManager:
                 if rec.state is SandboxState.RUNNING:
                     # A crabd killed mid-checkpoint leaves its sandbox frozen.
                     await self._io(self.backend.thaw, rec.container_id)
-                counts["adopted" if rec.state is SandboxState.RUNNING else "dead"] += 1
+                if rec.state is SandboxState.RUNNING:
+                    counts.adopted += 1
+                else:
+                    counts.dead += 1
         # Containers no row points at: left by a crash mid-create, or a
         # restore's new container that never replaced the old one.
         for cid in containers:
             if cid not in known:
                 await self._io(self.backend.remove, cid)
-                counts["orphans_removed"] += 1
-        log.info("adoption done", extra=counts)
+                counts.orphans_removed += 1
+        log.info("adoption done", extra=asdict(counts))
         return counts
 
     async def stop(self, rec: SandboxRecord, timeout_s: float | None) -> SandboxRecord:

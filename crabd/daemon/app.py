@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 import signal
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -49,7 +49,7 @@ from crabd.coordinator.housekeeping import Housekeeper
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.restore import Restorer
-from crabd.coordinator.sandboxes import SandboxManager
+from crabd.coordinator.sandboxes import Adopted, SandboxManager
 from crabd.daemon import notify
 from crabd.engine import HostEngine
 from crabd.inspector.choose import open_inspector
@@ -291,7 +291,7 @@ class Daemon:
             await self._proxy.start()
             service.proxy_url = self._proxy.url
 
-    def _ready(self, inspector: str, docker_version: str, counts: dict[str, int]) -> None:
+    def _ready(self, inspector: str, docker_version: str, counts: Adopted) -> None:
         """Recovery from here on, READY=1 and watchdog pings to systemd, and one log line."""
         paths = self.cfg.paths
         # Sandboxes that died while crabd was down are recovered (policy "auto") from here on.
@@ -310,7 +310,7 @@ class Daemon:
                 "ephemeral": self.ephemeral,
                 "inspector": inspector,
                 "proxy": self._proxy.url if self._proxy else None,
-                **counts,
+                **asdict(counts),
             },
         )
 

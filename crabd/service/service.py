@@ -374,12 +374,13 @@ class Service:
 
     async def describe_checkpoint(self, caller: Caller, ckpt_id: str) -> CheckpointDetail:
         rec = await asyncio.to_thread(self._checkpoint, caller, ckpt_id)
-        changes, truncated, session_json = await self.housekeeping.describe(rec, MAX_CHANGES_SHOWN)
+        held = await self.housekeeping.describe(rec, MAX_CHANGES_SHOWN)
+        changes, session_json = held.changes, held.session_json
         # A delta blob keeps only the first changes by path when all of them
         # would not fit one metadata blob (backends/overlay/index.py); the
         # stats count all of them, so a short list is known to be short.
         counted = sum(int(v) for k, v in rec.stats.items() if k in ("changed", "deleted") and isinstance(v, int))
-        truncated = truncated or len(changes) < min(MAX_CHANGES_SHOWN, counted)
+        truncated = held.truncated or len(changes) < min(MAX_CHANGES_SHOWN, counted)
         lineage = [c.id for c in await asyncio.to_thread(self.catalog.lineage, rec.id)]
         return CheckpointDetail(rec, changes, truncated, session_json, lineage)
 

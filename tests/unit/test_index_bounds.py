@@ -151,6 +151,7 @@ def test_a_short_delta_is_listed_as_truncated() -> None:
     from types import SimpleNamespace
 
     from crabd.backends.fsdelta import Change
+    from crabd.coordinator.housekeeping import Contents
     from crabd.models import Caller, CheckpointKind, CheckpointRecord
     from crabd.service.service import Service
 
@@ -161,8 +162,8 @@ def test_a_short_delta_is_listed_as_truncated() -> None:
     )  # fmt: skip
     kept = [Change(b"p%d" % i, "added", "file") for i in range(300)]
 
-    async def describe(_rec: object, limit: int) -> tuple[list[Change], bool, None]:
-        return kept[:limit], len(kept) > limit, None
+    async def describe(_rec: object, limit: int) -> Contents:
+        return Contents(kept[:limit], len(kept) > limit, None)
 
     svc = Service.__new__(Service)
     svc.catalog = SimpleNamespace(find=lambda _id: rec, lineage=lambda _id: [rec])  # type: ignore[assignment]

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from crabd.api import convert
 from crabd.api.v1 import crab_pb2 as pb
+from crabd.coordinator.housekeeping import Contents
 from crabd.errors import ConfigError, CrabError, InvalidRequest
 from crabd.inspector.model import Decision
 from crabd.models import (
@@ -278,8 +279,8 @@ def test_engine_status_and_checkpoint_detail_are_records() -> None:
 
     rec = _checkpoint(CheckpointKind.FS)
 
-    async def describe(_rec: object, _limit: int) -> tuple[list[object], bool, str]:
-        return [], False, '{"cwd": "/"}'
+    async def describe(_rec: object, _limit: int) -> Contents:
+        return Contents([], False, '{"cwd": "/"}')
 
     svc.catalog = SimpleNamespace(find=lambda _id: rec, lineage=lambda _id: [rec])  # type: ignore[assignment]
     svc.housekeeping = SimpleNamespace(describe=describe)  # type: ignore[assignment]
