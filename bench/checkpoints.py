@@ -19,13 +19,12 @@ prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from bench.results import write_json
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 
 UPPERS = (10, 1000, 50_000)
@@ -176,9 +175,7 @@ def main() -> None:
         for upper in uppers:
             print(f"[bench] upper dir of {upper} files ...", file=sys.stderr)
             results["uppers"].append(bench_upper(c, upper, args.reps))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out = write_json(results, args.out)
     print(table(results))
     print(f"\n(JSON: {out})")
 

@@ -9,15 +9,14 @@ Runs against a private (embedded) crabd.  Reports medians and p95 over
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import psutil
 
+from bench.results import write_json
 from crabd.sdk import Client, EmbeddedDaemon
 
 
@@ -76,9 +75,7 @@ def main() -> None:
         }
         for sbx in made:
             sbx.remove()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_json(results, args.out)
     e, s, m = results["exec"], results["session"], results["memory"]
     assert isinstance(e, dict) and isinstance(s, dict) and isinstance(m, dict)
     print("| measure | p50 | p95 |\n|---|---|---|")

@@ -36,9 +36,9 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from bench.results import write_json
 from crabd.llm.standin import StandinServer
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 
@@ -208,9 +208,7 @@ def main() -> None:
                 print(json.dumps(summary), file=sys.stderr)
                 results["sizes"].append({"summary": summary, "runs": runs})
             results["engine"] = c.engine_status().stats
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_json(results, args.out)
     print(json.dumps([s["summary"] for s in results["sizes"]], indent=2))
 
 

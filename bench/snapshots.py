@@ -14,7 +14,6 @@ markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import statistics
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.results import write_json
 from crabd.backends.btrfs import Pool, SubvolRef
 from crabd.config import CrabConfig
 
@@ -97,9 +97,7 @@ def main() -> None:
         for n in (int(x) for x in args.sizes.split(",")):
             print(f"[bench] subvolume of {n} files ...", file=sys.stderr)
             results["sizes"].append(bench_size(pool, n, args.reps))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out = write_json(results, args.out)
     print(table(results))
     print(f"\n(JSON: {out})")
 
