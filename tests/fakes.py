@@ -292,22 +292,47 @@ class _FakeCut:
 class FakeFsDelta:
     """Trees are ``{path: text}`` snapshots stored as JSON blobs in the real store.  Implements ``FsDelta``."""
 
-    def __init__(self, blobs: FileBlobStore, faults: Faults) -> None:
+    def __init__(self, blobs: FileBlobStore, faults: Faults, *, snapshots: bool = False) -> None:
         self.blobs = blobs
         self.faults = faults
+        #: Like the btrfs backend: ``capture`` keeps a snapshot per checkpoint, restores copy it back.
+        self.snapshots_enabled = snapshots
+        self.snapshots: dict[str, dict[str, str]] = {}
 
     def load(self, index_blob: str) -> Tree:
         doc = json.loads(self.blobs.read_bytes(index_blob, limit=1 << 20))
         return FakeTree(dict(doc["files"]))
 
-    def prepare(self, upper: Path, base: Tree | None, racy_ns: int) -> Any:
+    def prepare(self, upper: Path, base: Tree | None, racy_ns: int, *, checkpoint_id: str = "") -> Any:
         self.faults.hit("fs.prepare", StoreError)
-        return (upper, base.files if isinstance(base, FakeTree) else {})
+        return (upper, base.files if isinstance(base, FakeTree) else {}, checkpoint_id)
 
     def capture(self, prepared: Any) -> Any:
         self.faults.hit("fs.capture", StoreError)
-        upper, base = prepared
-        return _FakeCut(_snapshot(upper), base)
+        upper, base, checkpoint_id = prepared
+        files = _snapshot(upper)
+        if self.snapshots_enabled:
+            self.snapshots[checkpoint_id] = dict(files)
+        return _FakeCut(files, base)
+
+    def restore_snapshot(self, checkpoint_id: str, into: Path) -> bool:
+        files = self.snapshots.get(checkpoint_id)
+        if files is None:
+            return False
+        self.faults.hit("fs.restore_snapshot", StoreError)
+        for path, text in files.items():
+            (into / path).parent.mkdir(parents=True, exist_ok=True)
+            (into / path).write_text(text)
+        return True
+
+    def drop(self, checkpoint_id: str) -> None:
+        self.snapshots.pop(checkpoint_id, None)
+
+    def retain(self, live: set[str]) -> list[str]:
+        gone = sorted(set(self.snapshots) - live)
+        for c in gone:
+            del self.snapshots[c]
+        return gone
 
     def _put_tree(self, files: dict[str, str], delta: dict[str, Any]) -> StoredTree:
         index = self.blobs.put_bytes(json.dumps({"files": files}, sort_keys=True).encode())
@@ -370,6 +395,7 @@ class Stack:
     recovery: Recovery
     service: Service
     engine: HostEngine
+    housekeeping: Housekeeper
 
     def blob_files(self) -> set[str]:
         """Every blob in the store."""
@@ -401,9 +427,12 @@ class Stack:
         return _snapshot(self.backend.upper_dir(rec.container_id))
 
 
-def build_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: dict[str, Any]) -> Stack:
+def build_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, snapshots: bool = False, **config: dict[str, Any]
+) -> Stack:
     """The daemon's wiring (crabd/daemon/app.py) on fake backends and a real store under ``tmp_path``.
 
+    ``snapshots``: the filesystem backend keeps a snapshot per checkpoint, as the btrfs one does.
     ``config``: sections merged into the configuration, e.g. ``quota={"max_sandboxes": 2}``.
     The engine is not started: call ``await stack.engine.start()`` where turn ends are tested.
     """
@@ -416,7 +445,7 @@ def build_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: dict[
     db = Database(state / "registry.db")
     registry = Registry(db)
     blobs = FileBlobStore(state / "blobs")
-    fs = FakeFsDelta(blobs, faults)
+    fs = FakeFsDelta(blobs, faults, snapshots=snapshots)
     catalog = Catalog(db)
     sandboxes = SandboxManager(cfg, registry, backend, tmp_path / "init", "test-instance")
     dump_root = state / "dumps"
@@ -465,6 +494,7 @@ def build_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: dict[
         recovery=recovery,
         service=service,
         engine=engine,
+        housekeeping=housekeeping,
     )
 
 

@@ -11,6 +11,13 @@ checkpoint freezes once for CRIU and the filesystem together):
 3. :meth:`FsDelta.store` after the thaw: work out the delta, encode the
    index and the delta.
 
+A copy-on-write implementation (``backends/btrfs/delta.py``) does nothing
+in step 1, takes a read-only snapshot of the writable layer in step 2 (a
+few milliseconds, whatever the tree's size), and walks that immutable
+snapshot into the blob store in step 3.  It keeps the snapshot for fast,
+inode-exact restores (:meth:`FsDelta.restore_snapshot`) until the
+checkpoint is deleted (:meth:`FsDelta.retain`).
+
 Trees are lists of :class:`Entry` sorted by path.  The value types that cross
 this interface (entries, trees, scan limits, the capture's statistics) live
 here, beside the Protocol, so that callers never import an implementation.
@@ -137,6 +144,9 @@ class CaptureStats(TypedDict, total=False):
     files_read: int
     files_reread_frozen: int
     bytes_read: int
+    #: A copy-on-write cut: the snapshot inside the freeze, and the walk of it after the thaw.
+    snapshot_s: float
+    walk_s: float
 
 
 class MaterializeStats(TypedDict):
@@ -188,9 +198,13 @@ class FsDelta(Protocol):
         """The tree of a stored index, verified against its hashes."""
         ...
 
-    def prepare(self, upper: Path, base: Tree | None, racy_ns: int) -> Prepared: ...
+    def prepare(self, upper: Path, base: Tree | None, racy_ns: int, *, checkpoint_id: str) -> Prepared:
+        """Step 1 for the checkpoint ``checkpoint_id`` of the sandbox whose writable layer is ``upper``."""
+        ...
 
-    def capture(self, prepared: Prepared) -> Cut: ...
+    def capture(self, prepared: Prepared) -> Cut:
+        """Step 2, inside the freeze: the consistent cut (a re-walk, or a copy-on-write snapshot)."""
+        ...
 
     def store(self, cut: Cut) -> tuple[FsCapture, StoredTree]: ...
 
@@ -204,6 +218,29 @@ class FsDelta(Protocol):
 
     def changes(self, delta_blob: str, limit: int) -> tuple[list[Change], bool]:
         """What a delta records (at most ``limit`` items), and whether there was more."""
+        ...
+
+    def restore_snapshot(self, checkpoint_id: str, into: Path) -> bool:
+        """Make the new container's empty writable layer ``into`` the checkpoint's exact files.
+
+        True when a local copy-on-write snapshot of the checkpoint exists and
+        ``into`` now is a writable snapshot of it (inode numbers, hard links,
+        holes, xattrs, modes and times are the checkpoint's, so the
+        checkpoint's own index describes what is on disk); False when there is
+        none (then the caller materializes the tree from the blobs).
+        """
+        ...
+
+    def drop(self, checkpoint_id: str) -> None:
+        """Forget what :meth:`capture` kept of a checkpoint that will not be published (no-op if nothing)."""
+        ...
+
+    def retain(self, live: set[str]) -> list[str]:
+        """Delete what is kept locally for checkpoints not in ``live``; what was deleted.
+
+        Called with the store lock held exclusively (no checkpoint is between
+        its capture and its publication, no restore reads a snapshot).
+        """
         ...
 
 

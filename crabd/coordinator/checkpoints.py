@@ -169,6 +169,7 @@ class Checkpointer:
         if len(label) > 200 or "\0" in label:
             raise InvalidRequest("a checkpoint label is at most 200 characters, without NUL")
         written: set[str] = set()
+        ckpt_id = new_checkpoint_id()
         try:
             if self.store_quota is not None:
                 await asyncio.to_thread(self.store_quota, rec.owner_uid, 0)
@@ -178,24 +179,46 @@ class Checkpointer:
             with accounting.journal() as written:
                 async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
                     return await self._take_locked(
-                        rec, kind=kind, turn=turn, label=label, session_json=session_json, pair=pair, on_phase=on_phase
+                        rec,
+                        ckpt_id,
+                        kind=kind,
+                        turn=turn,
+                        label=label,
+                        session_json=session_json,
+                        pair=pair,
+                        on_phase=on_phase,
                     )
         except StalePairing:
-            await self.release_unpublished(written)
+            await self._discard(ckpt_id, written)
             raise
         except CrabError as exc:
             log_path = str(exc.attrs.get("log_path") or "")
             await asyncio.to_thread(
                 self.catalog.record_failure, rec.id, rec.turn if turn is None else turn, kind, exc.message, log_path
             )
-            await self.release_unpublished(written)
+            await self._discard(ckpt_id, written)
             raise
         except BaseException:
             # Cancelled, or a bug: still give back what this attempt stored (a crash is
             # covered by the sweep at start-up, crabd/daemon/app.py).
             with contextlib.suppress(Exception):
-                await asyncio.shield(self.release_unpublished(written))
+                await asyncio.shield(self._discard(ckpt_id, written))
             raise
+
+    async def _discard(self, ckpt_id: str, written: set[str]) -> None:
+        """Give back what an attempt that published nothing kept: its local cut (a snapshot), then its blobs."""
+
+        def drop_cut() -> None:
+            # An error after publication (a crash point in tests) must not take a live checkpoint's snapshot.
+            if self.catalog.find(ckpt_id) is None:
+                self.fs.drop(ckpt_id)
+
+        try:
+            await asyncio.to_thread(drop_cut)
+        except (OSError, CrabError) as exc:
+            # Never mask the attempt's own error; retain() at the next gc or start deletes it.
+            log.warning("dropping a failed checkpoint's snapshot failed", extra={"checkpoint": ckpt_id, "error": str(exc)})
+        await self.release_unpublished(written)
 
     async def release_unpublished(self, written: set[str]) -> int:
         """Remove the blobs a failed attempt wrote that nothing references; return bytes freed.
@@ -233,6 +256,7 @@ class Checkpointer:
     async def _take_locked(
         self,
         rec: SandboxRecord,
+        ckpt_id: str,
         *,
         kind: CheckpointKind,
         turn: int | None,
@@ -248,7 +272,7 @@ class Checkpointer:
         3. store: the index and delta, the process image, the session state;
         4. publish: the quota, fsync, then the catalog's transaction.
         """
-        attempt = await self._prepare(rec, kind, pair)
+        attempt = await self._prepare(rec, ckpt_id, kind, pair)
         cut, out = await self._cut_and_store(attempt, on_phase)
         if pair:
             out.process_blob = pair[1]
@@ -257,10 +281,11 @@ class Checkpointer:
         ckpt = self._record(attempt, turn, label, out, cut.thawed_ns)
         return await self._publish(attempt, ckpt, out, cut.freeze_s)
 
-    async def _prepare(self, rec: SandboxRecord, kind: CheckpointKind, pair: tuple[str, str] | None) -> Attempt:
+    async def _prepare(
+        self, rec: SandboxRecord, ckpt_id: str, kind: CheckpointKind, pair: tuple[str, str] | None
+    ) -> Attempt:
         """Step 1: the walk while the sandbox runs, and what the frozen step needs at hand."""
         t0 = time.monotonic()
-        ckpt_id = new_checkpoint_id()
         rec = self.sandboxes.get(rec.id) or rec
         st = await self.sandboxes.running(rec)
         head = self.catalog.head(rec.id)
@@ -269,7 +294,8 @@ class Checkpointer:
         upper = (
             Path(st.upper_dir) if st.upper_dir else await asyncio.to_thread(self.backend.upper_dir, rec.container_id)
         )
-        prepared = await asyncio.to_thread(self.fs.prepare, upper, base, head.racy_ns if head else 0)
+        racy_ns = head.racy_ns if head else 0
+        prepared = await asyncio.to_thread(lambda: self.fs.prepare(upper, base, racy_ns, checkpoint_id=ckpt_id))
         crash_point("checkpoint.after_prepare")
         inspector = self.inspector
         if pair:

@@ -88,6 +88,12 @@ class Housekeeper:
 
     # --- deletion and sweeping ---------------------------------------------------------------
 
+    def _retain_snapshots(self) -> None:
+        """Delete the local snapshots of checkpoints the catalog no longer has (store lock held exclusively)."""
+        removed = self.fs.retain({c.id for c in self.catalog.list_checkpoints()})
+        if removed:
+            log.info("checkpoint snapshots deleted", extra={"snapshots": removed})
+
     async def _sweep(self, candidates: list[str], report: GcReport | None = None, *, point: str = "sweep.mid") -> int:
         """Remove the blob files among ``candidates`` that are not live, one short exclusive hold per batch."""
         report = report if report is not None else GcReport()
@@ -103,7 +109,9 @@ class Housekeeper:
         """Delete one checkpoint and the blobs only it used; return bytes freed."""
 
         def drop() -> list[str]:
-            return self.catalog.delete(ckpt.id) + self.catalog.take_dropped()
+            dropped = self.catalog.delete(ckpt.id) + self.catalog.take_dropped()
+            self._retain_snapshots()
+            return dropped
 
         async with self.store_lock.exclusive(DELETE_WAIT_S, what=f"deleting {ckpt.id}"):
             dropped = await asyncio.to_thread(drop)
@@ -128,6 +136,7 @@ class Housekeeper:
             live = {r.id for r in self.sandboxes.list_sandboxes(None)}
             for ckpt_id in cat.prunable(live):
                 dropped += cat.delete(ckpt_id)
+            self._retain_snapshots()
             return dropped + cat.take_dropped()
 
         # No timeout: the sandbox is gone already, its head must go too.
@@ -151,6 +160,8 @@ class Housekeeper:
             for ckpt_id in await asyncio.to_thread(self.catalog.prunable, live):
                 await asyncio.to_thread(self.catalog.delete, ckpt_id)
             self.catalog.take_dropped()
+            # Snapshots of checkpoints a crash interrupted before publication, or deleted just before one.
+            await asyncio.to_thread(self._retain_snapshots)
             return await asyncio.to_thread(lambda: collect_garbage(self.catalog, self.blobs, crash_at=""))
 
     # --- store maintenance -------------------------------------------------------------------
@@ -165,6 +176,7 @@ class Housekeeper:
         # Temporary files belong to writes in flight until no checkpoint is: only under the lock.
         async with self.store_lock.exclusive():
             report.tmp_bytes_freed = await asyncio.to_thread(self.blobs.clean_tmp, 0)
+            await asyncio.to_thread(self._retain_snapshots)
         live = await asyncio.to_thread(self.catalog.live_blobs)
         report.live_blobs = len(live)
         report.live_bytes = sum(b.stored for b in live.values())

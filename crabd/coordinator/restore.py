@@ -34,9 +34,11 @@ import contextlib
 import logging
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,31 @@ PROCESS_CHECKPOINT = "crab"
 #: Clones started at once by one fork (each is a container start plus a tree write).
 FORK_PARALLEL = 4
 MAX_FORKS = 64
+
+
+class FilesSource(StrEnum):
+    """Where a restore or fork took the checkpoint's files from (``files_from`` in its stats and log)."""
+
+    #: A writable copy-on-write snapshot of the checkpoint's own snapshot: inode-exact, O(1).
+    SNAPSHOT = "snapshot"
+    #: Written out of the content-addressed blob store (new inode numbers).
+    BLOBS = "blobs"
+
+
+class _TreeOnce:
+    """A checkpoint's tree, loaded (and verified) on first use, once for all the clones of a fork."""
+
+    def __init__(self, fs: FsDelta, index_blob: str) -> None:
+        self._fs = fs
+        self._index_blob = index_blob
+        self._tree: Tree | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Tree:
+        with self._lock:
+            if self._tree is None:
+                self._tree = self._fs.load(self._index_blob)
+            return self._tree
 
 
 class _Prepared:
@@ -172,7 +199,7 @@ class Restorer:
                 hint="Rebuild that env image (its recipe must be unchanged) or restore another checkpoint.",
             )
 
-    def _preparer(self, tree: Tree, out: _Prepared, ckpt: CheckpointRecord) -> Callable[[str], Awaitable[None]]:
+    def _preparer(self, tree: _TreeOnce, out: _Prepared, ckpt: CheckpointRecord) -> Callable[[str], Awaitable[None]]:
         fs = self.fs
         backend = self.sandboxes.backend
 
@@ -186,9 +213,15 @@ class Restorer:
 
         def write(container_id: str, upper: Path) -> None:
             write_point("restore.materialize")
-            fresh, fs_stats = fs.materialize(tree, upper)
             stats: dict[str, Any] = {}
-            stats.update(fs_stats)
+            t0 = time.monotonic()
+            fresh: Tree | None = None
+            if fs.restore_snapshot(ckpt.id, upper):
+                # The checkpoint's own files, inode for inode: its index describes them exactly.
+                stats.update(files_from=FilesSource.SNAPSHOT, snapshot_s=time.monotonic() - t0)
+            else:
+                fresh, fs_stats = fs.materialize(tree.get(), upper)
+                stats.update(fs_stats, files_from=FilesSource.BLOBS)
             crash_point("restore.after_materialize")
             if ckpt.process_blob:
                 # Files first: CRIU reopens the processes' files by path and checks their sizes.
@@ -203,9 +236,12 @@ class Restorer:
                 stats["images_s"] = time.monotonic() - t0
             # Any write after the container starts gets a ctime of at least this.
             out.racy_ns = time.time_ns() - TICK_NS
-            stored = fs.store_tree(fresh)
-            out.stat_blob = stored.index_blob
-            out.blobs = Blobs(dict(stored.children), dict(stored.sizes))
+            if fresh is None:
+                out.stat_blob = ckpt.index_blob  # live already: the checkpoint holds it
+            else:
+                stored = fs.store_tree(fresh)
+                out.stat_blob = stored.index_blob
+                out.blobs = Blobs(dict(stored.children), dict(stored.sizes))
             out.stats = stats
 
         async def prepare(container_id: str) -> None:
@@ -213,11 +249,11 @@ class Restorer:
 
         return prepare
 
-    async def _load(self, ckpt: CheckpointRecord) -> tuple[Tree, str | None]:
+    async def _load(self, ckpt: CheckpointRecord) -> tuple[_TreeOnce, str | None]:
+        """The checkpoint's image checked, its tree (loaded only if a restore needs the blobs), its session."""
         await asyncio.to_thread(self._check_image, ckpt)
-        tree = await asyncio.to_thread(self.fs.load, ckpt.index_blob)
         session_json = await asyncio.to_thread(self.ck.session_json, ckpt)
-        return tree, session_json
+        return _TreeOnce(self.fs, ckpt.index_blob), session_json
 
     # --- restore in place -----------------------------------------------------------
 
@@ -393,7 +429,7 @@ class Restorer:
         return recs, [x for x in results if not isinstance(x, BaseException)]
 
     async def _clone(
-        self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: Tree, session_json: str | None
+        self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: _TreeOnce, session_json: str | None
     ) -> tuple[Session, str, list[str]]:
         prep = _Prepared()
         cid, st = await self.sandboxes.launch(

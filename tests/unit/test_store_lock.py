@@ -225,7 +225,8 @@ def _publish(catalog: Catalog, blobs: FileBlobStore, cid: str, sandbox: str, fil
 def _housekeeper(catalog: Catalog, blobs: FileBlobStore, lock: RWLock) -> Housekeeper:
     sandboxes = cast(SandboxManager, SimpleNamespace(list_sandboxes=lambda _o: []))
     ck = cast(Checkpointer, SimpleNamespace())
-    return Housekeeper(ck, sandboxes, catalog, blobs, cast(FsDelta, None), lock)
+    fs = cast(FsDelta, SimpleNamespace(retain=lambda _live: []))  # no local snapshots to follow the catalog
+    return Housekeeper(ck, sandboxes, catalog, blobs, fs, lock)
 
 
 def test_a_long_verify_and_a_queued_delete_do_not_block_another_users_checkpoint(

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 
 from crabd.backends.btrfs import ioctl
-from crabd.backends.btrfs.layout import SubvolKind, SubvolRef, is_id, is_tmp_name
+from crabd.backends.btrfs.layout import TMP_PREFIX, SubvolKind, SubvolRef, is_id, is_tmp_name
 from crabd.config import BtrfsConfig
 from crabd.errors import CrabError, HostError, SnapshotError, StoreFull
 from crabd.util import proc
@@ -224,18 +224,30 @@ class Pool:
             self._destroy(kind_fd, ref.id)
         return True
 
-    def cleanup_orphans(self, live: Mapping[SubvolKind, Collection[str]]) -> builtins.list[str]:
+    def cleanup_orphans(
+        self,
+        live: Mapping[SubvolKind, Collection[str]],
+        *,
+        kinds: Collection[SubvolKind] = tuple(SubvolKind),
+        prefix: str = "",
+    ) -> builtins.list[str]:
         """Delete half-made (``tmp-``) subvolumes and those whose id is not in ``live``; their relpaths.
 
         Run at crabd's start, before any new work: a crash (even ``kill -9``
         inside a snapshot) leaves either a ``tmp-`` entry or a published one
         the registry never recorded, and both go here.  Entries that are not
-        crab's (other names, plain directories) are left alone.
+        crab's (other names, plain directories) are left alone.  Only
+        ``kinds`` are looked at, and only ids that start with ``prefix``:
+        several crabd instances may share one pool, each naming what it makes
+        with its own prefix, and none may touch another's.
         """
         removed: builtins.list[str] = []
-        for kind in SubvolKind:
+        for kind in kinds:
             keep, fd = set(live.get(kind, ())), self._dirs[kind]
             for name in self._names(kind):
+                ident = name[len(TMP_PREFIX) :] if is_tmp_name(name) else name
+                if not ident.startswith(prefix):
+                    continue
                 orphan = is_tmp_name(name) or (is_id(name) and name not in keep)
                 if orphan and _is_subvol(fd, name):
                     relpath = f"{kind.value}/{name}"

@@ -54,6 +54,25 @@ def _diff(base: dict[bytes, Entry], tree: list[Entry]) -> tuple[list[Entry], lis
     return added, changed
 
 
+def finish_capture(base: dict[bytes, Entry], final: PassResult) -> FsCapture:
+    """The capture that the last (frozen or immutable) pass ``final`` found, against ``base``."""
+    tree = link_hardlinks(list(final.entries.values()))
+    present = {e.path for e in tree}
+    added, changed = _diff(base, tree)
+    return FsCapture(
+        tree=tree,
+        added=added,
+        changed=changed,
+        deleted=sorted(p for p in base if p not in present),
+        stats=CaptureStats(
+            entries=len(tree),
+            frozen_scan_s=final.stats.seconds,
+            files_reread_frozen=final.stats.read_files,
+        ),
+        new_bytes=final.stats.new_bytes,
+    )
+
+
 class OverlayDelta:
     def __init__(self, store: BlobStore, *, limits: ScanLimits | None = None, cache: PageCache | None = None) -> None:
         self.blobs = store
@@ -63,7 +82,7 @@ class OverlayDelta:
     def load(self, index_blob: str) -> Tree:
         return load_index(index_blob, self.blobs, self.cache)
 
-    def prepare(self, upper: Path, base: Tree | None, racy_ns: int) -> OverlayPrepared:
+    def prepare(self, upper: Path, base: Tree | None, racy_ns: int, *, checkpoint_id: str = "") -> OverlayPrepared:
         base_map = {e.path: e for e in base or ()}
         first = scan_pass(upper, base_map, racy_ns, self.blobs, self.limits, strict=False)
         return OverlayPrepared(upper, base_map, racy_ns, first)
@@ -85,28 +104,12 @@ class OverlayDelta:
         return OverlayCut(prepared, final)
 
     def _finish_capture(self, cut: OverlayCut) -> FsCapture:
-        prepared, final = cut.prepared, cut.final
-        first = prepared.first
-        stats = final.stats
-        tree = link_hardlinks(list(final.entries.values()))
-        base = prepared.base
-        present = {e.path for e in tree}
-        added, changed = _diff(base, tree)
-        capture = FsCapture(
-            tree=tree,
-            added=added,
-            changed=changed,
-            deleted=sorted(p for p in base if p not in present),
-            stats=CaptureStats(
-                entries=len(tree),
-                prescan_s=first.stats.seconds,
-                frozen_scan_s=stats.seconds,
-                files_read=first.stats.read_files + stats.read_files,
-                files_reread_frozen=stats.read_files,
-                bytes_read=first.stats.bytes_read + stats.bytes_read,
-            ),
-            new_bytes=first.stats.new_bytes + stats.new_bytes,
-        )
+        first = cut.prepared.first
+        capture = finish_capture(cut.prepared.base, cut.final)
+        capture.stats["prescan_s"] = first.stats.seconds
+        capture.stats["files_read"] = first.stats.read_files + cut.final.stats.read_files
+        capture.stats["bytes_read"] = first.stats.bytes_read + cut.final.stats.bytes_read
+        capture.new_bytes += first.stats.new_bytes
         return capture
 
     def _finish(self, tree: Tree, delta: bytes | None) -> StoredTree:
@@ -130,10 +133,26 @@ class OverlayDelta:
 
     def store(self, cut: Cut) -> tuple[FsCapture, StoredTree]:
         assert isinstance(cut, OverlayCut), "store continues this backend's own capture"
-        capture = self._finish_capture(cut)
+        return self.store_capture(self._finish_capture(cut))
+
+    def store_capture(self, capture: FsCapture) -> tuple[FsCapture, StoredTree]:
+        """Encode a finished capture: its index, and its delta (none when nothing changed)."""
         empty = not (capture.added or capture.changed or capture.deleted)
         delta = None if empty else bounded_delta(capture.added, capture.changed, capture.deleted)
         return capture, self._finish(capture.tree, delta)
+
+    def walk_immutable(self, root: Path, base: Tree | None, racy_ns: int) -> FsCapture:
+        """One strict walk of a tree nothing writes to any more (a read-only snapshot), as a capture.
+
+        Entries of ``base`` vouch for their content as in a frozen pass
+        (unchanged stat fields, ctime below ``racy_ns``); the rest is read.
+        """
+        base_map = {e.path: e for e in base or ()}
+        final = scan_pass(root, base_map, racy_ns, self.blobs, self.limits, strict=True)
+        capture = finish_capture(base_map, final)
+        capture.stats["files_read"] = final.stats.read_files
+        capture.stats["bytes_read"] = final.stats.bytes_read
+        return capture
 
     def store_tree(self, tree: Tree) -> StoredTree:
         return self._finish(tree, None)
@@ -149,6 +168,15 @@ class OverlayDelta:
             materialize_s=stats.seconds,
             stat_s=time.monotonic() - t0,
         )
+
+    def restore_snapshot(self, checkpoint_id: str, into: Path) -> bool:
+        return False  # an upper dir on any file system: no snapshots, restores materialize the blobs
+
+    def drop(self, checkpoint_id: str) -> None:
+        return None
+
+    def retain(self, live: set[str]) -> list[str]:
+        return []
 
     def changes(self, delta_blob: str, limit: int) -> tuple[list[Change], bool]:
         if not delta_blob:

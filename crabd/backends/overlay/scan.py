@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from crabd.backends.fsdelta import TICK_NS, Entry, Extent, Kind, ScanLimits
+from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX
 from crabd.errors import StoreError, TooManyEntries
 from crabd.store.blobs import BlobStore
 from crabd.util.dirfd import DIR_FLAGS
@@ -117,6 +118,12 @@ class Changed(Exception):
     """The tree changed under an unfrozen pass (the frozen pass will see the truth)."""
 
 
+#: crab's own directory at the sandbox's root (crab-init is bind-mounted at ``/.crab/init``).
+#: runc creates the mount point in the upper dir, Docker in its init layer; either way it is
+#: crab's, never part of a checkpoint, and a sandbox's own writes below it are not kept.
+RESERVED_DIR = os.path.dirname(INIT_PATH_IN_SANDBOX).lstrip("/")
+
+
 def walk(upper: Path, limits: ScanLimits, *, strict: bool) -> Iterator[tuple[int, bytes, str, os.stat_result]]:
     """Yield ``(dir_fd, path, name, lstat)`` for every entry under ``upper``.
 
@@ -136,6 +143,8 @@ def walk(upper: Path, limits: ScanLimits, *, strict: bool) -> Iterator[tuple[int
             with os.scandir(fd) as it:
                 for de in it:
                     name = de.name
+                    if not rel and name == RESERVED_DIR:
+                        continue
                     path = rel + b"/" + os.fsencode(name) if rel else os.fsencode(name)
                     try:
                         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
