@@ -217,7 +217,7 @@ class Checkpointer:
             await asyncio.to_thread(drop_cut)
         except (OSError, CrabError) as exc:
             # Never mask the attempt's own error; retain() at the next gc or start deletes it.
-            log.warning("dropping a failed checkpoint's snapshot failed", extra={"checkpoint": ckpt_id, "error": str(exc)})
+            log.warning("dropping a failed checkpoint's cut failed", extra={"checkpoint": ckpt_id, "error": str(exc)})
         await self.release_unpublished(written)
 
     async def release_unpublished(self, written: set[str]) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from crabd.backends.fsdelta import Tree
 from crabd.errors import QuotaExceeded, StoreError
 from crabd.models import CheckpointKind, CheckpointRecord
 from tests.fakes import ALICE, FakeFsDelta, Stack, build_stack, run, spec
@@ -51,7 +52,12 @@ def test_a_restore_takes_the_snapshot_and_never_the_blobs(tmp_path: Path, monkey
         st.faults.arm("fs.materialize", after=0)
         loads: list[str] = []
         real_load = st.fs.load
-        monkeypatch.setattr(st.fs, "load", lambda blob: loads.append(blob) or real_load(blob))
+
+        def load(blob: str) -> Tree:
+            loads.append(blob)
+            return real_load(blob)
+
+        monkeypatch.setattr(st.fs, "load", load)
         rec = st.registry.get_sandbox(sid)
         assert rec is not None
         restored = await st.service.restore(ALICE, sid, first.id, 0)
