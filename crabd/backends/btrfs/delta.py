@@ -123,10 +123,10 @@ class SnapshotDelta:
     # --- restore -----------------------------------------------------------------------
 
     def restore_snapshot(self, checkpoint_id: str, into: Path) -> bool:
+        sandbox = self._sandbox_of(into)
         snap = self._snapshot_ref(checkpoint_id)
         if not self.pool.exists(snap):
             return False
-        sandbox = self._sandbox_of(into)
         # The new container's subvolume is still empty and unmounted (its
         # overlay is mounted at start): replace it by a writable snapshot of
         # the checkpoint under the same name.  A crash in between leaves no
