@@ -11,8 +11,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import tomllib
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -319,6 +320,47 @@ class BtrfsConfig(_Model):
         return int(self.size.rstrip("KMGT")) * unit
 
 
+#: ``[runtime] backend``: "auto" takes runc+btrfs where the host supports it (``crabctl doctor``), else docker.
+BackendChoice = Literal["auto", "docker", "runc+btrfs"]
+
+
+class RuntimeConfig(_Model):
+    """Which sandbox backend crabd runs (see docs/runc.md, "Choosing the backend")."""
+
+    backend: BackendChoice = Field(
+        "auto",
+        description='"runc+btrfs": crab-owned runc containers on btrfs snapshots (inode-exact, fast restores); '
+        '"docker": Docker containers, overlay deltas; "auto": runc+btrfs where `crabctl doctor` finds it ready',
+    )
+    subnet: str = Field(
+        "",
+        description="IPv4 subnet of the runc backend's CNI bridge; empty: 10.213.0.0/16 for [network] name "
+        '"crab", else a /24 derived from the name (two crabd instances with different names never share one)',
+    )
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet(cls, value: str) -> str:
+        if value:
+            try:
+                net = ipaddress.IPv4Network(value)
+            except ValueError as exc:
+                raise ValueError(f"{value!r}: not an IPv4 subnet: {exc}") from exc
+            if net.prefixlen > 24:
+                raise ValueError(f"{value!r}: too small for sandboxes (at most /24)")
+        return value
+
+    def subnet_for(self, network_name: str) -> str:
+        """The CNI subnet for sandboxes of the network ``network_name`` (see ``subnet``)."""
+        if self.subnet:
+            return self.subnet
+        if network_name == "crab":
+            return "10.213.0.0/16"
+        # A stable /24 in 10.214-253.x per name: private daemons (tests) get bridges and addresses of their own.
+        n = zlib.crc32(network_name.encode()) % (40 * 256)
+        return f"10.{214 + n // 256}.{n % 256}.0/24"
+
+
 class CrabConfig(_Model):
     """The whole configuration file."""
 
@@ -334,6 +376,7 @@ class CrabConfig(_Model):
     proxy: ProxyConfig = ProxyConfig()
     network: NetworkConfig = NetworkConfig()
     btrfs: BtrfsConfig = BtrfsConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

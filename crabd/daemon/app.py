@@ -38,11 +38,7 @@ from crabd.api.peercred import CallerTable, FrontDoor
 from crabd.api.servicer import CrabServicer
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.backends.criu.imagestore import ImageStore
-from crabd.backends.criu.runc import RuncDumper
-from crabd.backends.docker_sandbox import DockerSandboxBackend
 from crabd.backends.fsdelta import ScanLimits
-from crabd.backends.overlay.backend import OverlayDelta
-from crabd.backends.overlay.index import PageCache
 from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
@@ -50,7 +46,7 @@ from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.sandboxes import Adopted, SandboxManager
-from crabd.daemon import notify
+from crabd.daemon import assembly, notify
 from crabd.engine import HostEngine
 from crabd.inspector.choose import open_inspector
 from crabd.inspector.decide import Inspector
@@ -108,7 +104,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._db: Database | None = None
         self._registry: Registry | None = None
-        self._backend: DockerSandboxBackend | None = None
+        self._side: assembly.SandboxSide | None = None
         self._manager: SandboxManager | None = None
         self._grpc: grpc.aio.Server | None = None
         self._front: FrontDoor | None = None
@@ -172,17 +168,11 @@ class Daemon:
         self._db = Database(paths.state_dir / "registry.db")
         self._registry = Registry(self._db)
         init_binary = await asyncio.to_thread(initbin.install, paths.state_dir)
-        self._backend = DockerSandboxBackend(
-            self.cfg.docker.host,
-            self.cfg.docker.timeout_s,
-            criu_log_dir=paths.state_dir / "logs" / "criu",
-            network=self.cfg.network,
-        )
-        docker_version = await asyncio.to_thread(self._backend.server_version)
-        self._manager = SandboxManager(
-            self.cfg, self._registry, self._backend, init_binary, instance_id(paths.state_dir)
-        )
-        return docker_version
+        instance = instance_id(paths.state_dir)
+        self._side = await asyncio.to_thread(assembly.open_sandbox_side, self.cfg, instance)
+        version = await asyncio.to_thread(self._side.sandbox.server_version)
+        self._manager = SandboxManager(self.cfg, self._registry, self._side.sandbox, init_binary, instance)
+        return f"{self._side.kind}: {version}"
 
     async def _open_checkpoints(self) -> _Wiring:
         """The inspector, the blob store, the file and process backends, and the coordinator over them."""
@@ -196,17 +186,10 @@ class Daemon:
         blobs = FileBlobStore(paths.state_dir / "blobs", level=ck.zstd_level)
         # Leftovers of writes a crash interrupted; nothing references them.
         await asyncio.to_thread(blobs.clean_tmp, 0)
-        fs = OverlayDelta(
-            blobs,
-            limits=limits,
-            cache=PageCache(ck.page_cache_entries),
-        )
-        dumper = RuncDumper(
-            runc=self.cfg.criu.runc,
-            runc_root=self.cfg.criu.runc_root,
-            timeout_s=self.cfg.criu.timeout_s,
-            log_dir=paths.state_dir / "logs" / "criu",
-        )
+        side = self._side
+        assert side is not None, "the sandbox backend is opened first"
+        fs = assembly.open_fs(side, blobs, limits, ck.page_cache_entries, manager.instance)
+        dumper = assembly.open_dumper(self.cfg, side)
         dump_root = paths.state_dir / "run" / "dumps"
         # Dumps a crash interrupted; nothing references them.
         await asyncio.to_thread(shutil.rmtree, dump_root, True)
@@ -339,8 +322,8 @@ class Daemon:
             await self._manager.close(remove_all=self.ephemeral)
         if self._inspector is not None:
             self._inspector.close()
-        if self._backend is not None:
-            self._backend.close()
+        if self._side is not None:
+            self._side.close()
         if self._db is not None:
             self._db.close()
         log.info("crabd stopped")

@@ -90,6 +90,18 @@ def choose_backend(facts: BackendFacts) -> tuple[SandboxBackend, list[str]]:
     return (SandboxBackend.DOCKER, missing) if missing else (SandboxBackend.RUNC_BTRFS, [])
 
 
+def backend_for(cfg: CrabConfig, facts: BackendFacts) -> tuple[SandboxBackend, list[str]]:
+    """The backend crabd runs with ``cfg`` on a host with ``facts``, and what runc+btrfs lacks here.
+
+    ``[runtime] backend`` "auto" takes runc+btrfs when the host has all it
+    needs; a named backend is taken as asked (a missing piece then fails
+    crabd's start with its own error).
+    """
+    best, why_not = choose_backend(facts)
+    wanted = cfg.runtime.backend
+    return (best if wanted == "auto" else SandboxBackend(wanted)), why_not
+
+
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -112,19 +124,23 @@ def check_btrfs_pool(cfg: CrabConfig, facts: PoolFacts | None = None) -> Check:
 def check_backend(cfg: CrabConfig, facts: BackendFacts | None = None) -> Check:
     """Which sandbox backend this host gets, and why."""
     f = facts if facts is not None else gather_facts(cfg)
-    backend, why_not = choose_backend(f)
-    # crabd itself still runs every sandbox on Docker: the runc+btrfs backend's parts
-    # (crabd/backends/runc, crabd/backends/btrfs) are not yet wired into daemon/app.py,
-    # so this reports readiness, never a backend crabd does not use.
-    in_use = SandboxBackend.DOCKER
-    if backend is SandboxBackend.RUNC_BTRFS:
+    in_use, why_not = backend_for(cfg, f)
+    how = "auto" if cfg.runtime.backend == "auto" else "[runtime] backend"
+    if in_use is SandboxBackend.RUNC_BTRFS and why_not:
+        return _fail(
+            "backend",
+            f"{in_use} ({how}), but this host lacks: {'; '.join(why_not)}",
+            f"{SETUP_FIX}, or set [runtime] backend = \"auto\"",
+        )
+    if in_use is SandboxBackend.RUNC_BTRFS:
         return _ok(
             "backend",
-            f"{in_use}; {backend} ready (runc {f.runc}, criu {f.criu}, btrfs pool, CNI {', '.join(CNI_PLUGINS)}), "
-            "not yet used by crabd",
+            f"{in_use} ({how}: runc {f.runc}, criu {f.criu}, btrfs pool, CNI {', '.join(CNI_PLUGINS)})",
         )
+    if not why_not:
+        return _ok("backend", f"{in_use} ({how}); {SandboxBackend.RUNC_BTRFS} is ready too")
     return _warn(
         "backend",
-        f"{in_use}; {SandboxBackend.RUNC_BTRFS} is unavailable ({'; '.join(why_not)})",
+        f"{in_use} ({how}); {SandboxBackend.RUNC_BTRFS} is unavailable ({'; '.join(why_not)})",
         f"{SETUP_FIX} for inode-exact O(1) snapshots and fast restores (runc+btrfs)",
     )

@@ -120,8 +120,12 @@ FACTS = BackendFacts(
 def test_backend_runc_btrfs_when_everything_is_there() -> None:
     assert choose_backend(FACTS) == (SandboxBackend.RUNC_BTRFS, [])
     ready = backend_check.check_backend(CrabConfig(), FACTS)
-    # Ready, but crabd does not use runc+btrfs yet: the check never claims a backend crabd does not run.
-    assert ready.status is Status.OK and ready.summary.startswith("docker; runc+btrfs ready")
+    assert ready.status is Status.OK and ready.summary.startswith("runc+btrfs (auto: runc /usr/bin/runc")
+    # Asked for Docker by name: Docker it is, and doctor says runc+btrfs would be ready.
+    docker = CrabConfig.model_validate({"runtime": {"backend": "docker"}})
+    assert backend_check.backend_for(docker, FACTS) == (SandboxBackend.DOCKER, [])
+    check = backend_check.check_backend(docker, FACTS)
+    assert check.status is Status.OK and check.summary == "docker ([runtime] backend); runc+btrfs is ready too"
 
 
 def test_backend_falls_back_to_docker_and_says_why() -> None:
@@ -136,7 +140,23 @@ def test_backend_falls_back_to_docker_and_says_why() -> None:
         f"CNI plugins missing in {backend_check.CNI_DIR}: firewall",
     ]
     check = backend_check.check_backend(CrabConfig(), facts)
-    assert check.status is Status.WARN and check.summary.startswith("docker; ") and "no runc" in check.summary
+    assert check.status is Status.WARN and check.summary.startswith("docker (auto); ") and "no runc" in check.summary
+    # Asked for runc+btrfs by name on a host without it: doctor fails and says what is missing.
+    runc = CrabConfig.model_validate({"runtime": {"backend": "runc+btrfs"}})
+    assert backend_check.backend_for(runc, facts)[0] is SandboxBackend.RUNC_BTRFS
+    check = backend_check.check_backend(runc, facts)
+    assert check.status is Status.FAIL and "no runc on PATH" in check.summary
+
+
+def test_runtime_config_subnets() -> None:
+    rt = CrabConfig().runtime
+    assert rt.subnet_for("crabr") != rt.subnet_for("isor") and rt.subnet_for("isor").endswith("/24")
+    assert CrabConfig.model_validate({"runtime": {"subnet": "10.9.0.0/16"}}).runtime.subnet_for("x") == "10.9.0.0/16"
+    for bad in ("10.9.0.0/30", "fe80::/64", "nonsense"):
+        with pytest.raises(ValueError):
+            CrabConfig.model_validate({"runtime": {"subnet": bad}})
+    with pytest.raises(ValueError):
+        CrabConfig.model_validate({"runtime": {"backend": "podman"}})
 
 
 @pytest.mark.parametrize(("free", "status"), [(10 << 30, Status.OK), (2 << 30, Status.WARN), (100 << 20, Status.FAIL)])

@@ -1,0 +1,125 @@
+"""The daemon's assembly of concrete backends: the one place that names them.
+
+``[runtime] backend`` picks them; "auto" asks the same question as
+``crabctl doctor`` (``host/backend_check.choose_backend``), so doctor and
+crabd always agree on what a host runs:
+
+* **runc+btrfs**: crab-owned runc containers (``backends/runc``) whose
+  writable layers live in btrfs subvolumes; a filesystem checkpoint is a
+  read-only snapshot (``backends/btrfs/delta.py``); CRIU dumps through crab's
+  own runc state root.  Everything this instance makes on the shared host
+  (containers, bundles, network namespaces, CNI attachments, subvolumes and
+  snapshots) is named with its instance id as prefix, so several crabd
+  instances can share one host and one pool without touching each other.
+* **docker**: Docker containers, overlay deltas re-walked inside the freeze
+  (``backends/overlay``), CRIU dumps through Docker's runc state root.
+
+Both keep checkpoints in the same content-addressed store, in the same
+formats, so a checkpoint of one is readable by the other.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crabd.backends.btrfs.delta import SnapshotDelta
+from crabd.backends.btrfs.pool import Pool
+from crabd.backends.criu.runc import RuncDumper
+from crabd.backends.docker_sandbox import DockerSandboxBackend
+from crabd.backends.fsdelta import FsDelta, ScanLimits
+from crabd.backends.overlay.backend import OverlayDelta
+from crabd.backends.overlay.index import PageCache
+from crabd.backends.procdump import ProcessDumper
+from crabd.backends.runc.cleanup import Layout
+from crabd.backends.runc.cli import Runc
+from crabd.backends.runc.cni import CniNetwork, CniSettings
+from crabd.backends.runc.sandbox import RuncSandboxBackend
+from crabd.backends.sandbox import SandboxBackend
+from crabd.config import CrabConfig, NetworkConfig
+from crabd.errors import HostError
+from crabd.host.backend_check import SandboxBackend as BackendKind
+from crabd.host.backend_check import backend_for, gather_facts
+from crabd.store.blobs import BlobStore
+
+log = logging.getLogger("crabd")
+
+
+def choose(cfg: CrabConfig) -> BackendKind:
+    """The backend ``[runtime] backend`` asks for; for "auto", what doctor finds this host ready for."""
+    kind, why_not = backend_for(cfg, gather_facts(cfg))
+    if kind is BackendKind.DOCKER and why_not:
+        log.info("runc+btrfs is unavailable, running sandboxes on Docker", extra={"why": why_not})
+    return kind
+
+
+def runc_network(cfg: CrabConfig) -> NetworkConfig:
+    """The runc backend's CNI network: ``[network]``'s rules, on a bridge of its own (``<name>r0``)."""
+    return cfg.network.model_copy(update={"name": cfg.network.name + "r"})
+
+
+@dataclass
+class SandboxSide:
+    """The container engine's side: chosen once, at start."""
+
+    kind: BackendKind
+    sandbox: SandboxBackend
+    pool: Pool | None = None
+    runc_root: Path = field(default_factory=Path)
+
+    def close(self) -> None:
+        self.sandbox.close()
+        if self.pool is not None:
+            self.pool.close()
+
+
+def open_sandbox_side(cfg: CrabConfig, instance: str) -> SandboxSide:
+    """The sandbox backend of ``choose(cfg)`` (blocking: Docker is reached, the pool opened)."""
+    kind = choose(cfg)
+    state = cfg.paths.state_dir
+    criu_logs = state / "logs" / "criu"
+    if kind is BackendKind.DOCKER:
+        docker = DockerSandboxBackend(cfg.docker.host, cfg.docker.timeout_s, criu_log_dir=criu_logs, network=cfg.network)
+        return SandboxSide(kind, docker, runc_root=cfg.criu.runc_root)
+    pool = Pool.from_config(cfg.btrfs)
+    try:
+        net = runc_network(cfg)
+        layout = Layout(cni=CniSettings(net=net, subnet=cfg.runtime.subnet_for(cfg.network.name)))
+        runc = Runc(layout.runc_root, criu_timeout_s=cfg.criu.timeout_s, log_dir=criu_logs)
+        work = state / "run" / "runc"
+        work.mkdir(parents=True, exist_ok=True, mode=0o700)
+        sandbox = RuncSandboxBackend(
+            pool,
+            instance=instance,
+            layout=layout,
+            runc=runc,
+            # Always crab's own bridge with its isolation rules: [network] isolate=false (Docker's
+            # shared default bridge) has no runc counterpart.
+            network=CniNetwork(layout.cni),
+            work_root=work,
+        )
+    except BaseException:
+        pool.close()
+        raise
+    return SandboxSide(kind, sandbox, pool=pool, runc_root=layout.runc_root)
+
+
+def open_fs(side: SandboxSide, blobs: BlobStore, limits: ScanLimits, page_cache_entries: int, instance: str) -> FsDelta:
+    """The filesystem backend that goes with the sandbox backend."""
+    files = OverlayDelta(blobs, limits=limits, cache=PageCache(page_cache_entries))
+    if side.kind is BackendKind.DOCKER:
+        return files
+    if side.pool is None:
+        raise HostError("the runc+btrfs backend has no btrfs pool open")
+    return SnapshotDelta(side.pool, files, prefix=f"{instance}-")
+
+
+def open_dumper(cfg: CrabConfig, side: SandboxSide) -> ProcessDumper:
+    """CRIU through runc, in the state root of the runc that runs the containers."""
+    return RuncDumper(
+        runc=cfg.criu.runc,
+        runc_root=side.runc_root,
+        timeout_s=cfg.criu.timeout_s,
+        log_dir=cfg.paths.state_dir / "logs" / "criu",
+    )
