@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import grp
 import json
+import os
 import pwd
+import signal
 import subprocess
 import sys
 import textwrap
@@ -98,6 +100,54 @@ def make_sandbox(client: Client) -> Iterator[Callable[..., Sandbox]]:
     for sb in made:
         with contextlib.suppress(Exception):
             sb.remove(force=True)
+
+
+#: The sandbox backends a test can ask for by name (``[runtime] backend``); the default first.
+BACKENDS = ("docker", "runc+btrfs")
+
+
+def is_docker_id(container_id: str) -> bool:
+    """Docker's container ids are 64 hex digits; the runc backend's are ``<instance>-<sandbox>-<gen>``."""
+    return len(container_id) == 64 and all(c in "0123456789abcdef" for c in container_id)
+
+
+def backend_toml(backend: str, network: str) -> str:
+    """The config of a private daemon on ``backend`` with a network of its own named ``network``."""
+    return f'[runtime]\nbackend = "{backend}"\n[network]\nname = "{network}"\n'
+
+
+def init_host_pid(container_id: str) -> int:
+    """The host pid of the container's PID 1 (crab-init), whichever backend made it."""
+    from crabd.util import cgroups
+
+    for pid in cgroups.container_host_pids(container_id):
+        if cgroups.ns_pid(pid)[0] == 1:
+            return pid
+    raise AssertionError(f"container {container_id} has no init")
+
+
+def kill_container(container_id: str) -> None:
+    """What `docker kill` does, for either backend: SIGKILL to the container's init (the pid namespace dies)."""
+    os.kill(init_host_pid(container_id), signal.SIGKILL)
+
+
+def exec_outside_init(container_id: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    """Start a process in the container that is not a descendant of its init (`docker exec` / `runc exec`)."""
+    if is_docker_id(container_id):
+        return subprocess.Popen(["docker", "exec", container_id, *argv])
+    from crabd.backends.runc.cleanup import Layout
+
+    return subprocess.Popen(["runc", "--root", str(Layout().runc_root), "exec", container_id, *argv])
+
+
+def upper_dir(container_id: str) -> Path:
+    """Where the container's filesystem changes live on the host, whichever backend made it."""
+    if is_docker_id(container_id):
+        return Path(docker_inspect(container_id, "{{.GraphDriver.Data.UpperDir}}"))
+    from crabd.backends.btrfs import SubvolRef
+    from crabd.config import CrabConfig
+
+    return CrabConfig().btrfs.mount_point / SubvolRef.sandbox(container_id).relpath / "upper"
 
 
 def docker_inspect(container_id: str, fmt: str) -> str:
