@@ -15,7 +15,7 @@ renames across subvolumes fail with EXDEV).  The options are chosen so
 that a file's ``st_ino`` seen through the overlay stays the same after the
 upper dir is snapshotted and mounted again (SQLite caches st_ino and
 refuses writes with SQLITE_READONLY_DBMOVED when it changes; see
-docs/btrfs.md, "Through the overlay", for the measurements):
+docs/btrfs.md, "Inode numbers through the overlay", for the measurements):
 
 * ``xino=on``: a file copied up from the image keeps reporting its LOWER
   inode number (overlay follows the ``trusted.overlay.origin`` file handle
@@ -29,7 +29,7 @@ docs/btrfs.md, "Through the overlay", for the measurements):
   a copied-up file showed its lower inode while the mount that copied it up
   lived and its upper inode on every later mount (a restore is one).
   ``xino=on`` is honoured with a btrfs upper (64-bit inodes): overlay
-  takes 2 high bits, which btrfs inode numbers never reach.  On an
+  takes 2 high bits, which btrfs inode numbers do not reach in practice.  On an
   all-one-file-system overlay (tests) it is a no-op.
 * ``index=off``: the index records the upper dir's file handle in the work
   dir; a btrfs snapshot is another subvolume (other handles), so a restore
