@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import secrets
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 
 from crabd.backends.btrfs import POOL_FULL_HINT, Pool, SubvolKind, SubvolRef
+from crabd.backends.runc import rootfs
 from crabd.config import CrabConfig
 from crabd.errors import HostError, SnapshotError, StoreFull
 from crabd.host.backend_check import pool_facts
@@ -309,43 +311,81 @@ def test_a_full_pool_gives_store_full_and_other_subvolumes_keep_working(small_po
     assert (small_pool.path(SubvolRef.snapshot("ck-other")) / "upper" / "keep").read_text() == "still here"
 
 
-@contextlib.contextmanager
-def overlay(lower: Path, subvol: Path, merged: Path) -> Iterator[Path]:
-    merged.mkdir(exist_ok=True)
-    opts = f"lowerdir={lower},upperdir={subvol / 'upper'},workdir={subvol / 'work'}"
-    sh("mount", "-t", "overlay", "overlay", "-o", opts, str(merged))
-    try:
-        yield merged
-    finally:
-        sh("umount", str(merged))
+#: Paths in the overlay whose st_ino must not change across a checkpoint and restore.
+KEEP_INO = ("etc/issue", "etc/conf", "etc/conf.link", "data/app.db", "new.txt")
 
 
-def test_overlay_upper_in_a_subvolume_keeps_inodes_across_snapshots(
+def image_lower(lower: Path) -> None:
+    """A tiny env image: a file never written, one that will be, and a SQLite database, on the root ext4."""
+    (lower / "etc").mkdir(parents=True)
+    (lower / "etc" / "issue").write_text("never written\n")
+    (lower / "etc" / "conf").write_text("from the image")
+    (lower / "data").mkdir()
+    with contextlib.closing(sqlite3.connect(lower / "data" / "app.db")) as db:
+        db.execute("CREATE TABLE t (x TEXT)")
+        db.execute("INSERT INTO t VALUES ('from the image')")
+        db.commit()
+
+
+def test_overlay_keeps_st_ino_of_copied_up_files_across_snapshot_restore(
     pool: Pool, ids: Callable[[], str], crab_tmp: Path
 ) -> None:
+    """crab's overlay options (``xino=on``): a file copied up from the image keeps its st_ino after a restore.
+
+    A restore mounts a writable snapshot of the checkpoint as a new overlay.
+    With ``xino=off`` and this host's root ext4 (NULL UUID), a copied-up file
+    showed its lower inode until the overlay that copied it up was unmounted,
+    its upper inode on every later mount: SQLite's cached st_ino went stale
+    and the restored connection's next write failed SQLITE_READONLY_DBMOVED.
+    """
     lower = crab_tmp / "lower"  # on the root ext4, like an env image's rootfs
-    lower.mkdir()
-    (lower / "etc").mkdir()
-    (lower / "etc" / "conf").write_text("from the image")
+    image_lower(lower)
     sb, ck, back = SubvolRef.sandbox(ids()), SubvolRef.snapshot(ids()), SubvolRef.sandbox(ids())
     sub = pool.create_subvolume(sb, dirs=("upper", "work"))
-    with overlay(lower, sub, crab_tmp / "merged") as m:
-        (m / "new.db").write_text("made in the sandbox")
-        with open(m / "etc" / "conf", "a") as f:  # copy-up from the lower layer
+    target = crab_tmp / "merged"
+    live = rootfs.Overlay((lower,), sub / "upper", sub / "work", target)
+    rootfs.mount(live)
+    db = None
+    try:
+        opts = next(ln for ln in Path("/proc/self/mountinfo").read_text().splitlines() if f" {target} " in ln)
+        assert ",xino=on" in opts.split(" - ")[1], f"the kernel turned xino off: {opts}"
+        (target / "new.txt").write_text("made in the sandbox")
+        with open(target / "etc" / "conf", "a") as f:  # copy-up from the image
             f.write(" + changed")
-        assert os.stat(m / "new.db").st_ino == os.stat(sub / "upper" / "new.db").st_ino
-    # Measured on a fresh mount: while the first mount lives, a copied-up file still shows its
-    # lower inode (cached); any later mount of the same upper shows the upper's own (lower and
-    # upper are different file systems and xino is off).  See docs/btrfs.md.
-    with overlay(lower, sub, crab_tmp / "merged") as m:
-        inodes = {n: os.stat(m / n).st_ino for n in ("new.db", "etc/conf")}
-    assert inodes == {n: os.stat(sub / "upper" / n).st_ino for n in inodes}
+        os.link(target / "etc" / "conf", target / "etc" / "conf.link")
+        db = sqlite3.connect(target / "data" / "app.db", isolation_level=None)  # opened read-write: a copy-up
+        db.execute("INSERT INTO t VALUES ('before the checkpoint')")
+        before = {n: os.stat(target / n) for n in KEEP_INO}
+        assert before["new.txt"].st_ino == os.stat(sub / "upper" / "new.txt").st_ino
+        assert before["etc/conf.link"].st_ino == before["etc/conf"].st_ino
+        assert len({s.st_dev for s in before.values()}) == 1, "xino: one st_dev for every layer"
+        assert {e.name: e.inode() for e in os.scandir(target / "etc")} == {
+            n.removeprefix("etc/"): before[n].st_ino for n in KEEP_INO if n.startswith("etc/")
+        }, "xino: readdir's d_ino is st_ino"
 
-    pool.snapshot(sb, ck)
-    restored = pool.snapshot(ck, back, readonly=False)
-    with overlay(lower, restored, crab_tmp / "merged2") as m:
-        assert {n: os.stat(m / n).st_ino for n in inodes} == inodes
-        assert (m / "etc" / "conf").read_text() == "from the image + changed"
+        pool.snapshot(sb, ck)
+        # The restore: the sandbox's overlay goes (lazily: the open connection holds it) and a writable
+        # snapshot of the checkpoint is mounted at the same path, as CRIU would find it.
+        assert rootfs.umount(target)
+        restored = pool.snapshot(ck, back, readonly=False)
+        rootfs.mount(rootfs.Overlay((lower,), restored / "upper", restored / "work", target))
+        after = {n: os.stat(target / n) for n in KEEP_INO}
+        assert {n: s.st_ino for n, s in after.items()} == {n: s.st_ino for n, s in before.items()}
+        assert len({s.st_dev for s in after.values()}) == 1
+        assert (target / "etc" / "conf").read_text() == "from the image + changed"
+        # SQLite compares stat(path).st_ino with what it cached at open before each write transaction.
+        db.execute("INSERT INTO t VALUES ('after the restore, old connection')")
+        db.close()
+        db = None
+        with contextlib.closing(sqlite3.connect(target / "data" / "app.db", isolation_level=None)) as fresh:
+            fresh.execute("INSERT INTO t VALUES ('after the restore')")
+            rows = [r[0] for r in fresh.execute("SELECT x FROM t")]
+        assert rows == ["from the image", "before the checkpoint", "after the restore"]
+    finally:
+        if db is not None:
+            db.close()
+        rootfs.umount(target)
+    assert not rootfs.is_mounted(target)
 
 
 CHURN = """

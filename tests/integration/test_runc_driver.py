@@ -14,8 +14,10 @@ import contextlib
 import fcntl
 import ipaddress
 import os
+import secrets
 import shutil
 import socket
+import sqlite3
 import struct
 import subprocess
 import threading
@@ -27,16 +29,19 @@ from pathlib import Path
 
 import pytest
 
+from crabd.backends.btrfs import Pool, SubvolRef
 from crabd.backends.docker_sandbox import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
 from crabd.backends.network import chain_names
 from crabd.backends.runc import bundle, cleanup, cni, launch, named_netns, rootfs
 from crabd.backends.runc.cli import Runc, RuncStatus
-from crabd.config import NetworkConfig
+from crabd.config import CrabConfig, NetworkConfig
 from crabd.errors import ContainerRuntimeError, CriuError
 from crabd.host import images
+from crabd.host.backend_check import pool_facts
 from crabd.runtime import initbin
 from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
 from crabd.util import netns
+from tests.conftest import require
 
 pytestmark = pytest.mark.criu
 
@@ -53,6 +58,21 @@ n = 0
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 8000)); s.listen()
 while True:
     c, _ = s.accept(); n += 1; c.sendall(str(n).encode()); c.close()
+"""
+#: Holds ONE SQLite connection on /data/app.db (shipped in the image) and writes a row through it per TCP
+#: connection: the reply is the row count, or SQLite's error name (SQLITE_READONLY_DBMOVED if st_ino moved).
+SQLITE_WRITER = r"""
+import socket, sqlite3
+db = sqlite3.connect("/data/app.db", isolation_level=None)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 8000)); s.listen()
+while True:
+    c, _ = s.accept()
+    try:
+        db.execute("INSERT INTO t VALUES ('row')")
+        reply = str(db.execute("SELECT count(*) FROM t").fetchone()[0])
+    except sqlite3.Error as e:
+        reply = getattr(e, "sqlite_errorname", type(e).__name__)
+    c.sendall(reply.encode()); c.close()
 """
 #: Connect to argv[1]:argv[2] and print what came back, or the error's name.
 PROBE = r"""
@@ -107,6 +127,14 @@ def lower() -> Path:
 
 
 @pytest.fixture(scope="module")
+def pool() -> Iterator[Pool]:
+    cfg = CrabConfig().btrfs
+    require(pool_facts(cfg).problem is None, f"needs the btrfs pool at {cfg.mount_point} (run `make setup`)")
+    with Pool.from_config(cfg) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
 def image_env() -> tuple[str, ...]:
     # `docker import`-ed images carry none: the bundle then adds Docker's default PATH.
     return rootfs.image_env(images.find_recipe("bookworm").image_ref)
@@ -142,7 +170,10 @@ def make(
     base: Path,
     image_env: tuple[str, ...],
 ) -> Iterator[Maker]:
-    """make(id, networked=..., images=None, upper_from=None, **limits): a running sandbox (or a restored one)."""
+    """make(id, networked=..., images=None, upper_from=None, storage=None, **limits): a running (or restored) sandbox.
+
+    ``storage`` (layers the test owns, e.g. in a btrfs subvolume) replaces the default upper under ``base``.
+    """
     made: list[str] = []
     launcher = launch.Launcher(layout, runc, network)
 
@@ -152,6 +183,7 @@ def make(
         networked: bool,
         images_dir: Path | None = None,
         upper_from: Path | None = None,
+        storage: launch.Storage | None = None,
         cpus: float = 0,
         memory_bytes: int = 0,
         pids: int = 0,
@@ -172,7 +204,9 @@ def make(
             upper.parent.mkdir(parents=True)
             subprocess.run(["cp", "-a", str(upper_from), str(upper)], check=True, timeout=120)
         restore = None if images_dir is None else launch.Restore(images_dir, base / "work" / cid)
-        done = launcher.launch(spec, launch.Storage((lower,), upper, upper.parent / "work"), restore)
+        storage = storage or launch.Storage((lower,), upper, upper.parent / "work")
+        done = launcher.launch(spec, storage, restore)
+        upper = storage.upper
         assert done.state.status is RuncStatus.RUNNING and done.netns == named_netns.path_of(cid, layout.netns)
         return Box(cid, done.state.pid, upper, done.ip)
 
@@ -205,8 +239,8 @@ def run_in(box: Box, *argv: str) -> str:
     return out
 
 
-def start_counter(box: Box) -> None:
-    asyncio.run(asyncio.wait_for(_exec(box.ns, ["python3", "-c", COUNTER], persistent=True), 60))
+def start_counter(box: Box, program: str = COUNTER) -> None:
+    asyncio.run(asyncio.wait_for(_exec(box.ns, ["python3", "-c", program], persistent=True), 60))
 
 
 def ask(ip: ipaddress.IPv4Address | None, port: int = 8000) -> str:
@@ -280,7 +314,9 @@ def test_overlay_reports_upper_inodes_unchanged_across_remounts(lower: Path, bas
     try:
         assert rootfs.is_mounted(first.target)
         opts = next(ln for ln in Path("/proc/self/mountinfo").read_text().splitlines() if str(first.target) in ln)
-        assert "index=on" not in opts and "xino=on" not in opts  # the kernel lists only non-defaults
+        # The kernel lists only non-defaults, and ignores xino=on when all layers share one file system (here
+        # the root ext4): test_btrfs_pool checks the btrfs case, where it is on.
+        assert "index=on" not in opts and "xino=" not in opts
         (first.target / "new.txt").write_text("made in the sandbox")
         with (first.target / "etc" / "hostname").open("a") as f:  # a copy-up of a lower file
             f.write("x")
@@ -385,6 +421,53 @@ def test_checkpoint_then_parallel_restores_keep_process_state(make: Maker, runc:
     assert len({box.ip for box, _ in forks}) == 2
     assert ask(orig.ip) == "4"
     print(f"dump {dump_s:.3f} s; restores (bundle + overlay + runc restore): {[round(s, 3) for _, s in forks]}")
+
+
+def test_restored_process_keeps_writing_a_sqlite_db_copied_up_from_the_image(
+    make: Maker, runc: Runc, layout: cleanup.Layout, pool: Pool, lower: Path, base: Path
+) -> None:
+    """The runc+btrfs restore path: a SQLite connection opened on a DB from the image writes on after a restore.
+
+    The sandbox's upper and work dirs are in a btrfs subvolume (so overlay's
+    layers span two file systems and ``xino=on`` is in force); the checkpoint
+    is a read-only snapshot, the restore a writable snapshot of it mounted as
+    a new overlay.  With ``xino=off`` on this host the copied-up DB's st_ino
+    changed at that remount and the restored connection got
+    SQLITE_READONLY_DBMOVED.
+    """
+    image_db = base / "image-db"  # a second lower layer (on the root ext4) shipping /data/app.db
+    (image_db / "data").mkdir(parents=True)
+    with contextlib.closing(sqlite3.connect(image_db / "data" / "app.db")) as db:
+        db.execute("CREATE TABLE t (x TEXT)")
+        db.execute("INSERT INTO t VALUES ('from the image')")
+        db.commit()
+    tag = "t" + secrets.token_hex(6)
+    sb, ck, back = SubvolRef.sandbox(tag), SubvolRef.snapshot(tag), SubvolRef.sandbox(tag + "r")
+    ids = ("crt-sql", "crt-sql-restored")
+    try:
+        sub = pool.create_subvolume(sb, dirs=("upper", "work"))
+        orig = make(ids[0], networked=True, storage=launch.Storage((image_db, lower), sub / "upper", sub / "work"))
+        start_counter(orig, SQLITE_WRITER)
+        assert ask(orig.ip) == "2"  # the connection is open and has written: the DB is copied up
+        ino = os.stat(layout.bundles / orig.id / "rootfs" / "data" / "app.db").st_ino
+        images_dir = base / "images" / orig.id
+        runc.checkpoint(orig.id, images_dir, base / "work" / f"{orig.id}-dump")
+        pool.snapshot(sb, ck)
+        restored = pool.snapshot(ck, back, readonly=False)
+        box = make(
+            ids[1],
+            networked=True,
+            images_dir=images_dir,
+            storage=launch.Storage((image_db, lower), restored / "upper", restored / "work"),
+        )
+        assert os.stat(layout.bundles / box.id / "rootfs" / "data" / "app.db").st_ino == ino
+        assert ask(box.ip) == "3"  # the restored process's own connection, with its cached st_ino
+        assert ask(orig.ip) == "3"  # the original went on independently
+    finally:
+        errors = [e for cid in ids for e in cleanup.teardown(layout, runc, cid)]  # unmounts before the deletes
+        for ref in (back, ck, sb):
+            pool.delete(ref)
+        assert not errors
 
 
 def test_survey_and_reap_leftovers(make: Maker, layout: cleanup.Layout, runc: Runc) -> None:

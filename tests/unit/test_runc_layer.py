@@ -111,7 +111,7 @@ def test_overlay_options_keep_inodes_and_refuse_separators() -> None:
     ov = rootfs.Overlay((Path("/l1"), Path("/l2")), Path("/u"), Path("/w"), Path("/t"))
     opts = ov.options().split(",")
     assert opts[:3] == ["lowerdir=/l1:/l2", "upperdir=/u", "workdir=/w"]
-    assert {"index=off", "xino=off"} <= set(opts)
+    assert {"index=off", "xino=on", "redirect_dir=off", "metacopy=off"} <= set(opts)
     with pytest.raises(ContainerRuntimeError):
         rootfs.Overlay((Path("/a,b"),), Path("/u"), Path("/w"), Path("/t")).options()
 

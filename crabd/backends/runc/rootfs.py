@@ -14,16 +14,36 @@ Overlay mounts.  ``upper`` and ``work`` must live on the same file system
 renames across subvolumes fail with EXDEV).  The options are chosen so
 that a file's ``st_ino`` seen through the overlay stays the same after the
 upper dir is snapshotted and mounted again (SQLite caches st_ino and
-refuses writes when it changes):
+refuses writes with SQLITE_READONLY_DBMOVED when it changes; see
+docs/btrfs.md, "Inode numbers through the overlay", for the measurements):
 
-* ``index=off``: the index would record the upper fs's identity in the
-  work dir and refuse (ESTALE) an upper dir that is a snapshot of it.
-* ``xino=off``: with xino, overlay ORs a layer number into the high bits of
-  st_ino; off, a file created in the sandbox reports its upper inode number
-  as is (the number a btrfs snapshot keeps).
+* ``xino=on``: a file copied up from the image keeps reporting its LOWER
+  inode number (overlay follows the ``trusted.overlay.origin`` file handle
+  that copy-up stored in the upper file), with the lower layer's number in
+  the top bits (bit 63 here: upper inodes keep their own numbers), on every
+  later mount too, and every file of one mount has the same st_dev.  Without
+  it the kernel follows that handle on a later mount only if the lower file
+  system has a non-null UUID or some feature that forbids offline lower
+  changes is on; this host's root ext4 has a NULL UUID, so with
+  ``xino=off`` (or ``xino=auto``, which falls back to off for that reason)
+  a copied-up file showed its lower inode while the mount that copied it up
+  lived and its upper inode on every later mount (a restore is one).
+  ``xino=on`` is honoured with a btrfs upper (64-bit inodes): overlay
+  takes 2 high bits, which btrfs inode numbers do not reach in practice.  On an
+  all-one-file-system overlay (tests) it is a no-op.
+* ``index=off``: the index records the upper dir's file handle in the work
+  dir; a btrfs snapshot is another subvolume (other handles), so a restore
+  mount failed with ESTALE ("failed to verify upper").  The price: a lower
+  file with several hard links gets a new inode (its upper one) at copy-up,
+  even while the same mount lives, and loses its links to the others.
 * ``redirect_dir=off``, ``metacopy=off``: nothing in the upper dir points
   at lower paths by name beyond the standard whiteouts and opaque dirs, so
-  the upper dir is a self-contained delta.
+  the upper dir is a self-contained delta (renaming a directory from the
+  image fails with EXDEV; ``mv`` then copies).
+
+The lower dir must never change once a sandbox used it (it is keyed by
+image id and only ever read): copied-up files name their lower inode by
+file handle, and a re-exported image would have other inode numbers.
 """
 
 from __future__ import annotations
@@ -43,7 +63,8 @@ DEFAULT_ROOTFS_ROOT = Path("/var/lib/crab/rootfs")
 #: Prefix of an export in progress (and of what a crash leaves behind).
 TMP_PREFIX = "tmp-"
 
-OVERLAY_OPTIONS = ("index=off", "xino=off", "redirect_dir=off", "metacopy=off")
+#: See the module docstring: ``xino=on`` keeps st_ino of copied-up files; ``index=off`` lets a snapshot mount.
+OVERLAY_OPTIONS = ("index=off", "xino=on", "redirect_dir=off", "metacopy=off")
 
 _DOCKER_TIMEOUT_S = 60.0
 _export_lock = threading.Lock()
