@@ -44,6 +44,12 @@ def remove_sandbox_network(name: str) -> None:
     from crabd.config import NetworkConfig
 
     teardown(docker.from_env().api, NetworkConfig(name=name))
+    # The runc backend's CNI bridge of the same daemon, and its rules.
+    from crabd.backends.runc.cni import CniNetwork, CniSettings
+    from crabd.config import CrabConfig
+    from crabd.daemon.assembly import runc_network
+
+    CniNetwork(CniSettings(net=runc_network(CrabConfig.model_validate({"network": {"name": name}})))).teardown()
 
 
 @contextlib.contextmanager

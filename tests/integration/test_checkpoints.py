@@ -13,7 +13,7 @@ import pytest
 from crabd.errors import InvalidRequest
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox, Turn
 from tests.fstree import diff, snapshot
-from tests.integration.conftest import docker_inspect
+from tests.integration.conftest import upper_dir
 
 #: Run inside a bookworm sandbox: every kind of file a hostile agent can leave behind.
 HOSTILE_TREE = r"""
@@ -44,7 +44,7 @@ os.makedirs("/usr/share/doc/bash"); open("/usr/share/doc/bash/only", "w").write(
 
 
 def upper_of(container_id: str) -> Path:
-    return Path(docker_inspect(container_id, "{{.GraphDriver.Data.UpperDir}}"))
+    return upper_dir(container_id)
 
 
 def _blob_path(daemon: EmbeddedDaemon, content: bytes) -> Path:

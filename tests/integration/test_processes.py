@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from crabd.sdk import Client, CriuError, EmbeddedDaemon, IncompleteDump, Sandbox
+from tests.integration import conftest
 from tests.integration.conftest import daemon_with_config
 
 pytestmark = pytest.mark.criu
@@ -151,7 +152,7 @@ def wait_file(sb: Sandbox, path: str, timeout: float = 20.0) -> bytes:
 
 
 def kill_container(sb: Sandbox) -> None:
-    subprocess.run(["docker", "kill", sb.refresh().container_id], check=True, capture_output=True, timeout=60)
+    conftest.kill_container(sb.refresh().container_id)
     deadline = time.monotonic() + 30
     while sb.refresh().state != "dead" and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -349,15 +350,15 @@ def _docker0_address() -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def daemon() -> Iterator[EmbeddedDaemon]:
-    """This module's crabd: sandboxes may reach the host's docker0 address (``outside_listener``).
+@pytest.fixture(scope="module", params=conftest.BACKENDS)
+def daemon(request: pytest.FixtureRequest) -> Iterator[EmbeddedDaemon]:
+    """This module's crabd, once per backend: sandboxes may reach the host's docker0 address (``outside_listener``).
 
     Sandboxes are kept from the host's services by default; the "outside"
     connection below needs a peer outside the sandbox, so that one address is
     allowed (on a network of this module's own, so no other daemon's rules change).
     """
-    toml = f'[network]\nname = "crabproc"\nallow = ["{_docker0_address()}/32"]\n'
+    toml = conftest.backend_toml(request.param, "crabproc") + f'allow = ["{_docker0_address()}/32"]\n'
     with daemon_with_config(toml, "crabproc") as d:
         yield d
 
@@ -411,7 +412,7 @@ def test_loopback_connections_survive_and_outside_ones_close(
 def test_every_process_must_be_in_the_dump(client: Client, sbx: Callable[..., Sandbox]) -> None:
     sb = sbx()
     cid = sb.refresh().container_id
-    outsider = subprocess.Popen(["docker", "exec", cid, "sleep", "300"])
+    outsider = conftest.exec_outside_init(cid, ["sleep", "300"])
     try:
         time.sleep(1.0)
         with pytest.raises(IncompleteDump) as info:
