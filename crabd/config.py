@@ -136,6 +136,12 @@ class CriuConfig(_Model):
     runc_root: Path = Field(Path("/run/docker/runtime-runc/moby"), description="runc state dir of Docker's containers")
     timeout_s: float = Field(300.0, gt=0, description="longest one dump may take")
     busy_wait_s: float = Field(10.0, ge=0, description="how long a process checkpoint waits for running commands")
+    hot_images_bytes: int = Field(
+        4 << 30,
+        ge=0,
+        description="budget of the hot image cache (<state_dir>/images-hot): each sandbox's newest process dump "
+        "kept uncompressed, so a restore links it instead of writing it from the blob store; 0 disables",
+    )
 
 
 class InspectorConfig(_Model):

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from crabd.backends.criu.hotimages import HotImages
 from crabd.backends.criu.imagestore import ImageStore
 from crabd.backends.fsdelta import Change, FsCapture, MaterializeStats, ScanLimits, StoredTree, Tree
 
@@ -396,6 +397,7 @@ class Stack:
     service: Service
     engine: HostEngine
     housekeeping: Housekeeper
+    images: ImageStore
 
     def blob_files(self) -> set[str]:
         """Every blob in the store."""
@@ -451,7 +453,9 @@ def build_stack(
     dump_root = state / "dumps"
     dump_root.mkdir()
     # The real page-deduplicating image store: FakeDumper's images are plain files in a dir.
-    images = ImageStore(blobs)
+    # And its hot copies, as daemon/app.py wires them.
+    budget = cfg.criu.hot_images_bytes
+    images = ImageStore(blobs, hot=HotImages(state / "images-hot", budget) if budget else None)
     store_lock = RWLock()
     checkpointer = Checkpointer(
         db, sandboxes, catalog, blobs, fs, FakeDumper(faults), images=images, dump_root=dump_root, store_lock=store_lock
@@ -495,6 +499,7 @@ def build_stack(
         service=service,
         engine=engine,
         housekeeping=housekeeping,
+        images=images,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,18 @@ class StoredImage:
     pages_new: int = 0
 
 
+#: Where a restore's process images came from: a hot dump directory, or the blob store.
+ImageSource = Literal["hot", "blobs"]
+
+
+@dataclass(frozen=True)
+class WrittenImage:
+    """What ``ProcessImages.write`` put into a restore's image dir."""
+
+    nbytes: int
+    source: ImageSource
+
+
 class ProcessImages(Protocol):
     """Process images in the blob store: de-duplicated by page, written back for a restore."""
 
@@ -51,8 +63,20 @@ class ProcessImages(Protocol):
         """Store the dump in ``images_dir``; ``previous`` (a manifest) holds the likeliest duplicate pages."""
         ...
 
-    def write(self, manifest: str, target: Path) -> int:
-        """Write the images of ``manifest`` into the empty dir ``target``; return the bytes written."""
+    def write(self, manifest: str, target: Path) -> WrittenImage:
+        """Put the images of ``manifest`` into the empty dir ``target``; say how many bytes, and from where.
+
+        The files may be hard links to a kept dump (``keep``): never write
+        into one in place; replace it (write a new file, rename it over).
+        """
+        ...
+
+    def keep(self, manifest: str, images_dir: Path, sandbox_id: str) -> None:
+        """Hand over ``images_dir``, a dump just stored as ``manifest``, of sandbox ``sandbox_id``.
+
+        The implementation may keep it as its hot copy for later restores,
+        or delete it; either way the caller must not use ``images_dir`` again.
+        """
         ...
 
     def close_external_connections(self, images_dir: Path) -> dict[str, int]:

@@ -36,7 +36,7 @@ class Attempt:
     st: ContainerStatus
     head: Head | None
     prepared: Prepared
-    #: The process dump is written here, then stored and removed.
+    #: The process dump is written here, then stored, then kept as a hot copy or removed.
     work: Path
     pair: tuple[str, str] | None
     inspector: Inspector | None
@@ -79,4 +79,6 @@ class StoredCheckpoint:
     new_bytes: int
     stats: dict[str, Any] = field(default_factory=dict)
     process_blob: str | None = None
+    #: The manifest this attempt's own dump was stored as (None without a dump).
+    dumped_image: str | None = None
     session_blob: str | None = None

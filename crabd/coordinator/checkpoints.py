@@ -273,13 +273,22 @@ class Checkpointer:
         4. publish: the quota, fsync, then the catalog's transaction.
         """
         attempt = await self._prepare(rec, ckpt_id, kind, pair)
-        cut, out = await self._cut_and_store(attempt, on_phase)
-        if pair:
-            out.process_blob = pair[1]
-            out.stats["paired_with"] = pair[0]
-        await self._store_session(session_json, out)
-        ckpt = self._record(attempt, turn, label, out, cut.thawed_ns)
-        return await self._publish(attempt, ckpt, out, cut.freeze_s)
+        try:
+            cut, out = await self._cut_and_store(attempt, on_phase)
+            if pair:
+                out.process_blob = pair[1]
+                out.stats["paired_with"] = pair[0]
+            await self._store_session(session_json, out)
+            ckpt = self._record(attempt, turn, label, out, cut.thawed_ns)
+            ckpt = await self._publish(attempt, ckpt, out, cut.freeze_s)
+            if out.dumped_image is not None:
+                # Published: the dump is exactly what the store holds under that manifest, so
+                # the image store may keep it as the sandbox's hot copy (backends/criu/hotimages.py).
+                await asyncio.to_thread(self.images.keep, out.dumped_image, attempt.images, rec.id)
+            return ckpt
+        finally:
+            # The dump's work dir (and the images, unless kept), on every path: a failed checkpoint keeps nothing.
+            await asyncio.to_thread(shutil.rmtree, attempt.work, True)
 
     async def _prepare(
         self, rec: SandboxRecord, ckpt_id: str, kind: CheckpointKind, pair: tuple[str, str] | None
@@ -319,7 +328,7 @@ class Checkpointer:
     async def _cut_and_store(
         self, a: Attempt, on_phase: Callable[[str], None] | None
     ) -> tuple[FrozenCut, StoredCheckpoint]:
-        """Steps 2 and 3 for files and processes; the dump's work directory is removed on every path."""
+        """Steps 2 and 3 for files and processes (the caller removes the dump's work directory)."""
         try:
             if a.full:
                 a.images.mkdir(parents=True, mode=0o700)
@@ -334,8 +343,6 @@ class Checkpointer:
             # crabd's own writes of the dump (its directory, files beside CRIU's);
             # untranslated, a full disk would read as "internal error" and go unrecorded.
             raise store_error(exc, self.dump_root, "writing a process dump") from exc
-        finally:
-            await asyncio.to_thread(shutil.rmtree, a.work, True)
 
     def _frozen_cut(self, a: Attempt) -> FrozenCut:
         """Step 2: freeze, dump, re-walk and thaw in one worker call.
@@ -378,7 +385,7 @@ class Checkpointer:
             out.info.children.update(image.children)
             out.info.sizes.update(image.sizes)
             out.new_bytes += image.new_bytes
-            out.process_blob = image.manifest
+            out.process_blob = out.dumped_image = image.manifest
             out.stats.update(
                 dump_s=dump.seconds,
                 processes=len(dump.pids),

@@ -227,7 +227,9 @@ class Restorer:
                 # Files first: CRIU reopens the processes' files by path and checks their sizes.
                 t0 = time.monotonic()
                 target = backend.checkpoint_dir(container_id, PROCESS_CHECKPOINT)
-                stats["image_bytes"] = self.images.write(ckpt.process_blob, target)
+                written = self.images.write(ckpt.process_blob, target)
+                stats["image_bytes"], stats["images_from"] = written.nbytes, written.source
+                # Its files may be links to a hot copy: this replaces files.img, never writes into it.
                 stats.update(self.images.close_external_connections(target))
                 # Docker uploads the directory to containerd as a tarball named by
                 # its digest; two clones restoring identical images at once collide

@@ -37,6 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from crabd.api.peercred import CallerTable, FrontDoor
 from crabd.api.servicer import CrabServicer
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
+from crabd.backends.criu.hotimages import HotImages
 from crabd.backends.criu.imagestore import ImageStore
 from crabd.backends.fsdelta import ScanLimits
 from crabd.config import CrabConfig
@@ -195,7 +196,10 @@ class Daemon:
         await asyncio.to_thread(shutil.rmtree, dump_root, True)
         dump_root.mkdir(parents=True, exist_ok=True, mode=0o700)
         catalog = Catalog(db)
-        images = ImageStore(blobs)
+        # Each sandbox's newest dump kept as it was stored, for fast restores; budget 0 empties it.
+        hot_budget = self.cfg.criu.hot_images_bytes
+        hot = await asyncio.to_thread(HotImages, paths.state_dir / "images-hot", hot_budget)
+        images = ImageStore(blobs, hot=hot if hot_budget > 0 else None)
         store_lock = RWLock()
         checkpointer = Checkpointer(
             db,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from crabd.backends.procdump import DumpResult
 from crabd.errors import CriuError, QuotaExceeded, StoreError
 from crabd.models import CheckpointKind, SandboxRecord, SandboxState
 from tests.fakes import ALICE, Stack, build_stack, run, spec
@@ -126,5 +127,58 @@ def test_a_dead_sandbox_is_not_checkpointed(tmp_path: Path, monkeypatch: pytest.
         assert len(st.catalog.failures(rec.id)) == 1
         got = st.registry.get_sandbox(rec.id)
         assert got is not None and got.state is SandboxState.DEAD
+
+    run(body())
+
+
+def test_a_published_dump_is_kept_hot_and_a_restore_links_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only a published checkpoint's dump is kept, one per sandbox; a restore from it reports images_from "hot"."""
+    st = build_stack(tmp_path, monkeypatch)
+    hot = st.images.hot
+    assert hot is not None
+
+    dumps = [0]
+    fake_dump = st.checkpointer.dumper.dump
+
+    def dump(container_id: str, images_dir: Path, work_dir: Path) -> DumpResult:
+        dumps[0] += 1  # each dump's memory differs
+        (images_dir / "mm-1.img").write_text(f"dump {dumps[0]}")
+        return fake_dump(container_id, images_dir, work_dir)
+
+    monkeypatch.setattr(st.checkpointer.dumper, "dump", dump)
+
+    def restored_from() -> list[object]:
+        return [getattr(r, "images_from", None) for r in caplog.records if r.getMessage() == "sandbox restored"]
+
+    async def body() -> None:
+        rec = await _sandbox(st)
+        first = await st.checkpointer.take(rec, kind=CheckpointKind.FULL)
+        assert first.process_blob is not None and first.process_blob in hot
+        assert list(st.checkpointer.dump_root.iterdir()) == []  # the work dir went, the images moved
+        st.write(rec.id, "notes.txt", "second")
+        second = await st.checkpointer.take(rec, kind=CheckpointKind.FULL)
+        assert second.process_blob not in (None, first.process_blob)
+        assert (first.process_blob in hot, second.process_blob in hot) == (False, True)
+
+        # A checkpoint refused at publication keeps nothing: the sandbox's hot copy stays the published one.
+        def refuse(uid: int, new_bytes: int) -> None:
+            if new_bytes:
+                raise QuotaExceeded("no", uid=uid, quota="max_store_bytes", limit=0, used=0, requested=new_bytes)
+
+        st.write(rec.id, "notes.txt", "third")
+        st.checkpointer.store_quota = refuse
+        with pytest.raises(QuotaExceeded):
+            await st.checkpointer.take(rec, kind=CheckpointKind.FULL)
+        st.checkpointer.store_quota = None
+        assert hot.usage()[0] == 1 and second.process_blob in hot
+        assert list(st.checkpointer.dump_root.iterdir()) == []
+
+        with caplog.at_level("INFO", logger="crabd.restore"):
+            await st.service.restore(ALICE, "a", second.id, -1)
+            await st.service.restore(ALICE, "a", first.id, -1)
+        assert restored_from() == ["hot", "blobs"]
+        await st.sandboxes.close(remove_all=False)
 
     run(body())

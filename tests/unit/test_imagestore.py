@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 from pathlib import Path
 
 import pytest
 
+from crabd.backends.criu import sockets
+from crabd.backends.criu.hotimages import HotImages
 from crabd.backends.criu.images import COMMON_MAGIC, PSTREE_MAGIC, dumped_tasks
 from crabd.backends.criu.imagestore import PAGE, ImageStore
 from crabd.errors import CorruptBlob
@@ -86,3 +89,87 @@ def test_pstree_is_read_without_criu_tools(tmp_path: Path) -> None:
     )
     tasks = dumped_tasks(tmp_path)
     assert [(t.pid, t.ppid, t.threads) for t in tasks] == [(1, 0, (1,)), (300, 1, (300, 301))]
+
+
+# --- the hot copy (backends/criu/hotimages.py) -----------------------------------------------
+
+
+def _files_img_with_an_outside_connection() -> bytes:
+    """A files.img holding one established TCP socket from 10.0.0.2 to 10.0.0.9 (sockets.py rewrites it)."""
+
+    def word(a: str) -> int:
+        return int.from_bytes(bytes(int(x) for x in a.split(".")), "little")
+
+    isk = sockets._encode(
+        [(5, 0, 6), (6, 0, 1), (7, 0, 40000), (8, 0, 80), (11, 0, word("10.0.0.2")), (12, 0, word("10.0.0.9"))]
+    )
+    rec = sockets._encode([(1, 0, 5), (4, 2, isk)])
+    return struct.pack("<II", COMMON_MAGIC, 0x56505244) + struct.pack("<I", len(rec)) + rec
+
+
+def test_a_kept_dump_is_linked_and_never_written_through(tmp_path: Path) -> None:
+    blobs = FileBlobStore(tmp_path / "blobs")
+    hot = HotImages(tmp_path / "hot", 1 << 30, boot_id="b")
+    store = ImageStore(blobs, hot=hot)
+    (tmp_path / "work").mkdir()
+    d = _dump(tmp_path / "work" / "images", [os.urandom(PAGE) for _ in range(64)])
+    (d / "files.img").write_bytes(_files_img_with_an_outside_connection())
+    want = {p.name: p.read_bytes() for p in d.iterdir()}
+    image = store.store(d, None)
+    store.keep(image.manifest, d, "sb1")
+    assert not d.exists() and image.manifest in hot
+
+    out = tmp_path / "out"
+    out.mkdir()
+    written = store.write(image.manifest, out)
+    assert written.source == "hot" and written.nbytes == sum(len(v) for v in want.values())
+    # The restore's rewrite of files.img replaces the link: the kept copy keeps the stored bytes.
+    assert store.close_external_connections(out) == {"closed": 1, "unbound": 0}
+    entry = tmp_path / "hot" / image.manifest
+    assert {p.name: p.read_bytes() for p in entry.iterdir()} == want
+    assert (out / "files.img").read_bytes() != want["files.img"]
+    assert (out / "files.img").stat().st_ino != (entry / "files.img").stat().st_ino
+    assert (out / "pages-1.img").stat().st_ino == (entry / "pages-1.img").stat().st_ino
+
+    # Exactly what the blob store writes back.
+    from_blobs = tmp_path / "from-blobs"
+    from_blobs.mkdir()
+    assert ImageStore(blobs).write(image.manifest, from_blobs).source == "blobs"
+    _same_dirs(entry, from_blobs)
+
+
+def test_without_a_hot_copy_the_store_writes_and_keep_deletes(tmp_path: Path) -> None:
+    blobs = FileBlobStore(tmp_path / "blobs")
+    plain = ImageStore(blobs)
+    d = _dump(tmp_path / "d", [os.urandom(PAGE) for _ in range(4)])
+    image = plain.store(d, None)
+    plain.keep(image.manifest, d, "sb")
+    assert not d.exists()  # no cache: handed over means deleted
+
+    hot = HotImages(tmp_path / "hot", 100, boot_id="b")  # too small for this dump
+    store = ImageStore(blobs, hot=hot)
+    d = _dump(tmp_path / "d", [os.urandom(PAGE) for _ in range(4)])
+    image = store.store(d, None)
+    want = {p.name: p.read_bytes() for p in d.iterdir()}
+    store.keep(image.manifest, d, "sb")
+    assert not d.exists() and hot.usage() == (0, 0)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert store.write(image.manifest, out).source == "blobs"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == want
+
+
+def test_a_vanished_hot_copy_falls_back_to_the_blobs(tmp_path: Path) -> None:
+    blobs = FileBlobStore(tmp_path / "blobs")
+    hot = HotImages(tmp_path / "hot", 1 << 30, boot_id="b")
+    store = ImageStore(blobs, hot=hot)
+    d = _dump(tmp_path / "d", [os.urandom(PAGE) for _ in range(4)])
+    image = store.store(d, None)
+    want = {p.name: p.read_bytes() for p in d.iterdir()}
+    store.keep(image.manifest, d, "sb")
+    shutil.rmtree(tmp_path / "hot" / image.manifest)
+    out = tmp_path / "out"
+    out.mkdir()
+    written = store.write(image.manifest, out)
+    assert written.source == "blobs"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == want

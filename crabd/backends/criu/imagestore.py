@@ -21,13 +21,18 @@ Formats (integers big-endian; ``bytes`` = u32 length + raw bytes)::
 A pages file is the concatenation of its runs in order.  Page digests are
 only used to find duplicates; integrity comes from the packs' SHA-256
 addresses, checked on every read like any blob.
+
+With a hot cache (``hotimages.py``), a dump just stored is kept as it is,
+and ``write`` hard-links it instead of writing the image out of the store.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
+import shutil
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -35,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crabd.backends.criu import sockets
-from crabd.backends.procdump import StoredImage
+from crabd.backends.criu.hotimages import HotImages
+from crabd.backends.procdump import StoredImage, WrittenImage
 from crabd.errors import StoreError, UnsafeEntry
 from crabd.store.blobs import BlobStore
 
@@ -47,6 +53,8 @@ DIGEST = 16
 #: Largest metadata blob (image manifest, page index) read back.
 MAX_META = 512 << 20
 _READ = 4 << 20
+
+log = logging.getLogger("crabd.imagestore")
 
 
 def _digest(page: bytes | memoryview) -> bytes:
@@ -138,8 +146,10 @@ class _Packer:
 
 
 class ImageStore:
-    def __init__(self, blobs: BlobStore) -> None:
+    def __init__(self, blobs: BlobStore, *, hot: HotImages | None = None) -> None:
         self.blobs = blobs
+        #: Dumps kept as they were stored, linked into restore targets (None: always write from the blobs).
+        self.hot = hot
         # Page digests of recent images, so a sandbox's next dump need not re-read them.
         self._known: OrderedDict[str, dict[bytes, tuple[str, int]]] = OrderedDict()
 
@@ -234,8 +244,33 @@ class ImageStore:
         self._remember(put.hex, {**known, **mine_known})
         return image
 
-    def write(self, manifest: str, target: Path) -> int:
-        """Write a stored image into the empty directory ``target``; return bytes written."""
+    def keep(self, manifest: str, images_dir: Path, sandbox_id: str) -> None:
+        """Keep ``images_dir`` (just stored as ``manifest``) as the sandbox's hot copy, or delete it."""
+        kept = False
+        if self.hot is not None:
+            try:
+                kept = self.hot.keep(manifest, images_dir, sandbox_id)
+            except (OSError, StoreError) as exc:
+                # Only a cache: the store holds the image, a restore writes it from there.
+                log.warning("keeping a hot process image failed", extra={"manifest": manifest, "error": str(exc)})
+        if not kept:
+            shutil.rmtree(images_dir, ignore_errors=True)
+
+    def write(self, manifest: str, target: Path) -> WrittenImage:
+        """Put a stored image into the empty directory ``target``: linked from the hot copy, else written."""
+        if self.hot is not None:
+            try:
+                linked = self.hot.link_into(manifest, target)
+            except (OSError, StoreError) as exc:
+                log.warning("linking a hot process image failed", extra={"manifest": manifest, "error": str(exc)})
+                self.hot.drop(manifest)
+                linked = None
+            if linked is not None:
+                return WrittenImage(linked, "hot")
+        return WrittenImage(self.write_from_blobs(manifest, target), "blobs")
+
+    def write_from_blobs(self, manifest: str, target: Path) -> int:
+        """Write a stored image out of the blob store into the empty directory ``target``; return bytes written."""
         written = 0
         packs: OrderedDict[str, bytes] = OrderedDict()
         for f in _decode(self._read(manifest)):

@@ -21,10 +21,16 @@ of ``files.img``:
 7 src_port, 8 dst_port, 11 src_addr (repeated), 12 dst_addr (repeated).
 Addresses are 32-bit words holding network-order bytes, read as
 little-endian integers.
+
+The image dir's files may be hard links to a kept dump (``hotimages.py``),
+shared with other restores: ``files.img`` is never written in place but
+replaced by a new file renamed over it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
 from pathlib import Path
 
@@ -106,7 +112,7 @@ def _rewrite_isk(isk: bytes) -> tuple[bytes, str]:
 
 
 def close_external_connections(images_dir: Path) -> dict[str, int]:
-    """Rewrite ``files.img`` in place (see the module doc); returns counts of what changed."""
+    """Rewrite ``files.img`` (see the module doc) by replacing it; returns counts of what changed."""
     path = images_dir / "files.img"
     counts = {"closed": 0, "unbound": 0}
     if not path.exists():
@@ -132,7 +138,20 @@ def close_external_connections(images_dir: Path) -> dict[str, int]:
         body = _encode(items) if changed else rec
         out += struct.pack("<I", len(body)) + body
     if counts["closed"] or counts["unbound"]:
-        tmp = path.with_suffix(".crab-tmp")
-        tmp.write_bytes(bytes(out))
-        tmp.replace(path)
+        _replace(path, bytes(out))
     return counts
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Put ``data`` at ``path`` as a NEW file: the old one may be a hard link shared with other image dirs."""
+    tmp = path.with_suffix(".crab-tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # never open an existing name for writing: it could be a link too
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    tmp.replace(path)
