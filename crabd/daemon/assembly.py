@@ -80,7 +80,9 @@ def open_sandbox_side(cfg: CrabConfig, instance: str) -> SandboxSide:
     state = cfg.paths.state_dir
     criu_logs = state / "logs" / "criu"
     if kind is BackendKind.DOCKER:
-        docker = DockerSandboxBackend(cfg.docker.host, cfg.docker.timeout_s, criu_log_dir=criu_logs, network=cfg.network)
+        docker = DockerSandboxBackend(
+            cfg.docker.host, cfg.docker.timeout_s, criu_log_dir=criu_logs, network=cfg.network
+        )
         return SandboxSide(kind, docker, runc_root=cfg.criu.runc_root)
     pool = Pool.from_config(cfg.btrfs)
     try:

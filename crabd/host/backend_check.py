@@ -130,7 +130,7 @@ def check_backend(cfg: CrabConfig, facts: BackendFacts | None = None) -> Check:
         return _fail(
             "backend",
             f"{in_use} ({how}), but this host lacks: {'; '.join(why_not)}",
-            f"{SETUP_FIX}, or set [runtime] backend = \"auto\"",
+            f'{SETUP_FIX}, or set [runtime] backend = "auto"',
         )
     if in_use is SandboxBackend.RUNC_BTRFS:
         return _ok(
