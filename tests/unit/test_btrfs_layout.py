@@ -119,10 +119,11 @@ FACTS = BackendFacts(
 
 def test_backend_runc_btrfs_when_everything_is_there() -> None:
     assert choose_backend(FACTS) == (SandboxBackend.RUNC_BTRFS, [])
-    ready = backend_check.check_backend(CrabConfig(), FACTS)
+    auto = CrabConfig.model_validate({"runtime": {"backend": "auto"}})
+    ready = backend_check.check_backend(auto, FACTS)
     assert ready.status is Status.OK and ready.summary.startswith("runc+btrfs (auto: runc /usr/bin/runc")
-    # Asked for Docker by name: Docker it is, and doctor says runc+btrfs would be ready.
-    docker = CrabConfig.model_validate({"runtime": {"backend": "docker"}})
+    # Docker (the default, or by name): Docker it is, and doctor says runc+btrfs would be ready.
+    docker = CrabConfig()
     assert backend_check.backend_for(docker, FACTS) == (SandboxBackend.DOCKER, [])
     check = backend_check.check_backend(docker, FACTS)
     assert check.status is Status.OK and check.summary == "docker ([runtime] backend); runc+btrfs is ready too"
@@ -139,7 +140,8 @@ def test_backend_falls_back_to_docker_and_says_why() -> None:
         "btrfs pool: no btrfs file system is mounted at /p",
         f"CNI plugins missing in {backend_check.CNI_DIR}: firewall",
     ]
-    check = backend_check.check_backend(CrabConfig(), facts)
+    auto = CrabConfig.model_validate({"runtime": {"backend": "auto"}})
+    check = backend_check.check_backend(auto, facts)
     assert check.status is Status.WARN and check.summary.startswith("docker (auto); ") and "no runc" in check.summary
     # Asked for runc+btrfs by name on a host without it: doctor fails and says what is missing.
     runc = CrabConfig.model_validate({"runtime": {"backend": "runc+btrfs"}})
