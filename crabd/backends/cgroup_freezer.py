@@ -1,15 +1,22 @@
 """Freezing a container's processes with the cgroup freezer, for consistent cuts.
 
 cgroup v1 (this host's hybrid layout): ``freezer/docker/<id>/freezer.state``
-takes ``FROZEN``/``THAWED``.  The kernel reports ``FREEZING`` until every
-task has stopped, so we poll (with a short back-off starting at 50 µs)
-until it reads ``FROZEN``; a small container freezes in about 0.2 ms.
+(Docker) or ``freezer/crab/<id>/freezer.state`` (crab's runc layer; where a
+container's cgroup is: :mod:`crabd.util.cgroups`) takes ``FROZEN``/``THAWED``.
+The kernel reports ``FREEZING`` until every task has stopped, so we poll
+(with a short back-off starting at 50 µs) until it reads ``FROZEN``; a
+small container freezes in about 0.2 ms.
 CRIU's own freezer step polls at a far coarser interval, which is one
 reason crab freezes the container itself before dumping.
 
 cgroup v2: ``cgroup.freeze`` takes 1/0 and ``cgroup.events`` reports
 ``frozen 1``.  Docker puts a container under ``docker/<id>`` (cgroupfs
-driver) or ``system.slice/docker-<id>.scope`` (systemd driver).
+driver) or ``system.slice/docker-<id>.scope`` (systemd driver), crab's runc
+layer under ``crab/<id>``.
+
+runc reads the freezer's state live: while frozen here, ``runc state``
+says ``paused``, and a thaw here makes it ``running`` again (so a freeze
+that a killed crabd left behind is undone the same way for both engines).
 
 Freezing also freezes descendants (nested cgroups), and a task stuck in
 uninterruptible sleep can hold the freeze off: after
@@ -25,24 +32,25 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from crabd.errors import HostError
+from crabd.util import cgroups
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_ROOT = cgroups.CGROUP_ROOT
 FREEZE_TIMEOUT_S = 5.0
 
 
-def _v1_state(container_id: str) -> Path:
-    return CGROUP_ROOT / "freezer" / "docker" / container_id / "freezer.state"
+def _v1_state(container_id: str) -> Path | None:
+    base = cgroups.v1_dir(container_id, "freezer", CGROUP_ROOT)
+    return base / "freezer.state" if base is not None else None
 
 
 def _v2_dir(container_id: str) -> Path | None:
-    for base in (
-        CGROUP_ROOT / "docker" / container_id,
-        CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope",
-        CGROUP_ROOT / "unified" / "docker" / container_id,
-    ):
-        if (base / "cgroup.freeze").exists():
-            return base
-    return None
+    base = cgroups.v2_dir(container_id, CGROUP_ROOT)
+    return base if base is not None and (base / "cgroup.freeze").exists() else None
+
+
+def _short(container_id: str) -> str:
+    """Docker's 64-hex ids shortened as Docker shows them; crab's runc ids whole (their head is the instance)."""
+    return container_id[:12] if len(container_id) == 64 else container_id
 
 
 def _wait(done: Callable[[], bool], container_id: str) -> None:
@@ -51,7 +59,7 @@ def _wait(done: Callable[[], bool], container_id: str) -> None:
     while not done():
         if time.monotonic() > deadline:
             raise HostError(
-                f"container {container_id[:12]} did not freeze within {FREEZE_TIMEOUT_S:g} s "
+                f"container {_short(container_id)} did not freeze within {FREEZE_TIMEOUT_S:g} s "
                 "(a process may be stuck in uninterruptible I/O)",
                 hint="Retry the checkpoint; if it keeps failing, look for processes in D state in the sandbox.",
             )
@@ -68,14 +76,14 @@ def _write(path: Path, value: str) -> None:
 
 def freeze(container_id: str) -> None:
     state = _v1_state(container_id)
-    if state.exists():
+    if state is not None:
         _write(state, "FROZEN")
         _wait(lambda: state.read_text().strip() == "FROZEN", container_id)
         return
     base = _v2_dir(container_id)
     if base is None:
         raise HostError(
-            f"no cgroup freezer found for container {container_id[:12]}",
+            f"no cgroup freezer found for container {_short(container_id)}",
             hint="crab needs the cgroup v1 freezer or cgroup v2; see `crabctl doctor`.",
         )
     _write(base / "cgroup.freeze", "1")
@@ -84,7 +92,7 @@ def freeze(container_id: str) -> None:
 
 def thaw(container_id: str) -> None:
     state = _v1_state(container_id)
-    if state.exists():
+    if state is not None:
         _write(state, "THAWED")
         return
     base = _v2_dir(container_id)

@@ -1,8 +1,19 @@
-"""Finding a Docker container's cgroup and its processes on the host.
+"""Finding a sandbox container's cgroup and its processes on the host.
 
-Docker puts a container at ``docker/<id>`` (cgroupfs driver) or
-``system.slice/docker-<id>.scope`` (systemd driver), in every hierarchy;
-on this host's hybrid layout the v2 tree is mounted at ``unified``.
+Two engines put sandboxes in cgroups, each under its own parent, in every
+hierarchy:
+
+* Docker: ``docker/<id>`` (cgroupfs driver) or
+  ``system.slice/docker-<id>.scope`` (systemd driver);
+* crab's runc layer: ``crab/<id>`` (the bundle's ``cgroupsPath``,
+  ``crabd/backends/runc/bundle.py`` ``CGROUP_PARENT``).
+
+The ids cannot collide (Docker's are 64 hex digits, crab's runc ids are
+``<instance>-<sandbox>-<generation>``), so a lookup tries both.  On this
+host's hybrid layout the v1 controllers are ``/sys/fs/cgroup/<controller>``
+and the v2 tree is mounted at ``unified``; runc 1.1 puts its containers in
+the unified tree too (``unified/crab/<id>``, checked on this host), and BPF's
+``bpf_get_current_cgroup_id()`` is the inode of that v2 directory.
 Processes in child cgroups of the container belong to it too.
 """
 
@@ -12,30 +23,43 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
+#: The parent cgroups of sandbox containers (Docker's cgroupfs driver, crab's runc layer).
+PARENTS = ("docker", "crab")
 
-def container_cgroup(container_id: str, root: Path = CGROUP_ROOT) -> Path | None:
-    """The container's cgroup v2 directory (or v1 freezer's, as a fallback)."""
-    for base in (
-        root / "unified" / "docker" / container_id,
-        root / "docker" / container_id,
-        root / "system.slice" / f"docker-{container_id}.scope",
-        root / "freezer" / "docker" / container_id,
-    ):
+
+def _v2_candidates(container_id: str, root: Path) -> list[Path]:
+    out = [root / "unified" / parent / container_id for parent in PARENTS]  # hybrid layout
+    out += [root / parent / container_id for parent in PARENTS]  # pure v2
+    out.append(root / "system.slice" / f"docker-{container_id}.scope")  # Docker's systemd driver
+    return out
+
+
+def v2_dir(container_id: str, root: Path = CGROUP_ROOT) -> Path | None:
+    """The container's cgroup v2 directory; None if there is none."""
+    for base in _v2_candidates(container_id, root):
         if (base / "cgroup.procs").exists():
             return base
     return None
 
 
+def v1_dir(container_id: str, controller: str, root: Path = CGROUP_ROOT) -> Path | None:
+    """The container's directory in the v1 hierarchy of ``controller`` (e.g. ``freezer``); None if none."""
+    for parent in PARENTS:
+        base = root / controller / parent / container_id
+        if (base / "cgroup.procs").exists():
+            return base
+    return None
+
+
+def container_cgroup(container_id: str, root: Path = CGROUP_ROOT) -> Path | None:
+    """The container's cgroup v2 directory (or v1 freezer's, as a fallback)."""
+    return v2_dir(container_id, root) or v1_dir(container_id, "freezer", root)
+
+
 def cgroup_id(container_id: str, root: Path = CGROUP_ROOT) -> int | None:
     """The cgroup v2 id of the container (the inode of its directory), as BPF's helpers report it."""
-    for base in (
-        root / "unified" / "docker" / container_id,
-        root / "docker" / container_id,
-        root / "system.slice" / f"docker-{container_id}.scope",
-    ):
-        if (base / "cgroup.procs").exists():
-            return base.stat().st_ino
-    return None
+    base = v2_dir(container_id, root)
+    return base.stat().st_ino if base is not None else None
 
 
 def container_host_pids(container_id: str, root: Path = CGROUP_ROOT) -> list[int]:
@@ -50,6 +74,39 @@ def container_host_pids(container_id: str, root: Path = CGROUP_ROOT) -> list[int
         except (OSError, ValueError):
             continue  # a child cgroup removed meanwhile
     return sorted(set(out))
+
+
+def _counter(path: Path, key: str) -> int | None:
+    """The value of the ``key N`` line of a flat-keyed cgroup file; None if unreadable or absent."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def oom_kills(container_id: str, root: Path = CGROUP_ROOT) -> int:
+    """How many processes the kernel's OOM killer killed in the container's memory cgroup (0 if unknown).
+
+    v1: ``memory.oom_control``'s ``oom_kill`` counter; v2: ``memory.events``'.
+    Both count for the cgroup's whole life, and stay readable after its
+    processes exited, until the cgroup is removed.
+    """
+    base = v1_dir(container_id, "memory", root)
+    if base is not None:
+        found = _counter(base / "memory.oom_control", "oom_kill")
+        if found is not None:
+            return found
+    base = v2_dir(container_id, root)
+    if base is not None:
+        found = _counter(base / "memory.events", "oom_kill")
+        if found is not None:
+            return found
+    return 0
 
 
 def ns_pid(host_pid: int) -> tuple[int, str]:
