@@ -22,7 +22,7 @@ from crabd.backends import cgroup_freezer
 from crabd.backends.criu.runc import log_excerpt
 from crabd.backends.docker_errors import docker_errors
 from crabd.backends.network import SANDBOX_SYSCTLS, SandboxNetwork
-from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus
+from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus, sandbox_hostname
 from crabd.config import NetworkConfig
 from crabd.errors import CriuError, DockerError, HostError
 from crabd.models import SandboxSpec
@@ -31,8 +31,6 @@ from crabd.util import netns
 #: Default pids limit when the spec leaves it at 0: a fork bomb in a sandbox
 #: must not exhaust the host's pid space.
 DEFAULT_PIDS_LIMIT = 4096
-
-_HOSTNAME_OK = re.compile(r"[^a-zA-Z0-9-]")
 
 #: The capabilities a sandbox keeps (everything else is dropped; see
 #: docs/security.md, "Isolation", for why each one stays).  Docker's default
@@ -156,7 +154,7 @@ class DockerSandboxBackend:
             # a socket); keep Docker's log of it tiny.
             log_config=docker.types.LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
         )
-        hostname = _HOSTNAME_OK.sub("-", spec.name)[:63].strip("-") or sandbox_id[:12]
+        hostname = sandbox_hostname(spec, sandbox_id)
         env = [f"{k}={v}" for k, v in spec.env_vars.items()]
         with docker_errors("create container"):
             created = self._api.create_container(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,13 @@ LABEL_OWNER = "dev.crab.owner"
 
 #: Where crab's init is bind-mounted inside every sandbox.
 INIT_PATH_IN_SANDBOX = "/.crab/init"
+
+_HOSTNAME_BAD = re.compile(r"[^a-zA-Z0-9-]")
+
+
+def sandbox_hostname(spec: SandboxSpec, sandbox_id: str) -> str:
+    """The sandbox's host name: its name made a valid host name label, else the head of its id."""
+    return _HOSTNAME_BAD.sub("-", spec.name)[:63].strip("-") or sandbox_id[:12]
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class Survey:
         return {*self.orphan_containers, *self.orphan_bundles, *self.orphan_netns, *self.orphan_cni}
 
 
-def _bundle_ids(root: Path) -> tuple[list[str], list[str]]:
+def bundle_ids(root: Path) -> tuple[list[str], list[str]]:
     """(complete bundle ids, half-made tmp-* names)."""
     if not root.is_dir():
         return [], []
@@ -66,7 +66,7 @@ def _bundle_ids(root: Path) -> tuple[list[str], list[str]]:
 def survey(layout: Layout, runc: Runc, live: set[str]) -> Survey:
     """Everything of crab's runc layer on the host, against the ``live`` ids."""
     containers = {st.id: st for st in runc.list()}
-    bundles, partial = _bundle_ids(layout.bundles)
+    bundles, partial = bundle_ids(layout.bundles)
     netns_ids = named_netns.list_ids(layout.netns)
     cni_ids = CniNetwork(layout.cni).attached()
     return Survey(

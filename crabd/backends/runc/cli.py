@@ -145,6 +145,15 @@ class Runc:
         self.criu_timeout_s = criu_timeout_s
         self.log_dir = log_dir
 
+    def version(self) -> str:
+        """runc's version ("1.1.5+ds1"), from the first line of ``runc --version``."""
+        try:
+            out = proc.run([self.binary, "--version"], timeout=self.timeout_s).out
+        except CommandError as exc:
+            raise ContainerRuntimeError(f"runc --version: {exc.stderr or exc.message}", container="") from exc
+        first = out.splitlines()[0] if out else ""
+        return first.removeprefix("runc version").strip() or "?"
+
     def _argv(self, *args: str) -> list[str]:
         return [self.binary, "--root", str(self.root), *args]
 

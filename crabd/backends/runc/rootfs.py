@@ -181,6 +181,27 @@ def is_mounted(target: Path) -> bool:
         return any(_unescape(line.split()[4]) == want for line in f if len(line.split()) > 4)
 
 
+def overlay_at(target: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> Overlay | None:
+    """The overlay mounted at ``target`` as the kernel reports it (its layers); None if none is."""
+    want = os.path.realpath(target)
+    with open(mountinfo, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    found: Overlay | None = None  # the last one listed is the one on top
+    for line in lines:
+        # "<id> <parent> <dev> <root> <mount point> <options> [optional...] - <fstype> <source> <super options>"
+        head, sep, tail = line.partition(" - ")
+        fields, fs = head.split(), tail.split()
+        if not sep or len(fields) < 5 or len(fs) < 3 or fs[0] != "overlay" or _unescape(fields[4]) != want:
+            continue
+        opts = dict(o.partition("=")[::2] for o in fs[2].split(","))
+        if "lowerdir" not in opts:
+            continue
+        lowers = tuple(Path(_unescape(p)) for p in opts["lowerdir"].split(":") if p)
+        upper, work = (Path(_unescape(opts.get(k, ""))) for k in ("upperdir", "workdir"))
+        found = Overlay(lowers, upper, work, target)
+    return found
+
+
 def _unescape(field: str) -> str:
     return field.encode().decode("unicode_escape")
 
