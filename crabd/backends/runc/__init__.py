@@ -10,4 +10,6 @@ The pieces, bottom up (see docs/runc.md):
 * :mod:`.cni`: networking through the standard CNI plugins, and the isolation rules.
 * :mod:`.cleanup`: the layout of it all; what is left after a crash, and reaping it.
 * :mod:`.launch`: one container made to run (fresh or restored) in the right order, or rolled back.
+* :mod:`.reaper`: crabd as child subreaper; container inits' exit statuses, and reaping them.
+* :mod:`.sandbox`: :class:`~.sandbox.RuncSandboxBackend`, the ``SandboxBackend`` over it all and a btrfs pool.
 """

@@ -23,9 +23,19 @@ Rules:
   properties of the process.  An init started before crabd restarted
   belongs to the host's PID 1 now; its exit status cannot be known.
 
-Orphans other than container inits (a daemonizing grandchild of some other
-subprocess) also become crabd's children and stay zombies; crabd starts
-none on purpose.
+A catch that comes with it: a process put into a container from outside
+by a descendant of crabd (``runc exec``, ``nsenter``) has its parent outside
+the container, so once that parent exits it is crabd's child too.  When
+the container's init dies, the kernel kills every process of its pid
+namespace and keeps the init from finishing its exit until all of them are
+reaped: such a zombie, crabd's to reap, would keep the init "running" for
+ever (``runc delete`` gave up with "container init still running").  So
+whoever waits for an init to exit also reaps those strays
+(:func:`reap_strays`); they were never Python's subprocesses (those live in
+the host's pid namespace), so no status is stolen.
+
+Other orphans (a daemonizing grandchild of some other subprocess) also
+become crabd's children and stay zombies; crabd starts none on purpose.
 """
 
 from __future__ import annotations
@@ -138,6 +148,46 @@ def watch(pid: int) -> Iterator[Callable[[float], bool]]:
         yield exited
     finally:
         os.close(fd)
+
+
+def pid_namespace(pid: int) -> int | None:
+    """The inode of ``pid``'s pid namespace; None if the process is gone."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _status_fields(pid: int, *keys: str) -> dict[str, str]:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in keys:
+            out[key] = value.strip()
+    return out
+
+
+def reap_strays(pid_ns: int) -> list[int]:
+    """Reap this process's zombie children of the pid namespace ``pid_ns`` (see the module's docstring)."""
+    me = str(os.getpid())
+    reaped = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        fields = _status_fields(pid, "PPid", "State")
+        if fields.get("PPid") != me or not fields.get("State", "").startswith("Z") or pid_namespace(pid) != pid_ns:
+            continue
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG) is not None:
+                reaped.append(pid)
+        except ChildProcessError:
+            continue
+    return reaped
 
 
 # --- the process-wide table ---------------------------------------------------------

@@ -202,10 +202,10 @@ def is_mounted(target: Path) -> bool:
         return any(_unescape(line.split()[4]) == want for line in f if len(line.split()) > 4)
 
 
-def overlay_at(target: Path) -> Overlay | None:
+def overlay_at(target: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> Overlay | None:
     """The overlay mounted at ``target`` as the kernel reports it (its layers); None if none is."""
     want = os.path.realpath(target)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+    with open(mountinfo, encoding="utf-8", errors="replace") as f:
         lines = f.read().splitlines()
     found: Overlay | None = None  # the last one listed is the one on top
     for line in lines:

@@ -45,7 +45,8 @@ import re
 import secrets
 import shutil
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,8 @@ RESTORE_DIR = "restore"
 CRIU_WORK_DIR = "criu"
 #: How long :meth:`RuncSandboxBackend.stop` waits after SIGKILL before it gives up.
 KILL_WAIT_S = 10.0
+#: While waiting for an init to exit, how often to look for strays that hold it up (reaper.py).
+STRAY_POLL_S = 0.25
 
 #: No "-": the id's first "-" ends the instance, so one instance's prefix is never another's.
 INSTANCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]{0,31}")
@@ -406,15 +409,36 @@ class RuncSandboxBackend:
             return
         # A frozen init acts on no SIGTERM, and a v1-frozen task does not even die of SIGKILL.
         cgroup_freezer.thaw(cid)
+        pid_ns = reaper.pid_namespace(st.pid)
         with reaper.watch(st.pid) as exited:
-            if not self._signal(cid, "TERM") or exited(timeout_s):
+            if not self._signal(cid, "TERM") or self._wait(exited, pid_ns, timeout_s):
                 return
-            if not self._signal(cid, "KILL"):
+            if not self._signal(cid, "KILL") or self._wait(exited, pid_ns, KILL_WAIT_S):
                 return
-            if not exited(KILL_WAIT_S):
-                raise ContainerRuntimeError(
-                    f"container {cid}: init (pid {st.pid}) still runs {KILL_WAIT_S:g} s after SIGKILL", container=cid
-                )
+        raise ContainerRuntimeError(
+            f"container {cid}: init (pid {st.pid}) still runs {KILL_WAIT_S:g} s after SIGKILL", container=cid
+        )
+
+    @staticmethod
+    def _wait(exited: Callable[[float], bool], pid_ns: int | None, timeout_s: float) -> bool:
+        """Wait for an init to exit, reaping the strays of its pid namespace that would hold its exit up."""
+        deadline = time.monotonic() + timeout_s
+        while not exited(min(STRAY_POLL_S, max(0.0, deadline - time.monotonic()))):
+            if pid_ns is not None:
+                reaper.reap_strays(pid_ns)
+            if time.monotonic() >= deadline:
+                return exited(0)
+        return True
+
+    def _kill(self, cid: str) -> None:
+        """SIGKILL a running container's init and wait for it (before ``runc delete``: see :meth:`_wait`)."""
+        st = self.runc.state(cid)
+        if st is None or st.status not in _RUNNING:
+            return
+        pid_ns = reaper.pid_namespace(st.pid)
+        with reaper.watch(st.pid) as exited:
+            if self._signal(cid, "KILL"):
+                self._wait(exited, pid_ns, KILL_WAIT_S)
 
     def _signal(self, cid: str, signal: str) -> bool:
         """Signal init through runc; False if the container stopped meanwhile."""
@@ -440,14 +464,23 @@ class RuncSandboxBackend:
             cgroup_freezer.thaw(cid)
         except CrabError as exc:
             log.warning("cannot thaw before removal", extra={"container": cid, "error": str(exc)})
+        try:
+            self._kill(cid)
+        except CrabError as exc:
+            log.warning("cannot kill before removal", extra={"container": cid, "error": str(exc)})
         errors = self._launcher.remove(cid)
+        gone = self.runc.state(cid) is None
         key = self._init_key(cid)
         init = reaper.lookup(key)
-        if init is not None and self.runc.state(cid) is None:
+        if init is not None and gone:
             reaper.reap(init)  # a zombie since runc delete; gone already if crabd was not its parent
             reaper.forget(key)
         errors += self._remove_partial_bundles(cid)
-        errors += self._delete_subvolume(cid)
+        if gone:
+            errors += self._delete_subvolume(cid)
+        else:
+            # Never while the sandbox may still run on it.
+            errors.append(f"{cid}: subvolume kept: the runc container is still there")
         self._remove_restore_dirs(cid)
         with self._lock:
             self._facts.pop(cid, None)
@@ -455,9 +488,6 @@ class RuncSandboxBackend:
             raise ContainerRuntimeError(f"container {cid} not fully removed: {'; '.join(errors)}", container=cid)
 
     def _delete_subvolume(self, cid: str) -> list[str]:
-        # Never while the sandbox may still run on it, or its overlay is still mounted over it.
-        if self.runc.state(cid) is not None:
-            return [f"{cid}: subvolume kept: the runc container is still there"]
         if rootfs.is_mounted(self.layout.bundles / cid / bundle.ROOTFS):
             return [f"{cid}: subvolume kept: the overlay over it is still mounted"]
         try:
