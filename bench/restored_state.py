@@ -8,7 +8,8 @@ same way, from the host, so reading changes nothing the inspector watches
 * from the container's overlay **merged** dir: the sandbox's root as its
   processes see it, minus the sandbox's own mounts — ``/proc``, ``/sys``,
   ``/dev``'s tmpfs and ``/dev/shm``, Docker's bind mounts (``/etc/hosts``,
-  ``/etc/hostname``, ``/etc/resolv.conf``) and crab's ``/.crab/init``.
+  ``/etc/hostname``, ``/etc/resolv.conf``) and crab's ``/.crab`` (crab-init's
+  mount point: never checkpointed, made anew by every start and restore).
   That is exactly what a filesystem checkpoint covers (docs/checkpoints.md);
 * guided by its **upper** dir: only the directories the upper dir has are
   listed and only its files are read.  Every other entry is the image's,
@@ -42,6 +43,8 @@ import stat
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from crabd.backends.overlay.scan import RESERVED_DIR
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -174,8 +177,12 @@ def capture(merged: Path, upper: Path, limit: int = MAX_ENTRIES) -> State:
     return out
 
 
+#: Top-level names that are crab's own, not the sandbox's.
+_CRABS_OWN = frozenset({RESERVED_DIR})
+
+
 def _walk(mfd: int, ufd: int, path: bytes, out: State, limit: int) -> None:
-    names = sorted(os.listdir(mfd))
+    names = sorted(n for n in os.listdir(mfd) if path or n not in _CRABS_OWN)
     out.children[path] = frozenset(os.fsencode(n) for n in names)
     if len(out.nodes) + len(names) > limit:
         raise StateError(f"more than {limit} entries under the sandbox's changed directories")
