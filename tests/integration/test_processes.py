@@ -8,6 +8,7 @@ trigger file, so the test can ask a restored process to act.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import threading
@@ -458,6 +459,30 @@ def test_repeat_dump_with_unchanged_memory_is_small(sbx: Callable[..., Sandbox])
     second = sb.checkpoint(kind="full")
     assert first.new_bytes > 64 << 20
     assert second.new_bytes <= 0.05 * first.new_bytes
+
+
+def test_a_restore_links_the_newest_dump_and_older_ones_come_from_the_store(
+    daemon: EmbeddedDaemon, sbx: Callable[..., Sandbox]
+) -> None:
+    """The newest full checkpoint's dump is kept hot (backends/criu/hotimages.py); an older one is written."""
+    sb = sbx()
+    with sb.turn():
+        sb.session.run("python3 /opt/t/repl.py & sleep 0.5")
+    ask = (
+        "python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('/tmp/repl.sock'); "
+        'print(s.recv(99).decode())"'
+    )
+    secret, n = sb.session.run(ask).stdout.split()
+    older = sb.checkpoint(kind="full")
+    sb.session.run(ask)
+    newer = sb.checkpoint(kind="full")  # the REPL's memory changed: a new image, the sandbox's hot one
+    sb.session.run(ask)
+    sb.restore(newer)
+    assert sb.session.run(ask).stdout.split() == [secret, b"%d" % (int(n) + 2)]
+    sb.restore(older)
+    assert sb.session.run(ask).stdout.split() == [secret, b"%d" % (int(n) + 1)]
+    lines = [json.loads(x) for x in daemon.log_file.read_text().splitlines() if '"sandbox restored"' in x]
+    assert [x.get("images_from") for x in lines if x.get("sandbox") == sb.id] == ["hot", "blobs"]
 
 
 def test_filesystem_checkpoints_never_bring_processes(sbx: Callable[..., Sandbox]) -> None:
