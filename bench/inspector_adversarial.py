@@ -44,6 +44,8 @@ import docker
 from bench import inspector_eval
 from bench.inspector_eval import CLASSES, RANK, Scenario
 from bench.restored_state import LowerView, State, capture, diff
+from crabd.backends.runc import bundle, rootfs
+from crabd.backends.runc.cleanup import Layout
 from crabd.errors import CrabError
 from crabd.sdk import CheckpointInfo, Client, EmbeddedDaemon, Sandbox
 
@@ -83,12 +85,27 @@ class Result:
         return self.got in CLASSES and RANK[self.got] > RANK[self.expect]
 
 
+def _is_docker_id(container_id: str) -> bool:
+    """Docker's ids are 64 hex digits; the runc backend's are ``<instance>-<sandbox>-<generation>``."""
+    return len(container_id) == 64 and all(c in "0123456789abcdef" for c in container_id)
+
+
 def load() -> list[Scenario]:
     return inspector_eval.load_corpus(ADVERSARIAL)
 
 
 def overlay(container_id: str) -> tuple[Path, Path, list[Path]]:
-    """(merged, upper, lower layers top first) of a running sandbox's container."""
+    """(merged, upper, lower layers top first) of a running sandbox's container, on either backend.
+
+    Docker says where its overlay is; a runc sandbox's overlay is mounted on
+    the host at its bundle's rootfs, and the kernel's mount table has its layers.
+    """
+    if not _is_docker_id(container_id):
+        target = Layout().bundles / container_id / bundle.ROOTFS
+        found = rootfs.overlay_at(target)
+        if found is None:
+            raise RuntimeError(f"no overlay is mounted at {target} (is runc container {container_id} running?)")
+        return target, found.upper, list(found.lowers)
     api = docker.APIClient()
     try:
         data = api.inspect_container(container_id)["GraphDriver"]["Data"]

@@ -333,9 +333,8 @@ BackendChoice = Literal["auto", "docker", "runc+btrfs"]
 class RuntimeConfig(_Model):
     """Which sandbox backend crabd runs (see docs/runc.md, "Choosing the backend")."""
 
-    # "docker" stays the default until every integration test is backend-agnostic (docs/runc.md).
     backend: BackendChoice = Field(
-        "docker",
+        "auto",
         description='"runc+btrfs": crab-owned runc containers on btrfs snapshots (inode-exact, fast restores); '
         '"docker": Docker containers, overlay deltas; "auto": runc+btrfs where `crabctl doctor` finds it ready',
     )

@@ -8,7 +8,6 @@ Each step prints what it does and what came back, and the demo fails loudly
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 
@@ -18,6 +17,7 @@ from rich.table import Table
 from crabd.cli.checkpoints import render_tree
 from crabd.models import CheckpointKind, DecisionKind
 from crabd.sdk import CheckpointInfo, Client, ExecResult, Sandbox
+from crabd.util import cgroups
 
 con = Console()
 
@@ -43,7 +43,8 @@ def check(ok: bool, what: str) -> None:
 
 def crash(sb: Sandbox) -> None:
     """Kill the sandbox's container behind crabd's back, as a host failure would."""
-    subprocess.run(["docker", "kill", sb.refresh().container_id], check=True, capture_output=True, timeout=60)
+    if not cgroups.kill_init(sb.refresh().container_id):
+        check(False, "the sandbox's container has a live init to kill")
     deadline = time.monotonic() + 30
     while sb.refresh().state != "dead" and time.monotonic() < deadline:
         time.sleep(0.2)

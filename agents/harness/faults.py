@@ -23,7 +23,7 @@ from types import TracebackType
 
 from crabd.errors import CrabError
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
-from crabd.util import proc
+from crabd.util import cgroups
 
 FAULTS = ("sandbox-kill", "crabd-kill", "preempt")
 #: Grace period of a preemption notice (cloud spot notices give 30 s to 2 min; a short one here).
@@ -51,7 +51,7 @@ def kill_container(sb: Sandbox) -> None:
     """SIGKILL the sandbox's container, as a crash or an OOM kill would."""
     cid = sb.refresh().container_id
     if cid:
-        proc.run(["docker", "kill", "--signal", "KILL", cid], timeout=60, check=False)
+        cgroups.kill_init(cid)
 
 
 class Supervisor:

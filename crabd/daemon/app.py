@@ -39,7 +39,7 @@ from crabd.api.servicer import CrabServicer
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.backends.criu.hotimages import HotImages
 from crabd.backends.criu.imagestore import ImageStore
-from crabd.backends.fsdelta import ScanLimits
+from crabd.backends.fsdelta import FsDelta, ScanLimits
 from crabd.config import CrabConfig
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
@@ -106,6 +106,7 @@ class Daemon:
         self._db: Database | None = None
         self._registry: Registry | None = None
         self._side: assembly.SandboxSide | None = None
+        self._fs: FsDelta | None = None
         self._manager: SandboxManager | None = None
         self._grpc: grpc.aio.Server | None = None
         self._front: FrontDoor | None = None
@@ -190,6 +191,7 @@ class Daemon:
         side = self._side
         assert side is not None, "the sandbox backend is opened first"
         fs = assembly.open_fs(side, blobs, limits, ck.page_cache_entries, manager.instance)
+        self._fs = fs
         dumper = assembly.open_dumper(self.cfg, side)
         dump_root = paths.state_dir / "run" / "dumps"
         # Dumps a crash interrupted; nothing references them.
@@ -324,6 +326,10 @@ class Daemon:
             await self._engine.close()
         if self._manager is not None:
             await self._manager.close(remove_all=self.ephemeral)
+        if self.ephemeral and self._fs is not None:
+            # An embedded daemon's store goes with its state dir; its snapshots live in the
+            # host's shared btrfs pool and would outlive it.
+            await asyncio.to_thread(self._fs.retain, set())
         if self._inspector is not None:
             self._inspector.close()
         if self._side is not None:

@@ -19,6 +19,8 @@ Processes in child cgroups of the container belong to it too.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -123,3 +125,28 @@ def ns_pid(host_pid: int) -> tuple[int, str]:
         elif row.startswith("NSpid:"):
             nspid = int(row.split()[-1])
     return nspid, name
+
+
+def init_pid(container_id: str, root: Path = CGROUP_ROOT) -> int | None:
+    """The host pid of the container's PID 1 (crab-init), whichever engine made it; None if it has none."""
+    for pid in container_host_pids(container_id, root):
+        if ns_pid(pid)[0] == 1:
+            return pid
+    return None
+
+
+def kill_init(container_id: str, root: Path = CGROUP_ROOT) -> bool:
+    """SIGKILL the container's PID 1 from the host (the kernel then kills its whole pid namespace).
+
+    What ``docker kill`` does, for either engine: a crash of the sandbox as
+    crabd would meet it (the demo, the harness's faults, tests).  False if
+    the container has no live init.
+    """
+    pid = init_pid(container_id, root)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True

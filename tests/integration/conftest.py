@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import grp
 import json
-import os
 import pwd
-import signal
 import subprocess
 import sys
 import textwrap
@@ -73,17 +71,59 @@ def daemon_with_config(toml: str, network_name: str) -> Iterator[EmbeddedDaemon]
 
 
 def remove_daemon_containers(d: EmbeddedDaemon) -> None:
-    """Remove every container the daemon ``d`` made (by its instance label)."""
+    """Remove every container the daemon ``d`` made (by its instance), on either backend."""
+    remove_instance_containers(d.state_dir)
+
+
+def instance_containers(state_dir: Path) -> set[str]:
+    """The ids of every container that the crabd with ``state_dir`` made and that still exists, on either backend.
+
+    Docker's by the instance label; the runc backend's by the instance prefix of
+    their ids, in crab's runc state root and in the btrfs pool (a subvolume
+    without a runc container is a leftover too).
+    """
+    from crabd.backends.btrfs import Pool, SubvolKind
+    from crabd.backends.runc.cleanup import Layout
+    from crabd.backends.runc.cli import Runc
+    from crabd.config import CrabConfig
     from crabd.daemon.app import instance_id
 
-    ids = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=dev.crab.instance={instance_id(d.state_dir)}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout.split()
-    if ids:
-        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, timeout=120)
+    inst = instance_id(state_dir)
+    out = set(
+        subprocess.run(
+            ["docker", "ps", "-aq", "--no-trunc", "--filter", f"label=dev.crab.instance={inst}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.split()
+    )
+    out |= {st.id for st in Runc(Layout().runc_root).list() if st.id.startswith(f"{inst}-")}
+    cfg = CrabConfig()
+    if cfg.btrfs.mount_point.is_mount():
+        with Pool.from_config(cfg.btrfs) as pool:
+            out |= {n for n in pool.list(SubvolKind.SANDBOX) if n.startswith(f"{inst}-")}
+    return out
+
+
+def remove_instance_containers(state_dir: Path) -> None:
+    """Remove what :func:`instance_containers` finds (a test's belt and braces after its daemon closed)."""
+    ids = instance_containers(state_dir)
+    docker_ids = [c for c in ids if is_docker_id(c)]
+    if docker_ids:
+        subprocess.run(["docker", "rm", "-f", *docker_ids], capture_output=True, timeout=120)
+    if len(docker_ids) < len(ids):
+        from crabd.config import CrabConfig
+        from crabd.daemon.app import instance_id
+        from crabd.daemon.assembly import open_sandbox_side
+
+        inst = instance_id(state_dir)
+        side = open_sandbox_side(CrabConfig.model_validate({"runtime": {"backend": "runc+btrfs"}}), inst)
+        try:
+            for cid in ids - set(docker_ids):
+                with contextlib.suppress(Exception):  # best effort: the assertion is the test's
+                    side.sandbox.remove(cid)
+        finally:
+            side.close()
 
 
 @pytest.fixture
@@ -126,15 +166,16 @@ def init_host_pid(container_id: str) -> int:
     """The host pid of the container's PID 1 (crab-init), whichever backend made it."""
     from crabd.util import cgroups
 
-    for pid in cgroups.container_host_pids(container_id):
-        if cgroups.ns_pid(pid)[0] == 1:
-            return pid
-    raise AssertionError(f"container {container_id} has no init")
+    pid = cgroups.init_pid(container_id)
+    assert pid is not None, f"container {container_id} has no init"
+    return pid
 
 
 def kill_container(container_id: str) -> None:
     """What `docker kill` does, for either backend: SIGKILL to the container's init (the pid namespace dies)."""
-    os.kill(init_host_pid(container_id), signal.SIGKILL)
+    from crabd.util import cgroups
+
+    assert cgroups.kill_init(container_id), f"container {container_id} has no init to kill"
 
 
 def exec_outside_init(container_id: str, argv: list[str]) -> subprocess.Popen[bytes]:
@@ -160,6 +201,82 @@ def docker_inspect(container_id: str, fmt: str) -> str:
     return subprocess.run(
         ["docker", "inspect", "-f", fmt, container_id], capture_output=True, text=True, timeout=60
     ).stdout.strip()
+
+
+def container_exists(container_id: str) -> bool:
+    """Whether the engine still knows the container (Docker, or crab's runc state root)."""
+    if is_docker_id(container_id):
+        return docker_inspect(container_id, "{{.Id}}") != ""
+    from crabd.backends.runc.cleanup import Layout
+    from crabd.backends.runc.cli import Runc
+
+    return any(st.id == container_id for st in Runc(Layout().runc_root).list())
+
+
+def container_running(container_id: str) -> bool:
+    """Whether the container's init runs (Docker's State.Running; runc's state "running")."""
+    if is_docker_id(container_id):
+        return docker_inspect(container_id, "{{.State.Running}}") == "true"
+    from crabd.backends.runc.cleanup import Layout
+    from crabd.backends.runc.cli import Runc
+
+    return any(st.id == container_id and st.status == "running" for st in Runc(Layout().runc_root).list())
+
+
+def container_labels(container_id: str) -> dict[str, str]:
+    """The labels crab gave the container: Docker's labels, or the runc bundle's OCI annotations."""
+    if is_docker_id(container_id):
+        return dict(json.loads(docker_inspect(container_id, "{{json .Config.Labels}}")))
+    from crabd.backends.runc.bundle import CONFIG
+    from crabd.backends.runc.cleanup import Layout
+
+    cfg = json.loads((Layout().bundles / container_id / CONFIG).read_text())
+    return {str(k): str(v) for k, v in cfg.get("annotations", {}).items()}
+
+
+def container_limits(container_id: str) -> dict[str, float | int | None]:
+    """What the kernel enforces on the container, from its cgroups (v1 controllers), whichever engine set them.
+
+    cpus: the CFS quota over its period (None: unlimited); memory: bytes; pids: the maximum (None: "max").
+    """
+    from crabd.util import cgroups
+
+    def read(controller: str, name: str) -> str:
+        base = cgroups.v1_dir(container_id, controller) or cgroups.v2_dir(container_id)
+        assert base is not None, f"container {container_id} has no {controller} cgroup"
+        return (base / name).read_text().strip()
+
+    quota, period = int(read("cpu", "cpu.cfs_quota_us")), int(read("cpu", "cpu.cfs_period_us"))
+    pids = read("pids", "pids.max")
+    return {
+        "cpus": None if quota < 0 else quota / period,
+        "memory": int(read("memory", "memory.limit_in_bytes")),
+        "pids": None if pids == "max" else int(pids),
+    }
+
+
+def container_interfaces(container_id: str) -> list[str]:
+    """The network interfaces in the container's network namespace (``lo`` alone: no network)."""
+    pid = init_host_pid(container_id)
+    out = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "ip", "-o", "link", "show"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return sorted(line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line.strip())
+
+
+def container_gateway(container_id: str) -> str:
+    """The container's default gateway (its sandbox bridge's address on the host), from the init's route table."""
+    import ipaddress
+
+    for line in Path(f"/proc/{init_host_pid(container_id)}/net/route").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == "00000000" and fields[2] != "00000000":  # the default route, through a gateway
+            return str(ipaddress.IPv4Address(int(fields[2], 16).to_bytes(4, "little")))
+    raise AssertionError(f"container {container_id} has no default route")
 
 
 USER_IN_GROUP = "crabtest1"

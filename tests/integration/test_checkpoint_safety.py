@@ -26,8 +26,9 @@ from crabd.sdk import (
     Sandbox,
     StoreFull,
 )
+from crabd.util import cgroups
 from tests.conftest import CRABCTL
-from tests.integration.conftest import USER_IN_GROUP, run_as
+from tests.integration.conftest import USER_IN_GROUP, remove_instance_containers, run_as
 
 
 def _blob_file(daemon: EmbeddedDaemon, content: bytes) -> Path:
@@ -49,14 +50,7 @@ def _private_daemon(tag: str) -> Iterator[EmbeddedDaemon]:
 
 
 def _remove_leftovers(state_dir: Path) -> None:
-    from crabd.daemon.app import instance_id
-
-    inst = instance_id(state_dir)
-    ids = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=dev.crab.instance={inst}"], capture_output=True, text=True
-    ).stdout.split()
-    if ids:
-        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, timeout=120)
+    remove_instance_containers(state_dir)
 
 
 def test_restore_to_another_sandbox_lineage_is_refused(client: Client, make_sandbox: Callable[..., Sandbox]) -> None:
@@ -211,7 +205,9 @@ def test_kill_9_mid_checkpoint_leaves_nothing_half_written() -> None:
             sb.run(["sh", "-c", "mkdir /w && for i in $(seq 300); do head -c 2000 /dev/urandom > /w/f$i; done"])
             good = sb.checkpoint()
         killed = 0
-        freezer = Path("/sys/fs/cgroup/freezer/docker") / sb.info.container_id / "freezer.state"
+        freezer_dir = cgroups.v1_dir(sb.info.container_id, "freezer")
+        assert freezer_dir is not None
+        freezer = freezer_dir / "freezer.state"
         for round_ in range(8):
             with Client(daemon.socket) as c:
                 c.get("k9").run(["sh", "-c", "for i in $(seq 50); do head -c 3000 /dev/urandom > /w/g$i; done"])

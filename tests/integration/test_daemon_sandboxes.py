@@ -23,7 +23,13 @@ from crabd.errors import (
 )
 from crabd.sdk import Client, EmbeddedDaemon, ExecResult, OutputChunk, Sandbox
 from tests.conftest import CRABCTL
-from tests.integration.conftest import docker_inspect
+from tests.integration.conftest import (
+    container_exists,
+    container_interfaces,
+    container_labels,
+    container_limits,
+    kill_container,
+)
 
 
 def test_socket_mode_and_health(daemon: EmbeddedDaemon) -> None:
@@ -51,12 +57,10 @@ def test_lifecycle_create_list_inspect_stop_remove(client: Client, make_sandbox:
     )
     assert sb.info.state == "running" and sb.name == "life-1"
     cid = sb.info.container_id
-    labels = json.loads(docker_inspect(cid, "{{json .Config.Labels}}"))
+    labels = container_labels(cid)
     assert labels["dev.crab.sandbox"] == sb.id and labels["dev.crab.owner"] == "0"
-    assert docker_inspect(cid, "{{.HostConfig.NanoCpus}}") == str(int(0.5e9))
-    assert docker_inspect(cid, "{{.HostConfig.Memory}}") == str(64 << 20)
-    assert docker_inspect(cid, "{{.HostConfig.PidsLimit}}") == "64"
-    assert docker_inspect(cid, "{{.HostConfig.NetworkMode}}") == "none"
+    assert container_limits(cid) == {"cpus": 0.5, "memory": 64 << 20, "pids": 64}
+    assert container_interfaces(cid) == ["lo"]
     assert [s.id for s in client.list() if s.id == sb.id] == [sb.id]
     assert client.get("life-1").id == sb.id
     res = sb.run(["sh", "-c", "echo $FOO; pwd"])
@@ -67,7 +71,7 @@ def test_lifecycle_create_list_inspect_stop_remove(client: Client, make_sandbox:
     sb.remove()
     with pytest.raises(SandboxNotFound):
         client.get(sb.id)
-    assert docker_inspect(cid, "{{.Id}}") == ""
+    assert not container_exists(cid)
 
 
 def test_network_on_gives_an_ip(make_sandbox: Callable[..., Sandbox]) -> None:
@@ -174,7 +178,7 @@ def test_unknown_id_malformed_and_missing_env(client: Client, make_sandbox: Call
 
 def test_dead_sandbox_is_reported_with_exit_code(client: Client, make_sandbox: Callable[..., Sandbox]) -> None:
     sb = make_sandbox()
-    subprocess.run(["docker", "kill", sb.info.container_id], capture_output=True, timeout=60, check=True)
+    kill_container(sb.info.container_id)
     with pytest.raises(SandboxDead) as info:
         sb.run(["true"])
     assert info.value.exit_code == 137
@@ -190,7 +194,7 @@ def test_oom_killed_sandbox_says_so(client: Client, make_sandbox: Callable[..., 
     # supervisor would after an OOM).  Docker records the OOM; crab must say so.
     r = sb.run(["python3", "-c", "x = bytearray(200 << 20)"], timeout=60)
     assert r.exit_code == 137
-    subprocess.run(["docker", "kill", sb.info.container_id], capture_output=True, timeout=60, check=True)
+    kill_container(sb.info.container_id)
     with pytest.raises(SandboxDead) as info:
         sb.run(["true"])
     assert info.value.oom_killed is True

@@ -37,6 +37,7 @@ import pytest
 from crabd.sdk import Client, CrabError, EmbeddedDaemon, StoreFull
 from crabd.util.faults import CRASH_ENV, CRASH_POINTS, FAIL_ENV, WRITE_POINTS
 from tests.conftest import CRABCTL, have_docker, have_root, require
+from tests.integration.conftest import instance_containers, kill_container, remove_instance_containers
 
 
 def _start(base: Path, **env: str) -> EmbeddedDaemon:
@@ -53,18 +54,6 @@ def _start(base: Path, **env: str) -> EmbeddedDaemon:
                 os.environ[k] = v
 
 
-def _instance_containers(state_dir: Path) -> set[str]:
-    from crabd.daemon.app import instance_id
-
-    out = subprocess.run(
-        ["docker", "ps", "-aq", "--no-trunc", "--filter", f"label=dev.crab.instance={instance_id(state_dir)}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout.split()
-    return set(out)
-
-
 @pytest.fixture
 def walk_dir() -> Iterator[Path]:
     require(have_root(), "needs root")
@@ -75,9 +64,7 @@ def walk_dir() -> Iterator[Path]:
     try:
         yield base
     finally:
-        ids = _instance_containers(base / "state")
-        if ids:
-            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, timeout=120)
+        remove_instance_containers(base / "state")
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -152,7 +139,7 @@ class Walk:
         known = {sb.info.container_id for sb in c.list()}
         extra: set[str] = set()
         for _ in range(50):  # a restore removes the replaced container in the background
-            extra = _instance_containers(self.state) - known
+            extra = instance_containers(self.state) - known
             if not extra:
                 break
             time.sleep(0.2)
@@ -215,7 +202,7 @@ def _drivers(w: Walk) -> dict[str, Callable[[Client], object]]:
 
     def recover(c: Client) -> object:
         sb = c.get("fa")
-        subprocess.run(["docker", "kill", sb.info.container_id], capture_output=True, timeout=60)
+        kill_container(sb.info.container_id)
         for _ in range(100):
             if sb.refresh().state == "dead":
                 break

@@ -16,14 +16,15 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import docker
 import pytest
 
 from crabd.backends.docker_sandbox import SANDBOX_CAPABILITIES
-from crabd.backends.network import chain_names, network_name
-from crabd.config import NetworkConfig
+from crabd.backends.network import bridge_name, chain_names
+from crabd.backends.runc.cni import ADMIN_CHAIN
+from crabd.config import CrabConfig, NetworkConfig
+from crabd.daemon.assembly import runc_network
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
-from tests.integration.conftest import daemon_with_config
+from tests.integration.conftest import container_gateway, daemon_with_config, is_docker_id
 
 NET = NetworkConfig(name="crabiso")
 
@@ -51,6 +52,10 @@ PROBE = (
 )
 
 
+def runc_net() -> NetworkConfig:
+    return runc_network(CrabConfig.model_validate({"network": NET.model_dump()}))
+
+
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[EmbeddedDaemon]:
     with daemon_with_config(f'[network]\nname = "{NET.name}"\n', NET.name) as d:
@@ -67,16 +72,12 @@ def _serve(sb: Sandbox, bind: str, port: int) -> None:
         sb.session.run(f"(setsid python3 -m http.server {port} --bind {bind} >/dev/null 2>&1 </dev/null &) ; sleep 0.7")
 
 
-def _gateway() -> str:
-    info = docker.from_env().api.inspect_network(network_name(NET))
-    return str(info["IPAM"]["Config"][0]["Gateway"])
-
-
 @pytest.fixture
-def host_listener() -> Iterator[tuple[str, int, list[object]]]:
+def host_listener(make_sandbox: Callable[..., Sandbox]) -> Iterator[tuple[str, int, list[object]]]:
     """A TCP listener of this test on the sandbox bridge's gateway (a host address)."""
+    probe = make_sandbox("busybox", network=True)
     srv = socket.socket()
-    srv.bind((_gateway(), 0))
+    srv.bind((container_gateway(probe.info.container_id), 0))
     srv.listen()
     accepted: list[object] = []
 
@@ -120,12 +121,15 @@ def test_sandbox_cannot_reach_host_services(
 
 
 def test_rules_installed_idempotently_and_cover_link_local(make_sandbox: Callable[..., Sandbox]) -> None:
-    make_sandbox("busybox", network=True)
+    sb = make_sandbox("busybox", network=True)
     make_sandbox("busybox", network=True)  # a second ensure must not add a second jump
-    chain_in, chain_fwd = chain_names(NET)
+    # The Docker backend's bridge network, or the runc backend's CNI network ("<name>r", hooked from CNI-ADMIN).
+    net, parent = (NET, "DOCKER-USER") if is_docker_id(sb.info.container_id) else (runc_net(), ADMIN_CHAIN)
+    chain_in, chain_fwd = chain_names(net)
+    bridge = bridge_name(net)
     rules = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True, timeout=60).stdout.splitlines()
-    assert rules.count(f"-A INPUT -i crabiso0 -j {chain_in}") == 1
-    assert rules.count(f"-A DOCKER-USER -i crabiso0 -j {chain_fwd}") == 1
+    assert rules.count(f"-A INPUT -i {bridge} -j {chain_in}") == 1
+    assert rules.count(f"-A {parent} -i {bridge} -j {chain_fwd}") == 1
     assert f"-A {chain_fwd} -d 169.254.0.0/16 -j REJECT --reject-with icmp-port-unreachable" in rules
     assert Path("/proc/sys/net/bridge/bridge-nf-call-iptables").read_text().strip() == "1"
 

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import docker
 import pytest
 
 from agents import tasks
@@ -21,6 +20,7 @@ from bench import rl as bench_rl
 from crabd.errors import InvalidRequest
 from crabd.llm import ScriptedToolCall, ScriptEntry, StandinServer
 from crabd.sdk import AsyncClient, EmbeddedDaemon
+from tests.integration.conftest import kill_container
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.criu, pytest.mark.slow]
 T = TypeVar("T")
@@ -83,8 +83,7 @@ def test_tree_branches_at_chosen_steps_within_its_budget(daemon: EmbeddedDaemon)
 
 
 def kill(container_id: str) -> None:
-    with contextlib.closing(docker.from_env()) as d:
-        d.containers.get(container_id).kill()
+    kill_container(container_id)
 
 
 def test_a_rollout_whose_sandbox_dies_is_recovered_instead_of_discarded(daemon: EmbeddedDaemon) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from crabd.sdk import EmbeddedDaemon, Sandbox, Turn
 from tests.conftest import CRABCTL
+from tests.integration.conftest import kill_container
 
 pytestmark = pytest.mark.criu
 
@@ -33,7 +34,7 @@ def _turn(sb: Sandbox, command: str) -> Turn:
 
 
 def _crash(sb: Sandbox) -> None:
-    subprocess.run(["docker", "kill", sb.refresh().container_id], check=True, capture_output=True, timeout=60)
+    kill_container(sb.refresh().container_id)
     deadline = time.monotonic() + 30
     while sb.refresh().state != "dead" and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,11 +19,10 @@ from crabd.api import errors as wire_errors
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.config import CrabConfig
-from crabd.daemon.app import instance_id
 from crabd.errors import CrabError, InvalidRequest
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from crabd.sdk import _requests as rq
-from tests.integration.conftest import docker_inspect
+from tests.integration.conftest import container_limits, instance_containers
 
 NOT_FINITE = [math.nan, math.inf, -math.inf]
 
@@ -51,13 +49,7 @@ def raw_error(method: Callable[..., Any], request: Any) -> CrabError:
 
 
 def containers(daemon: EmbeddedDaemon) -> set[str]:
-    out = subprocess.run(
-        ["docker", "ps", "-aq", "--no-trunc", "--filter", f"label=dev.crab.instance={instance_id(daemon.state_dir)}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    return set(out.split())
+    return instance_containers(daemon.state_dir)
 
 
 def test_raw_create_with_bad_limits_creates_nothing(
@@ -148,8 +140,8 @@ def test_memory_zero_means_the_default_not_unlimited(make_sandbox: Callable[...,
     default = CrabConfig().limits.default_memory_bytes
     sb = make_sandbox("busybox")  # memory not given: 0 on the wire
     assert sb.info.memory_bytes == default
-    assert docker_inspect(sb.info.container_id, "{{.HostConfig.Memory}}") == str(default)
-    assert docker_inspect(sb.info.container_id, "{{.HostConfig.PidsLimit}}") == "4096"
+    limits = container_limits(sb.info.container_id)
+    assert (limits["memory"], limits["pids"]) == (default, 4096)
 
 
 def test_two_full_streams_still_fit_one_reply(make_sandbox: Callable[..., Sandbox]) -> None:

@@ -119,11 +119,12 @@ FACTS = BackendFacts(
 
 def test_backend_runc_btrfs_when_everything_is_there() -> None:
     assert choose_backend(FACTS) == (SandboxBackend.RUNC_BTRFS, [])
-    auto = CrabConfig.model_validate({"runtime": {"backend": "auto"}})
+    auto = CrabConfig()  # "auto" is the default
+    assert auto.runtime.backend == "auto"
     ready = backend_check.check_backend(auto, FACTS)
     assert ready.status is Status.OK and ready.summary.startswith("runc+btrfs (auto: runc /usr/bin/runc")
-    # Docker (the default, or by name): Docker it is, and doctor says runc+btrfs would be ready.
-    docker = CrabConfig()
+    # Docker by name: Docker it is, and doctor says runc+btrfs would be ready.
+    docker = CrabConfig.model_validate({"runtime": {"backend": "docker"}})
     assert backend_check.backend_for(docker, FACTS) == (SandboxBackend.DOCKER, [])
     check = backend_check.check_backend(docker, FACTS)
     assert check.status is Status.OK and check.summary == "docker ([runtime] backend); runc+btrfs is ready too"
