@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/checkpoints.py --out bench-results/checkpoints.json
 
-Against a private (embedded) crabd and real bookworm sandboxes:
+Against a private (embedded) crabd per sandbox backend (``--backends``, both
+by default, one after the other: bench/backends.py) and real bookworm sandboxes:
 
 * for upper dirs of 10, 1k and 50k files, and deltas of 1, 10, 100 and 10k
   changed files (where the delta fits), the checkpoint latency seen by the
@@ -24,8 +25,9 @@ import sys
 import time
 from typing import Any
 
+from bench.backends import BACKENDS, daemon_on, parse_backends
 from bench.results import write_json
-from crabd.sdk import Client, EmbeddedDaemon, Sandbox
+from crabd.sdk import Client, Sandbox
 
 UPPERS = (10, 1000, 50_000)
 DELTAS = (1, 10, 100, 10_000)
@@ -135,6 +137,10 @@ def bench_upper(c: Client, upper: int, reps: int) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
+    return "\n\n".join(f"**{backend}**\n\n" + table_of(r) for backend, r in results["backends"].items())
+
+
+def table_of(results: dict[str, Any]) -> str:
     lines = [
         "| upper dir | delta | checkpoint p50 (client) | crabd p50 | freeze p50 | freeze max | new bytes p50 |",
         "|---|---|---|---|---|---|---|",
@@ -168,13 +174,17 @@ def main() -> None:
     ap.add_argument("--out", default="bench-results/checkpoints.json")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--uppers", default=",".join(str(u) for u in UPPERS), help="comma-separated upper-dir sizes")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated: runc+btrfs, docker")
     args = ap.parse_args()
     uppers = [int(x) for x in args.uppers.split(",")]
-    results: dict[str, Any] = {"time": time.time(), "reps": args.reps, "uppers": []}
-    with EmbeddedDaemon() as d, Client(d.socket, timeout=1800) as c:
-        for upper in uppers:
-            print(f"[bench] upper dir of {upper} files ...", file=sys.stderr)
-            results["uppers"].append(bench_upper(c, upper, args.reps))
+    results: dict[str, Any] = {"time": time.time(), "reps": args.reps, "backends": {}}
+    for backend in parse_backends(args.backends):
+        mine: dict[str, Any] = {"uppers": []}
+        results["backends"][backend] = mine
+        with daemon_on(backend) as d, Client(d.socket, timeout=1800) as c:
+            for upper in uppers:
+                print(f"[bench] {backend}: upper dir of {upper} files ...", file=sys.stderr)
+                mine["uppers"].append(bench_upper(c, upper, args.reps))
     out = write_json(results, args.out)
     print(table(results))
     print(f"\n(JSON: {out})")

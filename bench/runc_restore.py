@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from crabd.backends.runc import bundle, cleanup, cni, launch, named_netns, rootfs
-from crabd.backends.runc.cli import Runc
+from crabd.backends.runc.cli import Runc, criu_own_seconds
 from crabd.config import NetworkConfig
 from crabd.host import images
 from crabd.runtime import initbin
@@ -62,12 +62,9 @@ def ask(ip: object, tries: int = 600) -> str:
 
 
 def criu_seconds(log: Path) -> float:
-    """CRIU's own time for a restore: the timestamp of its log's last line ("(00.123456) ..."); NaN if none."""
-    try:
-        last = log.read_text(errors="replace").strip().splitlines()[-1]
-        return float(last[1 : last.index(")")])
-    except (OSError, IndexError, ValueError):
-        return float("nan")
+    """CRIU's own time for a restore (its log's last timestamp); NaN if none."""
+    own = criu_own_seconds(log)
+    return float("nan") if own is None else own
 
 
 async def _spawn(ns: Netns, code: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from crabd.errors import InvalidRequest
 
@@ -132,6 +132,20 @@ class SandboxSpec:
     recovery: RecoveryMode = RecoveryMode.MANUAL
 
 
+class FilesSource(StrEnum):
+    """Where a restore or fork took the checkpoint's files from."""
+
+    #: A writable copy-on-write snapshot of the checkpoint's own snapshot: inode-exact, O(1).
+    SNAPSHOT = "snapshot"
+    #: Written out of the content-addressed blob store (new inode numbers).
+    BLOBS = "blobs"
+
+
+#: Where a restore took the process images from: the hot copy of the sandbox's newest dump
+#: (hard-linked), or the page-deduplicated blob store.
+ImageSource = Literal["hot", "blobs"]
+
+
 @dataclass
 class SandboxRecord:
     """A sandbox as the registry knows it."""
@@ -157,6 +171,10 @@ class SandboxRecord:
     #: Transient, set by a restore, fork or recovery: what of the checkpoint's state the new
     #: container could not be given (e.g. the session's open descriptors after a files-only restore).
     not_restored: list[str] = field(default_factory=list)
+    #: Transient, like ``not_restored``: where the new container's files came from (None: not restored).
+    files_from: FilesSource | None = None
+    #: Transient: where its process images came from (None: a files-only checkpoint).
+    images_from: ImageSource | None = None
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ def sandbox_to_pb(rec: SandboxRecord, head: str = "") -> pb.Sandbox:
         head=head,
         recovery=s.recovery,
         not_restored=rec.not_restored,
+        files_from=rec.files_from or "",
+        images_from=rec.images_from or "",
     )
 
 

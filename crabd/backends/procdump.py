@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
+
+from crabd.models import ImageSource
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,6 @@ class StoredImage:
 
 
 #: Where a restore's process images came from: a hot dump directory, or the blob store.
-ImageSource = Literal["hot", "blobs"]
 
 
 @dataclass(frozen=True)

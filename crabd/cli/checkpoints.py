@@ -193,6 +193,13 @@ def recover(sandbox: str, as_json: JsonOpt = False) -> None:
     _print_not_restored(done.not_restored)
 
 
+def _sources(info: SandboxInfo) -> str:
+    """", files from a snapshot, processes from hot images": where a restore took the state from."""
+    parts = [f"files from {info.files_from}"] if info.files_from else []
+    parts += [f"processes from {info.images_from} images"] if info.images_from else []
+    return f"; {', '.join(parts)}" if parts else ""
+
+
 def _print_not_restored(items: list[str], name: str = "") -> None:
     """What a restore, fork or recovery could not bring back (on stderr, so scripts still parse stdout)."""
     for item in items:
@@ -218,7 +225,10 @@ def restore(
     if as_json:
         emit_json(asdict(info))
     else:
-        out.print(f"{info.name} now at {info.head} (branch {info.branch}) in {time.monotonic() - t0:.2f} s")
+        out.print(
+            f"{info.name} now at {info.head} (branch {info.branch}) in {time.monotonic() - t0:.2f} s"
+            f"{_sources(info)}"
+        )
         _print_not_restored(info.not_restored)
 
 

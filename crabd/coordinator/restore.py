@@ -38,7 +38,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +50,7 @@ from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.runner import Session
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
 from crabd.errors import ImageError, InvalidRequest, SandboxBusy, SessionProcessError
-from crabd.models import CheckpointKind, CheckpointRecord, SandboxRecord, SandboxState
+from crabd.models import CheckpointKind, CheckpointRecord, FilesSource, ImageSource, SandboxRecord, SandboxState
 from crabd.runtime import session_os
 from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
@@ -71,15 +70,6 @@ PROCESS_CHECKPOINT = "crab"
 #: Clones started at once by one fork (each is a container start plus a tree write).
 FORK_PARALLEL = 4
 MAX_FORKS = 64
-
-
-class FilesSource(StrEnum):
-    """Where a restore or fork took the checkpoint's files from (``files_from`` in its stats and log)."""
-
-    #: A writable copy-on-write snapshot of the checkpoint's own snapshot: inode-exact, O(1).
-    SNAPSHOT = "snapshot"
-    #: Written out of the content-addressed blob store (new inode numbers).
-    BLOBS = "blobs"
 
 
 class _TreeOnce:
@@ -106,6 +96,8 @@ class _Prepared:
         self.racy_ns = 0
         self.blobs = Blobs({}, {})
         self.stats: dict[str, Any] = {}
+        self.files_from: FilesSource | None = None
+        self.images_from: ImageSource | None = None
 
 
 class Restorer:
@@ -245,6 +237,8 @@ class Restorer:
                 out.stat_blob = stored.index_blob
                 out.blobs = Blobs(dict(stored.children), dict(stored.sizes))
             out.stats = stats
+            out.files_from = stats["files_from"]
+            out.images_from = stats.get("images_from")
 
         async def prepare(container_id: str) -> None:
             await asyncio.to_thread(go, container_id)
@@ -361,6 +355,7 @@ class Restorer:
         assert out is not None
         out.ip_address = st.ip_address
         out.not_restored = not_restored
+        out.files_from, out.images_from = prep.files_from, prep.images_from
         return out
 
     # --- fork ----------------------------------------------------------------------------
@@ -394,13 +389,14 @@ class Restorer:
             got = self.sandboxes.get(r.id)
             assert got is not None
             got.ip_address, got.not_restored = res[1], res[2]
+            got.files_from, got.images_from = res[3].files_from, res[3].images_from
             out.append(got)
         log.info("checkpoint forked", extra={"checkpoint": ckpt.id, "n": n, "sandboxes": [r.id for r in out]})
         return out
 
     async def _fork_locked(
         self, owner_uid: int, ckpt: CheckpointRecord, ids: list[str], names: list[str]
-    ) -> tuple[list[SandboxRecord], list[tuple[Session, str, list[str]]]]:
+    ) -> tuple[list[SandboxRecord], list[tuple[Session, str, list[str], _Prepared]]]:
         """Reserve every fork, then clone them in parallel; any failure undoes them all."""
         base = spec_from_json(ckpt.spec_json)
         tree, session_json = await self._load(ckpt)
@@ -415,7 +411,7 @@ class Restorer:
             crash_point("fork.after_reserve")
             gate = asyncio.Semaphore(FORK_PARALLEL)
 
-            async def one(r: SandboxRecord) -> tuple[Session, str, list[str]]:
+            async def one(r: SandboxRecord) -> tuple[Session, str, list[str], _Prepared]:
                 async with gate:
                     return await self._clone(r, ckpt, tree, session_json)
 
@@ -432,7 +428,7 @@ class Restorer:
 
     async def _clone(
         self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: _TreeOnce, session_json: str | None
-    ) -> tuple[Session, str, list[str]]:
+    ) -> tuple[Session, str, list[str], _Prepared]:
         prep = _Prepared()
         cid, st = await self.sandboxes.launch(
             rec,
@@ -454,7 +450,7 @@ class Restorer:
 
         await asyncio.to_thread(commit)
         crash_point("fork.after_commit")
-        return session, st.ip_address, not_restored
+        return session, st.ip_address, not_restored, prep
 
     async def _undo_clone(self, rec: SandboxRecord) -> None:
         await asyncio.to_thread(self.catalog.drop_head, rec.id)

@@ -7,7 +7,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crabd.api.v1 import crab_pb2 as pb
-from crabd.models import CheckpointKind, CheckpointPolicy, DecisionKind, RecoveryMode, TurnCheckpointState
+from crabd.models import (
+    CheckpointKind,
+    CheckpointPolicy,
+    DecisionKind,
+    FilesSource,
+    ImageSource,
+    RecoveryMode,
+    TurnCheckpointState,
+)
+
+
+def _image_source(text: str) -> ImageSource | None:
+    if text == "hot":
+        return "hot"
+    if text == "blobs":
+        return "blobs"
+    return None
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,11 @@ class SandboxInfo:
     #: Set by restore, fork and recover: what of the checkpoint's state the new container could
     #: not be given (e.g. the session's open descriptors after a files-only checkpoint).
     not_restored: list[str] = field(default_factory=list)
+    #: Set by restore, fork and recover: where the new container's files came from (a btrfs
+    #: snapshot of the checkpoint, inode-exact, or the blob store) and its process images (the
+    #: hot copy of the newest dump or the blob store; None for a files-only checkpoint).
+    files_from: FilesSource | None = None
+    images_from: ImageSource | None = None
 
     @classmethod
     def from_pb(cls, m: pb.Sandbox) -> SandboxInfo:
@@ -70,6 +91,8 @@ class SandboxInfo:
             head=m.head,
             recovery=RecoveryMode(m.recovery or RecoveryMode.MANUAL),
             not_restored=list(m.not_restored),
+            files_from=FilesSource(m.files_from) if m.files_from else None,
+            images_from=_image_source(m.images_from),
         )
 
 

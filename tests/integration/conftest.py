@@ -79,11 +79,13 @@ def instance_containers(state_dir: Path) -> set[str]:
     """The ids of every container that the crabd with ``state_dir`` made and that still exists, on either backend.
 
     Docker's by the instance label; the runc backend's by the instance prefix of
-    their ids, in crab's runc state root and in the btrfs pool (a subvolume
-    without a runc container is a leftover too).
+    their ids, wherever a piece of one may be left: crab's runc state root,
+    bundles (half-made ones too), named netns, CNI results, and the btrfs pool.
     """
     from crabd.backends.btrfs import Pool, SubvolKind
-    from crabd.backends.runc.cleanup import Layout
+    from crabd.backends.runc import named_netns
+    from crabd.backends.runc.bundle import TMP_PREFIX
+    from crabd.backends.runc.cleanup import Layout, bundle_ids
     from crabd.backends.runc.cli import Runc
     from crabd.config import CrabConfig
     from crabd.daemon.app import instance_id
@@ -97,12 +99,33 @@ def instance_containers(state_dir: Path) -> set[str]:
             timeout=60,
         ).stdout.split()
     )
-    out |= {st.id for st in Runc(Layout().runc_root).list() if st.id.startswith(f"{inst}-")}
+    layout = Layout()
+    runc_pieces = [st.id for st in Runc(layout.runc_root).list()]
+    bundles, partial = bundle_ids(layout.bundles)
+    runc_pieces += bundles + [n.removeprefix(TMP_PREFIX).rpartition("-")[0] for n in partial]  # tmp-<id>-<rand>
+    runc_pieces += named_netns.list_ids(layout.netns)
+    results = layout.cni.cache_dir / "results"
+    runc_pieces += [p.stem for p in results.glob("*.json")] if results.is_dir() else []
+    out |= {n for n in runc_pieces if n.startswith(f"{inst}-")}
     cfg = CrabConfig()
     if cfg.btrfs.mount_point.is_mount():
         with Pool.from_config(cfg.btrfs) as pool:
             out |= {n for n in pool.list(SubvolKind.SANDBOX) if n.startswith(f"{inst}-")}
     return out
+
+
+def instance_snapshots(state_dir: Path) -> set[str]:
+    """The checkpoint ids of the btrfs snapshots that the crabd with ``state_dir`` holds in the host's pool."""
+    from crabd.backends.btrfs import Pool, SubvolKind
+    from crabd.config import CrabConfig
+    from crabd.daemon.app import instance_id
+
+    prefix = f"{instance_id(state_dir)}-"
+    cfg = CrabConfig()
+    if not cfg.btrfs.mount_point.is_mount():
+        return set()
+    with Pool.from_config(cfg.btrfs) as pool:
+        return {n.removeprefix(prefix) for n in pool.list(SubvolKind.SNAPSHOT) if n.startswith(prefix)}
 
 
 def remove_instance_containers(state_dir: Path) -> None:

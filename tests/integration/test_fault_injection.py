@@ -37,7 +37,12 @@ import pytest
 from crabd.sdk import Client, CrabError, EmbeddedDaemon, StoreFull
 from crabd.util.faults import CRASH_ENV, CRASH_POINTS, FAIL_ENV, WRITE_POINTS
 from tests.conftest import CRABCTL, have_docker, have_root, require
-from tests.integration.conftest import instance_containers, kill_container, remove_instance_containers
+from tests.integration.conftest import (
+    instance_containers,
+    instance_snapshots,
+    kill_container,
+    remove_instance_containers,
+)
 
 
 def _start(base: Path, **env: str) -> EmbeddedDaemon:
@@ -163,8 +168,13 @@ class Walk:
                 for r in db.execute("SELECT sandbox_id FROM heads WHERE sandbox_id NOT IN (SELECT id FROM sandboxes)")
             ]
             creating = [str(r[0]) for r in db.execute("SELECT name FROM sandboxes WHERE state='creating'")]
+            checkpoints = {str(r[0]) for r in db.execute("SELECT id FROM checkpoints")}
         finally:
             db.close()
+        # The runc backend's snapshots follow the catalog: one per published checkpoint at most.
+        snapshots = instance_snapshots(self.state)
+        if snapshots - checkpoints:
+            problems.append(f"snapshots of no checkpoint: {sorted(snapshots - checkpoints)}")
         files = {p.name for p in (self.state / "blobs" / "sha256").glob("*/*") if p.is_file()}
         if files - live:
             problems.append(f"{len(files - live)} blob file(s) nothing references, e.g. {sorted(files - live)[0][:16]}")

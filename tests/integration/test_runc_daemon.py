@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from crabd.backends.btrfs import Pool, SubvolKind
+from crabd.backends.btrfs import Pool, SubvolKind, SubvolRef
 from crabd.config import CrabConfig
 from crabd.daemon.app import instance_id
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
@@ -87,10 +87,11 @@ def test_restore_fork_and_recover_keep_every_inode(make_sandbox: Callable[..., S
     before = inodes(sb)
     with sb.turn():
         sb.session.run("rm -rf /work && echo changed > /etc/issue")
-    sb.restore(ck)
+    assert sb.restore(ck).files_from == "snapshot"
     assert inodes(sb) == before
     [clone] = sb.fork(1)
     try:
+        assert clone.info.files_from == "snapshot"
         assert inodes(clone) == before
     finally:
         clone.remove(force=True)
@@ -98,8 +99,27 @@ def test_restore_fork_and_recover_keep_every_inode(make_sandbox: Callable[..., S
     deadline = time.monotonic() + 30
     while sb.refresh().state != "dead" and time.monotonic() < deadline:
         time.sleep(0.2)
-    sb.recover()
+    assert sb.recover().sandbox.files_from == "snapshot"
     assert inodes(sb) == before
+
+
+def test_without_its_snapshot_a_checkpoint_restores_from_the_blobs_and_says_so(
+    daemon: EmbeddedDaemon, make_sandbox: Callable[..., Sandbox]
+) -> None:
+    sb = make_sandbox("bookworm", checkpoints="fs")
+    with sb.turn():
+        assert sb.session.run(SETUP).exit_code == 0
+    ck = sb.checkpoints()[-1]
+    look = ["sh", "-c", f"cat /work/made /etc/issue && stat -c '%n %s %a %Y %h' {' '.join(PATHS)}"]
+    want = sb.run(look).stdout
+    with Pool.from_config(CrabConfig().btrfs) as pool:  # as on another host, or after losing the pool
+        pool.delete(SubvolRef.snapshot(f"{instance_id(daemon.state_dir)}-{ck.id}"))
+    with sb.turn():
+        sb.session.run("rm -rf /work && echo changed > /etc/issue")
+    restored = sb.restore(ck)
+    assert (restored.files_from, restored.images_from) == ("blobs", None)
+    # Same contents, sizes, modes, mtimes and link counts; only the inode numbers are new.
+    assert sb.run(look).stdout == want
 
 
 def test_an_open_sqlite_connection_writes_on_after_a_restore(make_sandbox: Callable[..., Sandbox]) -> None:
@@ -111,7 +131,8 @@ def test_an_open_sqlite_connection_writes_on_after_a_restore(make_sandbox: Calla
     assert ask_writer(sb) == "ok 1"
     ck = sb.checkpoint(kind="full")
     assert ask_writer(sb) == "ok 2"  # lost by the restore below
-    sb.restore(ck)
+    restored = sb.restore(ck)
+    assert (restored.files_from, restored.images_from) == ("snapshot", "hot")
     # The restored process still holds its connection; SQLite re-checks st_ino before writing.
     assert ask_writer(sb) == "ok 2"
     count = "import sqlite3; print(sqlite3.connect('/work/db.sqlite').execute('select count(*) from t').fetchone()[0])"

@@ -23,6 +23,7 @@ from crabd.models import (
     CheckpointPolicy,
     CheckpointRecord,
     DecisionKind,
+    FilesSource,
     InspectorMode,
     RecoveryMode,
     SandboxRecord,
@@ -31,6 +32,7 @@ from crabd.models import (
     TurnCheckpointState,
     Vocabulary,
 )
+from crabd.sdk.models import SandboxInfo
 from crabd.service.reports import CheckpointDetail, DaemonStatus, EngineReport
 from crabd.service.service import Service
 from crabd.store.catalog import Catalog, CheckpointFailure, LiveBlob
@@ -179,6 +181,18 @@ def test_proto_fields_carry_the_same_strings() -> None:
     assert back.checkpoints is CheckpointPolicy.FULL and back.recovery is RecoveryMode.AUTO
     default = convert.spec_from_pb(pb.CreateSandboxRequest(env="busybox"))
     assert default.checkpoints is CheckpointPolicy.AUTO and default.recovery is RecoveryMode.MANUAL
+
+
+def test_where_a_restore_took_its_state_from_crosses_the_wire() -> None:
+    spec = SandboxSpec(env="busybox")
+    rec = SandboxRecord("sb", "sb", 0, spec, "img", "c", SandboxState.RUNNING, 1.0)
+    assert SandboxInfo.from_pb(convert.sandbox_to_pb(rec)).files_from is None  # not a restore's answer
+    rec.files_from, rec.images_from = FilesSource.SNAPSHOT, "hot"
+    info = SandboxInfo.from_pb(convert.sandbox_to_pb(rec))
+    assert (info.files_from, info.images_from) == (FilesSource.SNAPSHOT, "hot")
+    rec.files_from, rec.images_from = FilesSource.BLOBS, None
+    info = SandboxInfo.from_pb(convert.sandbox_to_pb(rec))
+    assert (info.files_from, info.images_from) == (FilesSource.BLOBS, None)
 
 
 # --- bad words stop at the edge, before anything changes ---------------------------------------
