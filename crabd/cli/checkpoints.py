@@ -194,7 +194,7 @@ def recover(sandbox: str, as_json: JsonOpt = False) -> None:
 
 
 def _sources(info: SandboxInfo) -> str:
-    """", files from a snapshot, processes from hot images": where a restore took the state from."""
+    """Where a restore took the state from, as "; files from snapshot, processes from hot images"."""
     parts = [f"files from {info.files_from}"] if info.files_from else []
     parts += [f"processes from {info.images_from} images"] if info.images_from else []
     return f"; {', '.join(parts)}" if parts else ""
@@ -226,8 +226,7 @@ def restore(
         emit_json(asdict(info))
     else:
         out.print(
-            f"{info.name} now at {info.head} (branch {info.branch}) in {time.monotonic() - t0:.2f} s"
-            f"{_sources(info)}"
+            f"{info.name} now at {info.head} (branch {info.branch}) in {time.monotonic() - t0:.2f} s{_sources(info)}"
         )
         _print_not_restored(info.not_restored)
 

@@ -128,6 +128,16 @@ def instance_snapshots(state_dir: Path) -> set[str]:
         return {n.removeprefix(prefix) for n in pool.list(SubvolKind.SNAPSHOT) if n.startswith(prefix)}
 
 
+def drop_snapshot(state_dir: Path, checkpoint_id: str) -> None:
+    """Delete a checkpoint's btrfs snapshot behind crabd's back (as on another host, or a lost pool)."""
+    from crabd.backends.btrfs import Pool, SubvolRef
+    from crabd.config import CrabConfig
+    from crabd.daemon.app import instance_id
+
+    with Pool.from_config(CrabConfig().btrfs) as pool:
+        pool.delete(SubvolRef.snapshot(f"{instance_id(state_dir)}-{checkpoint_id}"))
+
+
 def remove_instance_containers(state_dir: Path) -> None:
     """Remove what :func:`instance_containers` finds (a test's belt and braces after its daemon closed)."""
     ids = instance_containers(state_dir)

@@ -28,7 +28,7 @@ from crabd.sdk import (
 )
 from crabd.util import cgroups
 from tests.conftest import CRABCTL
-from tests.integration.conftest import USER_IN_GROUP, remove_instance_containers, run_as
+from tests.integration.conftest import USER_IN_GROUP, drop_snapshot, is_docker_id, remove_instance_containers, run_as
 
 
 def _blob_file(daemon: EmbeddedDaemon, content: bytes) -> Path:
@@ -99,6 +99,14 @@ def test_corrupt_checkpoint_is_refused_and_named(daemon: EmbeddedDaemon, make_sa
     good = blob.read_bytes()
     blob.write_bytes(good[:-3] + bytes(b ^ 0xFF for b in good[-3:]))
     try:
+        if not is_docker_id(sb.info.container_id):
+            # runc+btrfs: the checkpoint's own read-only snapshot holds its files, so a restore
+            # never reads the damaged blob and is exact; without the snapshot it must refuse.
+            assert sb.restore(ck).files_from == "snapshot"
+            assert sb.run(["cat", "/data"]).stdout == payload
+            with sb.turn():
+                sb.run(["sh", "-c", "echo later > /data"])
+            drop_snapshot(daemon.state_dir, ck.id)
         cid = sb.refresh().container_id
         with pytest.raises(CorruptBlob) as info:
             sb.restore(ck)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from crabd.backends.btrfs import Pool, SubvolKind, SubvolRef
+from crabd.backends.btrfs import Pool, SubvolKind
 from crabd.config import CrabConfig
 from crabd.daemon.app import instance_id
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
@@ -112,8 +112,7 @@ def test_without_its_snapshot_a_checkpoint_restores_from_the_blobs_and_says_so(
     ck = sb.checkpoints()[-1]
     look = ["sh", "-c", f"cat /work/made /etc/issue && stat -c '%n %s %a %Y %h' {' '.join(PATHS)}"]
     want = sb.run(look).stdout
-    with Pool.from_config(CrabConfig().btrfs) as pool:  # as on another host, or after losing the pool
-        pool.delete(SubvolRef.snapshot(f"{instance_id(daemon.state_dir)}-{ck.id}"))
+    conftest.drop_snapshot(daemon.state_dir, ck.id)  # as on another host, or after losing the pool
     with sb.turn():
         sb.session.run("rm -rf /work && echo changed > /etc/issue")
     restored = sb.restore(ck)

@@ -107,6 +107,29 @@ def test_write_bundle_is_atomic_and_complete(tmp_path: Path) -> None:
     assert not b.path.exists()
 
 
+def test_etc_files_live_writable_in_the_sandboxs_storage_and_are_made_anew(tmp_path: Path) -> None:
+    etc = tmp_path / "subvol" / "etc"
+    etc.mkdir(parents=True)
+    (etc / "hosts").write_text("written by the sandbox before a checkpoint\n")
+    (etc / "evil").symlink_to("/etc/shadow")  # whatever a restored copy holds is thrown away
+    b = bundle.write(_spec(networked=True, hostname="box"), tmp_path / "bundles", etc_dir=etc)
+    binds = {m["destination"]: m for m in b.config()["mounts"] if m["destination"].startswith("/etc/")}
+    assert {d: m["source"] for d, m in binds.items()} == {
+        "/etc/hostname": str(etc / "hostname"),
+        "/etc/hosts": str(etc / "hosts"),
+        "/etc/resolv.conf": str(etc / "resolv.conf"),
+    }
+    assert all("rw" in m["options"] and "ro" not in m["options"] for m in binds.values())
+    assert sorted(p.name for p in etc.iterdir()) == ["hostname", "hosts", "resolv.conf"]
+    assert "127.0.1.1\tbox" in (etc / "hosts").read_text()
+    assert not (b.path / "etc").exists()
+    # Without a network, as with Docker: only /etc/hostname; the image's /etc/hosts stays.
+    quiet = bundle.write(_spec(hostname="q"), tmp_path / "bundles2", etc_dir=tmp_path / "q-etc")
+    assert [m["destination"] for m in quiet.config()["mounts"] if m["destination"].startswith("/etc/")] == [
+        "/etc/hostname"
+    ]
+
+
 def test_overlay_options_keep_inodes_and_refuse_separators() -> None:
     ov = rootfs.Overlay((Path("/l1"), Path("/l2")), Path("/u"), Path("/w"), Path("/t"))
     opts = ov.options().split(",")

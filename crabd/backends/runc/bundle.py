@@ -156,11 +156,13 @@ def _env(spec: ContainerSpec) -> list[str]:
     return env
 
 
-def config(spec: ContainerSpec, bundle_dir: Path, etc_files: dict[str, Path]) -> dict[str, Any]:
+def config(
+    spec: ContainerSpec, bundle_dir: Path, etc_files: dict[str, Path], *, etc_writable: bool = False
+) -> dict[str, Any]:
     """The OCI config of ``spec`` for a bundle at ``bundle_dir``; ``etc_files`` maps /etc paths to host files."""
     mounts = _standard_mounts()
     mounts.append(_bind(spec.init_binary, INIT_PATH_IN_SANDBOX, writable=False))
-    mounts += [_bind(src, dest, writable=False) for dest, src in sorted(etc_files.items())]
+    mounts += [_bind(src, dest, writable=etc_writable) for dest, src in sorted(etc_files.items())]
     mounts += [_bind(b.source, b.destination, writable=b.writable) for b in spec.binds]
     namespaces: list[dict[str, str]] = [{"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")]
     namespaces.append({"type": "network", "path": str(spec.netns)})
@@ -233,14 +235,21 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
 
 
 def _etc_files(spec: ContainerSpec, etc: Path) -> dict[str, Path]:
-    """Write the sandbox's hostname, hosts (and resolv.conf) into ``etc``; {path inside: host file}."""
+    """Write the sandbox's hostname (and hosts and resolv.conf) into ``etc``, made anew; {path inside: host file}.
+
+    As Docker does: /etc/hostname always, /etc/hosts and /etc/resolv.conf only
+    with a network (without one the image's own files stay, in the rootfs).
+    """
+    # Anew each start: a restored subvolume brings the old container's copies, which the
+    # sandbox could write (rmtree never follows a link; the directory is crab's, not the sandbox's).
+    shutil.rmtree(etc, ignore_errors=True)
     etc.mkdir(mode=0o755)
     hostname = spec.hostname or spec.id[:12]
-    files = {
-        "/etc/hostname": f"{hostname}\n",
-        "/etc/hosts": f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n",
-    }
+    files = {"/etc/hostname": f"{hostname}\n"}
     if spec.networked:
+        files["/etc/hosts"] = (
+            f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"
+        )
         files["/etc/resolv.conf"] = _resolv_conf()
     out: dict[str, Path] = {}
     for dest, text in files.items():
@@ -260,8 +269,15 @@ def _resolv_conf(path: Path = Path("/etc/resolv.conf")) -> str:
     return "\n".join(kept) + "\n"
 
 
-def write(spec: ContainerSpec, root: Path = DEFAULT_BUNDLES_ROOT) -> Bundle:
-    """Make the bundle of ``spec`` under ``root`` (see the module's docstring); atomic."""
+def write(spec: ContainerSpec, root: Path = DEFAULT_BUNDLES_ROOT, *, etc_dir: Path | None = None) -> Bundle:
+    """Make the bundle of ``spec`` under ``root`` (see the module's docstring); atomic.
+
+    ``etc_dir``: where the container's /etc files live, bind-mounted writable
+    (as Docker's are); it must be on the sandbox's own storage (its btrfs
+    subvolume), never on the bundles' tmpfs, which a sandbox writing a huge
+    /etc/hosts would fill with the host's memory.  Without it they live in the
+    bundle, read-only.
+    """
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     final = root / spec.id
     if final.exists():
@@ -271,10 +287,14 @@ def write(spec: ContainerSpec, root: Path = DEFAULT_BUNDLES_ROOT) -> Bundle:
     tmp.mkdir(mode=0o700)
     try:
         (tmp / ROOTFS).mkdir(mode=0o755)
-        etc = _etc_files(spec, tmp / "etc")
-        # The config names its files by their final paths.
-        etc = {dest: final / "etc" / host.name for dest, host in etc.items()}
-        data = json.dumps(config(spec, final, etc), indent=1, sort_keys=True).encode()
+        if etc_dir is None:
+            etc = _etc_files(spec, tmp / "etc")
+            # The config names its files by their final paths.
+            etc = {dest: final / "etc" / host.name for dest, host in etc.items()}
+        else:
+            etc = _etc_files(spec, etc_dir)
+        cfg = config(spec, final, etc, etc_writable=etc_dir is not None)
+        data = json.dumps(cfg, indent=1, sort_keys=True).encode()
         write_atomic(tmp / CONFIG, data)
         os.rename(tmp, final)
     except BaseException:

@@ -32,6 +32,8 @@ class Storage:
     lowers: tuple[Path, ...]
     upper: Path
     work: Path
+    #: The container's writable /etc files (hostname, hosts, resolv.conf), beside upper; None: read-only in the bundle.
+    etc: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class Launcher:
         try:
             result = self.network.add(spec.id, ns) if spec.networked else None
             clock.lap("cni")
-            b = bundle.write(dataclasses.replace(spec, netns=ns), self.layout.bundles)
+            b = bundle.write(dataclasses.replace(spec, netns=ns), self.layout.bundles, etc_dir=storage.etc)
             clock.lap("bundle")
             rootfs.mount(rootfs.Overlay(storage.lowers, storage.upper, storage.work, b.rootfs))
             clock.lap("mount")

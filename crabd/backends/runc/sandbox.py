@@ -66,7 +66,7 @@ from crabd.util import cgroups
 log = logging.getLogger("crabd.runc")
 
 #: The overlay's upper and work dirs, inside the container's subvolume.
-UPPER, WORK = "upper", "work"
+UPPER, WORK, ETC = "upper", "work", "etc"
 #: ``<work_root>/restore/<id>/<name>``: process images for ``start(id, checkpoint=name)``.
 RESTORE_DIR = "restore"
 #: ``<work_root>/criu/<id>``: CRIU's work dir (logs) of a restore.
@@ -364,7 +364,7 @@ class RuncSandboxBackend:
         if not self.pool.exists(ref):
             raise ContainerRuntimeError(f"container {cid}: its subvolume {ref.relpath} is gone", container=cid)
         sv = self.pool.path(ref)
-        return Storage(created.lowers, sv / UPPER, sv / WORK)
+        return Storage(created.lowers, sv / UPPER, sv / WORK, sv / ETC)
 
     def _restore(self, cid: str, checkpoint: str) -> Restore | None:
         if not checkpoint:

@@ -14,7 +14,8 @@ out here (docs/runc.md compares the two):
 * a seccomp filter that refuses what Docker's default profile refuses to a
   container without CAP_SYS_ADMIN: new namespaces (``unshare``, ``setns``,
   ``clone`` with a CLONE_NEW* flag), the kernel keyring, module loading,
-  BPF, perf, kexec, userfaultfd and handle-based opens, among others.
+  BPF, perf, kexec, userfaultfd and handle-based opens, among others; and,
+  as to a container without CAP_SYS_PTRACE, ``process_vm_readv/writev``.
   It is a deny list (Docker's is an allow list): the dropped capabilities
   already refuse most of what an allow list would add;
 * devices: the cgroup's device list denies all, and runc adds back its
@@ -80,6 +81,8 @@ DENIED_SYSCALLS = (
     "open_by_handle_at",
     "open_tree",
     "perf_event_open",
+    "process_vm_readv",
+    "process_vm_writev",
     "pivot_root",
     "quotactl",
     "reboot",
