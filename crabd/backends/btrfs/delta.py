@@ -4,8 +4,9 @@ The runc backend keeps each container's overlay ``upper/`` and ``work/`` in
 one subvolume of the pool (``sandboxes/<container id>``, see
 ``backends/btrfs/layout.py``).  A filesystem checkpoint then runs as:
 
-1. ``prepare``: nothing but remembering the base tree and the names (the
-   sandbox runs on, untouched);
+1. ``prepare``: remembering the base tree and the names, and writing the
+   pool's dirty data back (``Pool.flush``), so that the snapshot in the
+   freeze has little of it left to write (the sandbox runs on, untouched);
 2. ``capture``, inside the freeze: a read-only snapshot of the container's
    subvolume as ``snapshots/<prefix><checkpoint id>`` — one ioctl and one
    btrfs transaction, a few milliseconds whatever the tree's size;
@@ -93,7 +94,9 @@ class SnapshotDelta:
     # --- capture ---------------------------------------------------------------------
 
     def prepare(self, upper: Path, base: Tree | None, racy_ns: int, *, checkpoint_id: str) -> SnapshotPrepared:
-        return SnapshotPrepared(self._sandbox_of(upper), self._snapshot_ref(checkpoint_id), base, racy_ns)
+        source = self._sandbox_of(upper)
+        self.pool.flush(source)
+        return SnapshotPrepared(source, self._snapshot_ref(checkpoint_id), base, racy_ns)
 
     def capture(self, prepared: Prepared) -> SnapshotCut:
         assert isinstance(prepared, SnapshotPrepared), "a cut continues this backend's own prepare"

@@ -115,6 +115,13 @@ class _StatFs(ctypes.Structure):
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
+def syncfs(fd: int) -> None:
+    """``syncfs(2)`` of the file system holding ``fd`` (Python's os module has no wrapper)."""
+    if _libc.syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
 def fs_type(fd: int) -> int:
     """``fstatfs(fd).f_type`` (Python's ``os.statvfs`` does not expose it)."""
     buf = _StatFs()

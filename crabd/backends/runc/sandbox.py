@@ -391,7 +391,10 @@ class RuncSandboxBackend:
         try:
             launched = self._launcher.launch(created.spec, self._storage(cid, created), self._restore(cid, checkpoint))
             reaper.record(self._init_key(cid), launched.state.pid)
+            t0 = time.monotonic()
             facts, _ = self._read_facts(cid)
+            steps = {f"{k}_s": round(v, 4) for k, v in launched.timings.items()}
+            log.info("runc launched", extra={"container": cid, **steps, "facts_s": round(time.monotonic() - t0, 4)})
             with self._lock:
                 self._facts[cid] = facts
         finally:
