@@ -11,7 +11,10 @@ the same state dir, and the walk checks that
 * nothing is orphaned: no container of this daemon that no sandbox names, no
   file in the store's ``tmp/`` or under ``run/dumps``, no mount under the
   state dir, no blob file the catalog does not hold live, no head or
-  ``creating`` row of a sandbox that is gone.
+  ``creating`` row of a sandbox that is gone; on the runc backend (the
+  default where the host has it) no runc container, bundle, netns, CNI
+  result or subvolume that no sandbox names, and no btrfs snapshot of a
+  checkpoint the catalog does not have.
 
 Then the same with ENOSPC injected at each write point: the operation fails
 with a clear error, the sandbox keeps running, and the same checks hold.
