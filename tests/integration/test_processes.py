@@ -211,15 +211,25 @@ def test_daemonized_http_server_in_every_fork(client: Client, sbx: Callable[...,
             c.remove()
 
 
-def test_interpreter_memory_survives_a_crash(sbx: Callable[..., Sandbox]) -> None:
-    sb = sbx()
+#: Asks the REPL (/opt/t/repl.py) for its secret and how many questions it has answered.
+ASK_REPL = (
+    "python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('/tmp/repl.sock'); "
+    'print(s.recv(99).decode())"'
+)
+
+
+def start_repl(sb: Sandbox) -> tuple[bytes, bytes]:
+    """Start the REPL in the session (one turn); its secret and answer count."""
     with sb.turn():
         sb.session.run("python3 /opt/t/repl.py & sleep 0.5")
-    ask = (
-        "python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('/tmp/repl.sock'); "
-        'print(s.recv(99).decode())"'
-    )
-    secret, n = sb.session.run(ask).stdout.split()
+    secret, n = sb.session.run(ASK_REPL).stdout.split()
+    return secret, n
+
+
+def test_interpreter_memory_survives_a_crash(sbx: Callable[..., Sandbox]) -> None:
+    sb = sbx()
+    ask = ASK_REPL
+    secret, n = start_repl(sb)
     ck = sb.checkpoint(kind="full")
     sb.session.run(ask)  # one more question after the checkpoint: lost with the crash
     kill_container(sb)
@@ -466,13 +476,8 @@ def test_a_restore_links_the_newest_dump_and_older_ones_come_from_the_store(
 ) -> None:
     """The newest full checkpoint's dump is kept hot (backends/criu/hotimages.py); an older one is written."""
     sb = sbx()
-    with sb.turn():
-        sb.session.run("python3 /opt/t/repl.py & sleep 0.5")
-    ask = (
-        "python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('/tmp/repl.sock'); "
-        'print(s.recv(99).decode())"'
-    )
-    secret, n = sb.session.run(ask).stdout.split()
+    ask = ASK_REPL
+    secret, n = start_repl(sb)
     older = sb.checkpoint(kind="full")
     sb.session.run(ask)
     newer = sb.checkpoint(kind="full")  # the REPL's memory changed: a new image, the sandbox's hot one
