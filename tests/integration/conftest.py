@@ -139,7 +139,21 @@ def drop_snapshot(state_dir: Path, checkpoint_id: str) -> None:
 
 
 def remove_instance_containers(state_dir: Path) -> None:
-    """Remove what :func:`instance_containers` finds (a test's belt and braces after its daemon closed)."""
+    """Remove what :func:`instance_containers` and :func:`instance_snapshots` find.
+
+    A test's belt and braces after its daemon closed, before it deletes the
+    state dir: a crabd killed with -9 never dropped its snapshots, which live
+    in the host's shared pool, not in the state dir.
+    """
+    from crabd.backends.btrfs import Pool, SubvolRef
+    from crabd.config import CrabConfig
+    from crabd.daemon.app import instance_id
+
+    snapshots = instance_snapshots(state_dir)
+    if snapshots:
+        with Pool.from_config(CrabConfig().btrfs) as pool:
+            for ck in snapshots:
+                pool.delete(SubvolRef.snapshot(f"{instance_id(state_dir)}-{ck}"))
     ids = instance_containers(state_dir)
     docker_ids = [c for c in ids if is_docker_id(c)]
     if docker_ids:
