@@ -130,7 +130,8 @@ while True:
         outside.sendall(b"x"); state = "open"
     except OSError as e:
         state = f"closed:{e.errno}"
-    open("/tmp/outside", "w").write(state)
+    # Replaced, never rewritten in place: a reader must never see it empty.
+    open("/tmp/outside.tmp", "w").write(state); os.replace("/tmp/outside.tmp", "/tmp/outside")
     time.sleep(0.1)
 """,
 }
