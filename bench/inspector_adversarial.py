@@ -48,6 +48,7 @@ from crabd.backends.runc import bundle, rootfs
 from crabd.backends.runc.cleanup import Layout
 from crabd.errors import CrabError
 from crabd.sdk import CheckpointInfo, Client, EmbeddedDaemon, Sandbox
+from crabd.util import cgroups
 
 ADVERSARIAL = inspector_eval.CORPUS / "adversarial"
 HELPERS_IN_SANDBOX = "/opt/a"
@@ -85,11 +86,6 @@ class Result:
         return self.got in CLASSES and RANK[self.got] > RANK[self.expect]
 
 
-def _is_docker_id(container_id: str) -> bool:
-    """Docker's ids are 64 hex digits; the runc backend's are ``<instance>-<sandbox>-<generation>``."""
-    return len(container_id) == 64 and all(c in "0123456789abcdef" for c in container_id)
-
-
 def load() -> list[Scenario]:
     return inspector_eval.load_corpus(ADVERSARIAL)
 
@@ -100,7 +96,7 @@ def overlay(container_id: str) -> tuple[Path, Path, list[Path]]:
     Docker says where its overlay is; a runc sandbox's overlay is mounted on
     the host at its bundle's rootfs, and the kernel's mount table has its layers.
     """
-    if not _is_docker_id(container_id):
+    if not cgroups.is_docker_id(container_id):
         target = Layout().bundles / container_id / bundle.ROOTFS
         found = rootfs.overlay_at(target)
         if found is None:

@@ -50,7 +50,7 @@ def _v2_dir(container_id: str) -> Path | None:
 
 def _short(container_id: str) -> str:
     """Docker's 64-hex ids shortened as Docker shows them; crab's runc ids whole (their head is the instance)."""
-    return container_id[:12] if len(container_id) == 64 else container_id
+    return container_id[:12] if cgroups.is_docker_id(container_id) else container_id
 
 
 def _wait(done: Callable[[], bool], container_id: str) -> None:

@@ -29,6 +29,11 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENTS = ("docker", "crab")
 
 
+def is_docker_id(container_id: str) -> bool:
+    """Docker's ids are 64 hex digits; crab's runc ids are ``<instance>-<sandbox>-<generation>``."""
+    return len(container_id) == 64 and all(c in "0123456789abcdef" for c in container_id)
+
+
 def _v2_candidates(container_id: str, root: Path) -> list[Path]:
     out = [root / "unified" / parent / container_id for parent in PARENTS]  # hybrid layout
     out += [root / parent / container_id for parent in PARENTS]  # pure v2

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
+from crabd.util.cgroups import is_docker_id
 from tests.conftest import REPO, have_docker, have_root, require
 
 
@@ -197,11 +198,6 @@ def make_sandbox(client: Client) -> Iterator[Callable[..., Sandbox]]:
 
 #: The sandbox backends a test can ask for by name (``[runtime] backend``); the default first.
 BACKENDS = ("docker", "runc+btrfs")
-
-
-def is_docker_id(container_id: str) -> bool:
-    """Docker's container ids are 64 hex digits; the runc backend's are ``<instance>-<sandbox>-<gen>``."""
-    return len(container_id) == 64 and all(c in "0123456789abcdef" for c in container_id)
 
 
 def backend_toml(backend: str, network: str) -> str:
