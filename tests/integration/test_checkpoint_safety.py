@@ -27,8 +27,9 @@ from crabd.sdk import (
     StoreFull,
 )
 from crabd.util import cgroups
+from crabd.util.cgroups import is_docker_id
 from tests.conftest import CRABCTL
-from tests.integration.conftest import USER_IN_GROUP, drop_snapshot, is_docker_id, remove_instance_containers, run_as
+from tests.integration.conftest import USER_IN_GROUP, drop_snapshot, remove_instance_containers, run_as
 
 
 def _blob_file(daemon: EmbeddedDaemon, content: bytes) -> Path:

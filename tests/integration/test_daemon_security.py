@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 from crabd.sdk import Client, EmbeddedDaemon
+from crabd.util.cgroups import is_docker_id
 from tests.conftest import REPO, have_docker, require
 from tests.integration.conftest import (
     USER_IN_GROUP,
     USER_OUTSIDE,
     container_running,
-    is_docker_id,
     kill_container,
     remove_instance_containers,
     run_as,

@@ -24,7 +24,8 @@ from crabd.backends.runc.cni import ADMIN_CHAIN
 from crabd.config import CrabConfig, NetworkConfig
 from crabd.daemon.assembly import runc_network
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
-from tests.integration.conftest import container_gateway, daemon_with_config, is_docker_id
+from crabd.util.cgroups import is_docker_id
+from tests.integration.conftest import container_gateway, daemon_with_config
 
 NET = NetworkConfig(name="crabiso")
 
