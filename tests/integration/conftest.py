@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from crabd.backends.btrfs import Pool
+from crabd.config import CrabConfig
+from crabd.host.backend_check import pool_facts
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from crabd.util.cgroups import is_docker_id
 from tests.conftest import REPO, have_docker, have_root, require
@@ -172,6 +175,16 @@ def remove_instance_containers(state_dir: Path) -> None:
                     side.sandbox.remove(cid)
         finally:
             side.close()
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Pool]:
+    """The host's btrfs pool (``[btrfs]``, made by ``make setup``), opened for a module's tests."""
+    require(have_root(), "needs root")
+    cfg = CrabConfig().btrfs
+    require(pool_facts(cfg).problem is None, f"needs the btrfs pool at {cfg.mount_point} (run `make setup`)")
+    with Pool.from_config(cfg) as p:
+        yield p
 
 
 @pytest.fixture

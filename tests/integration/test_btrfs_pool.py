@@ -25,9 +25,7 @@ import pytest
 
 from crabd.backends.btrfs import POOL_FULL_HINT, Pool, SubvolKind, SubvolRef
 from crabd.backends.runc import rootfs
-from crabd.config import CrabConfig
 from crabd.errors import HostError, SnapshotError, StoreFull
-from crabd.host.backend_check import pool_facts
 from tests.conftest import REPO, have_root, require
 
 pytestmark = pytest.mark.root
@@ -35,15 +33,6 @@ pytestmark = pytest.mark.root
 
 def sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    require(have_root(), "needs root")
-    cfg = CrabConfig().btrfs
-    require(pool_facts(cfg).problem is None, f"needs the btrfs pool at {cfg.mount_point} (run `make setup`)")
-    with Pool.from_config(cfg) as p:
-        yield p
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import ipaddress
 import os
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,21 +27,19 @@ import pytest
 from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs import Pool, SubvolKind, SubvolRef
 from crabd.backends.criu.runc import RuncDumper
-from crabd.backends.network import chain_names
 from crabd.backends.runc import cleanup, cni, named_netns, reaper, rootfs
 from crabd.backends.runc.cli import Runc, RuncStatus
 from crabd.backends.runc.sandbox import RuncSandboxBackend
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus
-from crabd.config import CrabConfig, NetworkConfig
+from crabd.config import NetworkConfig
 from crabd.errors import ContainerRuntimeError, CrabError, CriuError, IncompleteDump
 from crabd.host import images
-from crabd.host.backend_check import pool_facts
 from crabd.models import SandboxSpec
 from crabd.runtime import initbin
 from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
 from crabd.util import cgroups, proc
 from crabd.util.netns import Netns
-from tests.conftest import have_root, require
+from tests.integration.runc_layer import assert_no_rules_left, private_base, private_layout
 
 pytestmark = pytest.mark.criu
 
@@ -64,30 +61,13 @@ while True:
 
 @pytest.fixture(scope="module")
 def base() -> Iterator[Path]:
-    d = Path(f"/tmp/crab-runc-backend-test-{SUFFIX}")
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(mode=0o700)
-    yield d
-    named_netns.release_dir(d / "netns")
-    assert not [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines() if str(d) in ln], "mounts left"
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    require(have_root(), "needs root")
-    cfg = CrabConfig().btrfs
-    require(pool_facts(cfg).problem is None, f"needs the btrfs pool at {cfg.mount_point} (run `make setup`)")
-    with Pool.from_config(cfg) as p:
-        yield p
+    with private_base(Path(f"/tmp/crab-runc-backend-test-{SUFFIX}")) as d:
+        yield d
 
 
 @pytest.fixture(scope="module")
 def layout(base: Path) -> cleanup.Layout:
-    settings = cni.CniSettings(net=NetworkConfig(name=f"crb{SUFFIX}"), subnet=str(SUBNET), cache_dir=base / "cni")
-    return cleanup.Layout(
-        runc_root=base / "runc", bundles=base / "bundles", netns=base / "netns", rootfs=base / "rootfs", cni=settings
-    )
+    return private_layout(base, NetworkConfig(name=f"crb{SUFFIX}"), SUBNET)
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +80,7 @@ def network(layout: cleanup.Layout) -> Iterator[cni.CniNetwork]:
     net = cni.CniNetwork(layout.cni)
     yield net
     net.teardown()
-    rules = subprocess.run(["iptables-save"], capture_output=True, text=True, timeout=30).stdout
-    assert not [ln for ln in rules.splitlines() if any(c in ln for c in chain_names(layout.cni.net))], "rules left"
+    assert_no_rules_left(layout.cni.net)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import fcntl
 import ipaddress
 import os
 import secrets
-import shutil
 import socket
 import sqlite3
 import struct
@@ -31,17 +30,15 @@ import pytest
 
 from crabd.backends.btrfs import Pool, SubvolRef
 from crabd.backends.docker_sandbox import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
-from crabd.backends.network import chain_names
 from crabd.backends.runc import bundle, cleanup, cni, launch, named_netns, rootfs
 from crabd.backends.runc.cli import Runc, RuncStatus
-from crabd.config import CrabConfig, NetworkConfig
+from crabd.config import NetworkConfig
 from crabd.errors import ContainerRuntimeError, CriuError
 from crabd.host import images
-from crabd.host.backend_check import pool_facts
 from crabd.runtime import initbin
 from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
 from crabd.util import netns
-from tests.conftest import require
+from tests.integration.runc_layer import assert_no_rules_left, private_base, private_layout
 
 pytestmark = pytest.mark.criu
 
@@ -87,22 +84,14 @@ except OSError as e:
 
 @pytest.fixture(scope="module")
 def base() -> Iterator[Path]:
-    d = Path(f"/tmp/crab-runc-test-{SUFFIX}")
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(mode=0o700)
-    yield d
-    named_netns.release_dir(d / "netns")
-    assert not [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines() if str(d) in ln], "mounts left"
-    shutil.rmtree(d, ignore_errors=True)
+    with private_base(Path(f"/tmp/crab-runc-test-{SUFFIX}")) as d:
+        yield d
 
 
 @pytest.fixture(scope="module")
 def layout(base: Path) -> cleanup.Layout:
     net = NetworkConfig(name=f"crt{SUFFIX}", allow=(f"{GATEWAY}/32:{HOST_PORT_ALLOWED}",))
-    settings = cni.CniSettings(net=net, subnet=str(SUBNET), cache_dir=base / "cni")
-    return cleanup.Layout(
-        runc_root=base / "runc", bundles=base / "bundles", netns=base / "netns", rootfs=base / "rootfs", cni=settings
-    )
+    return private_layout(base, net, SUBNET)
 
 
 @pytest.fixture(scope="module")
@@ -116,22 +105,13 @@ def network(layout: cleanup.Layout) -> Iterator[cni.CniNetwork]:
     net.ensure()
     yield net
     net.teardown()
-    rules = subprocess.run(["iptables-save"], capture_output=True, text=True, timeout=30).stdout
-    assert not [ln for ln in rules.splitlines() if any(c in ln for c in chain_names(layout.cni.net))], "rules left"
+    rules = assert_no_rules_left(layout.cni.net)
     assert str(SUBNET.network_address)[:-1] not in rules, "per-sandbox CNI rules left"
 
 
 @pytest.fixture(scope="module")
 def lower() -> Path:
     return rootfs.lower_dir(images.find_recipe("bookworm").image_ref)
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    cfg = CrabConfig().btrfs
-    require(pool_facts(cfg).problem is None, f"needs the btrfs pool at {cfg.mount_point} (run `make setup`)")
-    with Pool.from_config(cfg) as p:
-        yield p
 
 
 @pytest.fixture(scope="module")
