@@ -118,7 +118,12 @@ class BpfEvents:
     # --- lifetime ----------------------------------------------------------------
 
     def start(self) -> None:
-        """Compile, load and attach the probes (a few seconds), then start polling."""
+        """Compile, load and attach the probes (a few seconds), then start polling.
+
+        Once per instance: a second call raises rather than attach a second set.
+        """
+        if self._bpf is not None:
+            raise BpfError("crab's eBPF probes are already attached", hint="This is a bug in crabd; report it.")
         if BCC_PATH not in sys.path:
             sys.path.append(BCC_PATH)
         try:

@@ -24,9 +24,12 @@ def open_inspector(cfg: InspectorConfig, limits: ScanLimits) -> tuple[Inspector,
     source: EventSource
     if cfg.mode is InspectorMode.SCAN:
         source, why = ScanEvents(), "forced by [inspector] mode = scan"
+        source.start()
     else:
         bpf = BpfEvents(ring_pages=cfg.ring_buffer_pages)
         try:
+            # Started once, here: a second start would compile the probes again
+            # (seconds) and leave the first set attached, every syscall traced twice.
             bpf.start()
             source, why = bpf, "eBPF probes attached"
         except BpfError as exc:
@@ -34,7 +37,7 @@ def open_inspector(cfg: InspectorConfig, limits: ScanLimits) -> tuple[Inspector,
             if cfg.mode is InspectorMode.EBPF:
                 raise
             source, why = ScanEvents(), f"eBPF probes unavailable ({exc.message})"
-    source.start()
+            source.start()
     inspector = Inspector(source, limits=limits, shadow=cfg.shadow)
     log.info("inspector chosen", extra={"inspector": inspector.name, "why": why, "shadow": inspector.shadow})
     return inspector, why
