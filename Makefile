@@ -12,9 +12,9 @@ PROTOS      := $(shell find crabd/api -name '*.proto' 2>/dev/null)
 PYTEST_ARGS ?=
 INIT_BIN    := crabd/runtime/init/crab-init
 
-.PHONY: setup host venv images proto demo test unit integration lint bench clean-venv
+.PHONY: setup host venv images criu-kdat proto demo test unit integration lint bench clean-venv
 
-setup: host venv images
+setup: host venv images criu-kdat
 
 host:
 	@bash scripts/setup-host.sh
@@ -39,6 +39,10 @@ $(STAMP): pyproject.toml setup.py $(PROTOS)
 
 images: venv
 	@$(VENV)/bin/crabctl env build
+
+# CRIU's kernel-feature cache where /run is not a tmpfs (crabd/host/criu_kdat.py); crabd redoes it at start.
+criu-kdat: venv
+	@$(PY) -m crabd.host.criu_kdat install
 
 proto: venv
 	@$(PY) setup.py -q build_proto

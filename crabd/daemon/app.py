@@ -49,6 +49,8 @@ from crabd.coordinator.restore import Restorer
 from crabd.coordinator.sandboxes import Adopted, SandboxManager
 from crabd.daemon import assembly, notify
 from crabd.engine import HostEngine
+from crabd.errors import CrabError
+from crabd.host import criu_kdat
 from crabd.inspector.choose import open_inspector
 from crabd.inspector.decide import Inspector
 from crabd.proxy.server import OpenAIProxy
@@ -75,6 +77,22 @@ def _raise_nofile() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _criu_kdat() -> None:
+    """CRIU's kernel-feature cache for this kernel, before crabd's first CRIU run (host/criu_kdat.py).
+
+    Only speed depends on it: a failure is logged, and every CRIU run then probes the kernel itself.
+    """
+    criu = shutil.which("criu")
+    if criu is None:
+        return  # the first checkpoint says what is missing
+    try:
+        made = criu_kdat.ensure(criu)
+    except (CrabError, OSError) as exc:
+        log.warning("CRIU's kernel-feature cache not made", extra={"error": str(exc)})
+        return
+    log.info("CRIU kernel-feature cache", extra={"state": made.state, "detail": made.detail})
 
 
 def instance_id(state_dir: Path) -> str:
@@ -182,8 +200,10 @@ class Daemon:
         db, manager = self._db, self._manager_or_fail()
         assert db is not None, "the registry is opened first"
         limits = ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth)
-        # Compiling and attaching the probes takes a second or two.
-        inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits)
+        # Compiling and attaching the probes takes seconds; CRIU's kernel-feature cache is made meanwhile.
+        (inspector, _), _ = await asyncio.gather(
+            asyncio.to_thread(open_inspector, self.cfg.inspector, limits), asyncio.to_thread(_criu_kdat)
+        )
         self._inspector = inspector
         blobs = FileBlobStore(paths.state_dir / "blobs", level=ck.zstd_level)
         # Leftovers of writes a crash interrupted; nothing references them.

@@ -19,6 +19,7 @@ from pathlib import Path
 from crabd.backends.btrfs import ioctl
 from crabd.config import BtrfsConfig, CrabConfig
 from crabd.host.doctor import SETUP_FIX, Check, _fail, _ok, _warn
+from crabd.util import libc
 
 #: Where Debian's containernetworking-plugins puts the plugins, and the ones crab's network config uses.
 CNI_DIR = Path("/usr/lib/cni")
@@ -55,7 +56,7 @@ def pool_facts(cfg: BtrfsConfig) -> PoolFacts:
     except OSError as exc:
         return PoolFacts(f"{where}: {exc.strerror}")
     try:
-        if ioctl.fs_type(fd) != ioctl.BTRFS_SUPER_MAGIC or not os.path.ismount(where):
+        if libc.fs_type(fd) != ioctl.BTRFS_SUPER_MAGIC or not os.path.ismount(where):
             return PoolFacts(f"no btrfs file system is mounted at {where}")
         st = os.fstatvfs(fd)
     finally:

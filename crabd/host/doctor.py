@@ -25,7 +25,7 @@ import requests
 
 from crabd.config import CrabConfig
 from crabd.errors import CommandError
-from crabd.host import images
+from crabd.host import criu_kdat, images
 from crabd.util import proc
 
 CRIU_MIN = (4, 2)
@@ -288,6 +288,14 @@ def check_criu_config(path: Path = CRIU_RUNC_CONF) -> Check:
     return _ok("criu-config", f"{path}: tcp-established, network-lock skip")
 
 
+def check_criu_kdat() -> Check:
+    """Whether CRIU finds its kernel-feature cache (host/criu_kdat.py): speed only, so a warning at most."""
+    found = criu_kdat.status()
+    if found.state is criu_kdat.KdatState.ABSENT:
+        return _warn("criu-kdat", found.detail, "start crabd: it writes the cache at every start")
+    return _ok("criu-kdat", found.detail)
+
+
 def check_checkpoint_failures(cfg: CrabConfig, hours: float = 24.0) -> Check:
     """Checkpoints that failed lately, from crabd's database (read-only), with CRIU's log."""
     import sqlite3
@@ -454,6 +462,7 @@ def run_checks(cfg: CrabConfig) -> list[Check]:
         check_criu,
         check_runc_criu,
         check_criu_config,
+        check_criu_kdat,
         check_bcc,
         lambda: check_overlay(cfg),
         check_cgroups,

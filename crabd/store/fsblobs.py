@@ -33,8 +33,6 @@ stream.  Content is hashed on every read.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import hashlib
 import os
 import secrets
@@ -48,6 +46,7 @@ import zstandard
 from crabd.errors import CorruptBlob, StoreError
 from crabd.store import accounting
 from crabd.store.blobs import PutResult, store_error, valid_address
+from crabd.util import libc
 from crabd.util.faults import crash_point, write_point
 
 #: Data moves through memory in pieces of at most this size.
@@ -57,14 +56,6 @@ ONE_SHOT = 8 << 20
 #: Addresses remembered as good (written or verified by this process); past
 #: it the memory is cleared and re-verification starts over (about 90 bytes each).
 TRUSTED_MAX = 1 << 18
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def _syncfs(fd: int) -> None:
-    if _libc.syncfs(fd) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
 
 
 def _fsync_path(path: str) -> None:
@@ -230,7 +221,7 @@ class FileBlobStore:
             write_point("blobs.sync")
             fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                _syncfs(fd)
+                libc.syncfs(fd)
                 return
             except OSError:
                 pass

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from crabd.host import images
+from crabd.host import criu_kdat, images
+from crabd.util import proc
 from tests.conftest import CRABCTL, REPO
 
 
@@ -39,6 +40,7 @@ def test_doctor_reports_every_check_ok() -> None:
         "criu",
         "runc-criu",
         "criu-config",
+        "criu-kdat",
         "checkpoints",
         "bcc",
         "overlay",
@@ -50,6 +52,19 @@ def test_doctor_reports_every_check_ok() -> None:
     }
     # In CI the eBPF inspector must be the one crabd runs, never a silent fallback.
     assert by_name(report)["inspector"]["summary"].startswith("ebpf:")
+
+
+@pytest.mark.criu
+def test_criu_loads_the_kernel_feature_cache_crab_made(crab_tmp: Path) -> None:
+    """Where /run is a disk (this machine kind), crab's cache is what spares CRIU its ~40 ms kernel probe."""
+    criu = shutil.which("criu")
+    assert criu is not None
+    made = criu_kdat.ensure(criu)
+    for attempt in ("first", "second"):  # where /run is a tmpfs, CRIU's first run saves the cache itself
+        log = crab_tmp / f"check-{attempt}.log"
+        proc.run([criu, "check", "-v4", "-o", str(log)], timeout=60, check=False)
+    assert f"Loaded kdat cache from {criu_kdat.KDAT}" in log.read_text(), made.detail
+    assert criu_kdat.status().state is not criu_kdat.KdatState.ABSENT
 
 
 def test_doctor_names_missing_criu() -> None:

@@ -107,28 +107,7 @@ def subvol_info(subvol_fd: int) -> SubvolInfo:
     return SubvolInfo(tree_id=tree_id, generation=generation)
 
 
-class _StatFs(ctypes.Structure):
-    # struct statfs on 64-bit Linux: f_type first, then counters; the rest is padding for our purpose.
-    _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 112)]
-
-
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def syncfs(fd: int) -> None:
-    """``syncfs(2)`` of the file system holding ``fd`` (Python's os module has no wrapper)."""
-    if _libc.syncfs(fd) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def fs_type(fd: int) -> int:
-    """``fstatfs(fd).f_type`` (Python's ``os.statvfs`` does not expose it)."""
-    buf = _StatFs()
-    if _libc.fstatfs(fd, ctypes.byref(buf)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return int(buf.f_type) & 0xFFFFFFFF
 
 
 _RENAME_NOREPLACE = 1

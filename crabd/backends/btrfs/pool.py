@@ -30,7 +30,7 @@ from crabd.backends.btrfs import ioctl
 from crabd.backends.btrfs.layout import TMP_PREFIX, SubvolKind, SubvolRef, is_id, is_tmp_name
 from crabd.config import BtrfsConfig
 from crabd.errors import CrabError, HostError, SnapshotError, StoreFull
-from crabd.util import proc
+from crabd.util import libc, proc
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 POOL_FULL_HINT = (
@@ -74,7 +74,7 @@ def _open_root(mount_point: Path) -> int:
     except OSError as exc:
         raise HostError(f"btrfs pool {mount_point} cannot be opened: {exc.strerror}", hint=SETUP_HINT) from exc
     try:
-        if ioctl.fs_type(fd) != ioctl.BTRFS_SUPER_MAGIC or not os.path.ismount(mount_point):
+        if libc.fs_type(fd) != ioctl.BTRFS_SUPER_MAGIC or not os.path.ismount(mount_point):
             raise HostError(f"{mount_point} is not a mounted btrfs file system", hint=SETUP_HINT)
     except BaseException:
         os.close(fd)
@@ -190,7 +190,7 @@ class Pool:
         just before, the snapshot finds little left to write and stays flat.
         """
         with self._translating(PoolOp.FLUSH, ref.relpath), self._open(ref) as fd:
-            ioctl.syncfs(fd)
+            libc.syncfs(fd)
 
     # --- changes ------------------------------------------------------------------
 
