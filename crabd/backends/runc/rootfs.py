@@ -48,13 +48,16 @@ file handle, and a re-exported image would have other inode numbers.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import docker
+
+from crabd.backends.docker_errors import docker_errors
 from crabd.errors import CommandError, ContainerRuntimeError, ImageError
 from crabd.util import proc
 
@@ -72,27 +75,48 @@ _EXPORT_TIMEOUT_S = 900.0
 _MOUNT_TIMEOUT_S = 30.0
 
 
+_api_lock = threading.Lock()
+_api: docker.APIClient | None = None
+
+
+def _docker_api() -> docker.APIClient:
+    """One Docker API client for image lookups (Docker's default socket, as the ``docker`` CLI uses).
+
+    Every restore and fork looks its image up; an exec of ``docker image
+    inspect`` took ~14 ms here, the same question over the API ~1.2 ms.
+    """
+    global _api
+    with _api_lock:
+        if _api is None:
+            host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+            _api = docker.APIClient(base_url=host, timeout=int(_DOCKER_TIMEOUT_S))
+        return _api
+
+
+def _inspect(image: str) -> dict[str, Any]:
+    """Docker's description of ``image``; ImageError if Docker has no such image."""
+    try:
+        with docker_errors(f"inspecting image {image}"):
+            inspect: Any = _docker_api().inspect_image  # untyped in types-docker
+            found: dict[str, Any] = inspect(image)
+    except ImageError as exc:
+        raise ImageError(f"no Docker image {image!r}", env=image) from exc
+    return found
+
+
 def image_id(image: str) -> str:
     """The image's content id (hex, no ``sha256:``); ImageError if Docker has no such image."""
-    done = proc.run(
-        ["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout=_DOCKER_TIMEOUT_S, check=False
-    )
-    ident = done.out.strip().removeprefix("sha256:")
-    if done.exit_code != 0 or not ident.isalnum():
-        raise ImageError(f"no Docker image {image!r}: {done.err.strip()}", env=image)
+    ident = str(_inspect(image).get("Id", "")).removeprefix("sha256:")
+    if not ident.isalnum():
+        raise ImageError(f"Docker reports no id for image {image!r}", env=image)
     return ident
 
 
 def image_env(image: str) -> tuple[str, ...]:
     """The image's own environment ("KEY=VALUE", PATH among them): Docker merges it under a container's."""
-    argv = ["docker", "image", "inspect", "--format", "{{json .Config.Env}}", image]
-    done = proc.run(argv, timeout=_DOCKER_TIMEOUT_S, check=False)
-    try:
-        env = json.loads(done.out) if done.exit_code == 0 else None
-    except ValueError:
-        env = None
-    if done.exit_code != 0 or not isinstance(env, list | None):
-        raise ImageError(f"cannot read the environment of image {image!r}: {done.err.strip()}", env=image)
+    env = (_inspect(image).get("Config") or {}).get("Env")
+    if not isinstance(env, list | None):
+        raise ImageError(f"cannot read the environment of image {image!r}: {env!r}", env=image)
     return tuple(str(e) for e in env or ())
 
 
