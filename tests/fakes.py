@@ -21,6 +21,7 @@ objects is in :func:`build_stack`, so a changed constructor is one edit here.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import secrets
 from collections.abc import AsyncIterator, Coroutine, Iterator
@@ -46,11 +47,11 @@ from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.engine import HostEngine
-from crabd.errors import CrabError, CriuError, DockerError, StoreError
+from crabd.errors import CrabError, CriuError, DockerError, InitSpawnError, StoreError
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.decide import Inspector
 from crabd.models import Caller, CheckpointPolicy, CheckpointRecord, RecoveryMode, SandboxSpec, TurnRecord
-from crabd.runtime.initproto import InitConnection
+from crabd.runtime.initproto import PROTO_VERSION, Hello, InitConnection
 from crabd.service.quota import Quotas
 from crabd.service.service import Service
 from crabd.store.catalog import Catalog
@@ -107,13 +108,25 @@ class Faults:
 
 
 class FakeInit:
-    """A connection to a sandbox's init that answers ``hello`` and runs no processes (so no session)."""
+    """A connection to a sandbox's init that answers ``hello`` and runs no processes.
+
+    So no session either: as in an image without bash, attaching finds none
+    and spawning one fails the way the real init does.
+    """
 
     def __init__(self) -> None:
         self.on_close: Any = None
 
-    async def hello(self) -> None:
-        return None
+    async def hello(self) -> Hello:
+        return Hello(PROTO_VERSION, 1, 0)
+
+    async def attach(self, name: str) -> None:
+        raise InitSpawnError(f"no process named {name}", errno=errno.ENOENT)
+
+    async def spawn(self, spec: object) -> None:
+        raise InitSpawnError(
+            "spawn failed", errno=errno.ENOENT, init_message="exec /bin/bash: No such file or directory"
+        )
 
     async def list(self) -> list[Any]:
         return []

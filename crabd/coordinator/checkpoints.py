@@ -479,10 +479,22 @@ class Checkpointer:
     # --- policy hooks ------------------------------------------------------------------
 
     async def after_create(self, rec: SandboxRecord) -> CheckpointRecord | None:
-        """The turn-0 baseline of a new sandbox, so "restore to before anything happened" works."""
+        """The turn-0 baseline of a new sandbox, so "restore to before anything happened" works.
+
+        It holds the session's state too, its bash started for it: the
+        inspector compares the first turn's session with it, so a first turn
+        that changed nothing is a skip rather than "never checkpointed".
+        """
         if rec.spec.checkpoints is CheckpointPolicy.NONE:
             return None
-        return await self.take(rec, turn=0, label="created", capture_session=False)
+        session_json: str | None = None
+        try:
+            state = await self.sandboxes.session_state(rec, start=True)
+            session_json = state.to_json() if state is not None else None
+        except CrabError as exc:
+            # An image without bash has no session; the first turn then says "never checkpointed".
+            log.info("no session state at creation", extra={"sandbox": rec.id, "why": exc.message})
+        return await self.take(rec, turn=0, label="created", session_json=session_json, capture_session=False)
 
     # --- lookup ------------------------------------------------------------------------
 

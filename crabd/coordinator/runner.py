@@ -324,14 +324,17 @@ class Session:
                     return p.pid
         return None
 
-    async def capture_state(self, *, timeout_s: float = 30.0) -> session_state.SessionState | None:
-        """The session's semantic state, or None when no session runs (nothing to capture)."""
+    async def capture_state(self, *, timeout_s: float = 30.0, start: bool = False) -> session_state.SessionState | None:
+        """The session's semantic state, or None when no session runs (nothing to capture).
+
+        ``start``: if no session runs, start its bash and capture that (a new
+        sandbox's turn-0 checkpoint: its first turn then has a state to compare
+        with, and a read-only first turn is a skip).
+        """
         async with self._lock:
-            conn = await self._connect()
-            async with conn:
-                pids = [p.pid for p in await conn.list() if p.name == SESSION_NAME and p.alive]
-                if not pids:
-                    return None
+            pid = await self.pid()
+            if pid is None and not start:
+                return None
             # Only the control channel counts: what the capture (or anything
             # else) prints on stdout is discarded.
             outcome, scanner = await self._run_scanned(
@@ -341,8 +344,10 @@ class Session:
                 sink=None,
                 keep_status=True,
             )
+            if pid is None:
+                pid = await self.pid()  # started by the capture itself
             # Still under the lock: bash is idle, holding only its own descriptors.
-            extra = await self.probe(pids[0]) if self.probe and outcome.exit_code == 0 else None
+            extra = await self.probe(pid) if self.probe and pid and outcome.exit_code == 0 else None
 
         if outcome.exit_code != 0 or outcome.session_ended or scanner.state is None:
             why = "too large" if scanner.control_overflow else f"exit {outcome.exit_code}"

@@ -524,9 +524,10 @@ class SandboxManager:
         session = self._session_on(rec, st) if st is not None else await self.session_for(rec)
         return await session.pid()
 
-    async def session_state(self, rec: SandboxRecord) -> SessionState | None:
+    async def session_state(self, rec: SandboxRecord, *, start: bool = False) -> SessionState | None:
+        """The session's state (``start``: starting its bash if none runs; see ``Session.capture_state``)."""
         session = await self.session_for(rec)
-        return await session.capture_state()
+        return await session.capture_state(start=start)
 
     async def close(self, *, remove_all: bool) -> None:
         if self._background:

@@ -46,6 +46,17 @@ def end(sb: Sandbox, command: str) -> tuple[str, list[str], str]:
     return t.decision.kind, t.decision.reasons, t.checkpoint_id
 
 
+def test_a_new_sandboxs_first_read_only_turn_is_a_skip(make_sandbox: Callable[..., Sandbox]) -> None:
+    """The creation checkpoint holds the session's state, so the first turn has one to compare with."""
+    sb = make_sandbox("bookworm")
+    [created] = sb.checkpoints()
+    assert created.label == "created" and created.has_session_state
+    kind, reasons, ck = end(sb, "ls / && cat /etc/hostname")
+    assert kind == "skip" and ck == "", reasons
+    kind, reasons, _ = end(sb, "cd /tmp")
+    assert kind == "fs" and any("cwd" in r for r in reasons), reasons
+
+
 def test_each_decision_takes_the_checkpoint_it_names(make_sandbox: Callable[..., Sandbox]) -> None:
     sb = make_sandbox("bookworm")
     end(sb, "cd /tmp")  # settle the first turn's session state
