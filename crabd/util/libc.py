@@ -1,4 +1,4 @@
-"""The few libc calls Python's os module lacks: ``syncfs(2)`` and ``fstatfs(2)``'s file system type."""
+"""The few libc calls Python's os module lacks: ``syncfs(2)``, ``fstatfs(2)``'s type, ``renameat2(2)``."""
 
 from __future__ import annotations
 
@@ -17,9 +17,13 @@ class _StatFs(ctypes.Structure):
     _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 112)]
 
 
-def _raise_errno() -> None:
+#: ``RENAME_NOREPLACE`` of ``renameat2(2)``.
+RENAME_NOREPLACE = 1
+
+
+def _raise_errno(filename: str | None = None) -> None:
     err = ctypes.get_errno()
-    raise OSError(err, os.strerror(err))
+    raise OSError(err, os.strerror(err), filename)
 
 
 def syncfs(fd: int) -> None:
@@ -34,3 +38,9 @@ def fs_type(fd: int) -> int:
     if _libc.fstatfs(fd, ctypes.byref(buf)) != 0:
         _raise_errno()
     return int(buf.f_type) & 0xFFFFFFFF
+
+
+def rename_noreplace(dir_fd: int, old: bytes, new: bytes) -> None:
+    """``renameat2(dir_fd, old, dir_fd, new, RENAME_NOREPLACE)``: EEXIST rather than replace ``new``."""
+    if _libc.renameat2(dir_fd, old, dir_fd, new, RENAME_NOREPLACE) != 0:
+        _raise_errno(new.decode(errors="replace"))

@@ -13,12 +13,11 @@ CLI, ``find-new`` (a tree search with a record format of its own), lives in
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import fcntl
-import os
 import struct
 from dataclasses import dataclass
+
+from crabd.util import libc
 
 #: ``BTRFS_SUPER_MAGIC``: ``statfs.f_type`` of a btrfs file system.
 BTRFS_SUPER_MAGIC = 0x9123683E
@@ -107,17 +106,9 @@ def subvol_info(subvol_fd: int) -> SubvolInfo:
     return SubvolInfo(tree_id=tree_id, generation=generation)
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-_RENAME_NOREPLACE = 1
-
-
 def rename_noreplace(dir_fd: int, old: str, new: str) -> None:
     """``renameat2(dir_fd, old, dir_fd, new, RENAME_NOREPLACE)``: publish ``old`` as ``new``, never over one.
 
     Plain ``rename`` would silently replace an empty directory named ``new``.
     """
-    if _libc.renameat2(dir_fd, _name(old), dir_fd, _name(new), _RENAME_NOREPLACE) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), new)
+    libc.rename_noreplace(dir_fd, _name(old), _name(new))
