@@ -38,6 +38,7 @@ def daemon_on(backend: str) -> Iterator[EmbeddedDaemon]:
         cfg = Path(tmp) / "crabd.toml"
         cfg.write_text(f'[runtime]\nbackend = "{backend}"\n')
         with EmbeddedDaemon(extra_args=["--config", str(cfg)]) as d:
+            d.wait_inspector()  # the probes' compile is not measured with the work
             yield d
 
 

@@ -194,6 +194,7 @@ def main() -> None:
     with StandinServer(seed=11) as llm:
         extra = ["--proxy-upstream", llm.url, "--proxy-listen", "127.0.0.1:0"]
         with EmbeddedDaemon(extra_args=extra) as d, Client(d.socket) as c:
+            d.wait_inspector()  # measure the probes' decisions, without their compile on the CPU
             for n in sizes:
                 runs = []
                 for rnd in range(args.rounds):

@@ -149,7 +149,8 @@ class InspectorConfig(_Model):
 
     mode: InspectorMode = Field(
         InspectorMode.AUTO,
-        description="auto: the eBPF probes if they load, else the scan inspector; "
+        description="auto: the eBPF probes if they load (compiled in the background while the scan inspector "
+        "decides), else the scan inspector; "
         "ebpf: the probes or crabd does not start; scan: no probes (walk the upper dir and /proc every turn)",
     )
     shadow: bool = Field(False, description="also run the scan inspector at every turn end and record its verdict")

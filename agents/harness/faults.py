@@ -71,6 +71,9 @@ class Supervisor:
 
     def __enter__(self) -> Supervisor:
         self.daemon.start()
+        # Every arm starts with its probes attached; after a kill crabd serves at once (the scan
+        # decides until the probes are back), which is what the crabd-kill arm measures.
+        self.daemon.wait_inspector()
         self._ready.set()
         return self
 

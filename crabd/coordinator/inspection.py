@@ -106,6 +106,14 @@ class TurnInspection:
     def name(self) -> str:
         return self.inspector.name
 
+    @property
+    def why(self) -> str:
+        return self.inspector.why
+
+    @property
+    def pending(self) -> bool:
+        return self.inspector.pending
+
     # --- the sandbox's life ------------------------------------------------------------
 
     async def watch(self, rec: SandboxRecord, ckpt: CheckpointRecord | None) -> None:

@@ -133,6 +133,7 @@ class Daemon:
         self._inspector: Inspector | None = None
         self._engine: HostEngine | None = None
         self._proxy: OpenAIProxy | None = None
+        self._kdat: asyncio.Task[None] | None = None
 
     @property
     def private_socket(self) -> Path:
@@ -200,10 +201,11 @@ class Daemon:
         db, manager = self._db, self._manager_or_fail()
         assert db is not None, "the registry is opened first"
         limits = ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth)
-        # Compiling and attaching the probes takes seconds; CRIU's kernel-feature cache is made meanwhile.
-        (inspector, _), _ = await asyncio.gather(
-            asyncio.to_thread(open_inspector, self.cfg.inspector, limits), asyncio.to_thread(_criu_kdat)
-        )
+        # Neither is on the way to serving: CRIU's kernel-feature cache only saves each CRIU run
+        # its own probe (one before the cache is in place still works), and in mode "auto" the
+        # probes compile in the background while the scan inspector decides.
+        self._kdat = asyncio.create_task(asyncio.to_thread(_criu_kdat), name="crab-criu-kdat")
+        inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits)
         self._inspector = inspector
         blobs = FileBlobStore(paths.state_dir / "blobs", level=ck.zstd_level)
         # Leftovers of writes a crash interrupted; nothing references them.
@@ -344,6 +346,9 @@ class Daemon:
             await self._grpc.stop(grace=2.0)
         if self._engine is not None:
             await self._engine.close()
+        if self._kdat is not None:
+            # Bounded by the probe's own timeout; nothing to undo (the cache is installed by rename).
+            await asyncio.wait({self._kdat})
         if self._manager is not None:
             await self._manager.close(remove_all=self.ephemeral)
         if self.ephemeral and self._fs is not None:

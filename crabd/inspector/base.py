@@ -17,8 +17,17 @@ from crabd.inspector.model import Evidence
 
 
 class EventSource(Protocol):
-    #: "ebpf" or "scan".
-    name: str
+    #: "ebpf" or "scan": who decides now.
+    @property
+    def name(self) -> str: ...
+
+    #: Why that one (shown by ``crabctl daemon status``).
+    @property
+    def why(self) -> str: ...
+
+    #: The probes are still being compiled: ``name`` may change from "scan" to "ebpf".
+    @property
+    def pending(self) -> bool: ...
 
     def start(self) -> None: ...
 
@@ -48,6 +57,10 @@ class ScanEvents:
     """No probes: every turn's files are compared in full."""
 
     name = "scan"
+    pending = False
+
+    def __init__(self, why: str = "no eBPF probes") -> None:
+        self.why = why
 
     def start(self) -> None:
         return None
@@ -66,6 +79,6 @@ class ScanEvents:
         yield
 
     def take(self, sandbox_id: str) -> Evidence:
-        ev = Evidence(files_dirty=True)
+        ev = Evidence(files_dirty=True, inspector=self.name)
         ev.file_notes.append("no eBPF probes: compared the whole upper dir")
         return ev

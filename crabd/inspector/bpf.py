@@ -100,6 +100,8 @@ class BpfEvents:
     """:class:`~crabd.inspector.base.EventSource` over the eBPF probes."""
 
     name = "ebpf"
+    why = "eBPF probes attached"
+    pending = False
 
     def __init__(self, *, cgroup_level: int = 2, max_sandboxes: int = 1024, ring_pages: int = 1024) -> None:
         self.cgroup_level = cgroup_level
@@ -262,12 +264,14 @@ class BpfEvents:
         with self._lock:
             found = self._by_sandbox.get(sandbox_id)
             if found is None:
-                ev = Evidence(files_dirty=True)
+                # Unwatched: judged as the scan judges (memory digests included).
+                ev = Evidence(files_dirty=True, inspector="scan")
                 ev.file_notes.append("the sandbox was not being watched")
                 return ev
             slot, _ = found
             state = self._slots[slot]
             ev, state.ev = state.ev, Evidence()
+            ev.inspector = self.name
             marks = self._marks(slot)
             moved = [now - seen for now, seen in zip(marks, state.seen, strict=True)]
             state.seen = marks

@@ -10,34 +10,39 @@ from crabd.errors import BpfError
 from crabd.inspector.base import EventSource, ScanEvents
 from crabd.inspector.bpf import BpfEvents
 from crabd.inspector.decide import Inspector
+from crabd.inspector.deferred import DeferredProbes
 from crabd.models import InspectorMode
 
 log = logging.getLogger("crabd.inspector")
 
 
 def open_inspector(cfg: InspectorConfig, limits: ScanLimits) -> tuple[Inspector, str]:
-    """The inspector to run and why it was chosen.  Slow (compiles the probes): call it in a thread.
+    """The inspector to run and why it was chosen.
 
-    ``mode = "ebpf"`` makes a failure to load the probes fatal (BpfError);
-    ``"auto"`` falls back to the scan inspector and says why.
+    ``mode = "auto"`` returns at once: the probes compile in the background
+    (seconds) while the scan inspector, sound on its own, decides every turn
+    they did not watch from its start (``deferred.py``); if they fail to load,
+    the scan goes on.  ``"ebpf"`` compiles them here (slow: call it in a
+    thread), and a failure is fatal (BpfError): every decision is the probes'.
     """
     source: EventSource
+    bpf = BpfEvents(ring_pages=cfg.ring_buffer_pages)
     if cfg.mode is InspectorMode.SCAN:
-        source, why = ScanEvents(), "forced by [inspector] mode = scan"
+        source = ScanEvents("forced by [inspector] mode = scan")
         source.start()
+    elif cfg.mode is InspectorMode.AUTO:
+        deferred = DeferredProbes(bpf)
+        # Started once, here: a second start would compile the probes again
+        # (seconds) and leave the first set attached, every syscall traced twice.
+        deferred.start()
+        source = deferred
     else:
-        bpf = BpfEvents(ring_pages=cfg.ring_buffer_pages)
         try:
-            # Started once, here: a second start would compile the probes again
-            # (seconds) and leave the first set attached, every syscall traced twice.
             bpf.start()
-            source, why = bpf, "eBPF probes attached"
-        except BpfError as exc:
+        except BpfError:
             bpf.close()
-            if cfg.mode is InspectorMode.EBPF:
-                raise
-            source, why = ScanEvents(), f"eBPF probes unavailable ({exc.message})"
-            source.start()
+            raise
+        source = bpf
     inspector = Inspector(source, limits=limits, shadow=cfg.shadow)
-    log.info("inspector chosen", extra={"inspector": inspector.name, "why": why, "shadow": inspector.shadow})
-    return inspector, why
+    log.info("inspector chosen", extra={"inspector": inspector.name, "why": inspector.why, "shadow": inspector.shadow})
+    return inspector, inspector.why

@@ -151,11 +151,12 @@ class Inspector:
     ) -> None:
         self.source = source
         self.limits = limits
-        #: Also decide with the scan inspector, for comparison (evaluation).
-        self.shadow = shadow and source.name != "scan"
+        #: Also decide with the scan inspector, for comparison (evaluation), when the probes decided.
+        self.shadow = shadow
         # Without probes, ptrace and process_vm_writev by a process that has
         # since exited are invisible: compare idle processes' memory instead.
-        self.check_memory = source.name == "scan" if check_memory is None else check_memory
+        # None: do so exactly for the turns the scan decides (see decide()).
+        self.check_memory = check_memory
         self._baselines: dict[str, Baseline] = {}
         #: Digest of the tmpfs mounts at the head's process image; None: the head has no image.
         self._tmpfs: dict[str, str | None] = {}
@@ -169,6 +170,14 @@ class Inspector:
     @property
     def name(self) -> str:
         return self.source.name
+
+    @property
+    def why(self) -> str:
+        return self.source.why
+
+    @property
+    def pending(self) -> bool:
+        return self.source.pending
 
     def close(self) -> None:
         self.source.close()
@@ -315,9 +324,13 @@ class Inspector:
         if turn.sandbox_id in self._mapped:
             ev.files_dirty = True
             ev.file_notes.append("a process could write through a shared file mapping (no syscall to see)")
-        decision = self._decide(turn, ev, self.source.name, self.check_memory)
+        # The source says who gathered the evidence: a deferred source's scan
+        # decides the turns its probes did not watch from their start.
+        name = ev.inspector or self.source.name
+        check_memory = name == "scan" if self.check_memory is None else self.check_memory
+        decision = self._decide(turn, ev, name, check_memory)
         decision.seconds = time.monotonic() - t0
-        if self.shadow:
+        if self.shadow and name != "scan":
             t1 = time.monotonic()
             other = self._decide(turn, ScanEvents().take(turn.sandbox_id), "scan", True)
             decision.shadow = {

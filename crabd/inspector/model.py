@@ -53,6 +53,8 @@ class Evidence:
     #: Processes forked and exited in the sandbox (counted by the probes).
     forks: int = 0
     exits: int = 0
+    #: The source that gathered it ("ebpf" or "scan"): the decision is that inspector's.
+    inspector: str = ""
 
 
 @dataclass

@@ -90,6 +90,26 @@ class EmbeddedDaemon:
             f"embedded crabd did not serve within {START_TIMEOUT_S:g} s; log: {self.log_file}", socket=str(self.socket)
         )
 
+    def wait_inspector(self, timeout: float = START_TIMEOUT_S) -> str:
+        """Until the inspector is settled; returns its name ("ebpf", or "scan" where the probes cannot load).
+
+        crabd serves at once and compiles its eBPF probes in the background
+        (the scan inspector decides meanwhile; see docs/inspector.md).  Tests
+        and benchmarks that measure the probes' own decisions wait here first.
+        """
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(f"unix:{self.socket}") as ch:
+            while True:
+                st = pb_grpc.CrabStub(ch).DaemonStatus(pb.DaemonStatusRequest(), timeout=5)
+                if not st.inspector_pending:
+                    return st.inspector
+                if time.monotonic() > deadline:
+                    raise DaemonUnavailable(
+                        f"crabd's eBPF probes were not attached within {timeout:g} s; log: {self.log_file}",
+                        socket=str(self.socket),
+                    )
+                time.sleep(0.05)
+
     def _answers(self) -> bool:
         with grpc.insecure_channel(f"unix:{self.socket}") as ch:
             try:

@@ -302,6 +302,11 @@ class DaemonStatus:
     inspector: str = ""
     #: crabd's OpenAI-compatible proxy ("" = not enabled); see :meth:`Sandbox.llm_base_url`.
     proxy_url: str = ""
+    #: Why ``inspector`` decides now: "eBPF probes attached", or that they are still compiling
+    #: after a start (the scan inspector decides meanwhile), or why they are unavailable.
+    inspector_why: str = ""
+    #: The probes are still compiling: ``inspector`` is "scan" now and becomes "ebpf" when they attach.
+    inspector_pending: bool = False
 
     @classmethod
     def from_pb(cls, m: pb.DaemonStatusResponse) -> DaemonStatus:
@@ -316,6 +321,8 @@ class DaemonStatus:
             m.docker_version,
             m.inspector,
             m.proxy_url,
+            m.inspector_why,
+            m.inspector_pending,
         )
 
 

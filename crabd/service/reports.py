@@ -26,6 +26,10 @@ class DaemonStatus:
     inspector: str
     #: The OpenAI proxy's address ("" = not enabled).
     proxy_url: str
+    #: Why that inspector decides now ("eBPF probes attached", still compiling, unavailable...).
+    inspector_why: str
+    #: The eBPF probes are still compiling (the scan decides until they attach).
+    inspector_pending: bool
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,8 @@ class Service:
             docker_version=self.docker_version,
             inspector=self.inspection.name,
             proxy_url=self.proxy_url,
+            inspector_why=self.inspection.why,
+            inspector_pending=self.inspection.pending,
         )
 
     def engine_status(self, caller: Caller) -> EngineReport:

@@ -29,6 +29,7 @@ def daemon() -> Iterator[EmbeddedDaemon]:
     require(have_docker(), "needs a reachable Docker engine (run `make setup`)")
     d = EmbeddedDaemon()
     d.start()
+    d.wait_inspector()  # the tests judge the probes' decisions: not the scan's while they compile
     try:
         yield d
     finally:
@@ -66,6 +67,7 @@ def daemon_with_config(toml: str, network_name: str) -> Iterator[EmbeddedDaemon]
         cfg.write_text(toml)
         d = EmbeddedDaemon(extra_args=["--config", str(cfg)])
         d.start()
+        d.wait_inspector()
         try:
             yield d
         finally:

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from bench import inspector_eval
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from tests.conftest import CRABCTL
+from tests.integration.conftest import remove_instance_containers
 
 pytestmark = [pytest.mark.bpf, pytest.mark.criu]
 
@@ -39,11 +43,61 @@ def test_forced_scan_inspector(scan_daemon: EmbeddedDaemon) -> None:
 
 
 def end(sb: Sandbox, command: str) -> tuple[str, list[str], str]:
+    kind, reasons, ck, _ = end_by(sb, command)
+    return kind, reasons, ck
+
+
+def end_by(sb: Sandbox, command: str) -> tuple[str, list[str], str, str]:
+    """One turn running ``command``: (decision, reasons, checkpoint, the inspector that decided)."""
     sb.begin_turn()
     sb.session.run(command)
     t = sb.end_turn(wait=True)
     assert t.decision is not None
-    return t.decision.kind, t.decision.reasons, t.checkpoint_id
+    return t.decision.kind, t.decision.reasons, t.checkpoint_id, t.decision.inspector
+
+
+def test_a_restarted_crabd_serves_while_its_probes_compile_and_the_scan_decides() -> None:
+    """After kill -9 crabd serves before the probes attach; turns they did not watch whole are the scan's."""
+    base = Path(f"/tmp/crab-deferred-{os.getpid()}")
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(mode=0o700)
+    first = EmbeddedDaemon(state_dir=base, ephemeral=False)
+    second: EmbeddedDaemon | None = None
+    try:
+        first.start()
+        assert first.wait_inspector() == "ebpf"
+        with Client(first.socket) as c:
+            sb_id = c.create("bookworm", name="restarted").id
+            assert end_by(c.get(sb_id), "cd /tmp")[3] == "ebpf"
+        assert first.proc is not None
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(30)
+        second = EmbeddedDaemon(state_dir=base, ephemeral=True)
+        second.start()
+        with Client(second.socket) as c:
+            st = c.status()
+            assert (st.inspector, st.inspector_pending) == ("scan", True), st
+            assert "compiling" in st.inspector_why
+            sb = c.get(sb_id)
+            # Written while no probe watched: the scan's full comparison must see it.
+            kind, reasons, _, by = end_by(sb, "echo unseen > /tmp/unseen")
+            assert (kind, by) == ("fs", "scan") and "created /tmp/unseen" in reasons, reasons
+            assert second.wait_inspector() == "ebpf"
+            assert not c.status().inspector_pending
+            # This turn's epoch began before the probes attached: still the scan's.
+            kind, reasons, _, by = end_by(sb, "echo again >> /tmp/unseen")
+            assert (kind, by) == ("fs", "scan"), reasons
+            # From here the probes watched the whole turn.
+            kind, reasons, _, by = end_by(sb, "echo third >> /tmp/unseen")
+            assert (kind, by) == ("fs", "ebpf") and any("/tmp/unseen" in r for r in reasons), reasons
+            kind, reasons, _, by = end_by(sb, "cat /tmp/unseen")
+            assert (kind, by) == ("skip", "ebpf"), reasons
+    finally:
+        for d in (second, first):
+            if d is not None:
+                d.close()
+        remove_instance_containers(base / "state")
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_new_sandboxs_first_read_only_turn_is_a_skip(make_sandbox: Callable[..., Sandbox]) -> None:

@@ -36,6 +36,8 @@ class FakeEvents:
     """An event source whose evidence the test sets."""
 
     name: str = "ebpf"
+    why: str = "fake probes"
+    pending: bool = False
     next: Evidence = field(default_factory=Evidence)
     tracked: set[str] = field(default_factory=set)
 
@@ -307,6 +309,22 @@ def test_memory_digest_catches_a_change_while_idle(sbx: Sbx, monkeypatch: pytest
     assert sbx.turn().kind == "skip"
     memory[10_040] = "m2"  # process_vm_writev by a process already gone
     d = sbx.turn()
+    assert d.kind == "full" and any("changed while it did not run" in r for r in d.reasons)
+
+
+def test_a_turn_the_scan_gathered_checks_memory_under_any_source(
+    sbx: Sbx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The deferred probes hand over scan evidence for turns they did not watch from their start:
+    # those turns must be judged as the scan judges, idle processes' memory included.
+    memory = {10_040: "m1"}
+    monkeypatch.setattr(procs, "memory_digest", lambda hp, limit=0: memory.get(hp))
+    _with_image(sbx, proc(40))
+    memory[10_040] = "m2"  # process_vm_writev by a process already gone
+    assert sbx.turn().kind == "skip"  # the probes' evidence (nothing seen) does not compare memory
+    sbx.events.next = Evidence(files_dirty=True, inspector="scan")
+    d = sbx.turn()
+    assert d.inspector == "scan"
     assert d.kind == "full" and any("changed while it did not run" in r for r in d.reasons)
 
 

@@ -274,13 +274,14 @@ def test_service_status_is_a_record_that_fills_the_reply() -> None:
     svc = Service.__new__(Service)
     svc.cfg = SimpleNamespace(paths=SimpleNamespace(state_dir=Path("/var/lib/crab"), socket=Path("/run/crab.sock")))  # type: ignore[assignment]
     svc.sandboxes = SimpleNamespace(list_sandboxes=lambda _uid: [object(), object()])  # type: ignore[assignment]
-    svc.inspection = SimpleNamespace(name="scan")  # type: ignore[assignment]
+    svc.inspection = SimpleNamespace(name="scan", why="probes compiling", pending=True)  # type: ignore[assignment]
     svc.started_at, svc.docker_version, svc.proxy_url = 5.0, "27.0", ""
     st = svc.status(ROOT)
     assert isinstance(st, DaemonStatus)
     assert (st.sandboxes, st.caller_uid, st.inspector, st.state_dir) == (2, 0, "scan", "/var/lib/crab")
     reply = pb.DaemonStatusResponse(**dataclasses.asdict(st))
     assert reply.sandboxes == 2 and reply.socket == "/run/crab.sock"
+    assert (reply.inspector_why, reply.inspector_pending) == ("probes compiling", True)
 
 
 def test_engine_status_and_checkpoint_detail_are_records() -> None:
