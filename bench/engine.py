@@ -10,7 +10,16 @@ each round, two arm-runs in ABBA order:
   stand-in directly;
 * **crab**: N fresh sandboxes under the ``auto`` policy; each agent calls the
   LLM through crabd's proxy, so every call ends the turn and its answer is
-  held until that turn's checkpoint is durable.
+  held until that turn's checkpoint is durable;
+* **crab-normal-prio** (``--arms``): the same against a second crabd whose
+  engine runs every job's helpers at normal CPU priority
+  (``[engine] background_priority = false``): what demoting checkpoint work
+  below the sandboxes buys, measured side by side.
+
+``--burner`` adds, for the whole run and every arm, one more sandbox that
+spins on every core (a sandbox at 100% CPU): checkpoint jobs an agent waits
+on must still finish promptly (promotion), and the agents' own commands
+must not slow down more than without it.
 
 Each agent runs ``--turns`` turns of: one action in its sandbox's session,
 then one chat completion.  Actions are drawn per agent from a fixed mix —
@@ -28,14 +37,18 @@ decisions, and the engine's queue waits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench.results import write_json
@@ -113,7 +126,13 @@ def agent(sb: Sandbox, base: str, user: str, turns: list[tuple[str, str]]) -> Ag
     return run
 
 
-def arm(c: Client, llm: StandinServer, n: int, turns: int, round_no: int, with_crab: bool) -> dict[str, Any]:
+ARMS = ("baseline", "crab", "crab-normal-prio")
+#: Spins on every core of the sandbox until it is removed (the --burner sandbox).
+BURN = "for i in $(seq $(nproc)); do (while :; do :; done) & done"
+
+
+def arm(c: Client, llm: StandinServer, n: int, turns: int, round_no: int, name: str) -> dict[str, Any]:
+    with_crab = name != "baseline"
     policy = "auto" if with_crab else "none"
     with ThreadPoolExecutor(4) as pool:
         sbs = list(pool.map(lambda _: c.create("bookworm", checkpoints=policy), range(n)))
@@ -138,7 +157,7 @@ def arm(c: Client, llm: StandinServer, n: int, turns: int, round_no: int, with_c
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda sb: sb.remove(force=True), sbs))
     return {
-        "arm": "crab" if with_crab else "baseline",
+        "arm": name,
         "round": round_no,
         "makespan_s": makespan,
         "agent_total_s": [r.total_s for r in runs],
@@ -153,8 +172,8 @@ def arm(c: Client, llm: StandinServer, n: int, turns: int, round_no: int, with_c
     }
 
 
-def summarize(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    crab = [r for r in runs if r["arm"] == "crab"]
+def summarize(n: int, runs: list[dict[str, Any]], name: str = "crab") -> dict[str, Any]:
+    crab = [r for r in runs if r["arm"] == name]
     base = {r["round"]: r for r in runs if r["arm"] == "baseline"}
     ratios = [r["sum_agent_s"] / base[r["round"]]["sum_agent_s"] for r in crab]
     held = [x for r in crab for x in r["held_s"]]
@@ -164,6 +183,7 @@ def summarize(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
         for k, v in r["decisions"].items():
             decisions[k] = decisions.get(k, 0) + v
     return {
+        "arm": name,
         "sandboxes": n,
         "turns": len(held),
         "slowdown_per_round": ratios,
@@ -186,31 +206,58 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1,4,16")
     ap.add_argument("--turns", type=int, default=12)
-    ap.add_argument("--rounds", type=int, default=2, help="ABBA pairs per size")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per size; the arms' order rotates each round")
+    ap.add_argument("--arms", default="baseline,crab", help=f"comma-separated, from {','.join(ARMS)}")
+    ap.add_argument("--burner", action="store_true", help="one more sandbox at 100%% CPU on every core")
     ap.add_argument("--out", default="bench-results/engine.json")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
-    results: dict[str, Any] = {"time": time.time(), "turns": args.turns, "rounds": args.rounds, "sizes": []}
-    with StandinServer(seed=11) as llm:
+    arms = [a for a in args.arms.split(",") if a]
+    if "baseline" not in arms or any(a not in ARMS for a in arms):
+        ap.error(f"--arms needs baseline and only {', '.join(ARMS)}")
+    results: dict[str, Any] = {
+        "time": time.time(),
+        "turns": args.turns,
+        "rounds": args.rounds,
+        "arms": arms,
+        "burner": args.burner,
+        "sizes": [],
+    }
+    with StandinServer(seed=11) as llm, contextlib.ExitStack() as stack:
         extra = ["--proxy-upstream", llm.url, "--proxy-listen", "127.0.0.1:0"]
-        with EmbeddedDaemon(extra_args=extra) as d, Client(d.socket) as c:
+        clients = {}
+        for name in arms:
+            if name == "baseline":
+                continue
+            args_for = extra + (["--config", str(_normal_prio_config(stack))] if name == "crab-normal-prio" else [])
+            d = stack.enter_context(EmbeddedDaemon(extra_args=args_for))
+            clients[name] = stack.enter_context(Client(d.socket))
             d.wait_inspector()  # measure the probes' decisions, without their compile on the CPU
-            for n in sizes:
-                runs = []
-                for rnd in range(args.rounds):
-                    order = (False, True) if rnd % 2 == 0 else (True, False)
-                    for with_crab in order:
-                        runs.append(arm(c, llm, n, args.turns, rnd, with_crab))
-                        print(
-                            f"n={n} round={rnd} {runs[-1]['arm']}: sum {runs[-1]['sum_agent_s']:.2f} s",
-                            file=sys.stderr,
-                        )
-                summary = summarize(n, runs)
-                print(json.dumps(summary), file=sys.stderr)
-                results["sizes"].append({"summary": summary, "runs": runs})
-            results["engine"] = c.engine_status().stats
+        clients["baseline"] = clients.get("crab") or next(iter(clients.values()))
+        if args.burner:
+            burner = clients["baseline"].create("bookworm", checkpoints="none", cpus=float(os.cpu_count() or 1))
+            stack.callback(burner.remove, force=True)
+            burner.session.run(BURN)
+        for n in sizes:
+            runs = []
+            for rnd in range(args.rounds):
+                order = arms[rnd % len(arms) :] + arms[: rnd % len(arms)]
+                for name in order:
+                    runs.append(arm(clients[name], llm, n, args.turns, rnd, name))
+                    print(f"n={n} round={rnd} {name}: sum {runs[-1]['sum_agent_s']:.2f} s", file=sys.stderr)
+            summaries = [summarize(n, runs, name) for name in arms if name != "baseline"]
+            print(json.dumps(summaries), file=sys.stderr)
+            results["sizes"].append({"summary": summaries[0], "summaries": summaries, "runs": runs})
+        results["engine"] = {name: c.engine_status().stats for name, c in clients.items() if name != "baseline"}
     write_json(results, args.out)
-    print(json.dumps([s["summary"] for s in results["sizes"]], indent=2))
+    print(json.dumps([s for size in results["sizes"] for s in size["summaries"]], indent=2))
+
+
+def _normal_prio_config(stack: contextlib.ExitStack) -> Path:
+    """A crabd.toml whose engine runs every job's helpers at normal priority (removed with ``stack``)."""
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="crab-bench-prio-")))
+    (tmp / "crabd.toml").write_text("[engine]\nbackground_priority = false\n")
+    return tmp / "crabd.toml"
 
 
 if __name__ == "__main__":

@@ -161,6 +161,11 @@ class EngineConfig(_Model):
     """The host engine that schedules every sandbox's checkpoint work (see docs/engine.md)."""
 
     max_concurrent: int = Field(2, ge=1, le=64, description="checkpoint jobs running at once, host-wide")
+    background_priority: bool = Field(
+        True,
+        description="run the helpers (runc, CRIU) of jobs no agent waits on at SCHED_IDLE, below every "
+        "sandbox; an agent's wait restores normal priority at once",
+    )
     max_pending: int = Field(64, ge=1, description="jobs queued at once; a turn end past this waits (backpressure)")
     bandwidth_mib_s: float = Field(
         400.0, ge=0, description="store write budget shared by all sandboxes, MiB/s (0 = unlimited)"

@@ -138,6 +138,8 @@ def engine_job_to_pb(j: dict[str, Any]) -> pb.EngineJob:
         bytes_written=int(j["bytes_written"]),
         checkpoint_id=str(j.get("checkpoint_id") or ""),
         error=str(j.get("error") or ""),
+        demoted_s=float(j.get("demoted_s", 0.0)),
+        promoted_s=float(j.get("promoted_s", 0.0)),
     )
 
 

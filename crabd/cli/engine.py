@@ -47,6 +47,10 @@ def engine(
             f"max {_ms(h.get('max'))} ms"
         )
     out.print(f"written: {s.get('bytes_written', 0) / (1 << 20):.1f} MiB; finished: {s.get('finished', {})}")
+    out.print(
+        f"ran at background priority {s.get('demoted_s', 0.0):.2f} s, at normal priority "
+        f"{s.get('promoted_s', 0.0):.2f} s; running jobs promoted {s.get('promotions_running', 0)}"
+    )
     lock = s.get("store_lock", {})
     out.print(
         "store lock waits: "
@@ -58,7 +62,9 @@ def engine(
         )
         + f"; longest exclusive hold {_ms(lock.get('max_exclusive_hold_s'))} ms"
     )
-    table = Table("job", "sandbox", "turn", "kind", "state", "prio", "wait ms", "run ms", "exposed ms", "checkpoint")
+    table = Table(
+        "job", "sandbox", "turn", "kind", "state", "prio", "wait ms", "run ms", "bg ms", "exposed ms", "checkpoint"
+    )
     for j in status.jobs[-jobs:] if jobs > 0 else []:
         table.add_row(
             str(j.id),
@@ -69,6 +75,7 @@ def engine(
             j.priority,
             _ms(j.queue_wait_s),
             _ms(j.run_s),
+            _ms(j.demoted_s),
             _ms(j.exposed_s),
             j.checkpoint_id or "-",
         )

@@ -5,7 +5,9 @@ Scheduling, in order of precedence:
 1. **Urgent first.**  A job an agent is blocked on now (:meth:`HostEngine.wait`
    promotes it) starts before any normal job, oldest promotion first, and is
    exempt from the bandwidth budget: making an agent wait longer to save disk
-   bandwidth is the wrong trade.
+   bandwidth is the wrong trade.  A normal job runs its helper processes
+   (runc, CRIU) below every sandbox's CPU priority (``util/priority.py``);
+   promoting it while it runs restores their priority at once.
 2. **Bounded concurrency.**  At most ``max_concurrent`` jobs run at once, so a
    burst of turn ends (dozens of agents whose LLM calls return together)
    does not turn into dozens of simultaneous freezes, dumps and fsyncs.
@@ -43,6 +45,7 @@ from crabd.config import EngineConfig
 from crabd.engine.jobs import Job, JobControl, JobState, Priority, Work
 from crabd.engine.metrics import EngineMetrics
 from crabd.errors import CrabError, EngineStopped
+from crabd.util import priority
 from crabd.util.aiolock import LockStats
 
 log = logging.getLogger("crabd.engine")
@@ -149,10 +152,20 @@ class HostEngine:
         return job if job is not None and not job.terminal else None
 
     def promote(self, job: Job) -> None:
-        if job.state is JobState.PENDING and job.priority is Priority.NORMAL:
-            job.priority, job.promoted_at = Priority.URGENT, self.clock()
-            self.metrics.promotions += 1
+        """An agent waits on ``job``: urgent if it is queued; its helpers at normal priority if it runs."""
+        if job.terminal or job.priority is Priority.URGENT:
+            return
+        now = self.clock()
+        job.priority, job.promoted_at = Priority.URGENT, now
+        self.metrics.promotions += 1
+        if job.state is JobState.PENDING:
             self._wake.set()
+            return
+        if job.background is not None and job.background.demoted:
+            job.promoted_running_at = now
+            tasks = job.background.promote()
+            self.metrics.promotions_running += 1
+            log.debug("running job promoted", extra={"job": job.id, "sandbox": job.sandbox_id, "tasks": tasks})
 
     async def wait(self, job: Job, *, blocking: bool = True, agent: bool = True) -> Job:
         """Until ``job`` is done or failed.
@@ -189,15 +202,18 @@ class HostEngine:
 
     def _pick(self) -> tuple[Job | None, float | None]:
         """The job to start now, or (None, seconds until the budget allows one)."""
-        if not self._pending or len(self._running) >= self.cfg.max_concurrent:
+        if not self._pending:
             return None, None
         busy = {j.sandbox_id for j in self._running}
         # One job per sandbox at a time: its checkpoints chain (each is the next one's parent).
         ready = [j for j in self._pending if j.sandbox_id not in busy]
         urgent = [j for j in ready if j.priority is Priority.URGENT]
-        if urgent:
+        # A job running at background priority does not hold a slot against an urgent one: on a
+        # saturated host it may hardly run at all, and an agent must not wait behind it.
+        normal_running = sum(1 for j in self._running if j.background is None or not j.background.demoted)
+        if urgent and normal_running < self.cfg.max_concurrent:
             return min(urgent, key=lambda j: (j.promoted_at or 0.0, j.id)), None
-        if not ready:
+        if not ready or len(self._running) >= self.cfg.max_concurrent:
             return None, None
         self._refill()
         if self._rate > 0 and self._tokens < 0:
@@ -225,8 +241,10 @@ class HostEngine:
         job.started_at = now
         job.enter(JobState.DUMPING, now)
         self.metrics.queue_wait.observe(now - job.enqueued_at)
+        job.background = priority.Background(demoted=self.cfg.background_priority and job.priority is Priority.NORMAL)
         try:
-            outcome = await job.work(JobControl(job, self.clock))
+            with priority.running(job.background):
+                outcome = await job.work(JobControl(job, self.clock))
         except CrabError as exc:
             self._finish(job, None, exc)
         except Exception as exc:
@@ -244,6 +262,9 @@ class HostEngine:
         self.metrics.finished[job.state.value] += 1
         if job.started_at is not None:
             self.metrics.job_histogram(job.kind).observe(now - job.started_at)
+            demoted, promoted = job.ran(now)
+            self.metrics.demoted_s += demoted
+            self.metrics.promoted_s += promoted
         written = outcome.bytes_written if outcome is not None else 0
         self._charge(job.sandbox_id, written, now)
         self._recent.append(job)

@@ -10,6 +10,11 @@ A job is one turn end's checkpoint (or an explicit one) of one sandbox::
 state is cut); ``versioning`` covers storing blobs, making them durable and
 publishing the checkpoint.  Only ``done`` means the checkpoint exists; a
 failed job published nothing.
+
+A job that starts normal runs its helper processes at background priority
+(``util/priority.py``) until an agent waits on it; a promotion while it runs
+puts them back to normal at once.  ``demoted_s`` and ``promoted_s`` say how
+long it ran each way.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from enum import IntEnum, StrEnum
 from typing import Any
 
 from crabd.errors import CrabError
+from crabd.util.priority import Background
 
 
 class JobState(StrEnum):
@@ -87,6 +93,10 @@ class Job:
     error: CrabError | None = None
     #: Seconds agents spent blocked on this job (the delay crab exposed to them).
     exposed_s: float = 0.0
+    #: Its helper processes' priority while it runs (set when it starts).
+    background: Background | None = field(default=None, repr=False)
+    #: When it was promoted while running (None: it was not).
+    promoted_running_at: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +115,19 @@ class Job:
         if self.started_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.started_at
+
+    def ran(self, now: float) -> tuple[float, float]:
+        """Seconds it has run (until ``now`` or its end) at background priority, and at normal priority."""
+        if self.started_at is None:
+            return 0.0, 0.0
+        end = self.finished_at if self.finished_at is not None else now
+        if self.background is None:
+            return 0.0, end - self.started_at
+        if self.promoted_running_at is not None:
+            return self.promoted_running_at - self.started_at, end - self.promoted_running_at
+        if self.background.demoted:
+            return end - self.started_at, 0.0
+        return 0.0, end - self.started_at  # urgent from its start
 
     def enter(self, state: JobState, now: float) -> None:
         if self.terminal:
@@ -126,6 +149,8 @@ class Job:
             "queue_wait_s": self.queue_wait_s,
             "run_s": self.run_s,
             "exposed_s": self.exposed_s,
+            "demoted_s": self.ran(now)[0],
+            "promoted_s": self.ran(now)[1],
             "bytes_written": self.outcome.bytes_written if self.outcome else 0,
             "checkpoint_id": self.outcome.checkpoint_id if self.outcome else None,
             "error": self.error.message if self.error else None,

@@ -8,6 +8,7 @@ Names (all prefixed ``crab_engine_``)::
 
     jobs_submitted_total{kind}          jobs_finished_total{state}
     bytes_written_total                 promotions_total
+    promotions_running_total            job_run_seconds_total{priority}
     backpressure_waits_total            backpressure_seconds_total
     queue_depth{priority}  (gauge)      running (gauge)
     queue_wait_seconds     (histogram)  job_seconds{kind} (histogram)
@@ -78,6 +79,11 @@ class EngineMetrics:
     finished: Counter[str] = field(default_factory=Counter)
     bytes_written: int = 0
     promotions: int = 0
+    #: Promotions of jobs already running (their helpers went back to normal priority).
+    promotions_running: int = 0
+    #: Seconds finished jobs ran with their helpers at background priority, and at normal priority.
+    demoted_s: float = 0.0
+    promoted_s: float = 0.0
     backpressure_waits: int = 0
     backpressure_s: float = 0.0
     queue_wait: Histogram = field(default_factory=Histogram)
@@ -93,6 +99,9 @@ class EngineMetrics:
             "finished": dict(self.finished),
             "bytes_written": self.bytes_written,
             "promotions": self.promotions,
+            "promotions_running": self.promotions_running,
+            "demoted_s": self.demoted_s,
+            "promoted_s": self.promoted_s,
             "backpressure_waits": self.backpressure_waits,
             "backpressure_s": self.backpressure_s,
             "queue_wait_s": self.queue_wait.summary(),
@@ -115,6 +124,13 @@ class EngineMetrics:
             f"# HELP {p}promotions_total Jobs promoted to urgent because an agent blocked on them.",
             f"# TYPE {p}promotions_total counter",
             f"{p}promotions_total {self.promotions}",
+            f"# HELP {p}promotions_running_total Promotions of running jobs: their helpers back to normal priority.",
+            f"# TYPE {p}promotions_running_total counter",
+            f"{p}promotions_running_total {self.promotions_running}",
+            f"# HELP {p}job_run_seconds_total Seconds finished jobs ran, by the priority of their helpers.",
+            f"# TYPE {p}job_run_seconds_total counter",
+            f'{p}job_run_seconds_total{{priority="background"}} {self.demoted_s:.6f}',
+            f'{p}job_run_seconds_total{{priority="normal"}} {self.promoted_s:.6f}',
             f"# HELP {p}backpressure_waits_total Turn ends that waited for room in a full queue.",
             f"# TYPE {p}backpressure_waits_total counter",
             f"{p}backpressure_waits_total {self.backpressure_waits}",

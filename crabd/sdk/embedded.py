@@ -102,7 +102,7 @@ class EmbeddedDaemon:
             while True:
                 st = pb_grpc.CrabStub(ch).DaemonStatus(pb.DaemonStatusRequest(), timeout=5)
                 if not st.inspector_pending:
-                    return st.inspector
+                    return str(st.inspector)
                 if time.monotonic() > deadline:
                     raise DaemonUnavailable(
                         f"crabd's eBPF probes were not attached within {timeout:g} s; log: {self.log_file}",

@@ -256,6 +256,10 @@ class EngineJob:
     bytes_written: int
     checkpoint_id: str
     error: str
+    #: Seconds it ran with its helper processes (runc, CRIU) below the sandboxes' CPU priority.
+    demoted_s: float = 0.0
+    #: Seconds it ran at normal priority: urgent from its start, or after an agent's wait promoted it.
+    promoted_s: float = 0.0
 
     @classmethod
     def from_pb(cls, m: pb.EngineJob) -> EngineJob:
@@ -273,6 +277,8 @@ class EngineJob:
             m.bytes_written,
             m.checkpoint_id,
             m.error,
+            m.demoted_s,
+            m.promoted_s,
         )
 
 

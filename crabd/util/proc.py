@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from crabd.errors import CommandError, CommandTimeout
+from crabd.util import priority
 
 #: Bytes of stderr kept in an error message.
 STDERR_TAIL = 4000
@@ -61,25 +62,17 @@ def run(
     them (``runc run -d``), where a pipe would never see EOF.
     """
     args = [os.fspath(a) for a in argv]
+    # A checkpoint job the engine runs in the background starts its helpers demoted (util/priority.py).
+    bg = priority.current()
     try:
-        proc = subprocess.run(
-            args,
-            input=input,
-            stdin=None if input is not None else subprocess.DEVNULL,
+        proc = subprocess.Popen(
+            bg.argv(args) if bg is not None else args,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
             stderr=subprocess.PIPE if capture else subprocess.DEVNULL,
-            timeout=timeout,
             env=dict(env) if env is not None else None,
             cwd=cwd,
-            check=False,
         )
-    except subprocess.TimeoutExpired as exc:
-        raise CommandTimeout(
-            f"{args[0]} did not finish within {timeout:g} s: {' '.join(args)}",
-            argv=tuple(args),
-            exit_code=None,
-            stderr=_tail(exc.stderr if isinstance(exc.stderr, bytes) else None),
-        ) from exc
     except OSError as exc:
         raise CommandError(
             f"cannot run {args[0]}: {exc.strerror or exc}",
@@ -88,9 +81,26 @@ def run(
             stderr="",
             hint=f"Install {os.path.basename(args[0])} or fix PATH (`make setup` provisions crab's tools).",
         ) from exc
-    done = Completed(tuple(args), proc.returncode, proc.stdout or b"", proc.stderr or b"")
+    if bg is not None:
+        bg.spawned(proc.pid)
+    try:
+        stdout, stderr = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        # As subprocess.run does: kill and reap, but read no more (a grandchild may hold the pipes).
+        proc.kill()
+        proc.wait()
+        raise CommandTimeout(
+            f"{args[0]} did not finish within {timeout:g} s: {' '.join(args)}",
+            argv=tuple(args),
+            exit_code=None,
+            stderr=_tail(exc.stderr if isinstance(exc.stderr, bytes) else None),
+        ) from exc
+    finally:
+        if bg is not None:
+            bg.exited(proc.pid)
+    done = Completed(tuple(args), proc.returncode, stdout or b"", stderr or b"")
     if check and proc.returncode != 0:
-        tail = _tail(proc.stderr) or _tail(proc.stdout)
+        tail = _tail(stderr) or _tail(stdout)
         raise CommandError(
             f"{' '.join(args)} exited with {proc.returncode}" + (f":\n{tail}" if tail else ""),
             argv=tuple(args),

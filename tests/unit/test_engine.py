@@ -43,7 +43,8 @@ def job(
 
 
 def cfg(**kw: float) -> EngineConfig:
-    base: dict[str, float] = {"max_concurrent": 1, "bandwidth_mib_s": 0, "drain_timeout_s": 5}
+    # Helpers at normal priority: a running job holds its slot against urgent ones (see test_priority.py).
+    base: dict[str, float] = {"max_concurrent": 1, "bandwidth_mib_s": 0, "drain_timeout_s": 5, "background_priority": 0}
     base.update(kw)
     return EngineConfig.model_validate(base)
 
