@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
+from typing import BinaryIO
 
 from crabd.inspector.model import Proc
 from crabd.util import cgroups
@@ -259,7 +261,17 @@ def _stack_pointers(host_pid: int) -> list[int] | None:
     return sps
 
 
-def memory_digest(host_pid: int, limit: int = 1 << 30) -> str | None:
+#: pagemap: one 64-bit entry per page; in its top byte, 0x80 present, 0x40 swapped
+#: (``Documentation/admin-guide/mm/pagemap.rst``).
+PAGE = os.sysconf("SC_PAGE_SIZE")
+_PM_ENTRY = 8
+#: Top byte of an entry -> b"1" when the page is present or swapped, else b"0".
+_RESIDENT = bytes(b"1"[0] if b & 0xC0 else b"0"[0] for b in range(256))
+#: Largest writable private address range whose page map is read (8 bytes per page: 8 MiB of map).
+MAX_MAPPED = 4 << 30
+
+
+def memory_digest(host_pid: int, limit: int = 1 << 30, *, resident_only: bool = True) -> str | None:
     """A digest of a process's writable private memory, or None if it cannot be read (or is over ``limit``).
 
     Only consistent while the process does not run: callers freeze it, or
@@ -267,36 +279,83 @@ def memory_digest(host_pid: int, limit: int = 1 << 30) -> str | None:
     thread's stack pointer (past the red zone) is dead by the ABI and left
     out: the kernel and CRIU write signal frames there (a checkpoint's dump
     does, and the thread's memory is otherwise unchanged).
+
+    ``resident_only``: of an *anonymous* mapping (heap, stacks, arenas, JIT
+    areas) only the pages present or swapped are read, as
+    ``/proc/<pid>/pagemap`` says, and which pages those are is part of the
+    digest.  A page that is neither has never been written (or was dropped)
+    and reads as zeros; it cannot change without becoming present, which
+    changes the page set.  Reading it would also fault it in, and a
+    sandbox's userfaultfd could hold that fault forever.  File-backed
+    mappings are read whole as before: an untouched page there shows its
+    file's bytes, and a file such as a memfd can change under the mapping.
+    ``limit`` counts what is read, not the address space, so a process with
+    large reserved but untouched mappings can still be proven unchanged.
     """
     h = hashlib.sha256()  # SHA-NI: ~1.7 GB/s here, twice blake2b
-    total = 0
+    total = mapped = 0
     try:
         sps = _stack_pointers(host_pid)
         if sps is None:
             return None
-        with open(f"/proc/{host_pid}/mem", "rb", buffering=0) as mem:
+        with (
+            open(f"/proc/{host_pid}/mem", "rb", buffering=0) as mem,
+            open(f"/proc/{host_pid}/pagemap", "rb", buffering=0) as pagemap,
+        ):
             for line in _read(f"/proc/{host_pid}/maps").splitlines():
                 parts = line.split(None, 5)
-                perms = parts[1]
-                if "w" not in perms or "p" not in perms:
+                if "w" not in parts[1] or "p" not in parts[1]:
                     continue
                 start, end = (int(x, 16) for x in parts[0].split("-"))
-                total += end - start
-                if total > limit:
-                    return None
+                anonymous = len(parts) < 6 or parts[5].startswith("[")
                 h.update(parts[0].encode())
                 for sp in sps:
                     if start <= sp < end:
                         start = max(start, sp - RED_ZONE)
-                pos = start
-                while pos < end:
-                    n = min(1 << 20, end - pos)
-                    try:
-                        mem.seek(pos)
-                        h.update(mem.read(n))
-                    except OSError:
-                        h.update(b"\0unreadable")
-                    pos += n
+                mapped += end - start
+                if not (resident_only and anonymous):
+                    total += end - start
+                    if total > limit:
+                        return None
+                    _hash_range(h, mem, start, end)
+                    continue
+                if mapped > MAX_MAPPED:
+                    return None
+                for run_start, run_end in _resident_runs(pagemap, start, end):
+                    total += run_end - run_start
+                    if total > limit:
+                        return None
+                    h.update(f"{run_start:x}-{run_end:x}".encode())
+                    _hash_range(h, mem, run_start, run_end)
     except OSError:
         return None
     return h.hexdigest()
+
+
+def _resident_runs(pagemap: BinaryIO, start: int, end: int) -> list[tuple[int, int]]:
+    """The address ranges in [start, end) whose pages are present or swapped."""
+    first = start // PAGE
+    pagemap.seek(first * _PM_ENTRY)
+    want = (end - 1) // PAGE - first + 1
+    entries = pagemap.read(want * _PM_ENTRY)
+    if len(entries) != want * _PM_ENTRY:
+        raise OSError(f"short read of the page map: {len(entries)} of {want * _PM_ENTRY} bytes")
+    flags = entries[7::_PM_ENTRY].translate(_RESIDENT)
+    out = []
+    for m in re.finditer(b"1+", flags):
+        lo = max(start, (first + m.start()) * PAGE)
+        hi = min(end, (first + m.end()) * PAGE)
+        out.append((lo, hi))
+    return out
+
+
+def _hash_range(h: hashlib._Hash, mem: BinaryIO, start: int, end: int) -> None:
+    pos = start
+    while pos < end:
+        n = min(1 << 20, end - pos)
+        try:
+            mem.seek(pos)
+            h.update(mem.read(n))
+        except OSError:
+            h.update(b"\0unreadable")
+        pos += n
