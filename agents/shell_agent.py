@@ -103,7 +103,7 @@ class ShellAgent:
             run.actions += 1
         finally:
             if not self.proxy:
-                sb.end_turn()
+                sb.end_turn(decision=False)  # decided and checkpointed while the LLM generates
 
     def _call(self, sb: Sandbox, call: ToolCall) -> str:
         command = bash_command(call)

@@ -93,7 +93,7 @@ class TraceAgent:
         convo.observe(turn, r.stdout, r.stderr, r.exit_code)
         if not self.proxy:
             t2 = time.monotonic()
-            sb.end_turn()
+            sb.end_turn(decision=False)  # decided and checkpointed while the LLM generates
             exposed += time.monotonic() - t2
         return r.exit_code, action, exposed
 

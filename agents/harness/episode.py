@@ -133,7 +133,7 @@ class Runner:
         exposed = 0.0
         if not self.agent.proxy:
             t2 = time.monotonic()
-            ep.sb.end_turn(wait=strategy.wait)
+            ep.sb.end_turn(wait=strategy.wait, decision=False)
             exposed = time.monotonic() - t2
         return r.exit_code, action, exposed
 

@@ -181,8 +181,8 @@ class CrabEnv:
                 outputs.append(render_result(r.exit_code, r.timed_out, r.stdout + r.stderr))
         finally:
             with contextlib.suppress(CrabError):
-                # Not waited for: crab checkpoints while the policy generates the next action.
-                await sb.end_turn()
+                # Not waited for: crab decides and checkpoints while the policy generates the next action.
+                await sb.end_turn(decision=False)
         self._turns.append(turn.number)
         self._at_head = False
         info: dict[str, object] = {"outputs": outputs, "turn": turn.number}

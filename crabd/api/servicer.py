@@ -229,7 +229,8 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def EndTurn(self, request: pb.EndTurnRequest, context: Any) -> pb.Turn:
         async def go(c: Caller) -> pb.Turn:
-            return turn_to_pb(await self.service.end_turn(c, request.sandbox, wait=request.wait))
+            turn = await self.service.end_turn(c, request.sandbox, wait=request.wait, decide=not request.defer_decision)
+            return turn_to_pb(turn)
 
         return await self._call(context, go)
 

@@ -8,7 +8,11 @@ LLM, act again.  At a turn end (:meth:`TurnFlow.end_turn`, from the SDK's
    changed (``inspection.plan``) — at the turn end, so the decision is
    about exactly that turn;
 2. queues the checkpoint the decision calls for in the host engine
-   (``crabd/engine``) and returns at once;
+   (``crabd/engine``) and returns at once — or, when the caller does not want
+   the decision back (``decide=False``: the SDK's ``with sb.turn():``), returns
+   right after the turn is closed and decides in the background too, so the
+   decision's own time (``/proc``, the upper dir, a registry write) is spent
+   in the LLM's wait as well;
 3. makes the sandbox's *next action* (:meth:`before_action`: the next
    command, ``begin_turn``, restore, fork, ...) or, in proxy mode, the
    release of the LLM's response wait until that checkpoint is durable.
@@ -41,7 +45,7 @@ from crabd.coordinator.inspection import Plan, TurnInspection
 from crabd.engine import HostEngine, Job, JobControl, Outcome
 from crabd.errors import CheckpointFailed, CrabError, InvalidRequest
 from crabd.inspector.model import SKIP
-from crabd.models import SandboxRecord, TurnCheckpointState, TurnRecord
+from crabd.models import CheckpointPolicy, SandboxRecord, TurnCheckpointState, TurnRecord
 
 log = logging.getLogger("crabd.turns")
 
@@ -76,6 +80,8 @@ class TurnFlow:
         # (or its LLM response) turns the gap into a latency sample.
         self._ended_at: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        #: Turn ends being decided in the background (end_turn(decide=False)); the next action waits.
+        self._deciding: dict[str, asyncio.Task[None]] = {}
 
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
         lock = self._locks.get(sandbox_id)
@@ -97,10 +103,21 @@ class TurnFlow:
         delay); False for reads and housekeeping, which still get
         read-your-writes: a listing right after a turn end shows its checkpoint.
         """
+        if sandbox_id in self._deciding:
+            t0 = time.monotonic()
+            await self.decided(sandbox_id)  # never raises: a failure is recorded with the turn
+            if agent:
+                self.engine.metrics.exposed.observe(time.monotonic() - t0)
         job = self.engine.unfinished(sandbox_id)
         if job is None:
             return None
         return await self.engine.wait(job, agent=agent)
+
+    async def decided(self, sandbox_id: str) -> None:
+        """Until a turn end being decided in the background is decided (and queued)."""
+        deciding = self._deciding.get(sandbox_id)
+        if deciding is not None:
+            await asyncio.shield(deciding)
 
     async def before_action(self, rec: SandboxRecord) -> None:
         """The sandbox is about to act: its last turn end's checkpoint must be durable first."""
@@ -124,13 +141,18 @@ class TurnFlow:
         closed = await self.end_turn(rec) if current is not None else None
         return closed, self.sandboxes.turns.begin(rec.id)
 
-    async def end_turn(self, rec: SandboxRecord, *, wait: bool = False, if_open: bool = False) -> TurnRecord | None:
+    async def end_turn(
+        self, rec: SandboxRecord, *, wait: bool = False, if_open: bool = False, decide: bool = True
+    ) -> TurnRecord | None:
         """End the open turn: decide now, queue its checkpoint, return.
 
         ``wait``: return only once the checkpoint is durable (raises
         :class:`CheckpointFailed` if it failed).  ``if_open``: no open turn is
         not an error (the proxy: an LLM request with no action since the last
-        one); returns None then.
+        one); returns None then.  ``decide=False`` (policy "auto", without
+        ``wait``): return once the turn is closed, with no decision yet; the
+        inspector decides in the background and the next action waits for
+        that too (the decision is then in ``turns()``).
         """
         async with self._lock(rec.id):
             # Turn ends of one sandbox chain: the previous checkpoint is the next one's parent.
@@ -138,12 +160,46 @@ class TurnFlow:
             if if_open and self.sandboxes.turns.current(rec.id) is None:
                 return None
             turn = await self.commands.end_turn(rec)
+            if not decide and not wait and rec.spec.checkpoints is CheckpointPolicy.AUTO:
+                return await self._decide_later(rec, turn)
             plan = await self.inspection.plan(rec, turn.number, turn.session_state_json)
             job = await self._enqueue(rec, turn, plan)
             self._ended_at[rec.id] = time.monotonic()
         if wait and job is not None:
             await self.engine.wait(job)
         return self._view(turn, plan, job, raise_failed=wait)
+
+    async def _decide_later(self, rec: SandboxRecord, turn: TurnRecord) -> TurnRecord:
+        """Mark the turn's checkpoint pending, then decide and queue it in a task of its own.
+
+        Pending first, in the registry, so that a crabd killed before the
+        decision reports the turn lost at its restart, never "no checkpoint
+        needed".  A failure to decide (the container died meanwhile, ...) is
+        recorded with the turn, as a failed checkpoint would be.
+        """
+        registry = self.sandboxes.registry
+        await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, turn.number, TurnCheckpointState.PENDING)
+        self._ended_at[rec.id] = time.monotonic()
+
+        async def decide() -> None:
+            try:
+                plan = await self.inspection.plan(rec, turn.number, turn.session_state_json)
+                await self._enqueue(rec, turn, plan)
+            except Exception as exc:
+                message = exc.message if isinstance(exc, CrabError) else f"internal error: {exc!r}"
+                if not isinstance(exc, CrabError):
+                    log.exception("turn end could not be decided", extra={"sandbox": rec.id, "turn": turn.number})
+                error = f"the turn end could not be decided: {message}"
+                failed = TurnCheckpointState.FAILED
+                await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, turn.number, failed, None, error)
+                log.warning("turn end not decided", extra={"sandbox": rec.id, "turn": turn.number, "error": message})
+            finally:
+                if self._deciding.get(rec.id) is task:
+                    del self._deciding[rec.id]
+
+        task = asyncio.create_task(decide(), name=f"crab-decide-{rec.id}-{turn.number}")
+        self._deciding[rec.id] = task
+        return replace(turn, checkpoint_state=TurnCheckpointState.PENDING)
 
     async def _enqueue(self, rec: SandboxRecord, turn: TurnRecord, plan: Plan | None) -> Job | None:
         registry = self.sandboxes.registry

@@ -311,8 +311,9 @@ class SandboxCore(Generic[CL]):
             )
         return f"{status.proxy_url}/sandboxes/{self.id}/v1"
 
-    def _end_turn(self, wait: bool) -> Call[Turn]:
-        return self.client._call("EndTurn", pb.EndTurnRequest(sandbox=self.id, wait=wait), Turn.from_pb)
+    def _end_turn(self, wait: bool, decision: bool) -> Call[Turn]:
+        req = pb.EndTurnRequest(sandbox=self.id, wait=wait, defer_decision=not decision)
+        return self.client._call("EndTurn", req, Turn.from_pb)
 
     def _turns(self, limit: int) -> Call[list[Turn]]:
         req = rq.turns_request(self.id, limit)

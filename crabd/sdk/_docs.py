@@ -59,8 +59,14 @@ SANDBOX = {
         waits until that checkpoint is durable, so the state it captures is
         this turn end's.  ``wait=True`` returns only then, with
         ``checkpoint_id`` set, and raises :class:`CheckpointFailed` if it failed.
+        ``decision=False`` returns as soon as the turn is closed, without the
+        inspector's decision (``decision`` is None, ``checkpoint_state``
+        "pending"): under the ``auto`` policy the inspector then decides in
+        the background too, and ``turns()`` shows it; the next action waits
+        for both.  Agents that do not read the decision lose nothing by it.
         """,
-    "turn": "``with sb.turn():`` — one agent action; the turn ends (and is recorded) on exit, also on an error.",
+    "turn": """``with sb.turn():`` — one agent action; the turn ends (and is recorded) on exit, also on an
+        error.  The turn ends with ``end_turn(decision=False)``: the decision is made in the background.""",
     "turns": "The sandbox's turns, oldest first, with the commands run in each (``limit``: only the last N).",
     "stop": "Stop the sandbox's container (it can then only be removed); waits up to ``timeout`` s for it.",
     "remove": "Remove the sandbox.  Its checkpoints go too, unless kept or forked from.",

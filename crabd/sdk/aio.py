@@ -182,8 +182,8 @@ class AsyncSandbox(SandboxCore[AsyncClient]):
     async def llm_base_url(self) -> str:
         return self._llm_base_url(await self.client.status())
 
-    async def end_turn(self, *, wait: bool = False) -> models.Turn:
-        return await self.client._send(self._end_turn(wait))
+    async def end_turn(self, *, wait: bool = False, decision: bool = True) -> models.Turn:
+        return await self.client._send(self._end_turn(wait, decision))
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[models.Turn]:
@@ -193,9 +193,10 @@ class AsyncSandbox(SandboxCore[AsyncClient]):
         except BaseException:
             # Still close the turn, but never mask the body's own error.
             with contextlib.suppress(CrabError):
-                await self.end_turn()
+                await self.end_turn(decision=False)
             raise
-        await self.end_turn()
+        # Nobody reads this turn's decision here: the inspector makes it in the LLM's time too.
+        await self.end_turn(decision=False)
 
     async def turns(self, limit: int = 0) -> list[models.Turn]:
         return await self.client._send(self._turns(limit))

@@ -184,8 +184,8 @@ class Sandbox(SandboxCore[Client]):
     def llm_base_url(self) -> str:
         return self._llm_base_url(self.client.status())
 
-    def end_turn(self, *, wait: bool = False) -> models.Turn:
-        return self.client._send(self._end_turn(wait))
+    def end_turn(self, *, wait: bool = False, decision: bool = True) -> models.Turn:
+        return self.client._send(self._end_turn(wait, decision))
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[models.Turn]:
@@ -195,9 +195,10 @@ class Sandbox(SandboxCore[Client]):
         except BaseException:
             # Still close the turn, but never mask the body's own error.
             with contextlib.suppress(CrabError):
-                self.end_turn()
+                self.end_turn(decision=False)
             raise
-        self.end_turn()
+        # Nobody reads this turn's decision here: the inspector makes it in the LLM's time too.
+        self.end_turn(decision=False)
 
     def turns(self, limit: int = 0) -> list[models.Turn]:
         return self.client._send(self._turns(limit))

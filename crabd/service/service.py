@@ -344,15 +344,19 @@ class Service:
         _, turn = await self.flow.begin_turn(self._lookup(caller, ref))
         return turn
 
-    async def end_turn(self, caller: Caller, ref: str, *, wait: bool = False) -> TurnRecord:
-        """End the open turn; its checkpoint runs in the host engine (``wait``: until it is durable)."""
-        turn = await self.flow.end_turn(self._lookup(caller, ref), wait=wait)
+    async def end_turn(self, caller: Caller, ref: str, *, wait: bool = False, decide: bool = True) -> TurnRecord:
+        """End the open turn; its checkpoint runs in the host engine (``wait``: until it is durable).
+
+        ``decide=False``: return before the inspector decides (it decides in the background).
+        """
+        turn = await self.flow.end_turn(self._lookup(caller, ref), wait=wait, decide=decide)
         assert turn is not None  # if_open=False: no open turn raised
         return turn
 
     async def turns(self, caller: Caller, ref: str, limit: int) -> list[TurnRecord]:
         limit = validate.integer(limit, "limit", minimum=0)
         rec = self._lookup(caller, ref)
+        await self.flow.decided(rec.id)  # every ended turn listed with its decision (not its checkpoint)
         # 0 ("all") means all that are kept: never more rows than [quota] turns_kept.
         kept = self.cfg.quota.turns_kept
         return self.sandboxes.registry.list_turns(rec.id, min(limit, kept) if limit else kept)

@@ -55,6 +55,25 @@ def test_end_turn_returns_before_the_checkpoint_and_the_next_action_waits(
     assert 'crab_engine_jobs_finished_total{state="done"}' in status.prometheus
 
 
+def test_end_turn_without_the_decision_returns_at_once_and_decides_in_the_background(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    sb = make_sandbox("bookworm")
+    sb.begin_turn()
+    sb.session.run("echo b > /root/b && sleep 300 &")
+    ended = sb.end_turn(decision=False)
+    assert ended.decision is None and ended.checkpoint_state == "pending"
+    assert sb.session.run("cat /root/b").stdout == b"b\n"  # waited for the decision and the checkpoint
+    t = next(t for t in sb.turns() if t.number == ended.number)
+    assert t.decision is not None and t.decision.kind == "full", t.decision
+    assert t.checkpoint_state == "done" and t.checkpoint_id in {c.id for c in sb.checkpoints()}
+    # The context manager ends its turn the same way.
+    with sb.turn() as opened:
+        sb.session.run("cat /root/b")
+    t = next(t for t in sb.turns() if t.number == opened.number)
+    assert t.decision is not None and t.decision.kind == "skip" and t.checkpoint_state == "skipped"
+
+
 def test_end_turn_wait_returns_the_durable_checkpoint_and_skips_need_no_job(
     make_sandbox: Callable[..., Sandbox],
 ) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from crabd.errors import CheckpointFailed, InvalidRequest
+from crabd.errors import CheckpointFailed, InvalidRequest, SandboxDead
 from tests.fakes import ALICE, build_stack, engine_running, run, spec
 
 
@@ -137,5 +137,38 @@ def test_only_the_last_turns_are_kept(tmp_path: Path, monkeypatch: pytest.Monkey
                 await st.turn(ALICE, rec.id, str(i))
         assert [t.number for t in await st.service.turns(ALICE, "a", 0)] == [3, 4, 5]
         assert [t.number for t in await st.service.turns(ALICE, "a", 2)] == [4, 5]
+
+    run(body())
+
+
+def test_a_turn_end_decided_in_the_background_is_pending_then_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        rec = await st.service.create(ALICE, spec("a", checkpoints="auto"))
+        async with engine_running(st):
+            await st.service.begin_turn(ALICE, "a")
+            st.write(rec.id, "state.txt", "changed")
+            ended = await st.service.end_turn(ALICE, "a", decide=False)
+            # Returned before the inspector decided: no decision, the checkpoint pending (in the registry too).
+            assert ended.decision_json is None and ended.checkpoint_state == "pending"
+            # The next action waits for the decision and its checkpoint.
+            await st.service.begin_turn(ALICE, "a")
+            (first, _open) = await st.service.turns(ALICE, "a", 0)
+            assert first.checkpoint_state == "done" and first.checkpoint_id
+            assert first.decision_json is not None and "created /state.txt" in first.decision_json
+
+            # A turn end that cannot be decided (the container died meanwhile) is recorded, not lost.
+            async def dead(*_: object) -> None:
+                raise SandboxDead("sandbox a is dead: container exited with code 137", sandbox="a")
+
+            monkeypatch.setattr(st.service.flow.inspection, "plan", dead)
+            await st.service.end_turn(ALICE, "a", decide=False)
+            await st.service.flow.settle(rec.id)
+            second = (await st.service.turns(ALICE, "a", 0))[-1]
+            assert second.checkpoint_state == "failed"
+            assert second.checkpoint_error is not None and "could not be decided" in second.checkpoint_error
 
     run(body())
