@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from crabd.sdk import AsyncClient, AsyncSandbox, Client, ExecResult, Sandbox
 
 ROOT = Path(__file__).resolve().parent.parent / "envs" / "tasks"
-SUITES = ("shell", "repair")
+SUITES = ("shell", "repair", "mixed")
 #: Where the verifier's files go inside the sandbox.
 TESTS_DIR = "/tests"
 

@@ -1,6 +1,6 @@
 """The end-to-end benchmark: K concurrent sandboxes over a task suite, every strategy, with faults.
 
-    .venv/bin/python -m agents.harness --suite shell --concurrency 8 --out bench-results/e2e
+    .venv/bin/python -m agents.harness --suite shell --suite mixed --concurrency 8 --out bench-results/e2e
 
 Runs, side by side in one invocation (each arm against its own fresh crabd,
 all against one stand-in LLM whose latency per task and turn is the same in
@@ -8,7 +8,8 @@ every arm):
 
 1. fault-free arms, interleaved over ``--rounds``: ``none`` (the reference
    time), ``chat+fs``, ``full-every-turn`` and ``crab``: overhead, exposed
-   delay, checkpoint traffic and crab's decision mix;
+   delay, checkpoint traffic and crab's decision mix, per suite, with
+   the FullCkpt figure beside them (``traffic.py``);
 2. for each fault kind, every strategy but ``none`` with one fault per task,
    drawn once per (task, fault) so every strategy meets the same fault:
    correctness after recovery and the cost of recovering.
@@ -39,6 +40,7 @@ from agents.harness.episode import Result, Runner
 from agents.harness.faults import FAULTS, FaultPlan, Supervisor
 from agents.harness.report import markdown, plots, summarize
 from agents.harness.strategies import STRATEGIES
+from agents.harness.traffic import FULLCKPT, FULLCKPT_SOURCE, by_suite
 from agents.llm import ChatClient
 from agents.tasks import SUITES, Task, load_suite
 from agents.trace_agent import TraceAgent
@@ -102,10 +104,10 @@ class _Arms:
 def _options(argv: list[str] | None) -> tuple[argparse.Namespace, list[Task], list[str], list[str]]:
     """The parsed options, the tasks they select, and the chosen strategies and faults (checked)."""
     ap = argparse.ArgumentParser(prog="python -m agents.harness", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--suite", default="shell", choices=SUITES)
+    ap.add_argument("--suite", action="append", choices=SUITES, help="repeatable; default: shell")
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--tasks", type=int, default=0, help="only the first N tasks (0: all)")
-    ap.add_argument("--task", action="append", default=[], help="only this task id (repeatable)")
+    ap.add_argument("--tasks", type=int, default=0, help="only the first N tasks of each suite (0: all)")
+    ap.add_argument("--task", action="append", default=[], help="only this task, id or suite/id (repeatable)")
     ap.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, from {', '.join(FAULTS)}; '' none")
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the interleaved fault-free arms")
@@ -117,9 +119,14 @@ def _options(argv: list[str] | None) -> tuple[argparse.Namespace, list[Task], li
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     # SIGTERM unwinds like ^C, so every arm's crabd and sandboxes are cleaned up.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    tasks = [t for t in load_suite(args.suite) if not args.task or t.id in args.task][: args.tasks or None]
+    args.suite = list(dict.fromkeys(args.suite or ["shell"]))
+    tasks = [
+        t
+        for s in args.suite
+        for t in [t for t in load_suite(s) if not args.task or {t.id, t.name} & set(args.task)][: args.tasks or None]
+    ]
     if not tasks:
-        ap.error(f"no task of suite {args.suite} matches {args.task}")
+        ap.error(f"no task of suites {', '.join(args.suite)} matches {args.task}")
     chosen = [s for s in args.strategies.split(",") if s]
     unknown = [s for s in chosen if s not in STRATEGIES]
     faults = [f for f in args.faults.split(",") if f]
@@ -161,7 +168,8 @@ def _results(args: argparse.Namespace, tasks: list[Task], arms: _Arms) -> dict[s
             reference[t.name] = statistics.median(times)
     doc: dict[str, Any] = {
         "config": {
-            "suite": args.suite,
+            "suite": ",".join(args.suite),
+            "suites": args.suite,
             "tasks": len(tasks),
             "concurrency": args.concurrency,
             "rounds": args.rounds,
@@ -171,6 +179,7 @@ def _results(args: argparse.Namespace, tasks: list[Task], arms: _Arms) -> dict[s
             "wall_s": round(time.monotonic() - arms.t_start, 1),
         },
         "fault_free": {s: summarize(r, reference) for (f, s), r in by_arm.items() if not f},
+        "traffic": by_suite({s: r for (f, s), r in by_arm.items() if not f}),
         "faults": {},
         "crabd_kills": arms.kills,
     }
@@ -201,9 +210,13 @@ def headline(doc: dict[str, Any]) -> list[str]:
         ratio = ff["crab"]["time_ratio_median"]
         if ratio is not None:
             out.append(f"**Overhead**: crab's fault-free time is {ratio:.3f}x none's (median per-task ratio).")
-    if "crab" in ff and "full-every-turn" in ff and ff["full-every-turn"]["bytes_written"]:
-        cut = 1 - ff["crab"]["bytes_written"] / ff["full-every-turn"]["bytes_written"]
-        out.append(f"**Traffic**: crab writes {100 * cut:.1f}% fewer bytes than full-every-turn.")
+    for suite, t in doc.get("traffic", {}).items():
+        full, dedup = t["crab_fewer_than"][FULLCKPT], t["crab_fewer_than"][FULLCKPT_SOURCE]
+        if full is not None and dedup is not None:
+            out.append(
+                f"**Traffic** (`{suite}`): crab writes {100 * full:.1f}% fewer bytes than FullCkpt "
+                f"and {100 * dedup:.1f}% fewer than {FULLCKPT_SOURCE} (de-duplicated)."
+            )
     for fault, arms in doc["faults"].items():
         parts = [f"{s} {100 * a['correctness']:.0f}%" for s, a in arms.items()]
         out.append(f"**Correctness** after one `{fault}` per task: " + ", ".join(parts) + ".")

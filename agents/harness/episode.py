@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from agents.harness.faults import PREEMPT_GRACE_S, FaultPlan, Supervisor, kill_container
 from agents.harness.strategies import Episode, Strategy
+from agents.harness.traffic import agent_checkpoints, undeduplicated_bytes
 from agents.tasks import Task, verify
 from agents.trace_agent import TraceAgent
 from crabd.errors import CrabError, DaemonUnavailable, NotFound, SandboxDead
@@ -38,6 +39,9 @@ class Result:
     recovery_s: float
     bytes_written: int
     checkpoints: int
+    #: The size of the checkpoints the agent's turn ends took, without de-duplication or
+    #: compression (see traffic.py): for full-every-turn, what a FullCkpt store writes.
+    undeduplicated_bytes: int = 0
     exposed_s: list[float] = field(default_factory=list)
     decisions: dict[str, int] = field(default_factory=dict)
     verifier: str = ""
@@ -173,13 +177,17 @@ class Runner:
 
     def _count(self, ep: Episode, res: Result, policy: str) -> None:
         decisions: Counter[str] = Counter()
-        res.bytes_written = res.checkpoints = 0
+        res.bytes_written = res.undeduplicated_bytes = res.checkpoints = 0
         for sb in ep.sandboxes:
             try:
+                turns = sb.turns()
+                by_agent = agent_checkpoints(turns)
                 for c in ep.client.checkpoints(sb.id):
                     res.bytes_written += c.new_bytes
                     res.checkpoints += 1
-                for t in sb.turns():
+                    if c.id in by_agent:
+                        res.undeduplicated_bytes += undeduplicated_bytes(c)
+                for t in turns:
                     if t.implicit:
                         continue  # the task's setup and the verifier, not the agent's turns
                     if t.decision is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.harness.episode import Result
+from agents.harness.traffic import FULLCKPT, FULLCKPT_SOURCE, SuiteTraffic
 
 
 def _pct(xs: Sequence[float], q: float) -> float:
@@ -34,6 +35,7 @@ def summarize(results: Sequence[Result], reference: dict[str, float]) -> dict[st
         "seconds_median": statistics.median(r.seconds for r in results) if results else 0.0,
         "time_ratio_median": statistics.median(ratios) if ratios else None,
         "bytes_written": sum(r.bytes_written for r in results),
+        "undeduplicated_bytes": sum(r.undeduplicated_bytes for r in results),
         "checkpoints": sum(r.checkpoints for r in results),
         "exposed_ms": {
             "p50": _pct(exposed, 0.5) * 1000,
@@ -52,25 +54,25 @@ def _mib(n: int) -> str:
 
 def markdown(doc: dict[str, Any]) -> Iterator[str]:
     cfg = doc["config"]
-    yield (
-        f"Suite `{cfg['suite']}`, {cfg['tasks']} tasks, {cfg['concurrency']} concurrent sandboxes, seed {cfg['seed']}."
-    )
+    suites = ", ".join(f"`{s}`" for s in cfg.get("suites", [cfg["suite"]]))
+    yield f"Suite {suites}, {cfg['tasks']} tasks, {cfg['concurrency']} concurrent sandboxes, seed {cfg['seed']}."
     yield ""
     yield "### Fault-free (overhead and traffic)"
     yield ""
     yield (
         "| strategy | solved | time vs none (median ratio) | exposed p50 / p95 / max ms "
-        "| MiB written | checkpoints | decisions |"
+        "| MiB written | MiB undeduplicated | checkpoints | decisions |"
     )
-    yield "|---|---|---|---|---|---|---|"
+    yield "|---|---|---|---|---|---|---|---|"
     for name, s in doc["fault_free"].items():
         e = s["exposed_ms"]
         ratio = "-" if s["time_ratio_median"] is None else f"{s['time_ratio_median']:.3f}"
         mix = ", ".join(f"{k} {v}" for k, v in sorted(s["decisions"].items())) or "-"
         yield (
             f"| {name} | {s['solved']}/{s['tasks']} | {ratio} | {e['p50']:.1f} / {e['p95']:.1f} / {e['max']:.1f} "
-            f"| {_mib(s['bytes_written'])} | {s['checkpoints']} | {mix} |"
+            f"| {_mib(s['bytes_written'])} | {_mib(s.get('undeduplicated_bytes', 0))} | {s['checkpoints']} | {mix} |"
         )
+    yield from _traffic_table(doc.get("traffic", {}))
     for fault, arms in doc["faults"].items():
         yield ""
         yield f"### One `{fault}` per task"
@@ -89,6 +91,48 @@ def markdown(doc: dict[str, Any]) -> Iterator[str]:
     for line in doc.get("headline", []):
         yield ""
         yield line
+
+
+def _fewer(f: float | None) -> str:
+    if f is None:
+        return "-"
+    return f"{100 * f:.1f}% fewer" if f >= 0 else f"{-100 * f:.1f}% more"
+
+
+def _traffic_table(traffic: dict[str, SuiteTraffic]) -> Iterator[str]:
+    """Per suite: crab's decision shares, every arm's bytes with FullCkpt beside them, crab against both baselines."""
+    if not traffic:
+        return
+    arms = sorted({a for t in traffic.values() for a in t["arms"]}, key=_order)
+    yield ""
+    yield "### Traffic by suite (fault-free, every round)"
+    yield ""
+    yield (
+        f"FullCkpt: what a store without de-duplication or compression would write for the `{FULLCKPT_SOURCE}` "
+        "arm's agent turns (each turn's CRIU image as dumped, plus the file content of the whole writable layer)."
+    )
+    yield ""
+    yield (
+        "| suite | tasks | crab turns: skip / fs / full | MiB FullCkpt | "
+        + " | ".join(f"MiB {a}" for a in arms)
+        + f" | crab vs FullCkpt | crab vs {FULLCKPT_SOURCE} (de-duplicated) |"
+    )
+    yield "|" + "---|" * (6 + len(arms))
+    for suite, t in traffic.items():
+        crab = t["arms"].get("crab")
+        mix = "-"
+        if crab is not None and crab["decisions"]:
+            sh = crab["shares"]
+            mix = " / ".join(f"{100 * sh.get(k, 0.0):.0f}%" for k in ("skip", "fs", "full"))
+            mix += f" of {sum(crab['decisions'].values())}"
+        full = "-" if t["fullckpt_bytes"] is None else _mib(t["fullckpt_bytes"])
+        cells = [_mib(t["arms"][a]["bytes_written"]) if a in t["arms"] else "-" for a in arms]
+        cut = t["crab_fewer_than"]
+        yield (
+            f"| {suite} | {t['tasks']} | {mix} | {full} | "
+            + " | ".join(cells)
+            + f" | {_fewer(cut.get(FULLCKPT))} | {_fewer(cut.get(FULLCKPT_SOURCE))} |"
+        )
 
 
 def plots(doc: dict[str, Any], exposed: dict[str, list[float]], out: Path) -> list[Path]:
@@ -118,8 +162,14 @@ def plots(doc: dict[str, Any], exposed: dict[str, list[float]], out: Path) -> li
     ff = doc["fault_free"]
     if ff:
         names = sorted(ff, key=_order)
+        mib = [ff[n]["bytes_written"] / 2**20 for n in names]
+        if FULLCKPT_SOURCE in ff:
+            # What a store without de-duplication would write for the same full dumps.
+            names.append(f"{FULLCKPT}\n(computed)")
+            mib.append(ff[FULLCKPT_SOURCE].get("undeduplicated_bytes", 0) / 2**20)
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.bar(names, [ff[n]["bytes_written"] / 2**20 for n in names])
+        ax.bar(names, mib)
+        ax.set_yscale("symlog", linthresh=1.0)
         ax.set_ylabel("MiB written to the store (fault-free)")
         fig.tight_layout()
         written.append(out / "traffic.png")

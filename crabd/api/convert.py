@@ -193,6 +193,7 @@ def checkpoint_to_pb(c: CheckpointRecord) -> pb.Checkpoint:
             freeze_s=_f(st, "freeze_s"),
             prescan_s=_f(st, "prescan_s"),
             total_s=_f(st, "total_s"),
+            image_bytes=_i(st, "image_bytes"),
         ),
     )
 

@@ -362,6 +362,9 @@ class CheckpointInfo:
     freeze_s: float
     prescan_s: float
     total_s: float
+    #: Bytes of the checkpoint's own CRIU dump as CRIU wrote them, before de-duplication and
+    #: compression (0 without a dump of its own: files only, or paired with an earlier image).
+    image_bytes: int
 
     @classmethod
     def from_pb(cls, m: pb.Checkpoint) -> CheckpointInfo:
@@ -389,6 +392,7 @@ class CheckpointInfo:
             freeze_s=st.freeze_s,
             prescan_s=st.prescan_s,
             total_s=st.total_s,
+            image_bytes=st.image_bytes,
         )
 
 

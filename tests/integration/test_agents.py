@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.criu, pyt
 def test_suites_are_big_enough() -> None:
     assert len(tasks.load_suite("shell")) >= 20
     assert len(tasks.load_suite("repair")) >= 15
+    assert len(tasks.load_suite("mixed")) >= 8
 
 
 def test_every_oracle_solves_its_task_and_no_verifier_passes_unsolved(client: Client) -> None:

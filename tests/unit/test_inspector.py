@@ -312,9 +312,7 @@ def test_memory_digest_catches_a_change_while_idle(sbx: Sbx, monkeypatch: pytest
     assert d.kind == "full" and any("changed while it did not run" in r for r in d.reasons)
 
 
-def test_a_turn_the_scan_gathered_checks_memory_under_any_source(
-    sbx: Sbx, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_turn_the_scan_gathered_checks_memory_under_any_source(sbx: Sbx, monkeypatch: pytest.MonkeyPatch) -> None:
     # The deferred probes hand over scan evidence for turns they did not watch from their start:
     # those turns must be judged as the scan judges, idle processes' memory included.
     memory = {10_040: "m1"}

@@ -1,0 +1,1 @@
+"""The warehouse's read-only inventory API."""

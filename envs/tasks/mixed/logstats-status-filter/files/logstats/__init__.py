@@ -1,0 +1,1 @@
+"""Quick answers from web server access logs."""
