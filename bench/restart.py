@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
-import signal
 import statistics
 import tempfile
 import time
@@ -42,10 +40,7 @@ ARMS = ("auto", "ebpf")
 
 def restart(d: EmbeddedDaemon, mode: str) -> float:
     """kill -9 ``d`` and start it again with ``mode``; seconds until it serves."""
-    assert d.proc is not None
-    os.kill(d.proc.pid, signal.SIGKILL)
-    d.proc.wait()
-    d.proc = None
+    d.kill()
     d.extra_args = ["--inspector", mode]
     t0 = time.perf_counter()
     d.start()

@@ -12,9 +12,7 @@ number of kills is reported).
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -89,13 +87,8 @@ class Supervisor:
             if self._last_kill and time.monotonic() - self._last_kill < KILL_SPACING_S:
                 return
             self._ready.clear()
-            pid = self.daemon.pid
-            if pid is not None:
-                os.kill(pid, signal.SIGKILL)
-                assert self.daemon.proc is not None
-                self.daemon.proc.wait()
+            self.daemon.kill()
             self.kills += 1
-            self.daemon.proc = None
             self.daemon.start()
             self._last_kill = time.monotonic()
             self._ready.set()

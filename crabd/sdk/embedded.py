@@ -90,6 +90,17 @@ class EmbeddedDaemon:
             f"embedded crabd did not serve within {START_TIMEOUT_S:g} s; log: {self.log_file}", socket=str(self.socket)
         )
 
+    def kill(self) -> None:
+        """kill -9 the daemon, as a crash would (fault tests, benchmarks): nothing of its clean-up runs.
+
+        Its sandboxes live on; :meth:`start` brings crabd back on the same state dir.
+        """
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(STOP_GRACE_S)
+            self.proc = None
+
     def wait_inspector(self, timeout: float = START_TIMEOUT_S) -> str:
         """Until the inspector is settled; returns its name ("ebpf", or "scan" where the probes cannot load).
 

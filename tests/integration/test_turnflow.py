@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -141,10 +140,7 @@ def test_turn_queued_when_crabd_is_killed_is_reported_lost(tmp_path: Path) -> No
             assert queued.checkpoint_state == "pending"
             [job] = [j for j in c.engine_status().jobs if j.turn == queued.number and j.sandbox_id == sid]
             assert job.state == "pending"
-        assert d.proc is not None
-        os.kill(d.proc.pid, signal.SIGKILL)
-        d.proc.wait(30)
-        d.proc = None
+        d.kill()
         d.start()
         with Client(d.socket) as c:
             sb = c.get(sid)
