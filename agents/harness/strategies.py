@@ -22,11 +22,13 @@ processes and files and the agent waits for it.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from agents.tasks import Task, create
 from agents.trace_agent import Conversation
+from crabd.errors import NotFound
 from crabd.models import CheckpointKind, CheckpointPolicy
 from crabd.sdk import Client, Sandbox
 from crabd.sdk.models import Turn
@@ -47,7 +49,12 @@ class Episode:
     sandboxes: list[Sandbox] = field(default_factory=list)
 
     def fresh(self, policy: CheckpointPolicy) -> Sandbox:
-        sb = create(self.client, self.task, name=f"{self.name}-{len(self.sandboxes)}", checkpoints=policy)
+        name = f"{self.name}-{len(self.sandboxes)}"
+        # A create whose reply a crabd kill lost may have made it (the harness retries the start):
+        # start over from nothing rather than fail on the name.
+        with contextlib.suppress(NotFound):
+            self.client.get(name).remove(force=True)
+        sb = create(self.client, self.task, name=name, checkpoints=policy)
         self.sandboxes.append(sb)
         self.sb = sb
         if policy is not CheckpointPolicy.NONE:
