@@ -84,20 +84,10 @@ def measure(pid: int, now: bool) -> tuple[float, bool]:
 
 
 def read_bytes(pid: int, resident_only: bool) -> int:
-    """What the digest reads: every writable private byte, or only the resident pages of anonymous mappings."""
-    total = 0
-    with open(f"/proc/{pid}/pagemap", "rb", buffering=0) as pagemap:
-        for line in open(f"/proc/{pid}/maps").read().splitlines():  # noqa: SIM115 (one small read)
-            parts = line.split(None, 5)
-            if "w" not in parts[1] or "p" not in parts[1]:
-                continue
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            anonymous = len(parts) < 6 or parts[5].startswith("[")
-            if resident_only and anonymous:
-                total += sum(hi - lo for lo, hi in procs._resident_runs(pagemap, start, end))
-            else:
-                total += end - start
-    return total
+    """What the digest reads (the inspector's own plan of it)."""
+    plan = procs.memory_ranges(pid, resident_only=resident_only)
+    assert plan is not None, "the process must wait in the kernel"
+    return sum(hi - lo for _, ranges in plan for lo, hi in ranges)
 
 
 def run(reps: int) -> dict[str, Any]:

@@ -299,43 +299,55 @@ def memory_digest(host_pid: int, limit: int = 1 << 30, *, resident_only: bool = 
     # keyed with a secret of this crabd run, so a sandbox cannot craft a second memory state
     # with the digest of the first (digests are only compared within one run).
     h = blake3.blake3(key=_DIGEST_KEY)
-    total = mapped = 0
+    total = 0
     try:
-        sps = _stack_pointers(host_pid)
-        if sps is None:
+        plan = memory_ranges(host_pid, resident_only=resident_only)
+        if plan is None:
             return None
-        with (
-            open(f"/proc/{host_pid}/mem", "rb", buffering=0) as mem,
-            open(f"/proc/{host_pid}/pagemap", "rb", buffering=0) as pagemap,
-        ):
-            for line in _read(f"/proc/{host_pid}/maps").splitlines():
-                parts = line.split(None, 5)
-                if "w" not in parts[1] or "p" not in parts[1]:
-                    continue
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                anonymous = len(parts) < 6 or parts[5].startswith("[")
-                h.update(parts[0].encode())
-                for sp in sps:
-                    if start <= sp < end:
-                        start = max(start, sp - RED_ZONE)
-                mapped += end - start
-                if not (resident_only and anonymous):
-                    total += end - start
+        with open(f"/proc/{host_pid}/mem", "rb", buffering=0) as mem:
+            for mapping, ranges in plan:
+                h.update(mapping.encode())
+                for lo, hi in ranges:
+                    total += hi - lo
                     if total > limit:
                         return None
-                    _hash_range(h, mem, start, end)
-                    continue
-                if mapped > MAX_MAPPED:
-                    return None
-                for run_start, run_end in _resident_runs(pagemap, start, end):
-                    total += run_end - run_start
-                    if total > limit:
-                        return None
-                    h.update(f"{run_start:x}-{run_end:x}".encode())
-                    _hash_range(h, mem, run_start, run_end)
+                    h.update(f"{lo:x}-{hi:x}".encode())
+                    _hash_range(h, mem, lo, hi)
     except OSError:
         return None
     return h.hexdigest()
+
+
+def memory_ranges(host_pid: int, *, resident_only: bool = True) -> list[tuple[str, list[tuple[int, int]]]] | None:
+    """What :func:`memory_digest` reads: each writable private mapping ("start-end") and the ranges read of it.
+
+    None if a thread runs (its stack pointer is unknown) or the anonymous
+    mappings whose page map would be read exceed MAX_MAPPED.  Raises OSError
+    when /proc cannot be read (the process is gone).
+    """
+    sps = _stack_pointers(host_pid)
+    if sps is None:
+        return None
+    plan = []
+    mapped = 0
+    with open(f"/proc/{host_pid}/pagemap", "rb", buffering=0) as pagemap:
+        for line in _read(f"/proc/{host_pid}/maps").splitlines():
+            parts = line.split(None, 5)
+            if "w" not in parts[1] or "p" not in parts[1]:
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            anonymous = len(parts) < 6 or parts[5].startswith("[")
+            for sp in sps:
+                if start <= sp < end:
+                    start = max(start, sp - RED_ZONE)
+            if not (resident_only and anonymous):
+                plan.append((parts[0], [(start, end)]))
+                continue
+            mapped += end - start
+            if mapped > MAX_MAPPED:
+                return None
+            plan.append((parts[0], _resident_runs(pagemap, start, end)))
+    return plan
 
 
 def _resident_runs(pagemap: BinaryIO, start: int, end: int) -> list[tuple[int, int]]:
