@@ -137,6 +137,7 @@ class Job:
 
     def to_dict(self, now: float) -> dict[str, Any]:
         """A JSON-able view (times relative to ``now``, which is monotonic)."""
+        demoted, promoted = self.ran(now)
         return {
             "id": self.id,
             "sandbox_id": self.sandbox_id,
@@ -149,8 +150,8 @@ class Job:
             "queue_wait_s": self.queue_wait_s,
             "run_s": self.run_s,
             "exposed_s": self.exposed_s,
-            "demoted_s": self.ran(now)[0],
-            "promoted_s": self.ran(now)[1],
+            "demoted_s": demoted,
+            "promoted_s": promoted,
             "bytes_written": self.outcome.bytes_written if self.outcome else 0,
             "checkpoint_id": self.outcome.checkpoint_id if self.outcome else None,
             "error": self.error.message if self.error else None,
