@@ -179,6 +179,26 @@ def remove_instance_containers(state_dir: Path) -> None:
             side.close()
 
 
+@pytest.fixture
+def kept_state(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A base dir for crabds that must outlive a kill -9 (not ephemeral); what they made goes after the test.
+
+    Short (unix socket paths are limited to 107 bytes).  The test closes its daemons itself; this
+    then removes every container, bundle and snapshot of theirs, and the dir.
+    """
+    import os
+    import shutil
+
+    base = Path(f"/tmp/crab-{request.node.name[:24]}-{os.getpid()}")
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(mode=0o700)
+    try:
+        yield base
+    finally:
+        remove_instance_containers(base / "state")
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def pool() -> Iterator[Pool]:
     """The host's btrfs pool (``[btrfs]``, made by ``make setup``), opened for a module's tests."""

@@ -18,7 +18,6 @@ from tests.integration.conftest import (
     USER_OUTSIDE,
     container_running,
     kill_container,
-    remove_instance_containers,
     run_as,
 )
 
@@ -81,11 +80,9 @@ def test_user_outside_group_cannot_connect(daemon: EmbeddedDaemon, users: dict[s
     assert res["ps"][0] == "DaemonUnavailable"  # type: ignore[index]
 
 
-def test_readoption_after_kill_9(tmp_path: Path) -> None:
+def test_readoption_after_kill_9(kept_state: Path) -> None:
     require(have_docker(), "needs Docker")
-    base = Path(f"/tmp/crab-readopt-{os.getpid()}")
-    shutil.rmtree(base, ignore_errors=True)
-    base.mkdir(mode=0o700)
+    base = kept_state
     first = EmbeddedDaemon(state_dir=base, ephemeral=False)
     second: EmbeddedDaemon | None = None
     try:
@@ -115,8 +112,6 @@ def test_readoption_after_kill_9(tmp_path: Path) -> None:
         for d in (second, first):
             if d is not None:
                 d.close()
-        remove_instance_containers(base / "state")
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_dead_container_found_at_adoption(tmp_path: Path) -> None:

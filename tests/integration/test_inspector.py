@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,6 @@ import pytest
 from bench import inspector_eval
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from tests.conftest import CRABCTL
-from tests.integration.conftest import remove_instance_containers
 
 pytestmark = [pytest.mark.bpf, pytest.mark.criu]
 
@@ -55,11 +53,9 @@ def end_by(sb: Sandbox, command: str) -> tuple[str, list[str], str, str]:
     return t.decision.kind, t.decision.reasons, t.checkpoint_id, t.decision.inspector
 
 
-def test_a_restarted_crabd_serves_while_its_probes_compile_and_the_scan_decides() -> None:
+def test_a_restarted_crabd_serves_while_its_probes_compile_and_the_scan_decides(kept_state: Path) -> None:
     """After kill -9 crabd serves before the probes attach; turns they did not watch whole are the scan's."""
-    base = Path(f"/tmp/crab-deferred-{os.getpid()}")
-    shutil.rmtree(base, ignore_errors=True)
-    base.mkdir(mode=0o700)
+    base = kept_state
     first = EmbeddedDaemon(state_dir=base, ephemeral=False)
     second: EmbeddedDaemon | None = None
     try:
@@ -93,8 +89,6 @@ def test_a_restarted_crabd_serves_while_its_probes_compile_and_the_scan_decides(
         for d in (second, first):
             if d is not None:
                 d.close()
-        remove_instance_containers(base / "state")
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_new_sandboxs_first_read_only_turn_is_a_skip(make_sandbox: Callable[..., Sandbox]) -> None:
