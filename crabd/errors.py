@@ -47,6 +47,8 @@ each under its parent)::
             TooManyEntries: a sandbox's tree exceeds a checkpoint bound
             UnsafeEntry: a checkpoint entry would write outside its tree
             SnapshotError: a btrfs subvolume or snapshot operation failed
+            RemoteStoreError: the remote object store (S3) refused or failed a request
+                RemoteObjectMissing: an object is not in the remote store
         DaemonUnavailable: the SDK cannot reach crabd
         ClientClosed: an SDK client was used after close()
         DockerError: the Docker engine refused or failed a request
@@ -415,6 +417,57 @@ class SnapshotError(StoreError):
         super().__init__(message, hint=hint)
         self.op = op
         self.subvolume = subvolume
+
+
+class RemoteStoreError(StoreError):
+    """The remote object store (the S3-compatible tier) refused or failed a request.
+
+    Attributes: ``endpoint`` (the store's URL, "" for AWS's default), ``bucket``,
+    ``key`` (the full object key, "" when the request named none) and
+    ``retryable``: whether the same request may succeed later unchanged (the
+    store was unreachable, timed out or throttled), as opposed to a refusal
+    that needs a fix (credentials, bucket, configuration).  A retryable error
+    crosses gRPC as UNAVAILABLE.
+    """
+
+    grpc_code = "FAILED_PRECONDITION"
+    default_hint = (
+        "Check [remote] in crabd.toml (endpoint_url, bucket, region) and the store's credentials; "
+        "local checkpoints are unaffected."
+    )
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        endpoint: str,
+        bucket: str,
+        key: str = "",
+        retryable: bool = False,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.key = key
+        self.retryable = retryable
+        if retryable:
+            # grpc_code is a class attribute everywhere else; this one error's code depends on the
+            # instance, so it is shadowed in the instance's dict (read as err.grpc_code by crabd.api).
+            self.__dict__["grpc_code"] = "UNAVAILABLE"
+
+
+class RemoteObjectMissing(RemoteStoreError):
+    """An object is not in the remote store (never written, deleted, or expired by a bucket rule)."""
+
+    grpc_code = "NOT_FOUND"
+    default_hint = (
+        "The remote tier lacks this object (deleted, or expired by a bucket lifecycle rule); "
+        "local checkpoints are unaffected."
+    )
+
+    def __init__(self, message: str, *, endpoint: str, bucket: str, key: str, hint: str | None = None) -> None:
+        super().__init__(message, endpoint=endpoint, bucket=bucket, key=key, retryable=False, hint=hint)
 
 
 class CheckpointNotFound(NotFound):

@@ -257,3 +257,10 @@ class CheckpointRecord:
     racy_ns: int = 0
     kept: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
+    # Where it lives beyond this host (not stored with it: the service reads the remote index).
+    #: Its manifest and blobs are in the remote tier.
+    remote: bool = False
+    #: Only the remote tier holds it (fork/restore fetch it first).
+    remote_only: bool = False
+    #: The host that took it, when it came from the remote tier ("" = this one).
+    host: str = ""

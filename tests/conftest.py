@@ -81,7 +81,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _capabilities(request: pytest.FixtureRequest) -> None:
     needed = {m.name for m in request.node.iter_markers() if m.name in _CAPS}
-    if request.node.get_closest_marker("integration"):
+    if request.node.get_closest_marker("integration") and not request.node.get_closest_marker("hostless"):
         needed |= {"root", "docker"}
     for name in sorted(needed):
         probe, reason = _CAPS[name]

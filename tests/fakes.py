@@ -10,6 +10,8 @@ root) and FAKE backends:
 * :class:`FakeFsDelta` — a tree is a snapshot ``{path: content}`` of the upper
   dir, stored as a JSON index blob in the real blob store (so blob accounting,
   durability and release of unpublished blobs run for real);
+* :class:`MemoryObjectStore` — the remote tier's bucket is a dict
+  (``ObjectStore``; the real one is moto's server, ``tests/s3server.py``);
 * crab's init is faked by :class:`FakeInit` (it says hello and runs no session),
   patched in for the duration of a test: reaching the real one needs root.
 
@@ -24,6 +26,7 @@ import asyncio
 import errno
 import json
 import secrets
+import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -47,7 +50,15 @@ from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.engine import HostEngine
-from crabd.errors import CrabError, CriuError, DockerError, InitSpawnError, StoreError
+from crabd.errors import (
+    CrabError,
+    CriuError,
+    DockerError,
+    InitSpawnError,
+    RemoteObjectMissing,
+    RemoteStoreError,
+    StoreError,
+)
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.decide import Inspector
 from crabd.models import Caller, CheckpointPolicy, CheckpointRecord, RecoveryMode, SandboxSpec, TurnRecord
@@ -58,6 +69,7 @@ from crabd.store.catalog import Catalog
 from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
+from crabd.store.remote.objects import check_key, check_list_prefix
 from crabd.util.aiolock import RWLock
 
 T = TypeVar("T")
@@ -388,6 +400,126 @@ class FakeFsDelta:
         doc = json.loads(self.blobs.read_bytes(delta_blob, limit=1 << 20))
         out = [Change(p.encode(), what, "file") for what in ("added", "changed", "deleted") for p in doc.get(what, [])]
         return out[:limit], len(out) > limit
+
+
+# --- the remote tier's object store --------------------------------------------------------
+
+
+#: Every operation of the ``ObjectStore`` protocol, as :attr:`MemoryObjectStore.calls` counts them.
+OBJECT_OPS = frozenset({"put", "get", "exists", "list", "delete"})
+
+
+class MemoryObjectStore:
+    """A bucket in a dict.  Implements ``ObjectStore`` (crabd/store/remote/objects.py); thread-safe.
+
+    Keys are checked as the S3 store checks them, and ``get`` honours its
+    ``limit``.  For tests of the upload and fetch logic:
+
+    * ``fail()`` makes every operation (or only the named ones: ``fail("put")``)
+      raise a retryable :class:`RemoteStoreError`, as an unreachable store does,
+      until ``heal()``; failed calls are counted too;
+    * ``calls`` counts calls per operation (``puts``/``gets`` for short), and
+      ``created`` lists the keys ``put_if_absent`` created, in order.
+    """
+
+    def __init__(self, *, bucket: str = "fake-bucket", prefix: str = "crab/") -> None:
+        self.bucket = bucket
+        self.prefix = prefix
+        #: The bucket's contents, by relative key.
+        self.objects: dict[str, bytes] = {}
+        self.calls: dict[str, int] = dict.fromkeys(sorted(OBJECT_OPS), 0)
+        self.created: list[str] = []
+        self.failing: frozenset[str] = frozenset()
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def fail(self, *ops: str) -> None:
+        """From now on, ``ops`` (default: every operation) raise a retryable ``RemoteStoreError``."""
+        assert set(ops) <= OBJECT_OPS, f"unknown operations {set(ops) - OBJECT_OPS}"
+        self.failing = frozenset(ops or OBJECT_OPS)
+
+    def heal(self) -> None:
+        self.failing = frozenset()
+
+    @property
+    def puts(self) -> int:
+        return self.calls["put"]
+
+    @property
+    def gets(self) -> int:
+        return self.calls["get"]
+
+    def _enter(self, op: str, key: str) -> None:
+        """Count the call, then fail it if armed (the lock is held)."""
+        assert not self.closed, "MemoryObjectStore used after close()"
+        self.calls[op] += 1
+        if op in self.failing:
+            raise RemoteStoreError(
+                f"{op} {key!r}: injected outage of the fake store",
+                endpoint="memory://",
+                bucket=self.bucket,
+                key=self.prefix + key,
+                retryable=True,
+            )
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        check_key(key)
+        with self._lock:
+            self._enter("put", key)
+            if key in self.objects:
+                return False
+            self.objects[key] = bytes(data)
+            self.created.append(key)
+            return True
+
+    def get(self, key: str, *, limit: int) -> bytes:
+        check_key(key)
+        with self._lock:
+            self._enter("get", key)
+            data = self.objects.get(key)
+        if data is None:
+            raise RemoteObjectMissing(
+                f"get {key!r}: no such object", endpoint="memory://", bucket=self.bucket, key=self.prefix + key
+            )
+        if len(data) > limit:
+            raise RemoteStoreError(
+                f"get {key!r}: {len(data)} bytes, over the limit of {limit}",
+                endpoint="memory://",
+                bucket=self.bucket,
+                key=self.prefix + key,
+            )
+        return data
+
+    def exists(self, key: str) -> bool:
+        check_key(key)
+        with self._lock:
+            self._enter("exists", key)
+            return key in self.objects
+
+    def list(self, prefix: str) -> Iterator[str]:
+        check_list_prefix(prefix)
+        with self._lock:
+            self._enter("list", prefix)
+            keys = sorted(k for k in self.objects if k.startswith(prefix))
+        yield from keys
+
+    def delete(self, key: str) -> None:
+        check_key(key)
+        with self._lock:
+            self._enter("delete", key)
+            self.objects.pop(key, None)
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix} in memory"
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> MemoryObjectStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # --- the stack ------------------------------------------------------------------------------

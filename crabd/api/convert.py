@@ -183,6 +183,9 @@ def checkpoint_to_pb(c: CheckpointRecord) -> pb.Checkpoint:
         has_session_state=c.session_blob is not None,
         image=c.image,
         kept=c.kept,
+        remote=c.remote,
+        remote_only=c.remote_only,
+        host=c.host,
         stats=pb.CheckpointStats(
             entries=_i(st, "entries"),
             changed=_i(st, "changed"),

@@ -253,7 +253,7 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def ListCheckpoints(self, request: pb.ListCheckpointsRequest, context: Any) -> pb.ListCheckpointsResponse:
         async def go(c: Caller) -> pb.ListCheckpointsResponse:
-            recs = await self.service.list_checkpoints(c, request.sandbox)
+            recs = await self.service.list_checkpoints(c, request.sandbox, include_remote=request.include_remote)
             return pb.ListCheckpointsResponse(checkpoints=[checkpoint_to_pb(r) for r in recs])
 
         return await self._call(context, go)
@@ -310,6 +310,26 @@ class CrabServicer(pb_grpc.CrabServicer):
     async def Verify(self, request: pb.VerifyRequest, context: Any) -> pb.VerifyResponse:
         async def go(c: Caller) -> pb.VerifyResponse:
             return verify_to_pb(await self.service.verify(c))
+
+        return await self._call(context, go)
+
+    async def PushCheckpoint(self, request: pb.CheckpointRef, context: Any) -> pb.PushResponse:
+        async def go(c: Caller) -> pb.PushResponse:
+            rec, moved = await self.service.push_checkpoint(c, request.checkpoint)
+            return pb.PushResponse(
+                checkpoint=checkpoint_to_pb(rec),
+                blobs=moved.blobs,
+                uploaded_blobs=moved.moved,
+                bytes=moved.bytes,
+                seconds=moved.seconds,
+            )
+
+        return await self._call(context, go)
+
+    async def SyncStore(self, request: pb.SyncStoreRequest, context: Any) -> pb.SyncStoreResponse:
+        async def go(c: Caller) -> pb.SyncStoreResponse:
+            r = await self.service.sync_store(c)
+            return pb.SyncStoreResponse(manifests=r.manifests, added=r.added, forgotten=r.forgotten, damaged=r.damaged)
 
         return await self._call(context, go)
 

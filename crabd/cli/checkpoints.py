@@ -53,6 +53,7 @@ def _ck_table(cks: list[CheckpointInfo]) -> Table:
         "freeze",
         "total",
         "created",
+        "where",
         "label",
     )
     for c in cks:
@@ -68,9 +69,16 @@ def _ck_table(cks: list[CheckpointInfo]) -> Table:
             f"{c.freeze_s * 1000:.1f} ms",
             f"{c.total_s * 1000:.0f} ms",
             fmt_time(c.created_at),
+            _where(c),
             c.label,
         )
     return table
+
+
+def _where(c: CheckpointInfo) -> str:
+    """local | local+remote | remote (only the bucket has it), with the host that took an imported one."""
+    where = "remote" if c.remote_only else "local+remote" if c.remote else "local"
+    return f"{where} ({c.host})" if c.host else where
 
 
 @ck_app.command("create")
@@ -98,11 +106,14 @@ def ck_create(
 @ck_app.command("ls")
 def ck_ls(
     sandbox: Annotated[str, typer.Argument(help="Only this sandbox's checkpoints.")] = "",
+    remote: Annotated[
+        bool, typer.Option("--remote", help="Also those only the remote tier holds (as of `crabctl store sync`).")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """List checkpoints (yours; root sees all)."""
+    """List checkpoints (yours; root sees all) and where each is: local, remote, or both."""
     with client() as c:
-        cks = c.checkpoints(sandbox)
+        cks = c.checkpoints(sandbox, include_remote=remote)
     if as_json:
         emit_json([_ck_dict(k) for k in cks])
     else:

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from crabd.cli import checkpoints, engine, quota, sandboxes  # noqa: F401  (register their commands)
+from crabd.cli import checkpoints, engine, quota, sandboxes, store  # noqa: F401  (register their commands)
 from crabd.cli.common import JsonOpt, app, emit_json, err, out, state
 from crabd.config import load_config
 from crabd.errors import CrabError
@@ -22,6 +22,13 @@ from crabd.host import images
 
 env_app = typer.Typer(no_args_is_help=True, help="Sandbox env images.")
 app.add_typer(env_app, name="env")
+
+try:
+    from crabd.cluster.cli import cluster as cluster_app
+except ImportError:  # the `cluster` extra (cryptography, Ray) is not installed: no `crabctl cluster`
+    pass
+else:
+    app.add_typer(cluster_app, name="cluster")
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
 

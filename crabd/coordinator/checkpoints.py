@@ -95,6 +95,8 @@ class Checkpointer:
         #: The store-bytes quota: ``(owner uid, bytes added)`` raises QuotaExceeded (``service/quota.py``).
         #: Called with 0 before any work, and with the checkpoint's new bytes before publication.
         self.store_quota: Callable[[int, int], None] | None = None
+        #: Told of every published checkpoint (the remote tier's upload queue; set by the daemon's assembly).
+        self.on_published: Callable[[CheckpointRecord], None] | None = None
         #: Largest session state stored with a checkpoint ([quota] max_session_state_bytes).
         self.max_session_state = sandboxes.cfg.quota.max_session_state_bytes
 
@@ -457,6 +459,8 @@ class Checkpointer:
         crash_point("checkpoint.before_publish")
         await asyncio.to_thread(self.catalog.publish, ckpt, out.info.child_of, self.size_of(out.info.sizes), in_publish)
         crash_point("checkpoint.after_publish")
+        if self.on_published is not None:
+            self.on_published(ckpt)
         if a.inspector is not None:
             a.inspector.published(rec.id, ckpt.id, out.process_blob, a.dumped)
             if a.dumped is not None:

@@ -45,6 +45,7 @@ from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovery
+from crabd.coordinator.replication import Replication
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.sandboxes import Adopted, SandboxManager
 from crabd.daemon import assembly, notify
@@ -62,6 +63,7 @@ from crabd.store.catalog import Catalog
 from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
+from crabd.store.remote.tier import RemoteTier
 from crabd.util.aiolock import RWLock
 
 log = logging.getLogger("crabd")
@@ -112,6 +114,7 @@ class _Wiring:
     catalog: Catalog
     quotas: Quotas
     store_lock: RWLock
+    remote: RemoteTier | None
 
 
 class Daemon:
@@ -134,6 +137,7 @@ class Daemon:
         self._engine: HostEngine | None = None
         self._proxy: OpenAIProxy | None = None
         self._kdat: asyncio.Task[None] | None = None
+        self._replication: Replication | None = None
 
     @property
     def private_socket(self) -> Path:
@@ -162,6 +166,7 @@ class Daemon:
             housekeeping=wiring.housekeeping,
             docker_version=docker_version,
         )
+        await self._start_replication(wiring, engine, service)
         await self._serve(service)
         await self._start_proxy(service, engine)
         self._ready(wiring.inspection.name, docker_version, counts)
@@ -246,7 +251,10 @@ class Daemon:
         quotas = Quotas(self.cfg.quota, db, lambda uid: len(manager.list_sandboxes(uid)))
         # A checkpoint's new bytes are charged just before it is published (coordinator/checkpoints.py).
         checkpointer.store_quota = quotas.check_store
-        return _Wiring(checkpointer, restorer, self._recovery, inspection, housekeeping, catalog, quotas, store_lock)
+        remote = await asyncio.to_thread(assembly.open_remote, self.cfg, db, blobs, catalog)
+        return _Wiring(
+            checkpointer, restorer, self._recovery, inspection, housekeeping, catalog, quotas, store_lock, remote
+        )
 
     async def _reconcile(self, housekeeping: Housekeeper) -> None:
         """What the last run left behind: orphaned blobs, and turns whose checkpoint was still queued."""
@@ -270,6 +278,24 @@ class Daemon:
         for rec in self._manager_or_fail().list_sandboxes(None):
             await inspection.adopted(rec)
         return self._engine
+
+    async def _start_replication(self, wiring: _Wiring, engine: HostEngine, service: Service) -> None:
+        """Uploads to the remote tier (when configured): what earlier runs left, then every publication."""
+        if wiring.remote is None:
+            return
+        r = self.cfg.remote
+        self._replication = Replication(
+            wiring.remote,
+            engine,
+            wiring.store_lock,
+            max_inflight=self.cfg.engine.max_uploads * 2,
+            retry_initial_s=r.retry_initial_s,
+            retry_max_s=r.retry_max_s,
+        )
+        await self._replication.start()
+        wiring.checkpointer.on_published = self._replication.published
+        service.remote.replication = self._replication
+        log.info("remote tier", extra={"store": wiring.remote.describe(), "host": wiring.remote.host})
 
     async def _serve(self, service: Service) -> None:
         """The private gRPC server, then the public front door, then health SERVING."""
@@ -346,6 +372,8 @@ class Daemon:
             await self._grpc.stop(grace=2.0)
         if self._engine is not None:
             await self._engine.close()
+        if self._replication is not None:
+            await self._replication.close()
         if self._kdat is not None:
             # Bounded by the probe's own timeout; nothing to undo (the cache is installed by rename).
             await asyncio.wait({self._kdat})

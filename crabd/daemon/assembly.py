@@ -42,6 +42,11 @@ from crabd.errors import HostError
 from crabd.host.backend_check import SandboxBackend as BackendKind
 from crabd.host.backend_check import backend_for, gather_facts
 from crabd.store.blobs import BlobStore
+from crabd.store.catalog import Catalog
+from crabd.store.db import Database
+from crabd.store.remote.s3 import S3ObjectStore
+from crabd.store.remote.state import RemoteState
+from crabd.store.remote.tier import RemoteTier
 
 log = logging.getLogger("crabd")
 
@@ -124,4 +129,22 @@ def open_dumper(cfg: CrabConfig, side: SandboxSide) -> ProcessDumper:
         runc_root=side.runc_root,
         timeout_s=cfg.criu.timeout_s,
         log_dir=cfg.paths.state_dir / "logs" / "criu",
+    )
+
+
+def open_remote(cfg: CrabConfig, db: Database, blobs: BlobStore, catalog: Catalog) -> RemoteTier | None:
+    """The remote tier over an S3-compatible bucket, when ``[remote] enabled``."""
+    r = cfg.remote
+    if not r.enabled:
+        return None
+    return RemoteTier(
+        S3ObjectStore(r),
+        blobs,
+        catalog,
+        RemoteState(db),
+        host=r.resolved_host_id(),
+        upload_concurrency=r.upload_concurrency,
+        fetch_concurrency=r.fetch_concurrency,
+        max_object_bytes=r.max_object_bytes,
+        zstd_level=cfg.checkpoint.zstd_level,
     )

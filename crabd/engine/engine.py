@@ -21,6 +21,13 @@ Scheduling, in order of precedence:
    first (turn end + that sandbox's observed LLM latency) goes first; the
    key is ``max(deadline, virtual time)``.
 
+Uploads (copies of published checkpoints to the remote tier) queue apart:
+they never count against ``max_pending`` or the checkpoint slots, start only
+when no checkpoint job is ready (at most ``max_uploads`` at once), spend
+the same bandwidth budget without pushing their sandbox's virtual time, and
+never make a sandbox "busy" (they read immutable published blobs).  An
+upload someone waits on (a migration) is promoted like a checkpoint.
+
 Backpressure: at most ``max_pending`` jobs wait at once.  When storage
 cannot keep up the queue fills, and a new turn end waits in :meth:`submit`
 for room — the agent's next step is delayed (counted as backpressure and,
@@ -64,6 +71,7 @@ class HostEngine:
         #: Waits for the checkpoint store's lock, reported with the engine's metrics (set by the service).
         self.store_lock: LockStats | None = None
         self._pending: list[Job] = []
+        self._uploads: list[Job] = []
         self._running: set[Job] = set()
         self._unfinished: dict[str, Job] = {}
         self._recent: list[Job] = []
@@ -95,6 +103,10 @@ class HostEngine:
         for job in list(self._pending):
             self._pending.remove(job)
             self._finish(job, None, EngineStopped("crabd stopped before this checkpoint was taken"))
+        for job in list(self._uploads):
+            # Not drained: an upload not made is redone at the next start, nothing is lost.
+            self._uploads.remove(job)
+            self._finish(job, None, EngineStopped("crabd stopped before this upload ran"))
         if self._dispatcher is not None:
             self._dispatcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -109,6 +121,10 @@ class HostEngine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     # --- submitting and waiting -----------------------------------------------------
 
@@ -143,6 +159,19 @@ class HostEngine:
         self._pending.append(job)
         self._unfinished[sandbox_id] = job
         self.metrics.submitted[kind] += 1
+        self._wake.set()
+        return job
+
+    def submit_upload(self, sandbox_id: str, work: Work, *, owner_uid: int, urgent: bool = False) -> Job:
+        """Queue an upload (see "Uploads" in the module doc); never waits."""
+        if self._closing:
+            raise EngineStopped("crabd is stopping and takes no new uploads")
+        now = self.clock()
+        job = Job(sandbox_id, owner_uid, None, "upload", now, now, work, upload=True)
+        if urgent:
+            job.priority, job.promoted_at = Priority.URGENT, now
+        self._uploads.append(job)
+        self.metrics.submitted["upload"] += 1
         self._wake.set()
         return job
 
@@ -202,18 +231,45 @@ class HostEngine:
 
     def _pick(self) -> tuple[Job | None, float | None]:
         """The job to start now, or (None, seconds until the budget allows one)."""
+        upload, upload_retry = self._pick_upload()
+        if upload is not None and upload.priority is Priority.URGENT:
+            return upload, None
+        job, retry_in = self._pick_checkpoint()
+        if job is not None or any(j.sandbox_id not in self._busy() for j in self._pending):
+            return job, retry_in
+        if upload is not None:
+            return upload, None
+        waits = [t for t in (retry_in, upload_retry) if t is not None]
+        return None, min(waits) if waits else None
+
+    def _busy(self) -> set[str]:
+        return {j.sandbox_id for j in self._running if not j.upload}
+
+    def _pick_upload(self) -> tuple[Job | None, float | None]:
+        """The oldest upload (urgent ones first) if an upload slot is free and the budget allows it."""
+        if self._closing or not self._uploads or sum(1 for j in self._running if j.upload) >= self.cfg.max_uploads:
+            return None, None
+        job = min(self._uploads, key=lambda j: (j.priority, j.promoted_at or 0.0, j.enqueued_at, j.id))
+        if job.priority is not Priority.URGENT:
+            self._refill()
+            if self._rate > 0 and self._tokens < 0:
+                return None, -self._tokens / self._rate
+        return job, None
+
+    def _pick_checkpoint(self) -> tuple[Job | None, float | None]:
         if not self._pending:
             return None, None
-        busy = {j.sandbox_id for j in self._running}
+        running = [j for j in self._running if not j.upload]
+        busy = self._busy()
         # One job per sandbox at a time: its checkpoints chain (each is the next one's parent).
         ready = [j for j in self._pending if j.sandbox_id not in busy]
         urgent = [j for j in ready if j.priority is Priority.URGENT]
         # A job running at background priority does not hold a slot against an urgent one: on a
         # saturated host it may hardly run at all, and an agent must not wait behind it.
-        normal_running = sum(1 for j in self._running if j.background is None or not j.background.demoted)
+        normal_running = sum(1 for j in running if j.background is None or not j.background.demoted)
         if urgent and normal_running < self.cfg.max_concurrent:
             return min(urgent, key=lambda j: (j.promoted_at or 0.0, j.id)), None
-        if not ready or len(self._running) >= self.cfg.max_concurrent:
+        if not ready or len(running) >= self.cfg.max_concurrent:
             return None, None
         self._refill()
         if self._rate > 0 and self._tokens < 0:
@@ -228,7 +284,7 @@ class HostEngine:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), retry_in)
                 continue
-            self._pending.remove(job)
+            (self._uploads if job.upload else self._pending).remove(job)
             if len(self._pending) < self.cfg.max_pending:
                 self._room.set()
             self._running.add(job)
@@ -241,7 +297,9 @@ class HostEngine:
         job.started_at = now
         job.enter(JobState.DUMPING, now)
         self.metrics.queue_wait.observe(now - job.enqueued_at)
-        job.background = priority.Background(demoted=self.cfg.background_priority and job.priority is Priority.NORMAL)
+        # Uploads run no helper processes; there is nothing to demote.
+        demote = self.cfg.background_priority and job.priority is Priority.NORMAL and not job.upload
+        job.background = priority.Background(demoted=demote)
         try:
             with priority.running(job.background):
                 outcome = await job.work(JobControl(job, self.clock))
@@ -266,18 +324,26 @@ class HostEngine:
             self.metrics.demoted_s += demoted
             self.metrics.promoted_s += promoted
         written = outcome.bytes_written if outcome is not None else 0
-        self._charge(job.sandbox_id, written, now)
+        if job.upload:
+            self.metrics.bytes_uploaded += written
+            self._charge_tokens(written)
+        else:
+            self._charge(job.sandbox_id, written, now)
         self._recent.append(job)
         del self._recent[:-RECENT_JOBS]
         job.done.set()
         self._wake.set()
 
+    def _charge_tokens(self, written: int) -> None:
+        if self._rate > 0 and written > 0:
+            self._refill()
+            self._tokens -= written
+
     def _charge(self, sandbox_id: str, written: int, now: float) -> None:
         self.metrics.bytes_written += written
         if self._rate <= 0 or written <= 0:
             return
-        self._refill()
-        self._tokens -= written
+        self._charge_tokens(written)
         sharing = len({j.sandbox_id for j in (*self._pending, *self._running)} | {sandbox_id})
         fair = self._rate / sharing
         self._vtime[sandbox_id] = max(self._vtime.get(sandbox_id, 0.0), now) + written / fair
@@ -297,15 +363,19 @@ class HostEngine:
             out[job.priority.name.lower()] += 1
         return out
 
+    def uploads(self) -> dict[str, int]:
+        return {"pending": len(self._uploads), "running": sum(1 for j in self._running if j.upload)}
+
     def jobs(self, owner_uid: int | None) -> list[Job]:
         """Queued, running and recently finished jobs (``owner_uid`` None: everyone's)."""
-        seen = [*self._recent, *sorted(self._running, key=lambda j: j.id), *self._pending]
+        seen = [*self._recent, *sorted(self._running, key=lambda j: j.id), *self._pending, *self._uploads]
         return [j for j in seen if owner_uid is None or j.owner_uid == owner_uid]
 
     def snapshot(self) -> dict[str, Any]:
         return {
             "pending": self.pending_by_priority(),
             "running": len(self._running),
+            "uploads": self.uploads(),
             "max_concurrent": self.cfg.max_concurrent,
             "max_pending": self.cfg.max_pending,
             "bandwidth_mib_s": self.cfg.bandwidth_mib_s,

@@ -97,6 +97,8 @@ class Job:
     background: Background | None = field(default=None, repr=False)
     #: When it was promoted while running (None: it was not).
     promoted_running_at: float | None = None
+    #: A copy of a published checkpoint to the remote tier, not a checkpoint (see engine.py's "Uploads").
+    upload: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def __post_init__(self) -> None:
@@ -143,6 +145,7 @@ class Job:
             "sandbox_id": self.sandbox_id,
             "turn": self.turn,
             "kind": self.kind,
+            "upload": self.upload,
             "state": self.state.value,
             "priority": self.priority.name.lower(),
             "age_s": now - self.enqueued_at,

@@ -8,6 +8,7 @@ Names (all prefixed ``crab_engine_``)::
 
     jobs_submitted_total{kind}          jobs_finished_total{state}
     bytes_written_total                 promotions_total
+    bytes_uploaded_total
     promotions_running_total            job_run_seconds_total{priority}
     backpressure_waits_total            backpressure_seconds_total
     queue_depth{priority}  (gauge)      running (gauge)
@@ -78,6 +79,8 @@ class EngineMetrics:
     submitted: Counter[str] = field(default_factory=Counter)
     finished: Counter[str] = field(default_factory=Counter)
     bytes_written: int = 0
+    #: Compressed bytes uploads sent to the remote tier.
+    bytes_uploaded: int = 0
     promotions: int = 0
     #: Promotions of jobs already running (their helpers went back to normal priority).
     promotions_running: int = 0
@@ -98,6 +101,7 @@ class EngineMetrics:
             "submitted": dict(self.submitted),
             "finished": dict(self.finished),
             "bytes_written": self.bytes_written,
+            "bytes_uploaded": self.bytes_uploaded,
             "promotions": self.promotions,
             "promotions_running": self.promotions_running,
             "demoted_s": self.demoted_s,
@@ -121,6 +125,9 @@ class EngineMetrics:
             f"# HELP {p}bytes_written_total Bytes newly written to the checkpoint store by jobs.",
             f"# TYPE {p}bytes_written_total counter",
             f"{p}bytes_written_total {self.bytes_written}",
+            f"# HELP {p}bytes_uploaded_total Compressed bytes uploads sent to the remote tier.",
+            f"# TYPE {p}bytes_uploaded_total counter",
+            f"{p}bytes_uploaded_total {self.bytes_uploaded}",
             f"# HELP {p}promotions_total Jobs promoted to urgent because an agent blocked on them.",
             f"# TYPE {p}promotions_total counter",
             f"{p}promotions_total {self.promotions}",

@@ -40,9 +40,11 @@ from crabd.sdk.models import (
     ExecResult,
     GcResult,
     OutputChunk,
+    PushResult,
     QuotaUse,
     Recovered,
     SandboxInfo,
+    SyncResult,
     Tree,
     Turn,
     VerifyResult,
@@ -66,6 +68,8 @@ Event = OutputChunk | ExecResult
 STREAM_DEFAULT_S = 600.0
 RECOVER_S = 600.0
 STORE_SWEEP_S = 3600.0
+#: A push uploads a whole checkpoint (its blobs the bucket lacks) before it answers.
+PUSH_S = 3600.0
 FORK_PER_SANDBOX_S = 30.0
 
 
@@ -218,8 +222,8 @@ class ClientCore(Generic[SB]):
     def _get(self, sandbox: str) -> Call[SB]:
         return self._call("GetSandbox", pb.SandboxRef(sandbox=sandbox), lambda m: self._wrap(SandboxInfo.from_pb(m)))
 
-    def _checkpoints(self, sandbox: str) -> Call[list[CheckpointInfo]]:
-        req = pb.ListCheckpointsRequest(sandbox=sandbox)
+    def _checkpoints(self, sandbox: str, include_remote: bool = False) -> Call[list[CheckpointInfo]]:
+        req = pb.ListCheckpointsRequest(sandbox=sandbox, include_remote=include_remote)
         return self._call("ListCheckpoints", req, lambda m: [CheckpointInfo.from_pb(c) for c in m.checkpoints])
 
     def _checkpoint(self, checkpoint: CheckpointRef) -> Call[CheckpointDetail]:
@@ -257,6 +261,13 @@ class ClientCore(Generic[SB]):
 
     def _verify(self) -> Call[VerifyResult]:
         return self._call("Verify", pb.VerifyRequest(), VerifyResult.from_pb, timeout=STORE_SWEEP_S)
+
+    def _push(self, checkpoint: CheckpointRef) -> Call[PushResult]:
+        ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
+        return self._call("PushCheckpoint", ref, PushResult.from_pb, timeout=PUSH_S)
+
+    def _sync_store(self) -> Call[SyncResult]:
+        return self._call("SyncStore", pb.SyncStoreRequest(), SyncResult.from_pb, timeout=STORE_SWEEP_S)
 
 
 class SandboxCore(Generic[CL]):

@@ -24,7 +24,9 @@ CLIENT = {
     "create_from": "Create and start a sandbox described by a :class:`crabd.sdk.CreateOptions` (see :meth:`create`).",
     "list": "The sandboxes visible to you (yours; root: all).",
     "get": "A handle on one sandbox, by id or name.",
-    "checkpoints": "Checkpoints of one sandbox, or every one visible to you.",
+    "checkpoints": """Checkpoints of one sandbox, or every one visible to you, each flagged ``remote`` when the
+        remote tier holds it; ``include_remote``: also those only the remote tier holds (``remote_only``:
+        a fork or restore fetches them first).""",
     "checkpoint": "One checkpoint with what changed in it, its session state and its lineage.",
     "delete_checkpoint": "Delete a checkpoint (its children stay restorable); returns bytes freed.",
     "fork": "``n`` new, independent sandboxes with the checkpoint's files and session state.",
@@ -33,6 +35,9 @@ CLIENT = {
     "gc": "Remove blobs nothing references (root only).",
     "quota": "Use against the per-uid quotas: the caller's own, or (root) ``uid``'s.",
     "verify": "Re-hash stored checkpoint data; name corrupt blobs and the checkpoints that need them.",
+    "push": """Upload a checkpoint to the remote tier now and wait until it is ``remote`` (crabd uploads
+        every checkpoint in the background anyway); says what moved.""",
+    "sync_store": "Re-read the remote tier's manifests into this host's index of remote checkpoints (root only).",
 }
 
 SESSION = {

@@ -108,8 +108,10 @@ class AsyncClient(ClientCore["AsyncSandbox"]):
     async def get(self, sandbox: str) -> AsyncSandbox:
         return await self._send(self._get(sandbox))
 
-    async def checkpoints(self, sandbox: str = "") -> builtins.list[models.CheckpointInfo]:
-        return await self._send(self._checkpoints(sandbox))
+    async def checkpoints(
+        self, sandbox: str = "", *, include_remote: bool = False
+    ) -> builtins.list[models.CheckpointInfo]:
+        return await self._send(self._checkpoints(sandbox, include_remote))
 
     async def checkpoint(self, checkpoint: CheckpointRef) -> models.CheckpointDetail:
         return await self._send(self._checkpoint(checkpoint))
@@ -136,6 +138,12 @@ class AsyncClient(ClientCore["AsyncSandbox"]):
 
     async def verify(self) -> models.VerifyResult:
         return await self._send(self._verify())
+
+    async def push(self, checkpoint: CheckpointRef) -> models.PushResult:
+        return await self._send(self._push(checkpoint))
+
+    async def sync_store(self) -> models.SyncResult:
+        return await self._send(self._sync_store())
 
 
 @documented(_docs.SESSION)

@@ -112,8 +112,8 @@ class Client(ClientCore["Sandbox"]):
     def get(self, sandbox: str) -> Sandbox:
         return self._send(self._get(sandbox))
 
-    def checkpoints(self, sandbox: str = "") -> builtins.list[models.CheckpointInfo]:
-        return self._send(self._checkpoints(sandbox))
+    def checkpoints(self, sandbox: str = "", *, include_remote: bool = False) -> builtins.list[models.CheckpointInfo]:
+        return self._send(self._checkpoints(sandbox, include_remote))
 
     def checkpoint(self, checkpoint: CheckpointRef) -> models.CheckpointDetail:
         return self._send(self._checkpoint(checkpoint))
@@ -138,6 +138,12 @@ class Client(ClientCore["Sandbox"]):
 
     def verify(self) -> models.VerifyResult:
         return self._send(self._verify())
+
+    def push(self, checkpoint: CheckpointRef) -> models.PushResult:
+        return self._send(self._push(checkpoint))
+
+    def sync_store(self) -> models.SyncResult:
+        return self._send(self._sync_store())
 
 
 @documented(_docs.SESSION)

@@ -313,6 +313,9 @@ class DaemonStatus:
     inspector_why: str = ""
     #: The probes are still compiling: ``inspector`` is "scan" now and becomes "ebpf" when they attach.
     inspector_pending: bool = False
+    #: The remote tier this crabd uploads to ("" = none), and its host id in the cluster.
+    remote_store: str = ""
+    host_id: str = ""
 
     @classmethod
     def from_pb(cls, m: pb.DaemonStatusResponse) -> DaemonStatus:
@@ -329,6 +332,8 @@ class DaemonStatus:
             m.proxy_url,
             m.inspector_why,
             m.inspector_pending,
+            m.remote_store,
+            m.host_id,
         )
 
 
@@ -365,6 +370,12 @@ class CheckpointInfo:
     #: Bytes of the checkpoint's own CRIU dump as CRIU wrote them, before de-duplication and
     #: compression (0 without a dump of its own: files only, or paired with an earlier image).
     image_bytes: int
+    #: Its manifest and blobs are in the remote tier: any host of the cluster can restore or fork it.
+    remote: bool = False
+    #: Only the remote tier holds it (listed with ``include_remote``); a fork or restore fetches it.
+    remote_only: bool = False
+    #: The host that took it, when it came from the remote tier ("" = this one).
+    host: str = ""
 
     @classmethod
     def from_pb(cls, m: pb.Checkpoint) -> CheckpointInfo:
@@ -393,6 +404,9 @@ class CheckpointInfo:
             prescan_s=st.prescan_s,
             total_s=st.total_s,
             image_bytes=st.image_bytes,
+            remote=m.remote,
+            remote_only=m.remote_only,
+            host=m.host,
         )
 
 
@@ -498,6 +512,37 @@ class BlobProblem:
     problem: str
     checkpoints: list[str]
     sandboxes: list[str]
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """What :meth:`Client.push` moved to make a checkpoint remote."""
+
+    checkpoint: CheckpointInfo
+    #: Blobs the checkpoint needs, and how many this push sent (the rest were there already).
+    blobs: int
+    uploaded_blobs: int
+    #: Compressed bytes sent.
+    bytes: int
+    seconds: float
+
+    @classmethod
+    def from_pb(cls, m: pb.PushResponse) -> PushResult:
+        return cls(CheckpointInfo.from_pb(m.checkpoint), m.blobs, m.uploaded_blobs, m.bytes, m.seconds)
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What :meth:`Client.sync_store` found in the remote tier's bucket."""
+
+    manifests: int
+    added: list[str]
+    forgotten: list[str]
+    damaged: list[str]
+
+    @classmethod
+    def from_pb(cls, m: pb.SyncStoreResponse) -> SyncResult:
+        return cls(m.manifests, list(m.added), list(m.forgotten), list(m.damaged))
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,9 @@ class DaemonStatus:
     inspector_why: str
     #: The eBPF probes are still compiling (the scan decides until they attach).
     inspector_pending: bool
+    #: The remote tier ("" = none configured), and this host's id in the cluster.
+    remote_store: str = ""
+    host_id: str = ""
 
 
 @dataclass(frozen=True)

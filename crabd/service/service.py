@@ -65,9 +65,11 @@ from crabd.runtime import session_state
 from crabd.runtime.session_state import SessionState
 from crabd.service.limits import RequestLimits, fit_output
 from crabd.service.quota import Quotas, QuotaUse
+from crabd.service.remote import RemoteCheckpoints
 from crabd.service.reports import CheckpointDetail, DaemonStatus, EngineReport
 from crabd.store.catalog import Catalog, CheckpointFailure
 from crabd.store.maintenance import GcReport, VerifyReport
+from crabd.store.remote.tier import SyncReport, Transfer
 from crabd.util import validate
 from crabd.util.faults import crash_point
 
@@ -125,6 +127,8 @@ class Service:
         #: Set by the daemon once the OpenAI proxy listens ("" = not enabled).
         self.proxy_url = ""
         self.docker_version = docker_version
+        #: The remote tier's edge (a tier is attached by the daemon when [remote] is configured).
+        self.remote = RemoteCheckpoints(catalog)
 
     # --- access -----------------------------------------------------------------
 
@@ -159,6 +163,16 @@ class Service:
                 checkpoint=ckpt_id,
             )
         return rec
+
+    async def _checkpoint_anywhere(self, caller: Caller, ckpt_id: str) -> CheckpointRecord:
+        """Like :meth:`_checkpoint`, but one only the remote tier holds is fetched here first."""
+        try:
+            return self._checkpoint(caller, ckpt_id)
+        except CheckpointNotFound:
+            fetched = await self.remote.find_or_fetch(caller, ckpt_id)
+            if fetched is None:
+                raise
+            return fetched
 
     def head_of(self, sandbox_id: str) -> str:
         return self.checkpoints.head_id(sandbox_id) or ""
@@ -200,13 +214,19 @@ class Service:
             proxy_url=self.proxy_url,
             inspector_why=self.inspection.why,
             inspector_pending=self.inspection.pending,
+            remote_store=self.remote.describe(),
+            host_id=self.remote.host_id(),
         )
 
     def engine_status(self, caller: Caller) -> EngineReport:
         """The host engine's counters (host-wide, no sandbox named), the caller's jobs, and Prometheus text."""
         now = self.engine.clock()
         jobs = [j.to_dict(now) for j in self.engine.jobs(None if caller.is_root else caller.uid)]
-        return EngineReport(self.engine.snapshot(), jobs, self.engine.prometheus())
+        counters, text = self.engine.snapshot(), self.engine.prometheus()
+        if self.remote.replication is not None:
+            counters["remote"] = self.remote.replication.snapshot()
+            text += self.remote.replication.prometheus()
+        return EngineReport(counters, jobs, text)
 
     # --- sandboxes ------------------------------------------------------------------
 
@@ -370,13 +390,30 @@ class Service:
         await self.flow.settle(rec.id)
         return await self.inspection.checkpoint(rec, label=label, kind=wanted)
 
-    async def list_checkpoints(self, caller: Caller, ref: str) -> list[CheckpointRecord]:
+    async def list_checkpoints(
+        self, caller: Caller, ref: str, *, include_remote: bool = False
+    ) -> list[CheckpointRecord]:
+        """The caller's checkpoints (of one sandbox), flagged ``remote``; with those only the remote tier holds."""
         owner = None if caller.is_root else caller.uid
+        sandbox_id: str | None = None
         if ref:
             rec = self._lookup(caller, ref)
             await self.flow.settle(rec.id, agent=False)  # read-your-writes after a turn end
-            return await asyncio.to_thread(self.checkpoints.list_checkpoints, rec.id, owner)
-        return await asyncio.to_thread(self.checkpoints.list_checkpoints, None, owner)
+            sandbox_id = rec.id
+        recs = await asyncio.to_thread(self.checkpoints.list_checkpoints, sandbox_id, owner)
+        recs = await asyncio.to_thread(self.remote.annotate, recs)
+        if include_remote:
+            recs += await asyncio.to_thread(self.remote.remote_only, caller, sandbox_id)
+        return recs
+
+    async def push_checkpoint(self, caller: Caller, ckpt_id: str) -> tuple[CheckpointRecord, Transfer]:
+        """Upload one of the caller's checkpoints to the remote tier now; returns it (remote) and what moved."""
+        rec = await asyncio.to_thread(self._checkpoint, caller, ckpt_id)
+        transfer = await self.remote.push(rec)
+        return self.remote.annotate([rec])[0], transfer
+
+    async def sync_store(self, caller: Caller) -> SyncReport:
+        return await self.remote.sync(caller)
 
     async def describe_checkpoint(self, caller: Caller, ckpt_id: str) -> CheckpointDetail:
         rec = await asyncio.to_thread(self._checkpoint, caller, ckpt_id)
@@ -388,6 +425,7 @@ class Service:
         counted = sum(int(v) for k, v in rec.stats.items() if k in ("changed", "deleted") and isinstance(v, int))
         truncated = held.truncated or len(changes) < min(MAX_CHANGES_SHOWN, counted)
         lineage = [c.id for c in await asyncio.to_thread(self.catalog.lineage, rec.id)]
+        rec = self.remote.annotate([rec])[0]
         return CheckpointDetail(rec, changes, truncated, session_json, lineage)
 
     async def delete_checkpoint(self, caller: Caller, ckpt_id: str) -> int:
@@ -397,7 +435,7 @@ class Service:
         turn = validate.integer(turn, "turn", minimum=-1)  # -1: none (a checkpoint is named)
         rec = self._lookup(caller, ref)
         if ckpt_id:
-            ckpt = self._checkpoint(caller, ckpt_id)
+            ckpt = await self._checkpoint_anywhere(caller, ckpt_id)
         elif turn < 0:
             raise InvalidRequest("name a checkpoint or a turn to restore", hint="e.g. `crabctl restore SB ck-...`")
         await self.flow.before_action(rec)
@@ -429,7 +467,7 @@ class Service:
         self, caller: Caller, ckpt_id: str, ref: str, n: int, prefix: str, turn: int | None
     ) -> tuple[str, list[SandboxRecord]]:
         if ckpt_id:
-            ckpt = self._checkpoint(caller, ckpt_id)
+            ckpt = await self._checkpoint_anywhere(caller, ckpt_id)
         elif ref:
             rec = self._lookup(caller, ref)
             await self.flow.settle(rec.id)

@@ -78,6 +78,31 @@ def _rec(row: tuple[Any, ...]) -> CheckpointRecord:
     )
 
 
+def _row(rec: CheckpointRecord) -> tuple[Any, ...]:
+    """``rec`` as the values of :data:`_COLS`."""
+    return (
+        rec.id,
+        rec.sandbox_id,
+        rec.sandbox_name,
+        rec.owner_uid,
+        rec.parent_id,
+        rec.branch,
+        rec.turn,
+        rec.kind,
+        rec.created_at,
+        rec.label,
+        rec.image,
+        rec.spec_json,
+        rec.index_blob,
+        rec.delta_blob,
+        rec.session_blob,
+        rec.process_blob,
+        rec.racy_ns,
+        int(rec.kept),
+        json.dumps(rec.stats, sort_keys=True),
+    )
+
+
 @dataclass(frozen=True)
 class LiveBlob:
     """A blob some checkpoint still references (a row of ``blob_refs``)."""
@@ -264,34 +289,24 @@ class Catalog:
         ``hook`` (tests only) runs inside the transaction, just before COMMIT.
         """
         with self.db.tx() as conn:
-            conn.execute(
-                f"INSERT INTO checkpoints({_COLS}) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    rec.id,
-                    rec.sandbox_id,
-                    rec.sandbox_name,
-                    rec.owner_uid,
-                    rec.parent_id,
-                    rec.branch,
-                    rec.turn,
-                    rec.kind,
-                    rec.created_at,
-                    rec.label,
-                    rec.image,
-                    rec.spec_json,
-                    rec.index_blob,
-                    rec.delta_blob,
-                    rec.session_blob,
-                    rec.process_blob,
-                    rec.racy_ns,
-                    int(rec.kept),
-                    json.dumps(rec.stats, sort_keys=True),
-                ),
-            )
+            conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * 19)})", _row(rec))
             self._take(conn, ck_owner(rec.id), direct_refs(rec), children, size_of)
             self._set_head(conn, rec.sandbox_id, rec.id, None, rec.racy_ns, children, size_of)
             if hook is not None:
                 hook()
+
+    def adopt(self, rec: CheckpointRecord, children: ChildrenOf, size_of: SizeOf) -> None:
+        """Make ``rec`` (fetched from another host; its blobs stored and durable) visible, in one transaction.
+
+        Unlike :meth:`publish` no sandbox's head moves: the checkpoint is
+        only something to restore or fork from.  Adopting one that is here
+        already changes nothing.
+        """
+        with self.db.tx() as conn:
+            if conn.execute("SELECT 1 FROM checkpoints WHERE id=?", (rec.id,)).fetchone() is not None:
+                return
+            conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * 19)})", _row(rec))
+            self._take(conn, ck_owner(rec.id), direct_refs(rec), children, size_of)
 
     def _set_head(
         self,

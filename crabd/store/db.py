@@ -8,7 +8,7 @@ attached WAL databases atomic, which is why this is one file.
 Durability: WAL mode with ``synchronous=FULL``, so a committed transaction
 survives kill -9 and power loss.
 
-Schema (version 5)::
+Schema (version 6)::
 
     meta(key TEXT PK, value TEXT)                      -- schema_version
     sandboxes(id TEXT PK, name TEXT UNIQUE, owner_uid INT, spec_json TEXT,
@@ -41,13 +41,18 @@ Schema (version 5)::
     blob_edges(parent TEXT, child TEXT, PK(parent, child))
     failures(id INT PK, sandbox_id TEXT, turn INT, kind TEXT, at REAL,   -- checkpoints that were not made
              error TEXT, log_path TEXT)
+    remote_index(checkpoint_id TEXT PK,               -- checkpoints whose manifest is in the remote tier
+                 sandbox_id TEXT, owner_uid INT, host TEXT, created_at REAL,
+                 meta_json TEXT, seen_at REAL)        -- the manifest less its blob lists
+    remote_blobs(blob TEXT PK)                        -- blobs known to be in the remote tier
 
 Version 1 (issue 3) had only meta, sandboxes (without origin and branch),
 turns and commands; version 2 (issue 4) had turns without decision_json and
 checkpoint_id; version 3 (issue 6) without checkpoint_state and
 checkpoint_error; version 4 without basis_id and branch (rows from before
 v5 keep NULL there: see ``coordinator/turnmap.py`` for how such turns are
-resolved).  :func:`_migrate` upgrades any of them in place.
+resolved); version 5 without the remote tables.  :func:`_migrate` upgrades
+any of them in place.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from types import TracebackType
 
 from crabd.errors import StoreError, StoreFull
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -101,6 +106,14 @@ CREATE TABLE IF NOT EXISTS blob_edges(parent TEXT NOT NULL, child TEXT NOT NULL,
 CREATE INDEX IF NOT EXISTS blob_edges_child ON blob_edges(child);
 CREATE TABLE IF NOT EXISTS failures(id INTEGER PRIMARY KEY AUTOINCREMENT, sandbox_id TEXT NOT NULL,
     turn INTEGER NOT NULL, kind TEXT NOT NULL, at REAL NOT NULL, error TEXT NOT NULL, log_path TEXT NOT NULL);
+"""
+
+_SCHEMA_V6 = """
+CREATE TABLE IF NOT EXISTS remote_index(checkpoint_id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL,
+    owner_uid INTEGER NOT NULL, host TEXT NOT NULL, created_at REAL NOT NULL, meta_json TEXT NOT NULL,
+    seen_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS remote_index_sandbox ON remote_index(sandbox_id, created_at);
+CREATE TABLE IF NOT EXISTS remote_blobs(blob TEXT PRIMARY KEY);
 """
 
 _SANDBOX_COLUMNS_V2 = (
@@ -149,6 +162,7 @@ class Database:
                     if name not in have:
                         db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
         self.conn.executescript(_SCHEMA_V2)
+        self.conn.executescript(_SCHEMA_V6)
         with self.tx() as db:
             db.execute(
                 "INSERT INTO meta(key, value) VALUES('schema_version', ?) "

@@ -162,6 +162,10 @@ class FileBlobStore:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise store_error(exc, self.root, "writing a blob") from exc
+        except BaseException:
+            # The pieces' source failed (a fetched blob that is not what it claims): no temp file left.
+            tmp.unlink(missing_ok=True)
+            raise
 
     def put_bytes(self, data: bytes) -> PutResult:
         # In-memory data: hash first, so content already stored costs no write at all.

@@ -153,6 +153,7 @@ def test_a_short_delta_is_listed_as_truncated() -> None:
     from crabd.backends.fsdelta import Change
     from crabd.coordinator.housekeeping import Contents
     from crabd.models import Caller, CheckpointKind, CheckpointRecord
+    from crabd.service.remote import RemoteCheckpoints
     from crabd.service.service import Service
 
     rec = CheckpointRecord(
@@ -168,6 +169,7 @@ def test_a_short_delta_is_listed_as_truncated() -> None:
     svc = Service.__new__(Service)
     svc.catalog = SimpleNamespace(find=lambda _id: rec, lineage=lambda _id: [rec])  # type: ignore[assignment]
     svc.housekeeping = SimpleNamespace(describe=describe)  # type: ignore[assignment]
+    svc.remote = RemoteCheckpoints(svc.catalog)
     detail = asyncio.run(svc.describe_checkpoint(Caller(uid=0, gid=0, pid=1), "ck-1"))
     assert len(detail.changes) == 300 and detail.truncated
     rec = dataclasses.replace(rec, stats={"changed": 280, "deleted": 20})

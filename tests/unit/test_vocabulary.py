@@ -33,6 +33,7 @@ from crabd.models import (
     Vocabulary,
 )
 from crabd.sdk.models import SandboxInfo
+from crabd.service.remote import RemoteCheckpoints
 from crabd.service.reports import CheckpointDetail, DaemonStatus, EngineReport
 from crabd.service.service import Service
 from crabd.store.catalog import Catalog, CheckpointFailure, LiveBlob
@@ -276,6 +277,7 @@ def test_service_status_is_a_record_that_fills_the_reply() -> None:
     svc.sandboxes = SimpleNamespace(list_sandboxes=lambda _uid: [object(), object()])  # type: ignore[assignment]
     svc.inspection = SimpleNamespace(name="scan", why="probes compiling", pending=True)  # type: ignore[assignment]
     svc.started_at, svc.docker_version, svc.proxy_url = 5.0, "27.0", ""
+    svc.remote = RemoteCheckpoints(SimpleNamespace())  # type: ignore[arg-type]
     st = svc.status(ROOT)
     assert isinstance(st, DaemonStatus)
     assert (st.sandboxes, st.caller_uid, st.inspector, st.state_dir) == (2, 0, "scan", "/var/lib/crab")
@@ -289,6 +291,7 @@ def test_engine_status_and_checkpoint_detail_are_records() -> None:
     svc.engine = SimpleNamespace(  # type: ignore[assignment]
         clock=lambda: 1.0, jobs=lambda _uid: [], snapshot=lambda: {"queued": 0}, prometheus=lambda: "# crab\n"
     )
+    svc.remote = RemoteCheckpoints(SimpleNamespace())  # type: ignore[arg-type]
     report = svc.engine_status(ROOT)
     assert report == EngineReport(counters={"queued": 0}, jobs=[], prometheus="# crab\n")
 

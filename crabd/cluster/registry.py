@@ -1,0 +1,140 @@
+"""Which sandbox lives on which host, and where new sandboxes go.
+
+:class:`Registry` is plain, deterministic Python (unit-tested without Ray);
+:func:`start_registry` runs one as a named Ray actor (``crab-registry`` in
+namespace ``crab``) so every driver sees the same map.  The registry holds
+no sandbox state of its own: each host's crabd is the truth about its
+sandboxes, and the map can be rebuilt from the agents' ``list()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from crabd.cluster.hosts import NAMESPACE
+from crabd.cluster.tls import check_host_id
+
+REGISTRY_NAME = "crab-registry"
+
+
+class PlacementError(Exception):
+    """Not enough free capacity on the eligible hosts for the sandboxes asked for."""
+
+
+@dataclass
+class HostState:
+    capacity: int
+    alive: bool = True
+
+
+class Registry:
+    """Hosts with their capacity, and sandbox id → host id."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, HostState] = {}
+        self._where: dict[str, str] = {}
+
+    # --- hosts -----------------------------------------------------------------------
+    def add_host(self, host_id: str, capacity: int) -> None:
+        """Register ``host_id`` (or update its capacity; a host that comes back is alive again)."""
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, not {capacity}")
+        self._hosts[check_host_id(host_id)] = HostState(capacity)
+
+    def mark_dead(self, host_id: str) -> list[str]:
+        """``host_id`` is gone: no new placements there; its sandboxes (to recover elsewhere), sorted."""
+        self._host(host_id).alive = False
+        return self.sandboxes_on(host_id)
+
+    def remove_host(self, host_id: str) -> list[str]:
+        """Forget ``host_id`` and its sandboxes; returns the sandboxes it had, sorted."""
+        self._host(host_id)
+        gone = self.sandboxes_on(host_id)
+        for sb in gone:
+            del self._where[sb]
+        del self._hosts[host_id]
+        return gone
+
+    def hosts(self) -> dict[str, dict[str, Any]]:
+        return {
+            h: {"capacity": s.capacity, "alive": s.alive, "load": self.load(h), "free": self.free(h)}
+            for h, s in sorted(self._hosts.items())
+        }
+
+    def load(self, host_id: str) -> int:
+        self._host(host_id)
+        return sum(1 for h in self._where.values() if h == host_id)
+
+    def free(self, host_id: str) -> int:
+        return max(0, self._host(host_id).capacity - self.load(host_id))
+
+    # --- sandboxes -------------------------------------------------------------------
+    def assign(self, sandbox_id: str, host_id: str) -> None:
+        """Record that ``sandbox_id`` lives on ``host_id`` (a move replaces where it was)."""
+        self._host(host_id)
+        self._where[sandbox_id] = host_id
+
+    def forget(self, sandbox_id: str) -> None:
+        self._where.pop(sandbox_id, None)
+
+    def host_of(self, sandbox_id: str) -> str | None:
+        return self._where.get(sandbox_id)
+
+    def sandboxes_on(self, host_id: str) -> list[str]:
+        return sorted(sb for sb, h in self._where.items() if h == host_id)
+
+    # --- placement -------------------------------------------------------------------
+    def place(self, n: int, exclude: Iterable[str] = ()) -> list[str]:
+        """Host ids for ``n`` new sandboxes, one per sandbox, spread over alive hosts with free capacity.
+
+        Each goes to the least-loaded eligible host at that moment (load
+        counts the sandboxes placed earlier in this call); ties go to the host
+        with more free capacity, then to the smaller host id, so the same
+        state always gives the same answer.  Nothing is recorded: the caller
+        :meth:`assign`-s each sandbox once its host has made it.  Raises
+        PlacementError when the eligible hosts' free capacity is below ``n``.
+        """
+        if n < 0:
+            raise ValueError(f"n must be >= 0, not {n}")
+        skip = set(exclude)
+        load = {h: self.load(h) for h, s in self._hosts.items() if s.alive and h not in skip}
+        free = {h: self._hosts[h].capacity - load[h] for h in load}
+        if sum(max(0, f) for f in free.values()) < n:
+            raise PlacementError(
+                f"cannot place {n} sandboxes: {sum(max(0, f) for f in free.values())} free on "
+                f"{len(load)} eligible hosts (excluded: {sorted(skip)})"
+            )
+        out: list[str] = []
+        for _ in range(n):
+            host = min((h for h in load if free[h] > 0), key=lambda h: (load[h], -free[h], h))
+            out.append(host)
+            load[host] += 1
+            free[host] -= 1
+        return out
+
+    def _host(self, host_id: str) -> HostState:
+        try:
+            return self._hosts[host_id]
+        except KeyError:
+            raise KeyError(f"unknown host {host_id!r}") from None
+
+
+def start_registry() -> Any:
+    """Start the cluster's registry actor (or get the running one); its handle.  Needs ``ray.init``."""
+    import ray
+
+    return (
+        ray.remote(Registry)
+        .options(
+            name=REGISTRY_NAME,
+            namespace=NAMESPACE,
+            get_if_exists=True,
+            lifetime="detached",
+            num_cpus=0,
+            # One registry; a restart would start empty (rebuild from the agents' list()).
+            max_restarts=0,
+        )
+        .remote()
+    )
