@@ -167,3 +167,21 @@ def test_no_credentials_is_a_clear_refusal(s3: S3Server, monkeypatch: pytest.Mon
     with _store(s3, "nocreds/") as store, pytest.raises(RemoteStoreError) as info:
         store.exists("k")
     assert not info.value.retryable and "credentials" in str(info.value)
+
+
+def test_doctor_checks_the_configured_bucket(s3: S3Server, env: None, tmp_path: Any) -> None:
+    from crabd.config import CrabConfig
+    from crabd.host.doctor import Status
+    from crabd.host.remote_check import check_remote
+
+    assert check_remote(CrabConfig()).status is Status.OK  # no tier configured: nothing to check
+    cfg = CrabConfig.model_validate(
+        {"paths": {"state_dir": str(tmp_path)}, "remote": s3.remote_settings("doctor/", connect_timeout_s=1)}
+    )
+    found = check_remote(cfg)
+    assert found.status is Status.OK and s3.bucket in found.summary
+    missing = CrabConfig.model_validate(
+        {"paths": {"state_dir": str(tmp_path)}, "remote": {**s3.remote_settings("doctor/"), "bucket": "no-such-one"}}
+    )
+    refused = check_remote(missing)
+    assert refused.status is Status.FAIL and "no-such-one" in refused.summary and refused.fix
