@@ -84,10 +84,7 @@ class Replication:
 
     async def start(self) -> None:
         """Queue what earlier runs did not upload, and start the pump."""
-        for ckpt_id in await asyncio.to_thread(self.tier.state.not_uploaded):
-            rec = self.tier.catalog.find(ckpt_id)
-            if rec is not None:
-                self._queue[rec.id] = (rec.sandbox_id, rec.owner_uid)
+        await self._queue_backlog()
         self._pump = asyncio.create_task(self._run_pump(), name="crab-upload-pump")
 
     async def close(self) -> None:
@@ -218,12 +215,16 @@ class Replication:
     async def sync(self) -> SyncReport:
         """Re-read the bucket's manifests into the local index; queue local checkpoints it lacks."""
         report = await asyncio.to_thread(self.tier.sync)
+        await self._queue_backlog()
+        self._wake.set()
+        return report
+
+    async def _queue_backlog(self) -> None:
+        """Queue every local checkpoint the remote tier does not hold and no upload is moving now."""
         for ckpt_id in await asyncio.to_thread(self.tier.state.not_uploaded):
             rec = self.tier.catalog.find(ckpt_id)
             if rec is not None and ckpt_id not in self._inflight:
                 self._queue.setdefault(rec.id, (rec.sandbox_id, rec.owner_uid))
-        self._wake.set()
-        return report
 
     def snapshot(self) -> dict[str, Any]:
         """What ``crabctl doctor``, the status and the metrics report."""

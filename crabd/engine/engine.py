@@ -235,7 +235,8 @@ class HostEngine:
         if upload is not None and upload.priority is Priority.URGENT:
             return upload, None
         job, retry_in = self._pick_checkpoint()
-        if job is not None or any(j.sandbox_id not in self._busy() for j in self._pending):
+        busy = self._busy()
+        if job is not None or any(j.sandbox_id not in busy for j in self._pending):
             return job, retry_in
         if upload is not None:
             return upload, None

@@ -22,16 +22,18 @@ _NO_TIER = "this crabd has no remote tier"
 _NO_TIER_HINT = "Configure [remote] in crabd.toml (endpoint_url, bucket) and restart crabd; see docs/remote.md."
 
 
-def _allowed(caller: Caller, ckpt_id: str) -> Callable[[int], None]:
-    def check(owner_uid: int) -> None:
-        if not caller.is_root and owner_uid != caller.uid:
-            raise PermissionDenied(
-                f"checkpoint {ckpt_id!r} belongs to uid {owner_uid}, not to you (uid {caller.uid})",
-                uid=caller.uid,
-                checkpoint=ckpt_id,
-            )
+def check_owner(caller: Caller, owner_uid: int, ckpt_id: str) -> None:
+    """PermissionDenied unless ``caller`` may use a checkpoint of ``owner_uid`` (its own, or root)."""
+    if not caller.is_root and owner_uid != caller.uid:
+        raise PermissionDenied(
+            f"checkpoint {ckpt_id!r} belongs to uid {owner_uid}, not to you (uid {caller.uid})",
+            uid=caller.uid,
+            checkpoint=ckpt_id,
+        )
 
-    return check
+
+def _allowed(caller: Caller, ckpt_id: str) -> Callable[[int], None]:
+    return lambda owner_uid: check_owner(caller, owner_uid, ckpt_id)
 
 
 class RemoteCheckpoints:
@@ -63,14 +65,14 @@ class RemoteCheckpoints:
         remote = self.replication.is_remote([r.id for r in recs])
         return [replace(r, remote=r.id in remote, host=str(r.stats.get("imported_from") or "")) for r in recs]
 
-    def remote_only(self, caller: Caller, sandbox_id: str | None) -> list[CheckpointRecord]:
-        """Checkpoints the caller may see that only the remote tier holds (as of the last sync)."""
+    def remote_only(self, caller: Caller, sandbox_id: str | None, local: set[str]) -> list[CheckpointRecord]:
+        """Checkpoints the caller may see that only the remote tier holds (as of the last sync);
+        ``local``: the ids of the caller's local ones (already listed)."""
         if self.replication is None:
             return []
         entries = self.replication.tier.state.entries(
             sandbox_id=sandbox_id, owner_uid=None if caller.is_root else caller.uid
         )
-        local = {r.id for r in self.catalog.list_checkpoints(sandbox_id, None if caller.is_root else caller.uid)}
         return [record_from_meta(e.meta) for e in entries if e.id not in local]
 
     # --- fetching ----------------------------------------------------------------------

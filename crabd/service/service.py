@@ -65,7 +65,7 @@ from crabd.runtime import session_state
 from crabd.runtime.session_state import SessionState
 from crabd.service.limits import RequestLimits, fit_output
 from crabd.service.quota import Quotas, QuotaUse
-from crabd.service.remote import RemoteCheckpoints
+from crabd.service.remote import RemoteCheckpoints, check_owner
 from crabd.service.reports import CheckpointDetail, DaemonStatus, EngineReport
 from crabd.store.catalog import Catalog, CheckpointFailure
 from crabd.store.maintenance import GcReport, VerifyReport
@@ -156,12 +156,7 @@ class Service:
         rec = self.catalog.find(ckpt_id)
         if rec is None:
             raise CheckpointNotFound(f"no checkpoint {ckpt_id!r}", checkpoint=ckpt_id)
-        if not caller.is_root and rec.owner_uid != caller.uid:
-            raise PermissionDenied(
-                f"checkpoint {ckpt_id!r} belongs to uid {rec.owner_uid}, not to you (uid {caller.uid})",
-                uid=caller.uid,
-                checkpoint=ckpt_id,
-            )
+        check_owner(caller, rec.owner_uid, ckpt_id)
         return rec
 
     async def _checkpoint_anywhere(self, caller: Caller, ckpt_id: str) -> CheckpointRecord:
@@ -403,7 +398,7 @@ class Service:
         recs = await asyncio.to_thread(self.checkpoints.list_checkpoints, sandbox_id, owner)
         recs = await asyncio.to_thread(self.remote.annotate, recs)
         if include_remote:
-            recs += await asyncio.to_thread(self.remote.remote_only, caller, sandbox_id)
+            recs += await asyncio.to_thread(self.remote.remote_only, caller, sandbox_id, {r.id for r in recs})
         return recs
 
     async def push_checkpoint(self, caller: Caller, ckpt_id: str) -> tuple[CheckpointRecord, Transfer]:

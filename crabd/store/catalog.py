@@ -263,7 +263,7 @@ class Catalog:
         level = set(roots)
         with self.db.lock:
             while level:
-                live = set(_select_in(self.db.conn, "SELECT blob FROM blob_refs WHERE blob IN ({})", list(level)))
+                live = self.live_among(level)
                 born = level - live - out
                 out |= born
                 level = {k for b in born for k in children(b)} - out
@@ -272,6 +272,13 @@ class Catalog:
     def is_live(self, blob: str) -> bool:
         with self.db.lock:
             return self.db.conn.execute("SELECT 1 FROM blob_refs WHERE blob=?", (blob,)).fetchone() is not None
+
+    def live_among(self, blobs: Iterable[str]) -> set[str]:
+        """Which of ``blobs`` are live (batched: a fetched checkpoint names thousands)."""
+        with self.db.lock:
+            return {
+                str(b) for b in _select_in(self.db.conn, "SELECT blob FROM blob_refs WHERE blob IN ({})", list(blobs))
+            }
 
     def live_blobs(self) -> dict[str, LiveBlob]:
         """Every live blob, by its hex id."""

@@ -108,26 +108,8 @@ class Manifest(_Strict):
     def record(self, *, parent_id: str | None) -> CheckpointRecord:
         """The catalog record of this checkpoint on a host that imports it (``parent_id``: its parent there)."""
         c = self.checkpoint
-        return CheckpointRecord(
-            id=c.id,
-            sandbox_id=c.sandbox_id,
-            sandbox_name=c.sandbox_name,
-            owner_uid=c.owner_uid,
-            parent_id=parent_id,
-            branch=c.branch,
-            turn=c.turn,
-            kind=c.kind,
-            created_at=c.created_at,
-            label=c.label,
-            image=c.image,
-            spec_json=c.spec_json,
-            index_blob=c.index_blob,
-            delta_blob=c.delta_blob,
-            session_blob=c.session_blob,
-            process_blob=c.process_blob,
-            racy_ns=c.racy_ns,
-            stats={**c.stats, "imported_from": self.host, "remote_parent": c.parent_id},
-        )
+        stats = {**c.stats, "imported_from": self.host, "remote_parent": c.parent_id}
+        return CheckpointRecord(**{**c.model_dump(), "parent_id": parent_id, "stats": stats})
 
 
 def build(rec: CheckpointRecord, host: str, sizes: dict[str, int], edges: dict[str, list[str]]) -> Manifest:
@@ -136,23 +118,8 @@ def build(rec: CheckpointRecord, host: str, sizes: dict[str, int], edges: dict[s
         format=FORMAT,
         host=host,
         checkpoint=RemoteCheckpoint(
-            id=rec.id,
-            sandbox_id=rec.sandbox_id,
-            sandbox_name=rec.sandbox_name,
-            owner_uid=rec.owner_uid,
-            parent_id=rec.parent_id,
-            branch=rec.branch,
-            turn=rec.turn,
-            kind=rec.kind,
-            created_at=rec.created_at,
-            label=rec.label,
-            image=rec.image,
-            spec_json=rec.spec_json,
-            index_blob=rec.index_blob,
-            delta_blob=rec.delta_blob,
-            session_blob=rec.session_blob,
-            process_blob=rec.process_blob,
-            racy_ns=rec.racy_ns,
+            **{name: getattr(rec, name) for name in RemoteCheckpoint.model_fields if name != "stats"},
+            # What an import added (see Manifest.record) is not the checkpoint's own.
             stats={k: v for k, v in rec.stats.items() if k not in ("imported_from", "remote_parent")},
         ),
         blobs=dict(sorted(sizes.items())),

@@ -27,6 +27,7 @@ Fetch of one checkpoint onto this host:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -140,7 +141,7 @@ class RemoteTier:
 
     def _put_blob(self, hex_: str, size: int) -> tuple[int, bool]:
         """Put one blob (read verified, compressed as the local store does); (bytes sent, whether it was new)."""
-        with self._big if size > BIG_BLOB else _NOLOCK:
+        with self._big if size > BIG_BLOB else contextlib.nullcontext():
             data = self._compress(self.blobs.iter_content(hex_), size)
             return len(data), self.objects.put_if_absent(mf.blob_key(hex_), data)
 
@@ -166,7 +167,7 @@ class RemoteTier:
         t0 = time.monotonic()
         ckpt_id = m.checkpoint.id
         out = Transfer(ckpt_id, blobs=len(m.blobs))
-        live = {b for b in m.blobs if self.catalog.is_live(b)}
+        live = self.catalog.live_among(m.blobs)
         todo = sorted(m.blobs.keys() - live)
         futures = [self._down.submit(self._get_blob, ckpt_id, b, m.blobs[b]) for b in todo]
         try:
@@ -186,7 +187,7 @@ class RemoteTier:
 
     def _get_blob(self, ckpt_id: str, hex_: str, size: int) -> int:
         """Fetch one blob into the local store; the bytes received."""
-        with self._big if size > BIG_BLOB else _NOLOCK:
+        with self._big if size > BIG_BLOB else contextlib.nullcontext():
             try:
                 data = self.objects.get(mf.blob_key(hex_), limit=self.max_object_bytes)
             except RemoteObjectMissing as exc:
@@ -247,17 +248,6 @@ class RemoteTier:
             # Manifests vanished: the bucket was cleaned or replaced, so what it held is not known any more.
             self.state.forget_blobs()
         return report
-
-
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NOLOCK = _NoLock()
 
 
 def _decompressed(data: bytes, hex_: str, ckpt_id: str, size: int) -> Iterator[bytes]:
