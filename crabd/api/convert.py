@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from crabd.api.v1 import crab_pb2 as pb
+from crabd.coordinator.recovery import Recovered
 from crabd.coordinator.tree import TreeView
 from crabd.models import (
     CheckpointPolicy,
@@ -248,4 +249,15 @@ def verify_to_pb(r: VerifyReport) -> pb.VerifyResponse:
             for p in r.problems
         ],
         seconds=r.seconds,
+    )
+
+
+def recovered_to_pb(done: Recovered) -> pb.RecoverResponse:
+    return pb.RecoverResponse(
+        sandbox=sandbox_to_pb(done.sandbox, done.checkpoint.id),
+        checkpoint=done.checkpoint.id,
+        checkpoint_turn=done.checkpoint.turn,
+        lost_turns=done.lost_turns,
+        kind=done.checkpoint.kind,
+        not_restored=done.not_restored,
     )

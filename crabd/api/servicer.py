@@ -26,6 +26,7 @@ from crabd.api.convert import (
     failure_to_pb,
     gc_to_pb,
     outcome_to_pb,
+    recovered_to_pb,
     sandbox_to_pb,
     spec_from_pb,
     tree_to_pb,
@@ -342,14 +343,12 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def Recover(self, request: pb.SandboxRef, context: Any) -> pb.RecoverResponse:
         async def go(c: Caller) -> pb.RecoverResponse:
-            done = await self.service.recover(c, request.sandbox)
-            return pb.RecoverResponse(
-                sandbox=sandbox_to_pb(done.sandbox, done.checkpoint.id),
-                checkpoint=done.checkpoint.id,
-                checkpoint_turn=done.checkpoint.turn,
-                lost_turns=done.lost_turns,
-                kind=done.checkpoint.kind,
-                not_restored=done.not_restored,
-            )
+            return recovered_to_pb(await self.service.recover(c, request.sandbox))
+
+        return await self._call(context, go)
+
+    async def ImportSandbox(self, request: pb.ImportSandboxRequest, context: Any) -> pb.RecoverResponse:
+        async def go(c: Caller) -> pb.RecoverResponse:
+            return recovered_to_pb(await self.service.import_sandbox(c, request.checkpoint, request.last_turn))
 
         return await self._call(context, go)

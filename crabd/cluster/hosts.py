@@ -43,9 +43,14 @@ def host_resource(host_id: str) -> str:
     return f"crab-host:{check_host_id(host_id)}"
 
 
+def agent_prefix() -> str:
+    """What every agent's Ray actor name starts with (the host id follows)."""
+    return "crab-host:"
+
+
 def agent_name(host_id: str) -> str:
     """The Ray actor name of ``host_id``'s agent (in :data:`NAMESPACE`)."""
-    return f"crab-host:{check_host_id(host_id)}"
+    return f"{agent_prefix()}{check_host_id(host_id)}"
 
 
 def node_resources(host_id: str) -> dict[str, float]:
@@ -133,8 +138,45 @@ class HostAgent:
             for sb in self._client.fork(checkpoint_id, n, name_prefix=name_prefix)
         ]
 
-    def remove(self, sandbox: str) -> None:
-        self._client.get(sandbox).remove()
+    def fork_turn(self, sandbox: str, turn: int, n: int = 1, name_prefix: str = "") -> builtins.list[dict[str, Any]]:
+        """``n`` forks of ``sandbox`` at the end of ``turn`` (made here: the sandbox lives on this host)."""
+        return [
+            {"host_id": self.host_id, **plain(sb.info)}
+            for sb in self._client.get(sandbox).fork(n, name_prefix=name_prefix, turn=turn)
+        ]
+
+    def checkpoint_full(self, sandbox: str, label: str = "") -> dict[str, Any]:
+        """A checkpoint with the sandbox's processes (what a migration moves)."""
+        return {"host_id": self.host_id, **plain(self._client.get(sandbox).checkpoint(label, kind="full"))}
+
+    def has_checkpoint(self, checkpoint_id: str) -> bool:
+        """Whether this host's own store holds ``checkpoint_id`` (not only the bucket)."""
+        return any(c.id == checkpoint_id and not c.remote_only for c in self._client.checkpoints())
+
+    def checkpoints(self, *, include_remote: bool = False, sync: bool = False) -> builtins.list[dict[str, Any]]:
+        """Every checkpoint this host's crabd lists (``sync``: re-read the bucket's manifests first; root only)."""
+        if sync:
+            self._client.sync_store()
+        return [plain(c) for c in self._client.checkpoints(include_remote=include_remote)]
+
+    def push(self, checkpoint_id: str) -> dict[str, Any]:
+        pushed: dict[str, Any] = plain(self._client.push(checkpoint_id))
+        return pushed
+
+    def import_sandbox(self, checkpoint_id: str, last_turn: int = -1) -> dict[str, Any]:
+        """Bring ``checkpoint_id``'s sandbox to this host, keeping its identity (a :class:`Recovered`, as data)."""
+        done: dict[str, Any] = plain(self._client.import_sandbox(checkpoint_id, last_turn=last_turn))
+        done["sandbox"]["host_id"] = self.host_id
+        return done
+
+    def stop(self, sandbox: str) -> dict[str, Any]:
+        return {"host_id": self.host_id, **plain(self._client.get(sandbox).stop())}
+
+    def restore(self, sandbox: str, checkpoint_id: str) -> dict[str, Any]:
+        return {"host_id": self.host_id, **plain(self._client.get(sandbox).restore(checkpoint_id))}
+
+    def remove(self, sandbox: str, keep_checkpoints: bool = False) -> None:
+        self._client.get(sandbox).remove(keep_checkpoints=keep_checkpoints)
 
     def close(self) -> None:
         self._client.close()

@@ -15,12 +15,9 @@ from typing import Any
 
 from crabd.cluster.hosts import NAMESPACE
 from crabd.cluster.tls import check_host_id
+from crabd.errors import CrabError, NoCapacity
 
 REGISTRY_NAME = "crab-registry"
-
-
-class PlacementError(Exception):
-    """Not enough free capacity on the eligible hosts for the sandboxes asked for."""
 
 
 @dataclass
@@ -29,12 +26,21 @@ class HostState:
     alive: bool = True
 
 
+@dataclass
+class Placed:
+    """Where one sandbox lives, and the last turn the cluster saw it end (what a lost host's recovery reports)."""
+
+    host: str
+    name: str = ""
+    turn: int = 0
+
+
 class Registry:
     """Hosts with their capacity, and sandbox id → host id."""
 
     def __init__(self) -> None:
         self._hosts: dict[str, HostState] = {}
-        self._where: dict[str, str] = {}
+        self._where: dict[str, Placed] = {}
 
     # --- hosts -----------------------------------------------------------------------
     def add_host(self, host_id: str, capacity: int) -> None:
@@ -57,6 +63,9 @@ class Registry:
         del self._hosts[host_id]
         return gone
 
+    def host_known(self, host_id: str) -> bool:
+        return host_id in self._hosts
+
     def hosts(self) -> dict[str, dict[str, Any]]:
         return {
             h: {"capacity": s.capacity, "alive": s.alive, "load": self.load(h), "free": self.free(h)}
@@ -65,25 +74,44 @@ class Registry:
 
     def load(self, host_id: str) -> int:
         self._host(host_id)
-        return sum(1 for h in self._where.values() if h == host_id)
+        return sum(1 for p in self._where.values() if p.host == host_id)
 
     def free(self, host_id: str) -> int:
         return max(0, self._host(host_id).capacity - self.load(host_id))
 
     # --- sandboxes -------------------------------------------------------------------
-    def assign(self, sandbox_id: str, host_id: str) -> None:
+    def assign(self, sandbox_id: str, host_id: str, name: str = "", turn: int = 0) -> None:
         """Record that ``sandbox_id`` lives on ``host_id`` (a move replaces where it was)."""
         self._host(host_id)
-        self._where[sandbox_id] = host_id
+        self._where[sandbox_id] = Placed(host_id, name, turn)
+
+    def note_turn(self, sandbox_id: str, turn: int) -> None:
+        """The cluster saw ``sandbox_id`` at ``turn`` (kept if it is the latest seen)."""
+        placed = self._where.get(sandbox_id)
+        if placed is not None and turn > placed.turn:
+            placed.turn = turn
 
     def forget(self, sandbox_id: str) -> None:
         self._where.pop(sandbox_id, None)
 
     def host_of(self, sandbox_id: str) -> str | None:
-        return self._where.get(sandbox_id)
+        placed = self._where.get(sandbox_id)
+        return None if placed is None else placed.host
+
+    def placed(self, sandbox_id: str) -> dict[str, Any] | None:
+        """Where ``sandbox_id`` lives, its name and last seen turn (None: not known here)."""
+        p = self._where.get(sandbox_id)
+        return None if p is None else {"host": p.host, "name": p.name, "turn": p.turn}
+
+    def find(self, ref: str) -> str | None:
+        """The id of the sandbox whose id or name is ``ref`` (None: not known here)."""
+        if ref in self._where:
+            return ref
+        named = [sb for sb, p in self._where.items() if p.name == ref]
+        return named[0] if len(named) == 1 else None
 
     def sandboxes_on(self, host_id: str) -> list[str]:
-        return sorted(sb for sb, h in self._where.items() if h == host_id)
+        return sorted(sb for sb, p in self._where.items() if p.host == host_id)
 
     # --- placement -------------------------------------------------------------------
     def place(self, n: int, exclude: Iterable[str] = ()) -> list[str]:
@@ -94,17 +122,19 @@ class Registry:
         with more free capacity, then to the smaller host id, so the same
         state always gives the same answer.  Nothing is recorded: the caller
         :meth:`assign`-s each sandbox once its host has made it.  Raises
-        PlacementError when the eligible hosts' free capacity is below ``n``.
+        NoCapacity when the eligible hosts' free capacity is below ``n``.
         """
         if n < 0:
             raise ValueError(f"n must be >= 0, not {n}")
         skip = set(exclude)
         load = {h: self.load(h) for h, s in self._hosts.items() if s.alive and h not in skip}
         free = {h: self._hosts[h].capacity - load[h] for h in load}
-        if sum(max(0, f) for f in free.values()) < n:
-            raise PlacementError(
-                f"cannot place {n} sandboxes: {sum(max(0, f) for f in free.values())} free on "
-                f"{len(load)} eligible hosts (excluded: {sorted(skip)})"
+        total = sum(max(0, f) for f in free.values())
+        if total < n:
+            raise NoCapacity(
+                f"cannot place {n} sandboxes: {total} free on {len(load)} live hosts (excluded: {sorted(skip)})",
+                requested=n,
+                free=total,
             )
         out: list[str] = []
         for _ in range(n):
@@ -138,3 +168,26 @@ def start_registry() -> Any:
         )
         .remote()
     )
+
+
+class RegistryProxy:
+    """A :class:`Registry` Ray actor, called like the plain object (each call waits for its answer)."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def __getattr__(self, name: str) -> Any:
+        import ray
+
+        method = getattr(self._handle, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return ray.get(method.remote(*args, **kwargs))
+            except ray.exceptions.RayTaskError as exc:
+                # The registry's own errors (NoCapacity, an unknown host) reach the caller as themselves.
+                if isinstance(exc.cause, (CrabError, KeyError, ValueError)):
+                    raise exc.cause from exc
+                raise
+
+        return call

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.coordinator.turnmap import lost_turns
-from crabd.errors import CrabError, InvalidRequest
+from crabd.errors import AlreadyExists, CrabError, InvalidRequest
 from crabd.models import CheckpointRecord, RecoveryMode, SandboxRecord, SandboxState
 from crabd.store.catalog import Catalog
 from crabd.util.faults import crash_point
@@ -93,6 +93,27 @@ class Recovery:
                 "lost_turns": lost,
                 "not_restored": out.not_restored,
             },
+        )
+        return Recovered(out, ckpt, lost, list(out.not_restored))
+
+    async def arrive(self, ckpt: CheckpointRecord, last_turn: int) -> Recovered:
+        """Bring ``ckpt``'s sandbox here from another host (migrated, or its host was lost).
+
+        ``last_turn``: the last turn the caller knows the sandbox ended on its
+        old host (-1: unknown).  The turns after ``ckpt``'s are reported lost:
+        their effects stayed on the old host.
+        """
+        if self.sandboxes.get(ckpt.sandbox_id) is not None:
+            raise AlreadyExists(
+                f"sandbox {ckpt.sandbox_name} ({ckpt.sandbox_id}) already lives on this host",
+                name=ckpt.sandbox_name,
+                hint=f"To go back to that checkpoint, use `crabctl restore {ckpt.sandbox_name} {ckpt.id}`.",
+            )
+        lost = list(range(ckpt.turn + 1, last_turn + 1))
+        out = await self.restorer.arrive(ckpt)
+        log.warning(
+            "sandbox brought in from another host",
+            extra={"sandbox": out.id, "checkpoint": ckpt.id, "lost_turns": lost, "not_restored": out.not_restored},
         )
         return Recovered(out, ckpt, lost, list(out.not_restored))
 

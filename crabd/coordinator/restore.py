@@ -50,7 +50,15 @@ from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.runner import Session
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
 from crabd.errors import ImageError, InvalidRequest, SandboxBusy, SessionProcessError
-from crabd.models import CheckpointKind, CheckpointRecord, FilesSource, ImageSource, SandboxRecord, SandboxState
+from crabd.models import (
+    CheckpointKind,
+    CheckpointRecord,
+    FilesSource,
+    ImageSource,
+    SandboxRecord,
+    SandboxSpec,
+    SandboxState,
+)
 from crabd.runtime import session_os
 from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
@@ -375,10 +383,29 @@ class Restorer:
             raise InvalidRequest(f"a fork makes 1 to {MAX_FORKS} sandboxes, not {n}")
         ids = [self.sandboxes.new_id() for _ in range(n)]
         names = self._names(ckpt, ids, name_prefix)
+        out = await self._spawn(owner_uid, ckpt, ids, names, arrival=False)
+        log.info("checkpoint forked", extra={"checkpoint": ckpt.id, "n": n, "sandboxes": [r.id for r in out]})
+        return out
+
+    async def arrive(self, ckpt: CheckpointRecord) -> SandboxRecord:
+        """``ckpt``'s own sandbox, brought to life on this host: same id, name, owner and branch.
+
+        The sandbox lived on another host (a migration, or that host was
+        lost).  It is made like a one-sandbox fork, except that it *is* the
+        checkpoint's sandbox: new checkpoints continue its lineage and its
+        turn numbers continue from the checkpoint's turn.
+        """
+        (out,) = await self._spawn(ckpt.owner_uid, ckpt, [ckpt.sandbox_id], [ckpt.sandbox_name], arrival=True)
+        log.info("sandbox arrived", extra={"checkpoint": ckpt.id, "sandbox": out.id, "turn": ckpt.turn})
+        return out
+
+    async def _spawn(
+        self, owner_uid: int, ckpt: CheckpointRecord, ids: list[str], names: list[str], *, arrival: bool
+    ) -> list[SandboxRecord]:
         with accounting.journal() as written:
             try:
                 async with self.store_lock.shared():
-                    recs, results = await self._fork_locked(owner_uid, ckpt, ids, names)
+                    recs, results = await self._fork_locked(owner_uid, ckpt, ids, names, arrival)
             except BaseException:
                 await self._release(written)
                 raise
@@ -391,11 +418,10 @@ class Restorer:
             got.ip_address, got.not_restored = res[1], res[2]
             got.files_from, got.images_from = res[3].files_from, res[3].images_from
             out.append(got)
-        log.info("checkpoint forked", extra={"checkpoint": ckpt.id, "n": n, "sandboxes": [r.id for r in out]})
         return out
 
     async def _fork_locked(
-        self, owner_uid: int, ckpt: CheckpointRecord, ids: list[str], names: list[str]
+        self, owner_uid: int, ckpt: CheckpointRecord, ids: list[str], names: list[str], arrival: bool
     ) -> tuple[list[SandboxRecord], list[tuple[Session, str, list[str], _Prepared]]]:
         """Reserve every fork, then clone them in parallel; any failure undoes them all."""
         base = spec_from_json(ckpt.spec_json)
@@ -403,11 +429,13 @@ class Restorer:
         recs: list[SandboxRecord] = []
         try:
             for sid, name in zip(ids, names, strict=True):
-                recs.append(
-                    await self.sandboxes.reserve(
-                        owner_uid, replace(base, name=name), ckpt.image, sandbox_id=sid, origin=ckpt.id
+                spec = replace(base, name=name)
+                if arrival:
+                    recs.append(await self._reserve_arrival(spec, ckpt))
+                else:
+                    recs.append(
+                        await self.sandboxes.reserve(owner_uid, spec, ckpt.image, sandbox_id=sid, origin=ckpt.id)
                     )
-                )
             crash_point("fork.after_reserve")
             gate = asyncio.Semaphore(FORK_PARALLEL)
 
@@ -425,6 +453,20 @@ class Restorer:
                     await asyncio.shield(self._undo_clone(r))
             raise
         return recs, [x for x in results if not isinstance(x, BaseException)]
+
+    async def _reserve_arrival(self, spec: SandboxSpec, ckpt: CheckpointRecord) -> SandboxRecord:
+        """The registry row of ``ckpt``'s sandbox arriving here: its branch, and its turns going on from ``ckpt``'s."""
+        rec = await self.sandboxes.reserve(ckpt.owner_uid, spec, ckpt.image, sandbox_id=ckpt.sandbox_id)
+        reg = self.sandboxes.registry
+
+        def seed() -> None:
+            reg.update_sandbox(rec.id, branch=ckpt.branch)
+            if ckpt.turn > 0:
+                reg.seed_turn(rec.id, ckpt.turn, ckpt.created_at, ckpt.id, ckpt.branch)
+
+        await asyncio.to_thread(seed)
+        rec.branch = ckpt.branch
+        return rec
 
     async def _clone(
         self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: _TreeOnce, session_json: str | None

@@ -266,6 +266,10 @@ class ClientCore(Generic[SB]):
         ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
         return self._call("PushCheckpoint", ref, PushResult.from_pb, timeout=PUSH_S)
 
+    def _import_sandbox(self, checkpoint: CheckpointRef, last_turn: int) -> Call[Recovered]:
+        req = pb.ImportSandboxRequest(checkpoint=rq.checkpoint_id(checkpoint), last_turn=last_turn)
+        return self._call("ImportSandbox", req, Recovered.from_pb, timeout=RECOVER_S)
+
     def _sync_store(self) -> Call[SyncResult]:
         return self._call("SyncStore", pb.SyncStoreRequest(), SyncResult.from_pb, timeout=STORE_SWEEP_S)
 

@@ -38,6 +38,11 @@ CLIENT = {
     "push": """Upload a checkpoint to the remote tier now and wait until it is ``remote`` (crabd uploads
         every checkpoint in the background anyway); says what moved.""",
     "sync_store": "Re-read the remote tier's manifests into this host's index of remote checkpoints (root only).",
+    "import_sandbox": """Bring the checkpoint's own sandbox to this host (a migration, or its host
+        was lost): it keeps its id, name, owner and lineage, and its turns go on from the
+        checkpoint's.  A checkpoint only the remote tier holds is fetched and verified first.
+        ``last_turn``: the last turn the sandbox is known to have ended on its old host; the
+        turns after the checkpoint's up to it are reported in ``lost_turns``.""",
 }
 
 SESSION = {

@@ -145,6 +145,9 @@ class AsyncClient(ClientCore["AsyncSandbox"]):
     async def sync_store(self) -> models.SyncResult:
         return await self._send(self._sync_store())
 
+    async def import_sandbox(self, checkpoint: CheckpointRef, *, last_turn: int = -1) -> models.Recovered:
+        return await self._send(self._import_sandbox(checkpoint, last_turn))
+
 
 @documented(_docs.SESSION)
 class AsyncSession(SessionCore["AsyncSandbox"]):

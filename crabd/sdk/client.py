@@ -145,6 +145,9 @@ class Client(ClientCore["Sandbox"]):
     def sync_store(self) -> models.SyncResult:
         return self._send(self._sync_store())
 
+    def import_sandbox(self, checkpoint: CheckpointRef, *, last_turn: int = -1) -> models.Recovered:
+        return self._send(self._import_sandbox(checkpoint, last_turn))
+
 
 @documented(_docs.SESSION)
 class Session(SessionCore["Sandbox"]):

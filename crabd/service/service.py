@@ -535,6 +535,14 @@ class Service:
             raise PermissionDenied(f"only root may see another uid's quota (you are uid {caller.uid})", uid=caller.uid)
         return await asyncio.to_thread(self.quotas.use, uid)
 
+    async def import_sandbox(self, caller: Caller, ckpt_id: str, last_turn: int) -> Recovered:
+        """Bring a checkpoint's own sandbox to this host (from the remote tier if need be), keeping its identity."""
+        last_turn = validate.integer(last_turn, "last_turn", minimum=-1)
+        ckpt = await self._checkpoint_anywhere(caller, ckpt_id)
+        # Counted against the sandbox's owner, who keeps it (root may move anyone's sandbox).
+        with self.quotas.new_sandboxes(ckpt.owner_uid, 1):
+            return await self.recovery.arrive(ckpt, last_turn)
+
     async def recover(self, caller: Caller, ref: str) -> Recovered:
         rec = self._lookup(caller, ref)
         await self.flow.settle(rec.id, agent=False)

@@ -184,6 +184,20 @@ class Registry:
         branch = None if got is None or got[0] is None else int(got[0])
         return TurnRecord(sandbox_id, number, started_at, implicit=implicit, branch=branch)
 
+    def seed_turn(self, sandbox_id: str, number: int, at: float, checkpoint_id: str, branch: int) -> None:
+        """Record turn ``number`` as ended at ``at`` in ``checkpoint_id`` (a sandbox that came from another host).
+
+        The turns before it stayed with the host the sandbox left; this one row
+        makes the next turn here number ``number + 1`` and lets ``--turn number``
+        resolve to the checkpoint it arrived from.
+        """
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO turns(sandbox_id, number, started_at, ended_at, implicit, branch, checkpoint_id,"
+                " checkpoint_state) VALUES(?,?,?,?,1,?,?,?)",
+                (sandbox_id, number, at, at, branch, checkpoint_id, TurnCheckpointState.DONE.value),
+            )
+
     def close_turn(self, sandbox_id: str, number: int, ended_at: float, session_state_json: str | None) -> None:
         with self._tx() as db:
             db.execute(

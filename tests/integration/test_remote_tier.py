@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import zstandard
 
-from crabd.errors import CorruptBlob, StoreError
+from crabd.errors import AlreadyExists, CheckpointNotFound, CorruptBlob, StoreError
 from crabd.sdk import Client, EmbeddedDaemon
 from tests.integration.conftest import daemon_with_config
 from tests.s3server import S3Server
@@ -147,3 +147,50 @@ def test_a_damaged_remote_checkpoint_is_refused_and_nothing_is_imported(s3: S3Se
             b.fork(ck.id)
         assert ck.id not in {k.id for k in b.checkpoints()}
         assert b.list() == []
+
+
+def test_a_sandbox_moves_to_host_b_keeping_its_id_name_turns_and_processes(s3: S3Server) -> None:
+    """ImportSandbox, the step under migration and host-loss recovery: b brings in a's sandbox from the bucket."""
+    prefix = "move/"
+    with host(s3, "host-d", "crabrd", prefix) as (_da, a), host(s3, "host-e", "crabre", prefix) as (_db, b):
+        sb = a.create("bookworm", name="mover")
+        with sb.turn():
+            sb.session.run("mkdir -p /work && cd /work && echo moved > f && export MARK=m1")
+        with sb.turn():
+            # A process whose pid and memory only a process checkpoint brings back.
+            sb.session.run("sleep 1000 & echo $! > /work/bg")
+        ck = sb.checkpoint("before the move", kind="full")
+        assert a.push(ck.id).checkpoint.remote
+        pid = sb.run("cat /work/bg").stdout.strip()
+
+        done = b.import_sandbox(ck.id, last_turn=ck.turn + 2)
+        moved = b.get(sb.id)
+        # The turns before the checkpoint's stayed on host d; the checkpoint's own turn came along.
+        arrived = moved.turns()
+        assert [(t.number, t.checkpoint_id) for t in arrived] == [(ck.turn, ck.id)]
+        assert (done.sandbox.id, done.sandbox.name, moved.name) == (sb.id, "mover", "mover")
+        assert done.checkpoint == ck.id and done.lost_turns == [ck.turn + 1, ck.turn + 2]
+        assert moved.run("cat /work/f").stdout == b"moved\n"
+        assert moved.session.run("pwd; echo $MARK").stdout == b"/work\nm1\n"
+        assert moved.run(f"kill -0 {pid.decode()}").exit_code == 0
+        # Its lineage goes on: its turns are numbered on from the checkpoint's (the commands
+        # above ran in one implicit turn), and its checkpoints are its own.
+        with moved.turn() as t:
+            moved.run("sh -c 'echo after > /work/g'")
+        assert t.number == ck.turn + 2
+        after = moved.checkpoint("after the move", kind="fs")
+        parents = {k.id: k.parent_id for k in b.checkpoints(sb.id)}
+        line, at = [], after.id
+        while at in parents:
+            line.append(at)
+            at = parents[at]
+        assert after.sandbox_id == sb.id and line[-1] == ck.id, line
+        assert moved.restore(turn=ck.turn).id == sb.id
+        assert moved.run("test -e /work/g").exit_code == 1
+
+        # It exists once per host: a second import is refused, and changes nothing.
+        with pytest.raises(AlreadyExists):
+            b.import_sandbox(ck.id)
+        with pytest.raises(CheckpointNotFound):
+            b.import_sandbox("ck-" + "0" * 12)
+        assert [s.id for s in b.list()] == [sb.id]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from crabd.cluster.hosts import HostAgent, agent_name, host_resource, node_resources, plain
-from crabd.cluster.registry import PlacementError, Registry
+from crabd.cluster.registry import Registry
+from crabd.errors import NoCapacity
 from crabd.models import CheckpointKind
 
 
@@ -36,11 +37,11 @@ def test_place_respects_capacity_exclude_and_dead_hosts() -> None:
     r = registry(a=1, b=3, c=3)
     r.assign("x", "b")
     assert r.place(3, exclude=["c"]) == ["a", "b", "b"]
-    with pytest.raises(PlacementError):
+    with pytest.raises(NoCapacity):
         r.place(4, exclude=["c"])
     assert r.mark_dead("b") == ["x"]
     assert r.place(4) == ["c", "a", "c", "c"]
-    with pytest.raises(PlacementError):
+    with pytest.raises(NoCapacity):
         r.place(5)
     assert r.place(0) == []
 

@@ -1,0 +1,262 @@
+"""crab's Ray cluster layer on a simulated 3-host cluster on this machine.
+
+Three Ray nodes (``ray.cluster_utils.Cluster``, 1 CPU each, mutual TLS on,
+each node with its own host certificate from one cluster CA), one crabd per
+node (own state dir, socket, sandbox network and host id, so no host can read
+another's local store), and one real S3-protocol server process (moto) whose
+bucket all three crabds use as their remote tier.  Each host's agent is a Ray
+actor pinned to that host's node.
+
+Ray reads ``RAY_USE_TLS`` and the certificate paths once, when it is first
+imported into a process; so the fixture sets them before its first
+``import ray`` and refuses to run if something imported Ray earlier.  The
+host-loss test removes node c and stops its crabd, so it runs last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crabd.cluster import tls
+from crabd.cluster.hosts import NAMESPACE, node_resources
+from crabd.sdk import Client, EmbeddedDaemon
+from tests.integration.conftest import daemon_with_config
+from tests.s3server import S3Server
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.slow]
+
+HOSTS = ("a", "b", "c")
+MB = 1024 * 1024
+# Small nodes: this machine is small, and the test moves no large objects through Ray.
+NODE_ARGS: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 * MB}
+DEAD_WITHIN_S = 30.0
+CAPACITY = 4
+
+
+@dataclass
+class SimCluster:
+    ray_cluster: Any
+    nodes: dict[str, Any]
+    daemons: dict[str, EmbeddedDaemon]
+    tls_dir: Path
+    s3: S3Server
+    crab: Any  # crabd.cluster.client.Cluster
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def client(self, host: str) -> Client:
+        return Client(self.daemons[host].socket)
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _host_toml(s3: S3Server, host: str) -> str:
+    remote = s3.config_toml("cluster/", host_id=host, retry_initial_s=0.2, retry_max_s=1.0)
+    return f'[network]\nname = "crabcl{host}"\n\n' + remote
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimCluster]:
+    if "ray._raylet" in sys.modules:
+        pytest.fail("Ray was imported before this module's fixture: its TLS settings would be ignored")
+    with contextlib.ExitStack() as stack:
+        s3 = stack.enter_context(S3Server(bucket="crab-cluster"))
+        # The crabds inherit the test's environment: S3 credentials come only from it.
+        stack.enter_context(_env(s3.env))
+        tls_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="crab-tls-")))
+        tls.init_ca(tls_dir)
+        # Ray dials the node's own address; on one machine all three hosts share it.
+        addresses = sorted({"127.0.0.1", _node_ip()})
+        for h in HOSTS:
+            tls.issue_host_cert(tls_dir, h, ips=addresses)
+        t0 = time.monotonic()
+        daemons = {h: stack.enter_context(daemon_with_config(_host_toml(s3, h), f"crabcl{h}")) for h in HOSTS}
+        t_daemons = time.monotonic() - t0
+        # The driver (this process) is host a, for the whole module: Ray is imported only now.
+        stack.enter_context(_env(tls.ray_tls_env(tls_dir, "a")))
+        import ray
+        from ray.cluster_utils import Cluster
+
+        t0 = time.monotonic()
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={**NODE_ARGS, "resources": node_resources("a"), "include_dashboard": False},
+        )
+        stack.callback(cluster.shutdown)
+        nodes = {"a": cluster.head_node}
+        for h in HOSTS[1:]:
+            # Each node's Ray processes present their own host's certificate (inherited from os.environ).
+            with _env(tls.ray_tls_env(tls_dir, h)):
+                nodes[h] = cluster.add_node(**NODE_ARGS, resources=node_resources(h))
+        cluster.wait_for_nodes()
+        stack.callback(ray.shutdown)
+        from crabd.cluster.connect import connect, join
+
+        crab = connect(cluster.address)
+        t_ray = time.monotonic() - t0
+        t0 = time.monotonic()
+        for h in HOSTS:
+            join(h, str(daemons[h].socket), capacity=CAPACITY)
+        crab.refresh()
+        t_join = time.monotonic() - t0
+        timings = {"crabds_start_s": t_daemons, "ray_start_s": t_ray, "agents_join_s": t_join}
+        yield SimCluster(cluster, nodes, daemons, tls_dir, s3, crab, timings)
+        print("cluster timings:", {k: round(v, 3) for k, v in timings.items()})
+
+
+def _node_ip() -> str:
+    # Ray's own choice of this node's address, without importing Ray (see the module docstring).
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET: nothing is sent, only a route is looked up
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def _wait(what: str, check: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _fetched(sim: SimCluster, host: str) -> int:
+    with sim.client(host) as c:
+        return int(c.engine_status().stats["remote"]["fetched"])
+
+
+def test_tls_is_enforced(sim: SimCluster) -> None:
+    """The GCS answers a client with a cluster certificate, and no other (another CA's, none, plaintext)."""
+    import grpc
+
+    good = tls.host_files(sim.tls_dir, "b")
+    rogue_dir = sim.tls_dir / "rogue"
+    tls.init_ca(rogue_dir)
+    bad = tls.issue_host_cert(rogue_dir, "b", ips=["127.0.0.1", _node_ip()])
+
+    def ready(creds: grpc.ChannelCredentials | None) -> bool:
+        address = sim.ray_cluster.address
+        ch = grpc.secure_channel(address, creds) if creds else grpc.insecure_channel(address)
+        try:
+            grpc.channel_ready_future(ch).result(timeout=3)
+            return True
+        except grpc.FutureTimeoutError:
+            return False
+        finally:
+            ch.close()
+
+    ca = good.ca_cert.read_bytes()
+    assert ready(grpc.ssl_channel_credentials(ca, good.key.read_bytes(), good.cert.read_bytes()))
+    assert not ready(grpc.ssl_channel_credentials(ca, bad.key.read_bytes(), bad.cert.read_bytes()))
+    assert not ready(grpc.ssl_channel_credentials(ca))
+    assert not ready(None)
+
+
+def test_each_agent_runs_on_its_own_node_and_owns_its_crabd(sim: SimCluster) -> None:
+    hosts = sim.crab.refresh()
+    assert {h: (s["alive"], s["capacity"]) for h, s in hosts.items()} == {h: (True, CAPACITY) for h in HOSTS}
+    from crabd.cluster.pool import Call
+
+    infos = {h: sim.crab.pool.call(Call(h, "info")) for h in HOSTS}
+    assert {h: i["node_id"] for h, i in infos.items()} == {h: sim.nodes[h].node_id for h in HOSTS}
+    assert {h: i["crabd_pid"] for h, i in infos.items()} == {h: sim.daemons[h].pid for h in HOSTS}
+    for h in HOSTS:
+        with sim.client(h) as c:
+            assert c.status().host_id == h
+
+
+def test_fork_of_8_spreads_over_the_hosts_and_each_downloads_the_base_once(sim: SimCluster) -> None:
+    crab = sim.crab
+    src = crab.create("busybox", name="fan-src", host="a")
+    try:
+        crab.call("fan-src", "run", "sh -c 'echo base > /tmp/base'")
+        ck = crab.call("fan-src", "checkpoint", "base")
+        before = {h: _fetched(sim, h) for h in HOSTS}
+        t0 = time.monotonic()
+        kids = crab.fork(ck["id"], 8, name_prefix="fan")
+        sim.timings["fork8_s"] = time.monotonic() - t0
+        per_host = {h: sum(1 for k in kids if k["host_id"] == h) for h in HOSTS}
+        assert sum(per_host.values()) == 8 and all(n >= 2 for n in per_host.values()), per_host
+        # Host a made the checkpoint; b and c each fetched it from the bucket exactly once.
+        assert {h: _fetched(sim, h) - before[h] for h in HOSTS} == {"a": 0, "b": 1, "c": 1}
+        for k in kids:
+            with sim.client(k["host_id"]) as c:
+                assert c.get(k["id"]).run("cat /tmp/base").stdout == b"base\n"
+    finally:
+        for sb in crab.list():
+            if sb["name"].startswith("fan"):
+                crab.remove(sb["id"])
+    assert src["host_id"] == "a"
+
+
+def test_migrate_moves_a_sandbox_with_its_processes_and_identity(sim: SimCluster) -> None:
+    crab = sim.crab
+    sb = crab.create("busybox", name="mover", host="a")
+    crab.call("mover", "run", "sh -c 'sleep 1000 & echo $! > /tmp/bg; echo kept > /tmp/f'")
+    pid = crab.call("mover", "run", "cat /tmp/bg")["stdout"].strip()
+    moved = crab.migrate("mover", "b")
+    sim.timings["migrate_paused_s"] = moved["paused_s"]
+    try:
+        assert (moved["sandbox"]["id"], moved["sandbox"]["name"], moved["to"]) == (sb["id"], "mover", "b")
+        assert crab.where("mover") == (sb["id"], "b")
+        with sim.client("b") as b, sim.client("a") as a:
+            there = b.get(sb["id"])
+            assert there.run("cat /tmp/f").stdout == b"kept\n"
+            assert there.run(f"kill -0 {pid}").exit_code == 0
+            # The source copy is gone; its checkpoints stay, for the sandbox's lineage.
+            assert sb["id"] not in {s.id for s in a.list()}
+            assert moved["checkpoint"] in {k.id for k in a.checkpoints()}
+    finally:
+        crab.remove("mover")
+
+
+def test_a_lost_host_s_sandboxes_come_back_on_the_others(sim: SimCluster) -> None:
+    crab = sim.crab
+    sb = crab.create("busybox", name="survivor", host="c")
+    crab.call("survivor", "run", "sh -c 'echo one > /tmp/state'")
+    ck = crab.call("survivor", "checkpoint", "kept")
+    with sim.client("c") as c:
+        c.push(ck["id"])
+    crab.registry.note_turn(sb["id"], ck["turn"] + 1)  # one more turn ended that never became remote
+
+    t0 = time.monotonic()
+    # As a crash would: no graceful drain; the host's crabd goes with it.
+    sim.ray_cluster.remove_node(sim.nodes["c"], allow_graceful=False)
+    sim.daemons["c"].kill()
+    _wait("host c to be seen dead", lambda: crab.check() == ["c"], DEAD_WITHIN_S)
+    sim.timings["host_dead_after_s"] = time.monotonic() - t0
+    report = crab.recover_host("c")
+    sim.timings["host_recovered_after_s"] = time.monotonic() - t0
+    (got,) = report["recovered"]
+    assert report["unrecoverable"] == {}
+    assert got["sandbox"]["id"] == sb["id"] and got["checkpoint"] == ck["id"] and got["host"] in {"a", "b"}
+    assert got["lost_turns"] == [ck["turn"] + 1]
+    with sim.client(got["host"]) as c:
+        assert c.get(sb["id"]).run("cat /tmp/state").stdout == b"one\n"
+    assert crab.registry.hosts()["c"]["alive"] is False
+    crab.remove("survivor")
+    import ray
+
+    assert ray.get_runtime_context().namespace == NAMESPACE
