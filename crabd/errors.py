@@ -50,6 +50,9 @@ each under its parent)::
             RemoteStoreError: the remote object store (S3) refused or failed a request
                 RemoteObjectMissing: an object is not in the remote store
         DaemonUnavailable: the SDK cannot reach crabd
+        HostUnavailable: a cluster host (its Ray node and agent) does not answer
+        NoCapacity: the cluster's live hosts lack room for the sandboxes asked for
+        MigrationFailed: a migration did not complete (says whether the source runs on)
         ClientClosed: an SDK client was used after close()
         DockerError: the Docker engine refused or failed a request
         ContainerRuntimeError: runc or a CNI plugin refused or failed a request

@@ -11,6 +11,7 @@ makes a named method fail once with a given error.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import itertools
 from dataclasses import dataclass, field
@@ -65,7 +66,9 @@ class FakeHost:
         self.local[ckpt_id] = copy.deepcopy(self.bucket.checkpoints[ckpt_id])
         return self.local[ckpt_id]
 
-    def new_sandbox(self, name: str, *, sid: str = "", files: dict[str, str] | None = None, turn: int = 0) -> dict[str, Any]:
+    def new_sandbox(
+        self, name: str, *, sid: str = "", files: dict[str, str] | None = None, turn: int = 0
+    ) -> dict[str, Any]:
         sid = sid or f"{next(_ids):012x}"
         if sid in self.sandboxes or any(s["name"] == name for s in self.sandboxes.values()):
             raise AlreadyExists(f"a sandbox named {name!r} already exists", name=name)
@@ -116,7 +119,7 @@ class FakeHost:
         self._maybe_fail("has_checkpoint")
         return checkpoint_id in self.local
 
-    def checkpoints(self, *, include_remote: bool = False, sync: bool = False) -> list[dict[str, Any]]:
+    def checkpoints(self, *, include_remote: bool = False, sync: bool = False) -> builtins.list[dict[str, Any]]:
         self._maybe_fail("checkpoints")
         out = {k: dict(v, remote=k in self.bucket.checkpoints) for k, v in self.local.items()}
         if include_remote:
@@ -131,7 +134,7 @@ class FakeHost:
         self.bucket.checkpoints[checkpoint_id] = copy.deepcopy(ck)
         return {"checkpoint": {"id": checkpoint_id, "remote": True}, "bytes": 100}
 
-    def fork(self, checkpoint_id: str, n: int = 1, name_prefix: str = "") -> list[dict[str, Any]]:
+    def fork(self, checkpoint_id: str, n: int = 1, name_prefix: str = "") -> builtins.list[dict[str, Any]]:
         self._maybe_fail("fork")
         ck = self._fetch(checkpoint_id)
         if len(self.sandboxes) + n > self.capacity:

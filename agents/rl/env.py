@@ -125,6 +125,10 @@ class CrabEnv:
         env._line_start = len(env._turns)
         return env
 
+    def branch_into(self, sb: AsyncSandbox, snap: Snapshot) -> CrabEnv:
+        """An environment like this one (task, limits) on ``sb``, a fork of ``snap`` made elsewhere."""
+        return CrabEnv._adopt(self, sb, snap)
+
     # --- lifetime ------------------------------------------------------------------------
 
     @property

@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from crabd.cli import checkpoints, engine, quota, sandboxes, store  # noqa: F401  (register their commands)
-from crabd.cli.common import JsonOpt, app, emit_json, err, out, state
+from crabd.cli.common import JsonOpt, app, emit_json, err, out, show_error, state
 from crabd.config import load_config
 from crabd.errors import CrabError
 from crabd.host import doctor as doctor_mod
@@ -97,9 +97,7 @@ def main() -> None:
     except CrabError as exc:
         if state.debug:
             raise
-        err.print(f"[red]error:[/red] {exc.message}", highlight=False)
-        if exc.hint:
-            err.print(f"[dim]hint:[/dim] {exc.hint}", highlight=False)
+        show_error(exc)
         sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

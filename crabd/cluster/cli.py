@@ -1,8 +1,10 @@
-"""``crabctl cluster``: the cluster's TLS material (CA and per-host certificates).
+"""``crabctl cluster``: the cluster's TLS material (CA and per-host certificates), and its operation.
 
 Mounted by crabctl as a sub-app; it imports no Ray, only ``cryptography``
 (the ``cluster`` extra), so ``crabctl cluster ca init`` works on a machine
-that only hands out certificates.
+that only hands out certificates.  The commands that reach a running
+cluster (``join``, ``hosts``, ``ls``, ``check``, ``fork``, ``migrate``,
+``recover``; :mod:`crabd.cluster.cli_ops`) load Ray only when they run.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from typing import Annotated
 
 import typer
 
-from crabd.cluster import tls
+from crabd.cluster import cli_ops, tls
 
-cluster = typer.Typer(no_args_is_help=True, help="The Ray cluster layer: TLS for its hosts.")
+cluster = typer.Typer(
+    no_args_is_help=True,
+    help="The Ray cluster layer (crabctl --cluster ADDR cluster ...): hosts, fork, migrate, recover; TLS.",
+)
 ca_app = typer.Typer(no_args_is_help=True, help="The cluster's certificate authority.")
 cluster.add_typer(ca_app, name="ca")
 
@@ -54,3 +59,6 @@ def cert(
         raise _fail(e) from None
     for k, v in env.items():
         typer.echo(f"{k}={v}")
+
+
+cli_ops.register(cluster)

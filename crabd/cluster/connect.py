@@ -10,18 +10,44 @@ Ray's own (``RAY_USE_TLS`` and the certificate paths in the environment
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any, cast
 
 from crabd.cluster.client import Cluster
 from crabd.cluster.hosts import NAMESPACE, start_host_agent
 from crabd.cluster.pool import RayPool
 from crabd.cluster.registry import Registry, RegistryProxy, start_registry
+from crabd.errors import HostUnavailable, InvalidRequest
+
+#: Seconds to wait for the cluster's GCS port before calling Ray (which retries for minutes).
+REACH_TIMEOUT_S = 5.0
+
+
+def _reachable(address: str) -> None:
+    """HostUnavailable unless ``address`` (``host:port``) accepts a TCP connection within REACH_TIMEOUT_S.
+
+    ``ray.init`` at an address where nothing listens retries for minutes
+    before it fails; an operator's typo should fail in seconds.
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InvalidRequest(f"cluster address {address!r} is not HOST:PORT (or 'auto')")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise HostUnavailable(
+            f"cannot reach the Ray cluster at {address}: {exc}",
+            host=address,
+            hint="Check the address (the head node's GCS port, 6379 by default) and that Ray runs there.",
+        ) from exc
 
 
 def _init(address: str) -> None:
     import ray
 
     if not ray.is_initialized():
+        if address != "auto":
+            _reachable(address)
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
 
 

@@ -18,6 +18,8 @@ from crabd.cluster.tls import check_host_id
 from crabd.errors import CrabError, NoCapacity
 
 REGISTRY_NAME = "crab-registry"
+#: The resource Ray gives the head node only.
+HEAD_NODE_RESOURCE = "node:__internal_head__"
 
 
 @dataclass
@@ -163,6 +165,9 @@ def start_registry() -> Any:
             get_if_exists=True,
             lifetime="detached",
             num_cpus=0,
+            # On the head node, which the cluster cannot lose without losing Ray itself: on any
+            # other node the registry would die with the very host whose loss it must report.
+            resources={HEAD_NODE_RESOURCE: 0.001},
             # One registry; a restart would start empty (rebuild from the agents' list()).
             max_restarts=0,
         )

@@ -10,15 +10,17 @@ actor pinned to that host's node.
 Ray reads ``RAY_USE_TLS`` and the certificate paths once, when it is first
 imported into a process; so the fixture sets them before its first
 ``import ray`` and refuses to run if something imported Ray earlier.  The
-host-loss test removes node c and stops its crabd, so it runs last.
+host-loss tests remove node b, then node c (and stop their crabds), so they run last.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,9 +29,13 @@ from typing import Any
 
 import pytest
 
+from agents.llm import AsyncChatClient
+from agents.rl import OraclePolicy, Rollouts, Trajectory
+from agents.tasks import find
 from crabd.cluster import tls
 from crabd.cluster.hosts import NAMESPACE, node_resources
-from crabd.sdk import Client, EmbeddedDaemon
+from crabd.llm import StandinServer
+from crabd.sdk import AsyncClient, Client, EmbeddedDaemon
 from tests.integration.conftest import daemon_with_config
 from tests.s3server import S3Server
 
@@ -232,6 +238,88 @@ def test_migrate_moves_a_sandbox_with_its_processes_and_identity(sim: SimCluster
         crab.remove("mover")
 
 
+KV = find("shell/kv-server")  # its server, started at turn 1, must live on in every branch (a process checkpoint)
+KV_STEPS = 3 * len(KV.turns) + 5
+
+
+def _leaves(trajs: list[Trajectory]) -> list[tuple[str, float, int, int, bool]]:
+    return sorted((t.id, t.reward, len(t.steps), t.generated_tokens, t.solved) for t in trajs)
+
+
+def _workers(sim: SimCluster, url: str) -> dict[str, Any]:
+    from agents.rl.cluster import OracleFactory, start_workers
+
+    return start_workers({h: str(sim.daemons[h].socket) for h in HOSTS}, OracleFactory(url, (KV,), explore=0.0), [KV])
+
+
+def test_rollouts_spread_over_the_hosts_give_what_one_host_gives(sim: SimCluster) -> None:
+    import ray
+
+    from agents.rl.cluster import ClusterRollouts
+
+    with StandinServer(time_scale=0.02) as srv:
+        url = f"{srv.url}/v1"
+        workers = _workers(sim, url)
+
+        async def go() -> tuple[ClusterRollouts, list[Trajectory], list[Trajectory]]:
+            async with ClusterRollouts(workers, max_steps=KV_STEPS) as cro:
+                spread = await cro.group(KV, prefix_steps=2, k=3, seed=5)
+            async with AsyncClient(sim.daemons["a"].socket) as client, AsyncChatClient(url) as llm:
+                one = Rollouts(client, OraclePolicy(llm, {KV.name: KV}, explore=0.0), max_steps=KV_STEPS)
+                return cro, spread, await one.group(KV, prefix_steps=2, k=3, seed=5)
+
+        try:
+            cro, spread, one_host = asyncio.run(go())
+        finally:
+            for w in workers.values():
+                ray.kill(w)
+    # The same trajectories (ids, rewards, steps, tokens): where a branch ran changes nothing.
+    assert _leaves(spread) == _leaves(one_host)
+    assert all(t.solved for t in spread)
+    assert len(set(cro.hosts_of.values())) >= 2, cro.hosts_of
+    assert cro.ledger.forks == 2 and cro.ledger.recoveries == 0
+    for h in HOSTS:
+        with sim.client(h) as c:
+            assert not [s.name for s in c.list() if s.name.startswith("rl-")]
+
+
+def test_rollouts_go_on_when_a_host_is_lost(sim: SimCluster) -> None:
+    import ray
+
+    from agents.rl.cluster import ClusterRollouts
+
+    out: dict[str, Any] = {}
+    with StandinServer(time_scale=0.05) as srv:
+        workers = _workers(sim, f"{srv.url}/v1")
+
+        def rollout() -> None:
+            async def go() -> None:
+                async with ClusterRollouts(workers, max_steps=KV_STEPS) as cro:
+                    out["cro"] = cro
+                    out["leaves"] = await cro.group(KV, prefix_steps=1, k=3, seed=7)
+
+            try:
+                asyncio.run(go())
+            except BaseException as exc:  # reported by the assertions below
+                out["error"] = exc
+
+        runner = threading.Thread(target=rollout)
+        runner.start()
+        with sim.client("b") as b:
+            # Host b is lost while a branch runs on it (the driver placed one there).
+            _wait("a branch on host b", lambda: any(s.name.startswith("rl-") for s in b.list()), 60)
+        sim.ray_cluster.remove_node(sim.nodes["b"], allow_graceful=False)
+        sim.daemons["b"].kill()
+        runner.join(timeout=300)
+        for h in ("a", "c"):
+            ray.kill(workers[h])
+    assert not runner.is_alive() and "error" not in out, out.get("error")
+    cro, leaves = out["cro"], out["leaves"]
+    assert len(leaves) == 3 and all(t.solved for t in leaves), [t.to_json() for t in leaves]
+    assert cro.dead == {"b"} and cro.ledger.recoveries == 1
+    assert "b" not in cro.hosts_of.values()
+
+
 def test_a_lost_host_s_sandboxes_come_back_on_the_others(sim: SimCluster) -> None:
     crab = sim.crab
     sb = crab.create("busybox", name="survivor", host="c")
@@ -245,7 +333,8 @@ def test_a_lost_host_s_sandboxes_come_back_on_the_others(sim: SimCluster) -> Non
     # As a crash would: no graceful drain; the host's crabd goes with it.
     sim.ray_cluster.remove_node(sim.nodes["c"], allow_graceful=False)
     sim.daemons["c"].kill()
-    _wait("host c to be seen dead", lambda: crab.check() == ["c"], DEAD_WITHIN_S)
+    # (Host b was lost in the test before: the registry learns it here too.)
+    _wait("host c to be seen dead", lambda: "c" in crab.check(), DEAD_WITHIN_S)
     sim.timings["host_dead_after_s"] = time.monotonic() - t0
     report = crab.recover_host("c")
     sim.timings["host_recovered_after_s"] = time.monotonic() - t0
