@@ -37,10 +37,13 @@ from crabd.llm import StandinServer
 from crabd.sdk import AsyncClient
 
 
-async def arm(name: str, client: AsyncClient, policy: OraclePolicy, task: Task, k: int, seed: int) -> dict[str, Any]:
-    ro = Rollouts(client, policy, max_steps=3 * len(task.turns) + 5)
+async def arm_trajectories(ro: Any, name: str, task: Task, k: int, seed: int) -> list[Trajectory]:
+    """The final trajectories of arm ``name`` (reset, group@P, tree) made by ``ro``.
+
+    ``ro``: a :class:`Rollouts`, or anything with its strategies (``bench.cluster_ray``
+    passes an :class:`agents.rl.cluster.ClusterRollouts`).
+    """
     n = len(task.turns)
-    t0 = time.monotonic()
     trajs: list[Trajectory]
     if name == "reset":
         trajs = await ro.from_reset(task, k, seed=seed)
@@ -50,6 +53,13 @@ async def arm(name: str, client: AsyncClient, policy: OraclePolicy, task: Task, 
     else:
         points = sorted({max(1, round(n / 3)), max(1, round(2 * n / 3))})
         trajs = await ro.tree(task, branch_at=points, width=2, seed=seed, budget=TreeBudget(max_leaves=k))
+    return trajs
+
+
+async def arm(name: str, client: AsyncClient, policy: OraclePolicy, task: Task, k: int, seed: int) -> dict[str, Any]:
+    ro = Rollouts(client, policy, max_steps=3 * len(task.turns) + 5)
+    t0 = time.monotonic()
+    trajs = await arm_trajectories(ro, name, task, k, seed)
     return {
         "task": task.name,
         "arm": name,

@@ -100,6 +100,10 @@ class FakeHost:
         sb["files"][key] = value
         return {"ok": True, "stdout": ""}
 
+    def step(self, sandbox: str, command: str, *, timeout: float = 0.0) -> dict[str, Any]:
+        self.run(sandbox, command)
+        return {"ok": True, "stdout": "", "turn": self._sb(sandbox)["turn"]}
+
     def checkpoint_full(self, sandbox: str, label: str = "") -> dict[str, Any]:
         self._maybe_fail("checkpoint_full")
         sb = self._sb(sandbox)

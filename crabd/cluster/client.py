@@ -105,6 +105,13 @@ class Cluster:
         sid, host = self.where(sandbox)
         return self.pool.call(Call(host, method, (sid, *args), kwargs))
 
+    def step(self, sandbox: str, command: str, *, timeout: float = 0.0) -> dict[str, Any]:
+        """Run ``command`` in ``sandbox`` as one turn; the registry remembers the turn (what a host loss reports lost)."""
+        sid, host = self.where(sandbox)
+        got: dict[str, Any] = self.pool.call(Call(host, "step", (sid, command), {"timeout": timeout}))
+        self.registry.note_turn(sid, int(got["turn"]))
+        return got
+
     def remove(self, sandbox: str) -> None:
         sid, host = self.where(sandbox)
         self.pool.call(Call(host, "remove", (sid,)))

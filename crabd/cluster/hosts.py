@@ -129,6 +129,20 @@ class HostAgent:
         r = self._client.get(sandbox).run(command, timeout=timeout)
         return {**plain(r), "ok": r.ok}
 
+    def step(self, sandbox: str, command: str, *, timeout: float = 0.0) -> dict[str, Any]:
+        """Run ``command`` in the sandbox's session as one turn; its result and turn number.
+
+        The turn's end is not waited for: crab decides and checkpoints it in
+        the background (and uploads the checkpoint after), as in any turn.
+        """
+        sb = self._client.get(sandbox)
+        turn = sb.begin_turn()
+        try:
+            r = sb.session.run(command, timeout=timeout)
+        finally:
+            sb.end_turn(decision=False)
+        return {**plain(r), "ok": r.ok, "turn": turn.number}
+
     def checkpoint(self, sandbox: str, label: str = "") -> dict[str, Any]:
         return {"host_id": self.host_id, **plain(self._client.get(sandbox).checkpoint(label))}
 

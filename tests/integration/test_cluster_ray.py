@@ -1,30 +1,19 @@
 """crab's Ray cluster layer on a simulated 3-host cluster on this machine.
 
-Three Ray nodes (``ray.cluster_utils.Cluster``, 1 CPU each, mutual TLS on,
-each node with its own host certificate from one cluster CA), one crabd per
-node (own state dir, socket, sandbox network and host id, so no host can read
-another's local store), and one real S3-protocol server process (moto) whose
-bucket all three crabds use as their remote tier.  Each host's agent is a Ray
-actor pinned to that host's node.
-
-Ray reads ``RAY_USE_TLS`` and the certificate paths once, when it is first
-imported into a process; so the fixture sets them before its first
-``import ray`` and refuses to run if something imported Ray earlier.  The
-host-loss tests remove node b, then node c (and stop their crabds), so they run last.
+The cluster is ``tests/simcluster.py``'s: three Ray nodes (1 CPU each, mutual
+TLS, each node with its own host certificate), one crabd per node with its own
+state dir, socket and network, and one real S3-protocol server process (moto)
+whose bucket all three crabds use as their remote tier.  Each host's agent is
+a Ray actor pinned to that host's node.  The host-loss tests remove node b,
+then node c (and stop their crabds), so they run last.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,111 +22,26 @@ from agents.llm import AsyncChatClient
 from agents.rl import OraclePolicy, Rollouts, Trajectory
 from agents.tasks import find
 from crabd.cluster import tls
-from crabd.cluster.hosts import NAMESPACE, node_resources
+from crabd.cluster.hosts import NAMESPACE
 from crabd.llm import StandinServer
-from crabd.sdk import AsyncClient, Client, EmbeddedDaemon
-from tests.integration.conftest import daemon_with_config
-from tests.s3server import S3Server
+from crabd.sdk import AsyncClient
+from tests.simcluster import RayImportedTooEarly, SimCluster, node_ip, sim_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.slow]
 
 HOSTS = ("a", "b", "c")
-MB = 1024 * 1024
-# Small nodes: this machine is small, and the test moves no large objects through Ray.
-NODE_ARGS: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 * MB}
 DEAD_WITHIN_S = 30.0
 CAPACITY = 4
 
 
-@dataclass
-class SimCluster:
-    ray_cluster: Any
-    nodes: dict[str, Any]
-    daemons: dict[str, EmbeddedDaemon]
-    tls_dir: Path
-    s3: S3Server
-    crab: Any  # crabd.cluster.client.Cluster
-    timings: dict[str, float] = field(default_factory=dict)
-
-    def client(self, host: str) -> Client:
-        return Client(self.daemons[host].socket)
-
-
-@contextlib.contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    saved = dict(os.environ)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def _host_toml(s3: S3Server, host: str) -> str:
-    remote = s3.config_toml("cluster/", host_id=host, retry_initial_s=0.2, retry_max_s=1.0)
-    return f'[network]\nname = "crabcl{host}"\n\n' + remote
-
-
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimCluster]:
-    if "ray._raylet" in sys.modules:
-        pytest.fail("Ray was imported before this module's fixture: its TLS settings would be ignored")
-    with contextlib.ExitStack() as stack:
-        s3 = stack.enter_context(S3Server(bucket="crab-cluster"))
-        # The crabds inherit the test's environment: S3 credentials come only from it.
-        stack.enter_context(_env(s3.env))
-        tls_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="crab-tls-")))
-        tls.init_ca(tls_dir)
-        # Ray dials the node's own address; on one machine all three hosts share it.
-        addresses = sorted({"127.0.0.1", _node_ip()})
-        for h in HOSTS:
-            tls.issue_host_cert(tls_dir, h, ips=addresses)
-        t0 = time.monotonic()
-        daemons = {h: stack.enter_context(daemon_with_config(_host_toml(s3, h), f"crabcl{h}")) for h in HOSTS}
-        t_daemons = time.monotonic() - t0
-        # The driver (this process) is host a, for the whole module: Ray is imported only now.
-        stack.enter_context(_env(tls.ray_tls_env(tls_dir, "a")))
-        import ray
-        from ray.cluster_utils import Cluster
-
-        t0 = time.monotonic()
-        cluster = Cluster(
-            initialize_head=True,
-            head_node_args={**NODE_ARGS, "resources": node_resources("a"), "include_dashboard": False},
-        )
-        stack.callback(cluster.shutdown)
-        nodes = {"a": cluster.head_node}
-        for h in HOSTS[1:]:
-            # Each node's Ray processes present their own host's certificate (inherited from os.environ).
-            with _env(tls.ray_tls_env(tls_dir, h)):
-                nodes[h] = cluster.add_node(**NODE_ARGS, resources=node_resources(h))
-        cluster.wait_for_nodes()
-        stack.callback(ray.shutdown)
-        from crabd.cluster.connect import connect, join
-
-        crab = connect(cluster.address)
-        t_ray = time.monotonic() - t0
-        t0 = time.monotonic()
-        for h in HOSTS:
-            join(h, str(daemons[h].socket), capacity=CAPACITY)
-        crab.refresh()
-        t_join = time.monotonic() - t0
-        timings = {"crabds_start_s": t_daemons, "ray_start_s": t_ray, "agents_join_s": t_join}
-        yield SimCluster(cluster, nodes, daemons, tls_dir, s3, crab, timings)
-        print("cluster timings:", {k: round(v, 3) for k, v in timings.items()})
-
-
-def _node_ip() -> str:
-    # Ray's own choice of this node's address, without importing Ray (see the module docstring).
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))  # TEST-NET: nothing is sent, only a route is looked up
-            return str(s.getsockname()[0])
-        except OSError:
-            return "127.0.0.1"
+    try:
+        with sim_cluster(HOSTS, net_prefix="crabcl", bucket="crab-cluster", capacity=CAPACITY) as cluster:
+            yield cluster
+            print("cluster timings:", {k: round(v, 3) for k, v in cluster.timings.items()})
+    except RayImportedTooEarly as exc:
+        pytest.fail(str(exc))
 
 
 def _wait(what: str, check: Any, timeout: float = 30.0) -> None:
@@ -160,7 +64,7 @@ def test_tls_is_enforced(sim: SimCluster) -> None:
     good = tls.host_files(sim.tls_dir, "b")
     rogue_dir = sim.tls_dir / "rogue"
     tls.init_ca(rogue_dir)
-    bad = tls.issue_host_cert(rogue_dir, "b", ips=["127.0.0.1", _node_ip()])
+    bad = tls.issue_host_cert(rogue_dir, "b", ips=["127.0.0.1", node_ip()])
 
     def ready(creds: grpc.ChannelCredentials | None) -> bool:
         address = sim.ray_cluster.address
@@ -308,8 +212,7 @@ def test_rollouts_go_on_when_a_host_is_lost(sim: SimCluster) -> None:
         with sim.client("b") as b:
             # Host b is lost while a branch runs on it (the driver placed one there).
             _wait("a branch on host b", lambda: any(s.name.startswith("rl-") for s in b.list()), 60)
-        sim.ray_cluster.remove_node(sim.nodes["b"], allow_graceful=False)
-        sim.daemons["b"].kill()
+        sim.lose("b")
         runner.join(timeout=300)
         for h in ("a", "c"):
             ray.kill(workers[h])
@@ -331,8 +234,7 @@ def test_a_lost_host_s_sandboxes_come_back_on_the_others(sim: SimCluster) -> Non
 
     t0 = time.monotonic()
     # As a crash would: no graceful drain; the host's crabd goes with it.
-    sim.ray_cluster.remove_node(sim.nodes["c"], allow_graceful=False)
-    sim.daemons["c"].kill()
+    sim.lose("c")
     # (Host b was lost in the test before: the registry learns it here too.)
     _wait("host c to be seen dead", lambda: "c" in crab.check(), DEAD_WITHIN_S)
     sim.timings["host_dead_after_s"] = time.monotonic() - t0

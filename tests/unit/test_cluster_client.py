@@ -130,9 +130,8 @@ def test_a_lost_hosts_sandboxes_come_back_from_their_newest_remote_checkpoint() 
     cluster.call("kept", "run", "v=2")
     new = cluster.call("kept", "checkpoint_full")
     fakes["c"].push(new["id"])
-    cluster.call("kept", "run", "v=3")  # turn 3: never remote
+    cluster.step("kept", "v=3")  # turn 3: never remote (step tells the registry the turn)
     cluster.call("never-pushed", "run", "w=1")
-    cluster.registry.note_turn(kept["id"], 3)
     pool.down.add("c")
 
     assert cluster.check() == ["c"]

@@ -110,3 +110,25 @@ def test_host_agent_info_without_ray() -> None:
     assert info["node_id"] == ""
     agent.close()
     assert fake.closed
+
+
+def test_an_unreachable_cluster_address_fails_fast_and_clearly() -> None:
+    import socket
+    import time
+
+    from crabd.cluster.connect import _reachable
+    from crabd.errors import HostUnavailable, InvalidRequest
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        t0 = time.monotonic()
+        with pytest.raises(HostUnavailable, match=f"127.0.0.1:{port}"):
+            _reachable(f"127.0.0.1:{port}")
+        assert time.monotonic() - t0 < 5
+    with pytest.raises(InvalidRequest, match="HOST:PORT"):
+        _reachable("no-port-here")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        _reachable(f"127.0.0.1:{s.getsockname()[1]}")
