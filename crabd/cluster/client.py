@@ -106,7 +106,7 @@ class Cluster:
         return self.pool.call(Call(host, method, (sid, *args), kwargs))
 
     def step(self, sandbox: str, command: str, *, timeout: float = 0.0) -> dict[str, Any]:
-        """Run ``command`` in ``sandbox`` as one turn; the registry remembers the turn (what a host loss reports lost)."""
+        """Run ``command`` in ``sandbox`` as one turn; the registry keeps its number (a host loss reports from it)."""
         sid, host = self.where(sandbox)
         got: dict[str, Any] = self.pool.call(Call(host, "step", (sid, command), {"timeout": timeout}))
         self.registry.note_turn(sid, int(got["turn"]))
