@@ -1,11 +1,11 @@
-"""crabctl commands for sandboxes, commands, turns and the daemon."""
+"""crabctl commands for sandboxes, their commands and the daemon (turns: ``turns.py``)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.table import Table
@@ -137,6 +137,15 @@ def _decision_dict(t: Turn) -> dict[str, object]:
     }
 
 
+def _current_turn(info: SandboxInfo, turns: list[Turn]) -> str:
+    """The sandbox's turn number, and whether it is open (explicit or implicit), for humans."""
+    if not info.turn_open:
+        return f"{info.turn} (ended, none open)" if info.turn else "0 (none yet)"
+    last = turns[-1] if turns else None
+    kind = "" if last is None or last.number != info.turn else ", implicit" if last.implicit else ", explicit"
+    return f"{info.turn} (open{kind})"
+
+
 @app.command()
 def inspect(
     sandbox: str,
@@ -186,7 +195,10 @@ def inspect(
         return
     table = Table("field", "value", show_header=False)
     for key, value in _info_dict(info).items():
-        table.add_row(key, str(value))
+        if key == "turn":
+            value = _current_turn(info, turns)
+        if key != "turn_open":
+            table.add_row(key, str(value))
     out.print(table)
     decided = [t for t in turns if t.decision is not None]
     if decided:
@@ -232,7 +244,8 @@ def _print_result(result: ExecResult, as_json: bool, streamed: bool) -> None:
         err.print(f"[yellow]crab: command timed out after {result.duration_s:.1f} s[/yellow]")
 
 
-def _run_and_exit(items: Iterator[OutputChunk | ExecResult], as_json: bool) -> None:
+def _run(items: Iterator[OutputChunk | ExecResult], as_json: bool) -> int:
+    """Stream a command's output (or print its result as JSON); its exit code."""
     result: ExecResult | None = None
     streamed = False
     for item in items:
@@ -246,7 +259,11 @@ def _run_and_exit(items: Iterator[OutputChunk | ExecResult], as_json: bool) -> N
     assert result is not None
     # Output that never streamed (e.g. "cannot execute") is in the result only.
     _print_result(result, as_json, streamed=streamed)
-    raise typer.Exit(result.exit_code)
+    return result.exit_code
+
+
+def _run_and_exit(items: Iterator[OutputChunk | ExecResult], as_json: bool) -> NoReturn:
+    raise typer.Exit(_run(items, as_json))
 
 
 @app.command(name="exec", context_settings={"allow_interspersed_args": False})
@@ -273,44 +290,27 @@ def sh(
     sandbox: str,
     command: Annotated[str, typer.Argument(help="bash text to run in the sandbox's persistent session.")],
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds (0 = daemon default).")] = 0.0,
+    turn: Annotated[
+        bool,
+        typer.Option(
+            "--turn", help="Run it as one whole turn: begin a turn, run, end the turn (even if the command fails)."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run a command in the sandbox's persistent shell session (cd/export persist)."""
-    with client() as c:
-        _run_and_exit(c.get(sandbox).session.stream(command, timeout=timeout), as_json)
+    """Run a command in the sandbox's persistent shell session (cd/export persist).
 
-
-@app.command()
-def log(
-    sandbox: str,
-    limit: Annotated[int, typer.Option("--limit", "-n", help="Last N turns.")] = 0,
-    as_json: JsonOpt = False,
-) -> None:
-    """Show a sandbox's turns and the commands run in each."""
+    Without --turn (and outside `crabctl turn begin|end`) the command goes into
+    the sandbox's open implicit turn, with the commands before it.
+    """
     with client() as c:
-        turns = c.get(sandbox).turns(limit)
-    if as_json:
-        emit_json([asdict(t) for t in turns])
-        return
-    table = Table("turn", "started", "duration", "cmd", "kind", "exit", "time", "command")
-    for t in turns:
-        dur = f"{(t.ended_at or 0) - t.started_at:.2f}s" if t.ended_at else "open"
-        label = f"{t.number}{' (implicit)' if t.implicit else ''}"
-        if not t.commands:
-            table.add_row(label, fmt_time(t.started_at), dur, "-", "", "", "", "")
-        for i, cmd in enumerate(t.commands):
-            exit_text = "timeout" if cmd.timed_out else str(cmd.exit_code)
-            table.add_row(
-                label if i == 0 else "",
-                fmt_time(t.started_at) if i == 0 else "",
-                dur if i == 0 else "",
-                str(cmd.seq),
-                cmd.kind,
-                exit_text,
-                f"{cmd.duration_s:.3f}s",
-                cmd.command[:80],
-            )
-    out.print(table)
+        sb = c.get(sandbox)
+        if not turn:
+            _run_and_exit(sb.session.stream(command, timeout=timeout), as_json)
+        # As the SDK's Sandbox.turn(): the turn ends even if the command (or crabctl) is cut short.
+        with sb.turn():
+            code = _run(sb.session.stream(command, timeout=timeout), as_json)
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -92,7 +92,10 @@ class Commands:
         """Close the open turn and store the session's state (the checkpoint is ``turnflow``'s business)."""
         current = self.sandboxes.turns.current(rec.id)
         if current is None:
-            raise InvalidRequest(f"sandbox {rec.name} has no open turn", hint="Call begin_turn() first.")
+            raise InvalidRequest(
+                f"sandbox {rec.name} has no open turn",
+                hint=f"Begin one first: begin_turn() in the SDK, `crabctl turn begin {rec.name}` in a shell.",
+            )
         session = await self.sandboxes.session_for(rec)
         state = await session.capture_state()
         text = state.to_json() if state else None

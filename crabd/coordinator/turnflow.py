@@ -136,7 +136,8 @@ class TurnFlow:
         current = self.sandboxes.turns.current(rec.id)
         if current is not None and not current.implicit:
             raise InvalidRequest(
-                f"turn {current.number} of sandbox {rec.name} is already open", hint="End it with end_turn() first."
+                f"turn {current.number} of sandbox {rec.name} is already open",
+                hint=f"End it first: end_turn() in the SDK, `crabctl turn end {rec.name}` in a shell.",
             )
         closed = await self.end_turn(rec) if current is not None else None
         return closed, self.sandboxes.turns.begin(rec.id)

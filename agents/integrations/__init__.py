@@ -1,0 +1,1 @@
+"""Adapters that let other agent frameworks run their agents in crab sandboxes."""
