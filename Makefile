@@ -31,7 +31,7 @@ $(INIT_BIN): crabd/runtime/init/crab-init.c
 # module can shadow a pinned dependency.
 $(STAMP): pyproject.toml setup.py $(PROTOS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench,rl,remote,cluster,skyrl,gem]'
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench,rl,remote,cluster,minisweagent,skyrl,gem]'
 	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc "$$site/bcc"; fi
 	@touch $(STAMP)
