@@ -39,18 +39,28 @@ import logging
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import weakref
-from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from minisweagent.exceptions import Submitted
 from minisweagent.utils.serialize import recursive_merge
-from pydantic import BaseModel, field_validator
 
+from agents.integrations.minisweagent_data import (
+    SET_HERE,
+    SUBMIT_MARKER,
+    CrabEnvironmentConfig,
+    CrabEnvironmentError,
+    CrabRecovery,
+    CrabStep,
+    Ran,
+    collect,
+    failure,
+    output,
+    why,
+)
 from agents.tasks import Task, TaskError, find, prepare, verify
 from agents.tasks import Verdict as TaskVerdict
 from crabd.errors import (
@@ -65,102 +75,17 @@ from crabd.errors import (
     SandboxDead,
 )
 from crabd.models import CheckpointPolicy, SandboxState
-from crabd.sdk import Client, ExecResult, OutputChunk, Sandbox
+from crabd.sdk import Client, Sandbox
 
-#: The first output line by which a mini-swe-agent agent says it is done (its environments' convention).
-SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-
-
-#: Client.create's parameters that the config sets itself (create_options cannot override them).
-_SET_HERE = frozenset({"env", "name", "workdir", "env_vars", "checkpoints"})
-
-
-class CrabEnvironmentError(RuntimeError):
-    """crab could not give the environment a working sandbox (crabd unreachable, creation refused, unrecoverable).
-
-    The crab error is chained (``__cause__``, also :attr:`crab_error`).
-    """
-
-    @property
-    def crab_error(self) -> CrabError | None:
-        cause = self.__cause__
-        return cause if isinstance(cause, CrabError) else None
-
-
-class CrabEnvironmentConfig(BaseModel):
-    """What :class:`CrabEnvironment` takes (as keyword arguments, or mini-swe-agent's ``environment`` config)."""
-
-    socket: str = ""
-    """crabd's socket; "" for crab's default ($CRAB_SOCKET, crabd.toml, /run/crab/crabd.sock)."""
-    image: str = "bookworm"
-    """The crab env the sandbox starts from (``envs/images``: bookworm, busybox, ...)."""
-    crab_task: str = ""
-    """A task of crab's suites (``suite/id`` under envs/tasks): its env, workdir, files and setup."""
-    sandbox_name: str = ""
-    """The sandbox's name ("" lets crab choose one)."""
-    cwd: str = ""
-    """Where the session starts ("": the task's workdir, else /)."""
-    env: dict[str, str] = {}
-    """Environment variables of the sandbox (and so of its session)."""
-    forward_env: list[str] = []
-    """Host environment variables to pass on when set (``env`` wins on a conflict)."""
-    timeout: int = 30
-    """Seconds one command may run; then crab kills the session's bash and restarts it with its last state."""
-    checkpoints: str = CheckpointPolicy.AUTO
-    """crab's checkpoint policy: auto, fs, full, or none (then no rollback, fork or recovery)."""
-    recover: bool = True
-    """Recover a sandbox whose container died and re-run what it lost, instead of failing."""
-    max_recoveries: int = 3
-    """Recoveries one command may need before the environment gives up."""
-    create_options: dict[str, Any] = {}
-    """Further keyword arguments of crab's ``Client.create`` (cpus, memory, pids, network)."""
-    keep_sandbox: bool = False
-    """Leave the sandbox (and its checkpoints) in crabd at cleanup, to inspect it with crabctl."""
-
-    @field_validator("checkpoints")
-    @classmethod
-    def _policy(cls, value: str) -> str:
-        try:
-            return CheckpointPolicy.parse(value).value
-        except CrabError as exc:
-            raise ValueError(exc.message) from exc
-
-
-@dataclass
-class CrabStep:
-    """One executed command: the crab turn it ran as, and the checkpoint holding the state it ended in."""
-
-    #: 1-based, in the order the agent ran them on this environment's current line of history.
-    step: int
-    #: The text sent to the session (with a ``cd`` in front when ``execute`` was given a cwd).
-    command: str
-    returncode: int
-    #: The sandbox whose turn this was: this environment's, or (after a fork) the one it was forked from.
-    sandbox_id: str
-    turn: int
-    #: "" until known (crab checkpoints in the background); see :meth:`CrabEnvironment.checkpoint_of`.
-    checkpoint_id: str = ""
-    #: The command's time limit (a re-run after a recovery gets the same).
-    timeout: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class CrabRecovery:
-    """One recovery of a dead sandbox (:meth:`CrabEnvironment.recover`)."""
-
-    checkpoint_id: str
-    checkpoint_turn: int
-    lost_turns: tuple[int, ...]
-    #: The steps whose effects were lost and that were re-run, in order.
-    replayed_steps: tuple[int, ...]
-    #: What failed, in crab's words.
-    cause: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+# The records and the config live in minisweagent_data; this is where callers import them from.
+__all__ = [
+    "SUBMIT_MARKER",
+    "CrabEnvironment",
+    "CrabEnvironmentConfig",
+    "CrabEnvironmentError",
+    "CrabRecovery",
+    "CrabStep",
+]
 
 
 class _Died(Exception):
@@ -238,7 +163,7 @@ class CrabEnvironment:
         task = self.task
         image = task.spec.image if task else self.config.image
         workdir = self.config.cwd or (task.spec.workdir if task else "/")
-        opts = {k: v for k, v in self.config.create_options.items() if k not in _SET_HERE}
+        opts = {k: v for k, v in self.config.create_options.items() if k not in SET_HERE}
         sb = self.client.create(
             image,
             name=self.config.sandbox_name,
@@ -344,7 +269,7 @@ class CrabEnvironment:
             step = self._step(text, limit)
         except InvalidRequest as exc:
             # The command cannot be sent as given (too large, ...): the model can change it.
-            output = _failure(exc)
+            output = failure(exc)
         else:
             output = step.output
         self._check_finished(output)
@@ -502,7 +427,7 @@ class CrabEnvironment:
 
     # --- running a step, and recovery -----------------------------------------------------------
 
-    def _step(self, text: str, limit: int) -> _Ran:
+    def _step(self, text: str, limit: int) -> Ran:
         """Run one command as one turn, recovering the sandbox (and what it lost) when it died."""
         recoveries = 0
         while True:
@@ -516,10 +441,10 @@ class CrabEnvironment:
                 if isinstance(exc, CrabError) and not self._dead(exc):
                     raise self._error("running a command", exc) from exc
                 if not self.config.recover or self.config.checkpoints == CheckpointPolicy.NONE:
-                    raise CrabEnvironmentError(f"the sandbox died and recovery is off: {_why(exc)}") from exc
+                    raise CrabEnvironmentError(f"the sandbox died and recovery is off: {why(exc)}") from exc
                 if recoveries >= self.config.max_recoveries:
                     raise CrabEnvironmentError(
-                        f"the sandbox died again after {recoveries} recoveries: {_why(exc)}"
+                        f"the sandbox died again after {recoveries} recoveries: {why(exc)}"
                     ) from exc
                 recoveries += 1
                 self._recover(exc.message if isinstance(exc, CrabError) else str(exc))
@@ -527,18 +452,18 @@ class CrabEnvironment:
         self._steps.append(CrabStep(n, text, ran.output["returncode"], self.sandbox.id, ran.turn, timeout=limit))
         return ran
 
-    def _turn(self, text: str, limit: int) -> _Ran:
+    def _turn(self, text: str, limit: int) -> Ran:
         sb = self.sandbox
         turn = sb.begin_turn()
         try:
-            result, data = _collect(sb.session.stream(text, timeout=limit))
+            result, data = collect(sb.session.stream(text, timeout=limit))
         finally:
             with contextlib.suppress(CrabError):
                 # Not waited for: crab decides and checkpoints while the agent waits for its model.
                 sb.end_turn(decision=False)
         if result.session_ended and not result.timed_out and not self._running():
             raise _Died(f"the sandbox's container died during turn {turn.number}")
-        return _Ran(turn.number, _output(text, limit, result, data))
+        return Ran(turn.number, output(text, limit, result, data))
 
     def _running(self) -> bool:
         try:
@@ -629,57 +554,3 @@ def _cleanup_at_exit() -> None:
     for env in list(_LIVE):
         with contextlib.suppress(Exception):
             env.cleanup()
-
-
-@dataclass(frozen=True)
-class _Ran:
-    turn: int
-    output: dict[str, Any]
-
-
-def _why(exc: BaseException) -> str:
-    return exc.describe() if isinstance(exc, CrabError) else str(exc)
-
-
-def _collect(events: Iterable[OutputChunk | ExecResult]) -> tuple[ExecResult, bytes]:
-    """The command's result, and its stdout and stderr as they came (interleaved, like ``2>&1``)."""
-    chunks: list[bytes] = []
-    result: ExecResult | None = None
-    for ev in events:
-        if isinstance(ev, OutputChunk):
-            chunks.append(ev.data)
-        else:
-            result = ev
-    if result is None:
-        raise CrabError("crabd ended the command's stream without a result")
-    if result.stdout_dropped or result.stderr_dropped or not chunks:
-        # What crab cut is marked in the result's own copy of the output.
-        return result, result.stdout + result.stderr
-    return result, b"".join(chunks)
-
-
-def _output(command: str, limit: int, result: ExecResult, data: bytes) -> dict[str, Any]:
-    text = data.decode("utf-8", "replace")
-    if result.timed_out:
-        expired = subprocess.TimeoutExpired(command, limit, output=text)
-        return {
-            "output": text,
-            "returncode": -1,
-            "exception_info": (
-                f"An error occurred while executing the command: {expired}"
-                " (crab killed the session's shell and started a new one with the directory and"
-                " variables it had at the end of the previous command)"
-            ),
-            "extra": {"exception_type": type(expired).__name__, "exception": str(expired)},
-        }
-    return {"output": text, "returncode": result.exit_code, "exception_info": ""}
-
-
-def _failure(exc: CrabError) -> dict[str, Any]:
-    """A command crab refused to run, as mini-swe-agent's environments report a command that failed to start."""
-    return {
-        "output": "",
-        "returncode": -1,
-        "exception_info": f"An error occurred while executing the command: {exc.describe()}",
-        "extra": {"exception_type": type(exc).__name__, "exception": str(exc)},
-    }
