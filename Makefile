@@ -11,10 +11,17 @@ STAMP       := $(VENV)/.crab-installed
 PROTOS      := $(shell find crabd/api -name '*.proto' 2>/dev/null)
 PYTEST_ARGS ?=
 INIT_BIN    := crabd/runtime/init/crab-init
+# Harbor (agents/integrations/harbor.py) needs Python >= 3.12; the main venv is 3.11 (the CPU torch
+# wheel of the rl extra is 3.11-only), so Harbor's tests run in a venv of their own.
+# This machine kind has it from pyenv (not on PATH while pyenv's global version is 3.11).
+HARBOR_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
+HARBOR_VENV   ?= .venv-harbor
+HARBOR_STAMP  := $(HARBOR_VENV)/.crab-installed
+HARBOR_TESTS  := tests/unit/test_harbor_env.py tests/integration/test_harbor.py
 
-.PHONY: setup host venv images criu-kdat proto demo test unit integration lint bench clean-venv
+.PHONY: setup host venv harbor-venv images criu-kdat proto demo test unit integration lint bench clean-venv
 
-setup: host venv images criu-kdat
+setup: host venv harbor-venv images criu-kdat
 
 host:
 	@bash scripts/setup-host.sh
@@ -37,6 +44,17 @@ $(STAMP): pyproject.toml setup.py $(PROTOS)
 	@touch $(STAMP)
 	@echo "[setup] venv ready: $(VENV)"
 
+harbor-venv: $(HARBOR_STAMP)
+
+$(HARBOR_STAMP): pyproject.toml setup.py $(PROTOS)
+	@test -n "$(HARBOR_PYTHON)" || { echo "[setup] Harbor needs Python >= 3.12: none found (set HARBOR_PYTHON)"; exit 1; }
+	@test -x $(HARBOR_VENV)/bin/python || $(HARBOR_PYTHON) -m venv $(HARBOR_VENV)
+	@$(HARBOR_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,remote,harbor]'
+	@site=$$($(HARBOR_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc "$$site/bcc"; fi
+	@touch $(HARBOR_STAMP)
+	@echo "[setup] harbor venv ready: $(HARBOR_VENV)"
+
 images: venv
 	@$(VENV)/bin/crabctl env build
 
@@ -53,13 +71,15 @@ demo: setup
 
 
 test: setup lint
-	@$(VENV)/bin/pytest -rxs $(PYTEST_ARGS) tests
+	@$(VENV)/bin/pytest -rxs $(PYTEST_ARGS) $(addprefix --ignore=,$(HARBOR_TESTS)) tests
+	@$(HARBOR_VENV)/bin/pytest -rxs $(PYTEST_ARGS) $(HARBOR_TESTS)
 
 unit: venv
-	@$(VENV)/bin/pytest -rxs $(PYTEST_ARGS) tests/unit
+	@$(VENV)/bin/pytest -rxs $(PYTEST_ARGS) --ignore=tests/unit/test_harbor_env.py tests/unit
 
 integration: setup
-	@$(VENV)/bin/pytest -rxs $(PYTEST_ARGS) tests/integration
+	@$(VENV)/bin/pytest -rxs $(PYTEST_ARGS) --ignore=tests/integration/test_harbor.py tests/integration
+	@$(HARBOR_VENV)/bin/pytest -rxs $(PYTEST_ARGS) tests/integration/test_harbor.py
 
 lint: venv
 	@$(VENV)/bin/ruff check crabd tests agents bench
