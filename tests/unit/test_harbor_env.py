@@ -29,15 +29,13 @@ from harbor.models.trial.paths import TrialPaths
 
 from agents.integrations import harbor as crab_harbor
 from agents.integrations.harbor import (
-    CopyStep,
     CrabdUnavailableError,
     CrabEnvironment,
     CrabEnvironmentError,
-    RunStep,
     exec_text,
     harbor_error,
-    plan_dockerfile,
 )
+from agents.integrations.harbor_dockerfile import CopyStep, RunStep, plan_dockerfile
 from crabd.errors import (
     CrabError,
     DaemonUnavailable,
