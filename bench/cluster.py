@@ -38,13 +38,14 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.results import write_json
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from tests.integration.conftest import daemon_with_config
+from tests.polling import wait_for
 from tests.s3server import S3Server
 
 BUCKET = "crab-bench"
@@ -104,14 +105,6 @@ def pct(values: list[float], p: float) -> float:
 
 def stats(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values) if values else 0.0, "p95": pct(values, 95), "n": len(values)}
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def answer(child: Sandbox, rep: int) -> None:
@@ -260,7 +253,9 @@ def upload_lag(a: Host, n: int, turns: int, think_s: float) -> dict[str, Any]:
             time.sleep(think_s)
 
     # Only the turns' checkpoints count: not the baselines the creates took.
-    wait_for("the baselines to be uploaded", lambda: all(k.remote for k in a.c.checkpoints()), timeout=120)
+    wait_for(
+        "the baselines to be uploaded", lambda: all(k.remote for k in a.c.checkpoints()), timeout=120, interval=0.05
+    )
     start = time.time()
     watcher = threading.Thread(target=watch, name="lag-watcher", daemon=True)
     watcher.start()
@@ -273,7 +268,7 @@ def upload_lag(a: Host, n: int, turns: int, think_s: float) -> dict[str, Any]:
         def all_remote() -> bool:
             return all(k.remote for k in a.c.checkpoints() if k.created_at >= start)
 
-        wait_for("every turn checkpoint to be remote", all_remote, timeout=120)
+        wait_for("every turn checkpoint to be remote", all_remote, timeout=120, interval=0.05)
         time.sleep(0.3)  # the watcher's last look
     finally:
         stop.set()

@@ -43,8 +43,9 @@ import time
 from typing import Any
 
 from bench.results import write_json
-from bench.rl import arm_trajectories, summarize
+from bench.rl import summarize, timed_arm
 from crabd.llm import StandinServer
+from tests.polling import wait_for
 from tests.simcluster import SimCluster, sim_cluster
 
 HOSTS = ("a", "b", "c")
@@ -59,14 +60,6 @@ def pct(values: list[float], p: float) -> float:
 
 def stats(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "p95": pct(values, 95), "n": len(values)}
-
-
-def _wait(what: str, check: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 # --- migration ------------------------------------------------------------------------------
@@ -104,14 +97,9 @@ def migration(sim: SimCluster, repeats: int) -> dict[str, Any]:
 
 
 async def _rl_arm(cro: Any, name: str, task: Any, k: int, seed: int) -> dict[str, Any]:
-    t0 = time.monotonic()
-    trajs = await arm_trajectories(cro, name, task, k, seed)
+    row, trajs = await timed_arm(cro, name, task, k, seed)
     return {
-        "task": task.name,
-        "arm": name,
-        "seconds": time.monotonic() - t0,
-        "finals": len(trajs),
-        "mean_reward": statistics.fmean(t.reward for t in trajs),
+        **row,
         "hosts": sorted(set(cro.hosts_of.values())),
         "rewards": sorted((t.id, t.reward, t.generated_tokens) for t in trajs),
     }
@@ -173,10 +161,10 @@ def host_kill(sim: SimCluster, sandboxes: int, turns: int, think_s: float) -> di
     threads = [threading.Thread(target=agent, args=(sid,)) for sid in ids]
     for t in threads:
         t.start()
-    _wait("the harness's turns", lambda: min(ended.values()) >= turns, 120)
+    wait_for("the harness's turns", lambda: min(ended.values()) >= turns, 120)
     # The moment one sandbox ends its next turn: that turn's checkpoint is still being taken (or
     # uploaded), others are mid-turn; the lost turns must be exactly those not yet remote.
-    _wait("the next turn end", lambda: max(ended.values()) > turns, 60)
+    wait_for("the next turn end", lambda: max(ended.values()) > turns, 60)
     at_kill = dict(ended)
     t0 = time.monotonic()
     sim.lose("c")
@@ -189,7 +177,7 @@ def host_kill(sim: SimCluster, sandboxes: int, turns: int, think_s: float) -> di
         dead[:] = crab.check()
         return "c" in dead
 
-    _wait("host c to be seen dead", c_dead, DEAD_WITHIN_S)
+    wait_for("host c to be seen dead", c_dead, DEAD_WITHIN_S)
     detected = time.monotonic() - t0
     report = crab.recover_host("c")
     recovered_after = time.monotonic() - t0

@@ -56,18 +56,24 @@ async def arm_trajectories(ro: Any, name: str, task: Task, k: int, seed: int) ->
     return trajs
 
 
-async def arm(name: str, client: AsyncClient, policy: OraclePolicy, task: Task, k: int, seed: int) -> dict[str, Any]:
-    ro = Rollouts(client, policy, max_steps=3 * len(task.turns) + 5)
+async def timed_arm(ro: Any, name: str, task: Task, k: int, seed: int) -> tuple[dict[str, Any], list[Trajectory]]:
+    """One arm's result row (task, arm, seconds, finals, mean reward) and its final trajectories."""
     t0 = time.monotonic()
     trajs = await arm_trajectories(ro, name, task, k, seed)
-    return {
+    row = {
         "task": task.name,
         "arm": name,
         "seconds": time.monotonic() - t0,
         "finals": len(trajs),
         "mean_reward": statistics.fmean(t.reward for t in trajs),
-        **ro.ledger.to_json(),
     }
+    return row, trajs
+
+
+async def arm(name: str, client: AsyncClient, policy: OraclePolicy, task: Task, k: int, seed: int) -> dict[str, Any]:
+    ro = Rollouts(client, policy, max_steps=3 * len(task.turns) + 5)
+    row, _ = await timed_arm(ro, name, task, k, seed)
+    return {**row, **ro.ledger.to_json()}
 
 
 def summarize(rows: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agents.llm import ToolCall
@@ -172,16 +172,6 @@ class TextSnapshot:
     invalid: int
 
 
-@dataclass(frozen=True)
-class TurnResult:
-    observation: str
-    reward: float
-    done: bool
-    #: CrabEnv's info (``outputs``, ``turn``; at the end ``truncated``, ``solved``, ``verifier``), plus
-    #: ``valid`` (every call well formed) and ``commands`` (how many ran).
-    info: dict[str, Any] = field(default_factory=dict)
-
-
 class TextEnv:
     """One task's :class:`CrabEnv`, driven synchronously with the model's text; what the adapters wrap.
 
@@ -251,8 +241,11 @@ class TextEnv:
         self.solved = self.truncated = False
         return self._run(self.env.reset())  # a sandbox whose preparation failed is removed by CrabEnv
 
-    def act(self, text: str) -> TurnResult:
-        """One model answer: its commands as one step, a malformed call's complaint, or (no call) the verdict."""
+    def act(self, text: str) -> StepResult:
+        """One model answer: its commands as one step, a malformed call's complaint, or (no call) the verdict.
+
+        The result's info is CrabEnv's plus ``valid`` (every call well formed) and ``commands`` (how many ran).
+        """
         self._guard(self._ready)
         parsed = parse_action(text)
         info: dict[str, Any] = {"valid": parsed.valid, "commands": len(parsed.commands)}
@@ -273,7 +266,7 @@ class TextEnv:
             return self._end(result, info, observation)
         if self.turns >= self.max_turns:
             return self._end(self._run(self.env.step(None)), info, observation, truncated=True)
-        return TurnResult(observation, 0.0, False, info)
+        return StepResult(observation, 0.0, False, info)
 
     def _count(self, parsed: ParsedAction) -> None:
         self.turns += 1
@@ -284,13 +277,13 @@ class TextEnv:
         if self.env.done:
             raise EnvError(f"{self.task.name}: the episode is over: reset(), restore() or fork() first")
 
-    def _end(self, end: StepResult, info: dict[str, Any], observation: str = "", truncated: bool = False) -> TurnResult:
+    def _end(self, end: StepResult, info: dict[str, Any], observation: str = "", truncated: bool = False) -> StepResult:
         info = {**info, **end.info}
         if truncated:
             info["truncated"] = True
         self.solved = bool(info.get("solved"))
         self.truncated = bool(info.get("truncated"))
-        return TurnResult(observation or end.observation, end.reward, True, info)
+        return StepResult(observation or end.observation, end.reward, True, info)
 
     # --- branching ------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ from typing import Any
 
 from crabd.errors import CheckpointNotFound
 from crabd.models import CheckpointKind, CheckpointRecord
-from crabd.store.db import Database
+from crabd.store.db import Database, sandbox_owner_filter
 
 #: Children of a blob that is becoming live (supplied by whoever wrote it).
 ChildrenOf = Callable[[str], Iterable[str]]
@@ -403,15 +403,11 @@ class Catalog:
         return rec
 
     def list_checkpoints(self, sandbox_id: str | None = None, owner_uid: int | None = None) -> list[CheckpointRecord]:
-        q, args = f"SELECT {_COLS} FROM checkpoints WHERE 1=1", []
-        if sandbox_id is not None:
-            q += " AND sandbox_id=?"
-            args.append(sandbox_id)
-        if owner_uid is not None:
-            q += " AND owner_uid=?"
-            args.append(str(owner_uid))
+        where, args = sandbox_owner_filter(sandbox_id, owner_uid)
         with self.db.lock:
-            rows = self.db.conn.execute(q + " ORDER BY created_at, rowid", args).fetchall()
+            rows = self.db.conn.execute(
+                f"SELECT {_COLS} FROM checkpoints{where} ORDER BY created_at, rowid", args
+            ).fetchall()
         return [_rec(r) for r in rows]
 
     def children(self, ckpt_id: str) -> list[CheckpointRecord]:

@@ -185,6 +185,19 @@ class Database:
         self.close()
 
 
+def sandbox_owner_filter(sandbox_id: str | None, owner_uid: int | None) -> tuple[str, list[str]]:
+    """A WHERE clause (" WHERE 1=1 AND ...") and its arguments for the optional sandbox and owner filters
+    that listings of checkpoints share (owner uids are stored as text)."""
+    clause, args = " WHERE 1=1", []
+    if sandbox_id is not None:
+        clause += " AND sandbox_id=?"
+        args.append(sandbox_id)
+    if owner_uid is not None:
+        clause += " AND owner_uid=?"
+        args.append(str(owner_uid))
+    return clause, args
+
+
 def translate(exc: sqlite3.Error, path: Path | str) -> StoreError:
     """A CrabError for an SQLite failure (a full disk is StoreFull: nothing was changed)."""
     text = str(exc)

@@ -25,6 +25,7 @@ from crabd.cluster import tls
 from crabd.cluster.hosts import NAMESPACE
 from crabd.llm import StandinServer
 from crabd.sdk import AsyncClient
+from tests.polling import wait_for
 from tests.simcluster import RayImportedTooEarly, SimCluster, node_ip, sim_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.slow]
@@ -42,14 +43,6 @@ def sim() -> Iterator[SimCluster]:
             print("cluster timings:", {k: round(v, 3) for k, v in cluster.timings.items()})
     except RayImportedTooEarly as exc:
         pytest.fail(str(exc))
-
-
-def _wait(what: str, check: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def _fetched(sim: SimCluster, host: str) -> int:
@@ -211,7 +204,7 @@ def test_rollouts_go_on_when_a_host_is_lost(sim: SimCluster) -> None:
         runner.start()
         with sim.client("b") as b:
             # Host b is lost while a branch runs on it (the driver placed one there).
-            _wait("a branch on host b", lambda: any(s.name.startswith("rl-") for s in b.list()), 60)
+            wait_for("a branch on host b", lambda: any(s.name.startswith("rl-") for s in b.list()), 60)
         sim.lose("b")
         runner.join(timeout=300)
         for h in ("a", "c"):
@@ -236,7 +229,7 @@ def test_a_lost_host_s_sandboxes_come_back_on_the_others(sim: SimCluster) -> Non
     # As a crash would: no graceful drain; the host's crabd goes with it.
     sim.lose("c")
     # (Host b was lost in the test before: the registry learns it here too.)
-    _wait("host c to be seen dead", lambda: "c" in crab.check(), DEAD_WITHIN_S)
+    wait_for("host c to be seen dead", lambda: "c" in crab.check(), DEAD_WITHIN_S)
     sim.timings["host_dead_after_s"] = time.monotonic() - t0
     report = crab.recover_host("c")
     sim.timings["host_recovered_after_s"] = time.monotonic() - t0

@@ -10,8 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ import zstandard
 from crabd.errors import AlreadyExists, CheckpointNotFound, CorruptBlob, StoreError
 from crabd.sdk import Client, EmbeddedDaemon
 from tests.integration.conftest import daemon_with_config
+from tests.polling import wait_for
 from tests.s3server import S3Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -47,14 +47,6 @@ def _toml(s3: S3Server, host: str, net: str, prefix: str, **remote: Any) -> str:
 def host(s3: S3Server, name: str, net: str, prefix: str, **remote: Any) -> Iterator[tuple[EmbeddedDaemon, Client]]:
     with daemon_with_config(_toml(s3, name, net, prefix, **remote), net) as d, Client(d.socket) as c:
         yield d, c
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def engine_remote(c: Client) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crabd.store.catalog import _select_in
-from crabd.store.db import Database
+from crabd.store.db import Database, sandbox_owner_filter
 
 _ENTRY_COLS = "checkpoint_id, sandbox_id, owner_uid, host, created_at, meta_json"
 
@@ -129,16 +129,8 @@ class RemoteState:
         return None if row is None else _entry(row)
 
     def entries(self, *, sandbox_id: str | None = None, owner_uid: int | None = None) -> list[RemoteEntry]:
-        q, args = (
-            "SELECT checkpoint_id, sandbox_id, owner_uid, host, created_at, meta_json FROM remote_index WHERE 1=1",
-            [],
-        )
-        if sandbox_id is not None:
-            q += " AND sandbox_id=?"
-            args.append(sandbox_id)
-        if owner_uid is not None:
-            q += " AND owner_uid=?"
-            args.append(str(owner_uid))
+        where, args = sandbox_owner_filter(sandbox_id, owner_uid)
+        q = "SELECT checkpoint_id, sandbox_id, owner_uid, host, created_at, meta_json FROM remote_index" + where
         with self.db.lock:
             rows = self.db.conn.execute(q + " ORDER BY created_at, checkpoint_id", args).fetchall()
         return [_entry(r) for r in rows]
