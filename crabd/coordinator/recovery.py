@@ -35,6 +35,8 @@ from crabd.util.faults import crash_point
 log = logging.getLogger("crabd.recovery")
 
 WATCH_INTERVAL_S = 2.0
+#: Turns an import may report lost after its checkpoint (``last_turn`` comes from the caller).
+MAX_LOST_TURNS = 100_000
 MAX_ATTEMPTS = 3
 
 
@@ -103,6 +105,13 @@ class Recovery:
         old host (-1: unknown).  The turns after ``ckpt``'s are reported lost:
         their effects stayed on the old host.
         """
+        if last_turn - ckpt.turn > MAX_LOST_TURNS:
+            # The caller's number sizes the report: bound it before any list is made from it.
+            raise InvalidRequest(
+                f"last_turn {last_turn} is {last_turn - ckpt.turn} turns after checkpoint {ckpt.id}'s "
+                f"(turn {ckpt.turn}); at most {MAX_LOST_TURNS} can be reported lost",
+                hint="Pass the last turn the sandbox really ended, or -1 if it is not known.",
+            )
         if self.sandboxes.get(ckpt.sandbox_id) is not None:
             raise AlreadyExists(
                 f"sandbox {ckpt.sandbox_name} ({ckpt.sandbox_id}) already lives on this host",

@@ -348,3 +348,22 @@ def _blob(tmp_path: Path) -> Path:
     if not path.exists():
         path.write_bytes(bytes(range(256)) * 3 + b"\x00\r\n")
     return path
+
+
+@pytest.mark.parametrize("how", ["dotdot", "symlink"])
+def test_a_copy_from_outside_the_environment_dir_uploads_nothing(tmp_path: Path, how: str) -> None:
+    """A task's COPY cannot read host files into the sandbox: not by ``..``, not through a link."""
+    secret = tmp_path / "host-secret"
+    secret.write_text("host only\n")
+    envdir = tmp_path / "env"
+    envdir.mkdir()
+    if how == "symlink":
+        (envdir / "innocent").symlink_to(secret)
+        source = "innocent"
+    else:
+        source = "../host-secret"
+    sb = FakeSandbox()
+    env = started(envdir, sb)
+    with pytest.raises(SandboxBuildFailedError, match="outside the environment dir"):
+        asyncio.run(env._copy_in(CopyStep((source,), "/root/x", "", ""), source))
+    assert sb.files == {} and not any("host only" in c for c in sb.commands)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from crabd.errors import CheckpointFailed, DockerError, InvalidRequest
+from crabd.errors import AlreadyExists, CheckpointFailed, DockerError, InvalidRequest
 from crabd.models import SandboxRecord, SandboxState
 from tests.fakes import ALICE, Stack, build_stack, engine_running, run, spec
 
@@ -151,5 +151,29 @@ def test_a_failed_recovery_leaves_the_sandbox_dead_and_its_head(
         assert (got.state, got.container_id, got.branch) == (SandboxState.DEAD, dead, 0)
         assert st.checkpointer.head_id(rec.id) == head
         assert set(st.backend.containers) == {dead}  # the new container was removed again
+
+    run(body())
+
+
+def test_an_import_bounds_the_lost_turns_it_reports_and_keeps_the_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ImportSandbox: a caller's absurd ``last_turn`` is refused before anything is made; a sane one is reported."""
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        rec = await st.service.create(ALICE, spec("mover", checkpoints="fs"))
+        async with engine_running(st):
+            await st.turn(ALICE, rec.id, "one")
+            ck = await st.service.create_checkpoint(ALICE, rec.id, "move", "fs")
+            with pytest.raises(AlreadyExists):
+                await st.service.import_sandbox(ALICE, ck.id, -1)  # it lives here already
+            await st.service.remove(ALICE, rec.id, force=True, keep_checkpoints=True)
+            with pytest.raises(InvalidRequest, match="at most 100000"):
+                await st.service.import_sandbox(ALICE, ck.id, 10**15)
+            assert st.registry.list_sandboxes(None) == []
+            got = await st.service.import_sandbox(ALICE, ck.id, ck.turn + 2)
+        assert (got.sandbox.id, got.sandbox.name) == (rec.id, "mover")
+        assert got.lost_turns == [ck.turn + 1, ck.turn + 2]
 
     run(body())
