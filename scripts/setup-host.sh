@@ -5,6 +5,12 @@
 # Idempotent: every step first checks whether its result is already in place
 # and returns at once if so, so a second run finishes in seconds.
 #
+# CRAB_DRY_RUN=1: every step only checks, and says "would ..." for what it
+# would change; nothing on the host is changed (`crabctl host setup --dry-run`).
+#
+# The same script runs from a checkout (`make host`) and from an installed
+# package (`crabctl host setup`, which runs its copy in crabd/_data/scripts).
+#
 # Why each step looks the way it does (details in ../shared/PLATFORM.md and
 # docs/host.md):
 #  * Debian 12's criu (3.17) fails `criu check` on kernels >= 6.x here, and
@@ -29,17 +35,24 @@ CRAB_BTRFS_IMAGE=${CRAB_BTRFS_IMAGE:-/var/lib/crab/btrfs.img}
 CRAB_BTRFS_MOUNT=${CRAB_BTRFS_MOUNT:-/var/lib/crab/pool}
 CRAB_BTRFS_SIZE=${CRAB_BTRFS_SIZE:-16G}
 HEADERS_SUITE=${HEADERS_SUITE:-trixie}
+CRAB_DRY_RUN=${CRAB_DRY_RUN:-0}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 # systemd: only for `systemd-analyze` (the unit's tests check it offline; no systemd needs to run).
 # btrfs-progs, containernetworking-plugins: the runc backend's snapshot pool and CNI networking (issue 19).
-APT_PACKAGES=(docker.io debootstrap python3-bpfcc bpfcc-tools busybox-static zstd iproute2 iptables ca-certificates systemd btrfs-progs containernetworking-plugins)
+# gcc, libc6-dev: crab-init is compiled (statically) on the host that runs it (crabd/host/resources.py).
+APT_PACKAGES=(docker.io debootstrap python3-bpfcc bpfcc-tools busybox-static zstd iproute2 iptables ca-certificates systemd btrfs-progs containernetworking-plugins gcc libc6-dev)
 
 log() { printf '[setup-host] %s\n' "$*" >&2; }
 die() { printf '[setup-host] ERROR: %s\n' "$*" >&2; exit 1; }
+dry_run() { [ "$CRAB_DRY_RUN" = 1 ]; }
+# What a step would change under CRAB_DRY_RUN=1 (crabd/host/provision.py collects these lines).
+would() { log "would $*"; }
 
 [ "$(id -u)" -eq 0 ] || die "must run as root (crab drives Docker, CRIU and BPF)"
-mkdir -p "$CRAB_PREFIX" "$CRAB_CACHE" "$CRAB_LOG_DIR"
+if ! dry_run; then
+    mkdir -p "$CRAB_PREFIX" "$CRAB_CACHE" "$CRAB_LOG_DIR"
+fi
 
 export DEBIAN_FRONTEND=noninteractive
 
@@ -51,6 +64,10 @@ ensure_apt_packages() {
     done
     if [ ${#missing[@]} -eq 0 ]; then
         log "apt packages: present"
+        return
+    fi
+    if dry_run; then
+        would "install apt packages: ${missing[*]}"
         return
     fi
     log "apt packages: installing ${missing[*]}"
@@ -122,6 +139,10 @@ ensure_criu() {
         log "criu: system $sys is new enough and passes criu check"
         return
     fi
+    if dry_run; then
+        would "provision CRIU >= $CRIU_MIN from Debian $CRIU_SUITE into $CRAB_PREFIX/criu and write /usr/local/sbin/criu"
+        return
+    fi
     log "criu: provisioning CRIU >= $CRIU_MIN from Debian $CRIU_SUITE into $CRAB_PREFIX/criu"
     apt_private_init "$CRIU_SUITE"
     local pkgs dl=$CRAB_CACHE/debs-criu stage=$CRAB_PREFIX/criu.new
@@ -155,6 +176,10 @@ ensure_criu_config() {
         log "criu config: $conf is set"
         return
     fi
+    if dry_run; then
+        would "add ${missing[*]} to $conf"
+        return
+    fi
     mkdir -p /etc/criu
     if [ -f "$conf" ] && ! grep -qF "$marker" "$conf"; then
         log "criu config: adding ${missing[*]} to the existing $conf"
@@ -171,6 +196,10 @@ ensure_kernel_headers() {
     local mod=/lib/modules/$(uname -r)
     if [ -e "$mod/build/include/linux/kconfig.h" ] || [ -e "$mod/build/include/generated/autoconf.h" ]; then
         log "kernel headers: $mod/build present"
+        return
+    fi
+    if dry_run; then
+        would "unpack Debian $HEADERS_SUITE kernel headers into $CRAB_PREFIX/kheaders and link them into $mod"
         return
     fi
     log "kernel headers: none for $(uname -r); unpacking Debian $HEADERS_SUITE headers into $CRAB_PREFIX/kheaders"
@@ -199,6 +228,10 @@ ensure_tracefs() {
         log "tracefs: mounted"
         return
     fi
+    if dry_run; then
+        would "mount tracefs at /sys/kernel/tracing"
+        return
+    fi
     mount -t tracefs none /sys/kernel/tracing || die "cannot mount tracefs at /sys/kernel/tracing"
     if ! mountpoint -q /sys/kernel/debug; then
         mount -t debugfs none /sys/kernel/debug 2>/dev/null || true
@@ -214,6 +247,10 @@ ensure_dockerd() {
         local exp; exp=$(timeout 10 docker info -f '{{.ExperimentalBuild}}' 2>/dev/null || echo false)
         [ "$exp" = true ] || log "WARNING: the running Docker engine is not in experimental mode; crab needs it for checkpoints (set \"experimental\": true in /etc/docker/daemon.json and restart it)"
         log "dockerd: answering"
+        return
+    fi
+    if dry_run; then
+        would "start dockerd --experimental (log: $CRAB_LOG_DIR/dockerd.log)"
         return
     fi
     mkdir -p "$CRAB_LOG_DIR"
@@ -235,6 +272,10 @@ ensure_group() {
         log "group crab: present"
         return
     fi
+    if dry_run; then
+        would "create the system group crab"
+        return
+    fi
     # systemd-sysusers does this from systemd/crab.sysusers on a packaged install.
     groupadd --system crab
     log "group crab: created"
@@ -250,6 +291,14 @@ ensure_btrfs_pool() {
         return
     fi
     mountpoint -q "$CRAB_BTRFS_MOUNT" && die "$CRAB_BTRFS_MOUNT is a mount point, but not of btrfs; unmount it or set CRAB_BTRFS_MOUNT"
+    if dry_run; then
+        if [ -f "$CRAB_BTRFS_IMAGE" ]; then
+            would "mount the btrfs pool $CRAB_BTRFS_IMAGE at $CRAB_BTRFS_MOUNT"
+        else
+            would "make the btrfs pool $CRAB_BTRFS_IMAGE ($CRAB_BTRFS_SIZE, sparse) and mount it at $CRAB_BTRFS_MOUNT"
+        fi
+        return
+    fi
     mkdir -p "$(dirname "$CRAB_BTRFS_IMAGE")" "$CRAB_BTRFS_MOUNT"
     if [ ! -f "$CRAB_BTRFS_IMAGE" ]; then
         # Sparse: the file takes only what the pool holds.  Made under a temporary
@@ -271,4 +320,8 @@ ensure_kernel_headers
 ensure_tracefs
 ensure_dockerd
 ensure_btrfs_pool
-log "host ready"
+if dry_run; then
+    log "dry run: nothing was changed"
+else
+    log "host ready"
+fi

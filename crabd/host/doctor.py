@@ -29,7 +29,7 @@ from crabd.host import criu_kdat, images
 from crabd.util import proc
 
 CRIU_MIN = (4, 2)
-SETUP_FIX = "run `make setup` as root in the crab checkout (scripts/setup-host.sh)"
+SETUP_FIX = "run `crabctl host setup` as root (or `make setup` in a crab checkout)"
 
 
 class Status(StrEnum):

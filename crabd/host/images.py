@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crabd.errors import ImageError
+from crabd.host import resources
 from crabd.util import proc
 
 #: Bumped whenever the build procedure itself changes, to force rebuilds.
@@ -41,7 +42,8 @@ REPO_PREFIX = "crab-env"
 LABEL_ENV = "dev.crab.env"
 LABEL_RECIPE = "dev.crab.recipe"
 
-DEFAULT_RECIPES_DIR = Path(__file__).resolve().parents[2] / "envs" / "images"
+#: envs/images of the checkout, or its copy in the installed package (crabd/host/resources.py).
+DEFAULT_RECIPES_DIR = resources.env_recipes_dir()
 
 
 @dataclass(frozen=True)

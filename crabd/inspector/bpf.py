@@ -35,13 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from crabd.errors import BpfError
+from crabd.host import resources
 from crabd.inspector import btf
 from crabd.inspector.model import Evidence
 from crabd.util import cgroups
 
 log = logging.getLogger("crabd.inspector")
 
-PROGRAM = Path(__file__).resolve().parents[2] / "ebpf" / "inspector.c"
+#: The probes' C source: ebpf/inspector.c of the checkout, or its copy in the installed package.
+PROGRAM = resources.inspector_program()
 BCC_PATH = "/usr/lib/python3/dist-packages"
 #: Syscalls whose tracepoints only newer kernels have; each becomes -DHAVE_<name> when present.
 OPTIONAL = ("openat2", "fchmodat2", "setxattrat", "removexattrat", "pwritev2", "utime", "futimesat")

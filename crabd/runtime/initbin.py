@@ -3,6 +3,12 @@
 Sandboxes bind-mount ``<state_dir>/bin/crab-init-<sha256[:12]>`` read-only at
 ``/.crab/init``.  The name carries the content hash, so a running sandbox's
 init file is never replaced under it, and an upgrade simply adds a file.
+
+Where the source is and where the binary is built differ between a checkout
+and an installed package (:mod:`crabd.host.resources`: the wheel ships the
+source only).  ``crabctl host setup`` (or ``make`` in a checkout) builds it;
+crabd builds it at start only if it is missing, which fails under the unit's
+read-only ``/opt`` with a hint to run the set-up.
 """
 
 from __future__ import annotations
@@ -12,33 +18,43 @@ import os
 from pathlib import Path
 
 from crabd.errors import CommandError, HostError
+from crabd.host import resources
 from crabd.util import proc
 
-_HERE = Path(__file__).resolve().parent / "init"
+_HINT = "Run `crabctl host setup` as root (`make setup` in a checkout); it needs gcc and libc6-dev."
 
 
 def source_path() -> Path:
-    return _HERE / "crab-init.c"
+    return resources.crab_init_source()
 
 
 def binary_path() -> Path:
-    return _HERE / "crab-init"
+    return resources.crab_init_binary()
+
+
+def is_built() -> bool:
+    """Whether :func:`build` would find the binary up to date (and compile nothing)."""
+    out = binary_path()
+    if not out.exists():
+        return False
+    # An installed package's binary is named by its source's hash; a checkout's is rebuilt when older.
+    return resources.installed() or out.stat().st_mtime >= source_path().stat().st_mtime
 
 
 def build(force: bool = False) -> Path:
     """Compile crab-init statically (it must run in any image, even busybox)."""
     src, out = source_path(), binary_path()
-    if not force and out.exists() and out.stat().st_mtime >= src.stat().st_mtime:
+    if not force and is_built():
         return out
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_name(out.name + ".tmp")
     try:
+        out.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         proc.run(["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(tmp), str(src)], timeout=300)
+        os.replace(tmp, out)
     except CommandError as exc:
-        raise HostError(
-            f"cannot build crab's init: {exc.message}",
-            hint="Install gcc and the static libc (build-essential), or run `make setup`.",
-        ) from exc
-    os.replace(tmp, out)
+        raise HostError(f"cannot build crab's init: {exc.message}", hint=_HINT) from exc
+    except OSError as exc:
+        raise HostError(f"cannot build crab's init into {out.parent}: {exc.strerror or exc}", hint=_HINT) from exc
     return out
 
 

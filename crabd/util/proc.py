@@ -52,6 +52,7 @@ def run(
     input: bytes | None = None,
     cwd: str | os.PathLike[str] | None = None,
     capture: bool = True,
+    stream: bool = False,
 ) -> Completed:
     """Run ``argv`` and wait at most ``timeout`` seconds.
 
@@ -59,17 +60,20 @@ def run(
     :class:`CommandError` on a non-zero exit when ``check`` is true, or when
     the program cannot be started at all.  ``capture=False`` sends stdout and
     stderr to /dev/null instead: for a program whose detached children inherit
-    them (``runc run -d``), where a pipe would never see EOF.
+    them (``runc run -d``), where a pipe would never see EOF.  ``stream=True``
+    sends both to this process's stderr as they come (a long host set-up whose
+    progress the operator watches); nothing is captured then.
     """
     args = [os.fspath(a) for a in argv]
     # A checkpoint job the engine runs in the background starts its helpers demoted (util/priority.py).
     bg = priority.current()
+    sink: int = (2 if stream else subprocess.PIPE) if capture else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(
             bg.argv(args) if bg is not None else args,
             stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-            stderr=subprocess.PIPE if capture else subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
             env=dict(env) if env is not None else None,
             cwd=cwd,
         )
