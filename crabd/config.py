@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from crabd.errors import ConfigError
-from crabd.models import InspectorMode
+from crabd.models import InspectorMode, RetentionPolicy
 
 DEFAULT_CONFIG_PATH = Path("/etc/crab/crabd.toml")
 #: Most stdout + stderr one command's result may carry: the gRPC message
@@ -117,6 +117,32 @@ class QuotaConfig(_Model):
         4 << 20, ge=1024, le=64 << 20, description="largest session state stored at one turn end (else refused)"
     )
     turns_kept: int = Field(1000, ge=1, description="turn rows kept per sandbox; older ones are pruned")
+
+
+class RetentionConfig(_Model):
+    """The default retention policy and when thinning runs (``coordinator/retention.py``; docs/retention.md).
+
+    A sandbox created with its own policy (``crabctl retention set``) uses
+    that instead.  All rules at 0: every checkpoint is kept.
+    """
+
+    keep_last: int = Field(0, ge=0, le=1_000_000, description="keep the newest N checkpoints of each sandbox")
+    keep_hourly: int = Field(
+        0, ge=0, le=1_000_000, description="keep the newest checkpoint of each of the last N hours"
+    )
+    keep_daily: int = Field(0, ge=0, le=1_000_000, description="keep the newest checkpoint of each of the last N days")
+    keep_within_s: float = Field(0.0, ge=0, le=100 * 365 * 86400, description="keep every checkpoint younger than this")
+    quota_trigger: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="thin a uid's sandboxes before its next checkpoint once its store use passes this share of"
+        " [quota] max_store_bytes",
+    )
+    batch: int = Field(32, ge=1, le=10_000, description="checkpoints deleted per exclusive hold of the store lock")
+
+    def policy(self) -> RetentionPolicy:
+        return RetentionPolicy(self.keep_last, self.keep_hourly, self.keep_daily, self.keep_within_s)
 
 
 class CheckpointConfig(_Model):
@@ -512,6 +538,7 @@ class CrabConfig(_Model):
     doctor: DoctorConfig = DoctorConfig()
     limits: LimitsConfig = LimitsConfig()
     quota: QuotaConfig = QuotaConfig()
+    retention: RetentionConfig = RetentionConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     criu: CriuConfig = CriuConfig()
     inspector: InspectorConfig = InspectorConfig()

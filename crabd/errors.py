@@ -27,6 +27,7 @@ each under its parent)::
             RequestTooLarge: a command, input or setting exceeds a configured limit
             SessionCommandError: a session command cannot be sent as given
             SessionStateError: a session state capture or document is malformed
+            ArchiveRejected: a checkpoint archive is malformed, hostile or does not fit; nothing was imported
         QuotaExceeded: a per-uid quota refuses the request
         NotFound: an id or name does not exist (or is not visible to the caller)
             SandboxNotFound: no sandbox with this id or name
@@ -353,6 +354,24 @@ class SessionStateError(InvalidRequest):
     """A session state capture or document is malformed."""
 
     default_hint = "Pass a state obtained from session.state() / GetSessionState, unmodified."
+
+
+class ArchiveRejected(InvalidRequest):
+    """A checkpoint archive is malformed, hostile or does not fit this host; nothing was imported.
+
+    Attributes: ``member`` (the archive member at fault, "" for the archive as a whole) and
+    ``reason`` (a short word: truncated, member, size, hash, manifest, conflict, owner, space).
+    """
+
+    default_hint = (
+        "Nothing was imported; export the checkpoint again from its host (`crabctl checkpoint export CK -o FILE`) "
+        "and copy the file whole."
+    )
+
+    def __init__(self, message: str, *, member: str, reason: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.member = member
+        self.reason = reason
 
 
 class SessionProcessError(CrabError):

@@ -91,6 +91,90 @@ class InspectorMode(Vocabulary):
     SCAN = "scan"
 
 
+class KeepReason(Vocabulary):
+    """Why retention keeps a checkpoint (``coordinator/retention_rules.py``; shown by ``crabctl checkpoint ls``).
+
+    The first group protects a checkpoint from every policy; the second is
+    what a policy's rules select; a checkpoint with no reason is thinned.
+    """
+
+    __what__ = "keep reason"
+    #: ``crabctl checkpoint pin``.
+    PINNED = "pinned"
+    #: A sandbox stands on it now (its next checkpoint's parent).
+    HEAD = "head"
+    #: The newest checkpoint of a line a restore left behind (no checkpoint descends from it).
+    LINE_END = "line-end"
+    #: A sandbox was forked from it, or another sandbox's checkpoints descend from it.
+    FORK_ORIGIN = "fork-origin"
+    #: Two or more checkpoints descend from it (an in-place restore started a new line there).
+    BRANCH_POINT = "branch-point"
+    #: The sandbox's first checkpoint (its state at creation).
+    ROOT = "root"
+    #: A restore, fork or export is reading it now.
+    IN_USE = "in-use"
+    #: Its sandbox was removed with its checkpoints kept.
+    KEPT = "kept"
+    #: No retention policy applies to its sandbox: everything is kept.
+    NO_POLICY = "no-policy"
+    # --- a policy's rules -------------------------------------------------------------
+    LAST = "last"
+    HOURLY = "hourly"
+    DAILY = "daily"
+    WITHIN = "within"
+
+    @property
+    def protects(self) -> bool:
+        """Whether no policy can thin a checkpoint kept for this reason."""
+        return self not in (KeepReason.LAST, KeepReason.HOURLY, KeepReason.DAILY, KeepReason.WITHIN)
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """Which of a sandbox's checkpoints to keep, in the style of snapshot tools (any rule keeping one keeps it).
+
+    Every field at 0 is "keep everything" (no thinning).  Checkpoints a
+    :class:`KeepReason` protects are kept whatever the policy says.
+    """
+
+    #: The newest N checkpoints.
+    keep_last: int = 0
+    #: The newest checkpoint of each of the last N hours (UTC) that have one.
+    keep_hourly: int = 0
+    #: The newest checkpoint of each of the last N days (UTC) that have one.
+    keep_daily: int = 0
+    #: Every checkpoint younger than this many seconds.
+    keep_within_s: float = 0.0
+
+    #: Largest count any rule takes (a sandbox has at most ``turns_kept``-ish checkpoints; this bounds input).
+    MAX_COUNT = 1_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("keep_last", "keep_hourly", "keep_daily"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= self.MAX_COUNT:
+                raise InvalidRequest(
+                    f"retention {name} must be a whole number from 0 to {self.MAX_COUNT}, not {value!r}"
+                )
+        w = self.keep_within_s
+        if not isinstance(w, int | float) or isinstance(w, bool) or not 0 <= w <= 100 * 365 * 86400:
+            raise InvalidRequest(f"retention keep_within_s must be 0 to 100 years in seconds, not {w!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether the policy thins anything at all."""
+        return bool(self.keep_last or self.keep_hourly or self.keep_daily or self.keep_within_s)
+
+    def describe(self) -> str:
+        if not self.active:
+            return "keep everything"
+        parts = [f"last {self.keep_last}"] if self.keep_last else []
+        parts += [f"hourly {self.keep_hourly}"] if self.keep_hourly else []
+        parts += [f"daily {self.keep_daily}"] if self.keep_daily else []
+        parts += [f"within {self.keep_within_s:g}s"] if self.keep_within_s else []
+        return "keep " + ", ".join(parts)
+
+
 class SandboxState(StrEnum):
     CREATING = "creating"
     RUNNING = "running"
@@ -130,6 +214,8 @@ class SandboxSpec:
     checkpoints: CheckpointPolicy = CheckpointPolicy.AUTO
     #: "manual" (`crabctl recover`) or "auto" (crabd recovers a dead sandbox itself).
     recovery: RecoveryMode = RecoveryMode.MANUAL
+    #: Which of its checkpoints retention keeps (None: the daemon's ``[retention]`` default).
+    retention: RetentionPolicy | None = None
 
 
 class FilesSource(StrEnum):
@@ -257,6 +343,10 @@ class CheckpointRecord:
     racy_ns: int = 0
     kept: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
+    #: ``crabctl checkpoint pin``: retention never thins it.
+    pinned: bool = False
+    #: Transient (set when listing): why retention keeps it; () = the next thinning deletes it, None = not known.
+    kept_for: tuple[KeepReason, ...] | None = None
     # Where it lives beyond this host (not stored with it: the service reads the remote index).
     #: Its manifest and blobs are in the remote tier.
     remote: bool = False

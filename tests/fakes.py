@@ -43,11 +43,13 @@ from crabd.backends.fsdelta import Change, FsCapture, MaterializeStats, ScanLimi
 from crabd.backends.procdump import DumpResult
 from crabd.backends.sandbox import ContainerStatus
 from crabd.config import CrabConfig
+from crabd.coordinator.archives import Archives
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.restore import Restorer
+from crabd.coordinator.retention import Retention
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.engine import HostEngine
 from crabd.errors import (
@@ -615,6 +617,11 @@ def build_stack(
     engine.store_lock = store_lock.stats
     quotas = Quotas(cfg.quota, db, lambda uid: len(sandboxes.list_sandboxes(uid)))
     checkpointer.store_quota = quotas.check_store
+    retention = Retention(catalog, sandboxes, housekeeping, restorer.leases, cfg.retention, cfg.quota)
+    checkpointer.make_room = retention.make_room
+    checkpointer.on_published.append(retention.schedule)
+    quotas.room_hint = retention.room_hint
+    retention.engine = engine
     service = Service(
         cfg,
         sandboxes,
@@ -626,8 +633,11 @@ def build_stack(
         catalog=catalog,
         quotas=quotas,
         housekeeping=housekeeping,
+        retention=retention,
         docker_version="fake",
     )
+    # Portable archives, as daemon/app.py attaches them (a CRIU version any host accepts images from).
+    service.archives.archives = Archives(catalog, blobs, store_lock, state / "archives", lambda: "4.2.1")
     return Stack(
         cfg=cfg,
         faults=faults,

@@ -6,7 +6,9 @@ import json
 from typing import Any
 
 from crabd.api.v1 import crab_pb2 as pb
+from crabd.coordinator.archives import Imported
 from crabd.coordinator.recovery import Recovered
+from crabd.coordinator.retention import ThinReport
 from crabd.coordinator.tree import TreeView
 from crabd.models import (
     CheckpointPolicy,
@@ -14,6 +16,7 @@ from crabd.models import (
     CommandRecord,
     ExecOutcome,
     RecoveryMode,
+    RetentionPolicy,
     SandboxRecord,
     SandboxSpec,
     TurnRecord,
@@ -36,6 +39,18 @@ def spec_from_pb(req: pb.CreateSandboxRequest) -> SandboxSpec:
         workdir=req.workdir or "/",
         checkpoints=CheckpointPolicy.parse(req.checkpoints) if req.checkpoints else CheckpointPolicy.AUTO,
         recovery=RecoveryMode.parse(req.recovery) if req.recovery else RecoveryMode.MANUAL,
+        retention=retention_from_pb(req.retention) if req.HasField("retention") else None,
+    )
+
+
+def retention_from_pb(r: pb.Retention) -> RetentionPolicy:
+    """A policy from the wire (out-of-range numbers: InvalidRequest, nothing changed)."""
+    return RetentionPolicy(int(r.keep_last), int(r.keep_hourly), int(r.keep_daily), float(r.keep_within_s))
+
+
+def retention_to_pb(p: RetentionPolicy) -> pb.Retention:
+    return pb.Retention(
+        keep_last=p.keep_last, keep_hourly=p.keep_hourly, keep_daily=p.keep_daily, keep_within_s=p.keep_within_s
     )
 
 
@@ -68,6 +83,8 @@ def sandbox_to_pb(rec: SandboxRecord, head: str = "") -> pb.Sandbox:
         not_restored=rec.not_restored,
         files_from=rec.files_from or "",
         images_from=rec.images_from or "",
+        retention=retention_to_pb(s.retention) if s.retention is not None else None,
+        retention_policy=s.retention.describe() if s.retention is not None else "",
     )
 
 
@@ -187,6 +204,9 @@ def checkpoint_to_pb(c: CheckpointRecord) -> pb.Checkpoint:
         remote=c.remote,
         remote_only=c.remote_only,
         host=c.host,
+        pinned=c.pinned,
+        kept_for=[r.value for r in c.kept_for or ()],
+        retention_known=c.kept_for is not None,
         stats=pb.CheckpointStats(
             entries=_i(st, "entries"),
             changed=_i(st, "changed"),
@@ -260,4 +280,33 @@ def recovered_to_pb(done: Recovered) -> pb.RecoverResponse:
         lost_turns=done.lost_turns,
         kind=done.checkpoint.kind,
         not_restored=done.not_restored,
+    )
+
+
+def thin_to_pb(r: ThinReport) -> pb.ThinResponse:
+    return pb.ThinResponse(
+        sandbox=r.sandbox_id,
+        policy=(r.policy or RetentionPolicy()).describe(),
+        deleted=r.deleted,
+        bytes_freed=r.bytes_freed,
+        kept=r.kept,
+        dry_run=r.dry_run,
+    )
+
+
+def imported_to_pb(r: Imported) -> pb.ImportCheckpointResponse:
+    present = set(r.present)
+    return pb.ImportCheckpointResponse(
+        checkpoints=[
+            pb.ImportedCheckpoint(
+                checkpoint=checkpoint_to_pb(c),
+                already_present=c.id in present,
+                process_image_dropped=r.dropped.get(c.id, ""),
+            )
+            for c in r.checkpoints
+        ],
+        blobs=r.blobs,
+        stored_blobs=r.stored_blobs,
+        bytes=r.bytes,
+        seconds=r.seconds,
     )

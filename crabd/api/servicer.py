@@ -25,10 +25,13 @@ from crabd.api.convert import (
     engine_job_to_pb,
     failure_to_pb,
     gc_to_pb,
+    imported_to_pb,
     outcome_to_pb,
     recovered_to_pb,
+    retention_from_pb,
     sandbox_to_pb,
     spec_from_pb,
+    thin_to_pb,
     tree_to_pb,
     turn_to_pb,
     verify_to_pb,
@@ -36,7 +39,7 @@ from crabd.api.convert import (
 from crabd.api.peercred import CallerTable
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
-from crabd.errors import CrabError, Unauthenticated
+from crabd.errors import CrabError, InvalidRequest, Unauthenticated
 from crabd.models import Caller, ExecOutcome
 from crabd.service.service import Service
 
@@ -308,6 +311,28 @@ class CrabServicer(pb_grpc.CrabServicer):
 
         return await self._call(context, go)
 
+    async def PinCheckpoint(self, request: pb.PinRequest, context: Any) -> pb.Checkpoint:
+        async def go(c: Caller) -> pb.Checkpoint:
+            return checkpoint_to_pb(await self.service.retention.pin(c, request.checkpoint, request.pinned))
+
+        return await self._call(context, go)
+
+    async def SetRetention(self, request: pb.SetRetentionRequest, context: Any) -> pb.Sandbox:
+        async def go(c: Caller) -> pb.Sandbox:
+            if request.use_default == request.HasField("retention"):
+                raise InvalidRequest("give a sandbox either a retention policy or use_default, not both or neither")
+            policy = None if request.use_default else retention_from_pb(request.retention)
+            rec = await self.service.retention.set_policy(c, request.sandbox, policy)
+            return sandbox_to_pb(rec, self.service.head_of(rec.id))
+
+        return await self._call(context, go)
+
+    async def ThinCheckpoints(self, request: pb.ThinRequest, context: Any) -> pb.ThinResponse:
+        async def go(c: Caller) -> pb.ThinResponse:
+            return thin_to_pb(await self.service.retention.thin(c, request.sandbox, request.dry_run))
+
+        return await self._call(context, go)
+
     async def Verify(self, request: pb.VerifyRequest, context: Any) -> pb.VerifyResponse:
         async def go(c: Caller) -> pb.VerifyResponse:
             return verify_to_pb(await self.service.verify(c))
@@ -350,5 +375,39 @@ class CrabServicer(pb_grpc.CrabServicer):
     async def ImportSandbox(self, request: pb.ImportSandboxRequest, context: Any) -> pb.RecoverResponse:
         async def go(c: Caller) -> pb.RecoverResponse:
             return recovered_to_pb(await self.service.import_sandbox(c, request.checkpoint, request.last_turn))
+
+        return await self._call(context, go)
+
+    # --- portable archives (crabd opens no path a client names: the archive is a stream) ----------
+
+    async def ExportCheckpoint(
+        self, request: pb.ExportCheckpointRequest, context: Any
+    ) -> AsyncIterator[pb.ArchiveChunk]:
+        try:
+            caller = self._caller(context)
+            async for chunk in self.service.archives.export(caller, request.checkpoint, request.ancestors):
+                yield pb.ArchiveChunk(data=chunk)
+        except CrabError as err:
+            await _abort(context, err)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("internal error")
+            await _abort(
+                context,
+                CrabError(
+                    f"internal error in crabd: {exc!r}", hint="This is a crabd bug; the crabd log has the traceback."
+                ),
+            )
+
+    async def ImportCheckpoint(
+        self, request_iterator: AsyncIterator[pb.ArchiveChunk], context: Any
+    ) -> pb.ImportCheckpointResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            async for message in request_iterator:
+                yield message.data
+
+        async def go(c: Caller) -> pb.ImportCheckpointResponse:
+            return imported_to_pb(await self.service.archives.import_archive(c, chunks()))
 
         return await self._call(context, go)

@@ -54,6 +54,7 @@ def _ck_table(cks: list[CheckpointInfo]) -> Table:
         "total",
         "created",
         "where",
+        "kept for",
         "label",
     )
     for c in cks:
@@ -70,9 +71,17 @@ def _ck_table(cks: list[CheckpointInfo]) -> Table:
             f"{c.total_s * 1000:.0f} ms",
             fmt_time(c.created_at),
             _where(c),
+            kept_for(c),
             c.label,
         )
     return table
+
+
+def kept_for(c: CheckpointInfo) -> str:
+    """Why retention keeps it, for people ("thinned next": no reason left; "-": not known)."""
+    if c.kept_for is None:
+        return "-"
+    return ", ".join(r.value for r in c.kept_for) or "[yellow]thinned next[/]"
 
 
 def _where(c: CheckpointInfo) -> str:

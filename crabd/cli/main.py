@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from crabd.cli import checkpoints, engine, quota, sandboxes, store, turns  # noqa: F401  (register their commands)
+from crabd.cli import archives, checkpoints, engine, host, quota, retention, sandboxes, store, turns  # noqa: F401  (register their commands)
 from crabd.cli.common import JsonOpt, app, emit_json, err, out, show_error, state
 from crabd.config import load_config
 from crabd.errors import CrabError

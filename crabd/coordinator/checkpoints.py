@@ -26,7 +26,7 @@ import logging
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -95,8 +95,10 @@ class Checkpointer:
         #: The store-bytes quota: ``(owner uid, bytes added)`` raises QuotaExceeded (``service/quota.py``).
         #: Called with 0 before any work, and with the checkpoint's new bytes before publication.
         self.store_quota: Callable[[int, int], None] | None = None
-        #: Told of every published checkpoint (the remote tier's upload queue; set by the daemon's assembly).
-        self.on_published: Callable[[CheckpointRecord], None] | None = None
+        #: Told about every published checkpoint (replication queues its upload, retention its thinning).
+        self.on_published: list[Callable[[CheckpointRecord], None]] = []
+        #: Before a checkpoint of a uid: thin its sandboxes if its store use is near its quota (retention).
+        self.make_room: Callable[[int, str], Awaitable[object]] | None = None
         #: Largest session state stored with a checkpoint ([quota] max_session_state_bytes).
         self.max_session_state = sandboxes.cfg.quota.max_session_state_bytes
 
@@ -173,6 +175,8 @@ class Checkpointer:
         written: set[str] = set()
         ckpt_id = new_checkpoint_id()
         try:
+            if self.make_room is not None:
+                await self.make_room(rec.owner_uid, rec.id)
             if self.store_quota is not None:
                 await asyncio.to_thread(self.store_quota, rec.owner_uid, 0)
             if session_json is None and capture_session:
@@ -459,8 +463,8 @@ class Checkpointer:
         crash_point("checkpoint.before_publish")
         await asyncio.to_thread(self.catalog.publish, ckpt, out.info.child_of, self.size_of(out.info.sizes), in_publish)
         crash_point("checkpoint.after_publish")
-        if self.on_published is not None:
-            self.on_published(ckpt)
+        for hook in self.on_published:
+            hook(ckpt)
         if a.inspector is not None:
             a.inspector.published(rec.id, ckpt.id, out.process_blob, a.dumped)
             if a.dumped is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from crabd.backends.fsdelta import Change, FsDelta
@@ -90,7 +91,7 @@ class Housekeeper:
 
     def _retain_snapshots(self) -> None:
         """Delete the local snapshots of checkpoints the catalog no longer has (store lock held exclusively)."""
-        removed = self.fs.retain({c.id for c in self.catalog.list_checkpoints()})
+        removed = self.fs.retain(self.catalog.ids())
         if removed:
             log.info("checkpoint snapshots deleted", extra={"snapshots": removed})
 
@@ -119,6 +120,34 @@ class Housekeeper:
         freed = await self._sweep(dropped)
         log.info("checkpoint deleted", extra={"checkpoint": ckpt.id, "freed": freed})
         return freed
+
+    async def delete_chosen(self, choose: Callable[[], list[str]]) -> tuple[list[str], int]:
+        """Delete the checkpoints ``choose()`` names, chosen and deleted in one catalog transaction.
+
+        ``choose`` runs in that transaction, under the store lock held
+        exclusively (no checkpoint, restore or fork is between reading and
+        publishing) and the database lock (see ``coordinator/leases.py``),
+        so what it sees is what is deleted.  One transaction: a crash
+        leaves all of them or none.  Returns (deleted ids, bytes freed).
+        """
+
+        def drop() -> tuple[list[str], list[str]]:
+            dropped: list[str] = []
+            with self.catalog.db.tx():
+                chosen = choose()
+                for ckpt_id in chosen:
+                    dropped += self.catalog.delete(ckpt_id)
+                    crash_point("thin.in_transaction")
+            if chosen:
+                self._retain_snapshots()
+            return chosen, dropped + self.catalog.take_dropped()
+
+        async with self.store_lock.exclusive():
+            deleted, dropped = await asyncio.to_thread(drop)
+        if not deleted:
+            return [], 0
+        crash_point("thin.after_catalog")
+        return deleted, await self._sweep(dropped, point="thin.sweep")
 
     async def keep(self, rec: SandboxRecord) -> None:
         """Mark a sandbox's checkpoints kept, before its removal begins (so a crash midway cannot prune them)."""

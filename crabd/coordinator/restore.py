@@ -47,6 +47,7 @@ from crabd.backends.sandbox import ContainerStatus
 from crabd.coordinator.attempt import Blobs
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.inspection import TurnInspection
+from crabd.coordinator.leases import Leases
 from crabd.coordinator.runner import Session
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
 from crabd.errors import ImageError, InvalidRequest, SandboxBusy, SessionProcessError
@@ -126,6 +127,8 @@ class Restorer:
         self.fs = fs
         self.images = images
         self.store_lock = store_lock
+        #: Checkpoints being restored or forked now: retention keeps them (coordinator/leases.py).
+        self.leases = Leases(catalog)
         #: Told about every container started from a checkpoint (its processes are the new baseline).
         self.inspection: TurnInspection | None = None
 
@@ -272,7 +275,7 @@ class Restorer:
             raise SandboxBusy(f"sandbox {rec.name} is still being created", sandbox=rec.id)
         with accounting.journal() as written:
             try:
-                async with self.sandboxes.op_lock(rec.id), self.store_lock.shared():
+                async with self.leases.hold(ckpt.id), self.sandboxes.op_lock(rec.id), self.store_lock.shared():
                     if self.sandboxes.session_busy(rec.id):
                         raise SandboxBusy(
                             f"sandbox {rec.name}'s session is running a command; restore after it finished",
@@ -404,7 +407,7 @@ class Restorer:
     ) -> list[SandboxRecord]:
         with accounting.journal() as written:
             try:
-                async with self.store_lock.shared():
+                async with self.leases.hold(ckpt.id), self.store_lock.shared():
                     recs, results = await self._fork_locked(owner_uid, ckpt, ids, names, arrival)
             except BaseException:
                 await self._release(written)

@@ -41,12 +41,14 @@ from crabd.backends.criu.hotimages import HotImages
 from crabd.backends.criu.imagestore import ImageStore
 from crabd.backends.fsdelta import FsDelta, ScanLimits
 from crabd.config import CrabConfig
+from crabd.coordinator.archives import Archives
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.replication import Replication
 from crabd.coordinator.restore import Restorer
+from crabd.coordinator.retention import Retention
 from crabd.coordinator.sandboxes import Adopted, SandboxManager
 from crabd.daemon import assembly, notify
 from crabd.engine import HostEngine
@@ -115,6 +117,7 @@ class _Wiring:
     quotas: Quotas
     store_lock: RWLock
     remote: RemoteTier | None
+    retention: Retention
 
 
 class Daemon:
@@ -153,6 +156,8 @@ class Daemon:
         engine = await self._start_engine(wiring.inspection)
         # The engine reports the store lock's waits with its own metrics (util/aiolock.py).
         engine.store_lock = wiring.store_lock.stats
+        # Thinning runs in the engine's background lane (coordinator/retention.py).
+        wiring.retention.engine = engine
         service = Service(
             self.cfg,
             self._manager_or_fail(),
@@ -164,8 +169,10 @@ class Daemon:
             catalog=wiring.catalog,
             quotas=wiring.quotas,
             housekeeping=wiring.housekeeping,
+            retention=wiring.retention,
             docker_version=docker_version,
         )
+        await self._start_archives(wiring, service)
         await self._start_replication(wiring, engine, service)
         await self._serve(service)
         await self._start_proxy(service, engine)
@@ -251,9 +258,23 @@ class Daemon:
         quotas = Quotas(self.cfg.quota, db, lambda uid: len(manager.list_sandboxes(uid)))
         # A checkpoint's new bytes are charged just before it is published (coordinator/checkpoints.py).
         checkpointer.store_quota = quotas.check_store
+        retention = Retention(catalog, manager, housekeeping, restorer.leases, self.cfg.retention, self.cfg.quota)
+        # Near its quota, a uid's sandboxes are thinned before its next checkpoint; a refusal names what holds space.
+        checkpointer.make_room = retention.make_room
+        checkpointer.on_published.append(retention.schedule)
+        quotas.room_hint = retention.room_hint
         remote = await asyncio.to_thread(assembly.open_remote, self.cfg, db, blobs, catalog)
         return _Wiring(
-            checkpointer, restorer, self._recovery, inspection, housekeeping, catalog, quotas, store_lock, remote
+            checkpointer,
+            restorer,
+            self._recovery,
+            inspection,
+            housekeeping,
+            catalog,
+            quotas,
+            store_lock,
+            remote,
+            retention,
         )
 
     async def _reconcile(self, housekeeping: Housekeeper) -> None:
@@ -279,6 +300,17 @@ class Daemon:
             await inspection.adopted(rec)
         return self._engine
 
+    async def _start_archives(self, wiring: _Wiring, service: Service) -> None:
+        """Portable archives (coordinator/archives.py); what interrupted exports and imports left is removed."""
+        ck = wiring.checkpointer
+        archives = Archives(
+            wiring.catalog, ck.blobs, wiring.store_lock, self.cfg.paths.state_dir / "archives", ck.dumper.version
+        )
+        gone = await asyncio.to_thread(archives.clean_staging)
+        if gone:
+            log.warning("interrupted archive imports and exports cleaned up", extra={"entries": gone})
+        service.archives.archives = archives
+
     async def _start_replication(self, wiring: _Wiring, engine: HostEngine, service: Service) -> None:
         """Uploads to the remote tier (when configured): what earlier runs left, then every publication."""
         if wiring.remote is None:
@@ -293,7 +325,7 @@ class Daemon:
             retry_max_s=r.retry_max_s,
         )
         await self._replication.start()
-        wiring.checkpointer.on_published = self._replication.published
+        wiring.checkpointer.on_published.append(self._replication.published)
         service.remote.replication = self._replication
         log.info("remote tier", extra={"store": wiring.remote.describe(), "host": wiring.remote.host})
 

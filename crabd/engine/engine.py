@@ -21,7 +21,8 @@ Scheduling, in order of precedence:
    first (turn end + that sandbox's observed LLM latency) goes first; the
    key is ``max(deadline, virtual time)``.
 
-Uploads (copies of published checkpoints to the remote tier) queue apart:
+Uploads (copies of published checkpoints to the remote tier) and retention's
+thinning (``coordinator/retention.py``: deletions, no bytes written) queue apart:
 they never count against ``max_pending`` or the checkpoint slots, start only
 when no checkpoint job is ready (at most ``max_uploads`` at once), spend
 the same bandwidth budget without pushing their sandbox's virtual time, and
@@ -164,14 +165,20 @@ class HostEngine:
 
     def submit_upload(self, sandbox_id: str, work: Work, *, owner_uid: int, urgent: bool = False) -> Job:
         """Queue an upload (see "Uploads" in the module doc); never waits."""
+        return self.submit_background(sandbox_id, work, owner_uid=owner_uid, urgent=urgent)
+
+    def submit_background(
+        self, sandbox_id: str, work: Work, *, owner_uid: int, kind: str = "upload", urgent: bool = False
+    ) -> Job:
+        """Queue background work beside the uploads ("upload", or "thin": retention); never waits."""
         if self._closing:
-            raise EngineStopped("crabd is stopping and takes no new uploads")
+            raise EngineStopped(f"crabd is stopping and takes no new {kind} jobs")
         now = self.clock()
-        job = Job(sandbox_id, owner_uid, None, "upload", now, now, work, upload=True)
+        job = Job(sandbox_id, owner_uid, None, kind, now, now, work, upload=True)
         if urgent:
             job.priority, job.promoted_at = Priority.URGENT, now
         self._uploads.append(job)
-        self.metrics.submitted["upload"] += 1
+        self.metrics.submitted[kind] += 1
         self._wake.set()
         return job
 

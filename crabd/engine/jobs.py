@@ -97,7 +97,8 @@ class Job:
     background: Background | None = field(default=None, repr=False)
     #: When it was promoted while running (None: it was not).
     promoted_running_at: float | None = None
-    #: A copy of a published checkpoint to the remote tier, not a checkpoint (see engine.py's "Uploads").
+    #: Background-lane work (an upload to the remote tier, or retention's thinning), not a checkpoint
+    #: (see engine.py's "Uploads").
     upload: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from crabd.errors import (
     AlreadyExists,
+    ArchiveRejected,
     CheckpointFailed,
     CheckpointNotFound,
     ClientClosed,
@@ -28,6 +29,7 @@ from crabd.errors import (
     StoreError,
     StoreFull,
 )
+from crabd.models import KeepReason, RetentionPolicy
 from crabd.sdk._requests import CreateOptions
 from crabd.sdk.aio import AsyncClient, AsyncSandbox, AsyncSession
 from crabd.sdk.client import Client, Sandbox, Session
@@ -44,6 +46,8 @@ from crabd.sdk.models import (
     EngineStatus,
     ExecResult,
     GcResult,
+    ImportedCheckpoint,
+    ImportResult,
     OutputChunk,
     PathChange,
     PushResult,
@@ -51,6 +55,7 @@ from crabd.sdk.models import (
     Recovered,
     SandboxInfo,
     SyncResult,
+    ThinResult,
     Tree,
     TreeSandbox,
     Turn,
@@ -59,6 +64,7 @@ from crabd.sdk.models import (
 
 __all__ = [
     "AlreadyExists",
+    "ArchiveRejected",
     "AsyncClient",
     "AsyncSandbox",
     "AsyncSession",
@@ -83,8 +89,11 @@ __all__ = [
     "EngineStatus",
     "ExecResult",
     "GcResult",
+    "ImportResult",
+    "ImportedCheckpoint",
     "IncompleteDump",
     "InvalidRequest",
+    "KeepReason",
     "NotFound",
     "OutputChunk",
     "PathChange",
@@ -94,6 +103,7 @@ __all__ = [
     "QuotaUse",
     "Recovered",
     "RequestTooLarge",
+    "RetentionPolicy",
     "Sandbox",
     "SandboxBusy",
     "SandboxDead",
@@ -104,6 +114,7 @@ __all__ = [
     "StoreError",
     "StoreFull",
     "SyncResult",
+    "ThinResult",
     "Tree",
     "TreeSandbox",
     "Turn",

@@ -27,6 +27,7 @@ import grpc
 from crabd.api import errors as wire_errors
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.errors import ClientClosed, CrabError, InvalidRequest
+from crabd.models import RetentionPolicy
 from crabd.sdk import _requests as rq
 from crabd.sdk._requests import CreateOptions, ExecOptions
 from crabd.sdk.embedded import EmbeddedDaemon
@@ -39,12 +40,14 @@ from crabd.sdk.models import (
     EngineStatus,
     ExecResult,
     GcResult,
+    ImportResult,
     OutputChunk,
     PushResult,
     QuotaUse,
     Recovered,
     SandboxInfo,
     SyncResult,
+    ThinResult,
     Tree,
     Turn,
     VerifyResult,
@@ -70,6 +73,8 @@ RECOVER_S = 600.0
 STORE_SWEEP_S = 3600.0
 #: A push uploads a whole checkpoint (its blobs the bucket lacks) before it answers.
 PUSH_S = 3600.0
+#: An export or import moves a whole archive through the call.
+ARCHIVE_S = 3600.0
 FORK_PER_SANDBOX_S = 30.0
 
 
@@ -266,9 +271,29 @@ class ClientCore(Generic[SB]):
         ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
         return self._call("PushCheckpoint", ref, PushResult.from_pb, timeout=PUSH_S)
 
+    def _export(self, checkpoint: CheckpointRef, ancestors: bool) -> Call[bytes]:
+        req = pb.ExportCheckpointRequest(checkpoint=rq.checkpoint_id(checkpoint), ancestors=ancestors)
+        return self._call("ExportCheckpoint", req, lambda m: bytes(m.data), timeout=ARCHIVE_S)
+
+    def _import(self) -> Call[ImportResult]:
+        # The request is the archive's stream of chunks (sdk/_archives.py), sent by the twin.
+        return self._call("ImportCheckpoint", None, ImportResult.from_pb, timeout=ARCHIVE_S)
+
     def _import_sandbox(self, checkpoint: CheckpointRef, last_turn: int) -> Call[Recovered]:
         req = pb.ImportSandboxRequest(checkpoint=rq.checkpoint_id(checkpoint), last_turn=last_turn)
         return self._call("ImportSandbox", req, Recovered.from_pb, timeout=RECOVER_S)
+
+    def _pin(self, checkpoint: CheckpointRef, pinned: bool) -> Call[CheckpointInfo]:
+        req = pb.PinRequest(checkpoint=rq.checkpoint_id(checkpoint), pinned=pinned)
+        return self._call("PinCheckpoint", req, CheckpointInfo.from_pb)
+
+    def _set_retention(self, sandbox: str, policy: RetentionPolicy | None) -> Call[SB]:
+        req = rq.retention_request(sandbox, policy)
+        return self._call("SetRetention", req, lambda m: self._wrap(SandboxInfo.from_pb(m)))
+
+    def _thin(self, sandbox: str, dry_run: bool) -> Call[ThinResult]:
+        req = pb.ThinRequest(sandbox=sandbox, dry_run=dry_run)
+        return self._call("ThinCheckpoints", req, ThinResult.from_pb, timeout=STORE_SWEEP_S)
 
     def _sync_store(self) -> Call[SyncResult]:
         return self._call("SyncStore", pb.SyncStoreRequest(), SyncResult.from_pb, timeout=STORE_SWEEP_S)

@@ -29,6 +29,13 @@ CLIENT = {
         a fork or restore fetches them first).""",
     "checkpoint": "One checkpoint with what changed in it, its session state and its lineage.",
     "delete_checkpoint": "Delete a checkpoint (its children stay restorable); returns bytes freed.",
+    "pin": "Pin a checkpoint: no retention policy thins it (``kept_for`` then includes ``pinned``).",
+    "unpin": "Unpin a checkpoint: the sandbox's retention policy may thin it again (queued at once).",
+    "set_retention": """Give a sandbox its own retention policy (:class:`crabd.models.RetentionPolicy`; None: the
+        daemon's ``[retention]`` default).  Thinning by it is queued in the background at once.""",
+    "thin": """Thin a sandbox's checkpoints by its retention policy now; ``dry_run``: only say which
+        would go.  Heads, line ends, fork origins, branch points, roots and pinned checkpoints are
+        never thinned (docs/retention.md).""",
     "fork": "``n`` new, independent sandboxes with the checkpoint's files and session state.",
     "tree": "The checkpoint tree of one sandbox, or the tree that holds one checkpoint.",
     "checkpoint_failures": "Checkpoints that were attempted and not made, newest first, with why (and CRIU's log).",
@@ -37,6 +44,18 @@ CLIENT = {
     "verify": "Re-hash stored checkpoint data; name corrupt blobs and the checkpoints that need them.",
     "push": """Upload a checkpoint to the remote tier now and wait until it is ``remote`` (crabd uploads
         every checkpoint in the background anyway); says what moved.""",
+    "export_checkpoint": """Write a portable archive of a checkpoint to ``target`` (a path, or a binary file
+        open for writing): its files, session state, process image and every blob they need, with a
+        manifest of hashes and the CRIU, kernel and architecture it needs.  ``ancestors``: its
+        ancestors on its line too (blobs once), so earlier turns restore after an import.  crabd
+        streams the bytes; the file is written here, with your permissions.  Returns the archive's
+        size.  See docs/checkpoints.md, "Portable archives".""",
+    "import_checkpoint": """Import a portable archive from ``source`` (a path, or a binary file open for
+        reading) as your checkpoints: every hash is verified before anything is visible, and a bad
+        archive changes nothing (:class:`~crabd.errors.ArchiveRejected`).  A process image this
+        host cannot restore (another architecture, an older CRIU or kernel) is left out with the
+        reason (``ImportResult.dropped``); files and session still import.  Fork the result with
+        :meth:`fork`.""",
     "sync_store": "Re-read the remote tier's manifests into this host's index of remote checkpoints (root only).",
     "import_sandbox": """Bring the checkpoint's own sandbox to this host (a migration, or its host
         was lost): it keeps its id, name, owner and lineage, and its turns go on from the

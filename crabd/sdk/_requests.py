@@ -20,7 +20,7 @@ from pathlib import Path
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.config import load_config
 from crabd.errors import CrabError, InvalidRequest
-from crabd.models import CheckpointPolicy, RecoveryMode
+from crabd.models import CheckpointPolicy, RecoveryMode, RetentionPolicy
 from crabd.sdk.models import CheckpointFailure
 from crabd.util import validate
 
@@ -89,6 +89,8 @@ class CreateOptions:
     # ``str``: a plain word is accepted too; crabd validates it once, at its edge.
     checkpoints: str = CheckpointPolicy.AUTO
     recovery: str = RecoveryMode.MANUAL
+    #: Which checkpoints retention keeps (None: the daemon's ``[retention]`` default).
+    retention: RetentionPolicy | None = None
 
     def request(self) -> pb.CreateSandboxRequest:
         """The wire request, every value checked."""
@@ -105,7 +107,21 @@ class CreateOptions:
             workdir=self.workdir,
             checkpoints=self.checkpoints,
             recovery=self.recovery,
+            retention=retention_to_pb(self.retention) if self.retention is not None else None,
         )
+
+
+def retention_to_pb(p: RetentionPolicy) -> pb.Retention:
+    return pb.Retention(
+        keep_last=p.keep_last, keep_hourly=p.keep_hourly, keep_daily=p.keep_daily, keep_within_s=p.keep_within_s
+    )
+
+
+def retention_request(sandbox: str, policy: RetentionPolicy | None) -> pb.SetRetentionRequest:
+    """Set ``policy`` on ``sandbox`` (None: back to the daemon's default)."""
+    if policy is None:
+        return pb.SetRetentionRequest(sandbox=sandbox, use_default=True)
+    return pb.SetRetentionRequest(sandbox=sandbox, retention=retention_to_pb(policy))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ import grpc
 
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.errors import CrabError
-from crabd.sdk import _docs, models
+from crabd.models import RetentionPolicy
+from crabd.sdk import _archives, _docs, models
 from crabd.sdk._core import Call, ClientCore, Event, SandboxCore, SessionCore, documented, takes
 from crabd.sdk._requests import CHANNEL_OPTIONS, CreateOptions, ExecOptions
 from crabd.sdk.embedded import EmbeddedDaemon
@@ -119,6 +120,18 @@ class AsyncClient(ClientCore["AsyncSandbox"]):
     async def delete_checkpoint(self, checkpoint: CheckpointRef) -> int:
         return await self._send(self._delete_checkpoint(checkpoint))
 
+    async def pin(self, checkpoint: CheckpointRef) -> models.CheckpointInfo:
+        return await self._send(self._pin(checkpoint, True))
+
+    async def unpin(self, checkpoint: CheckpointRef) -> models.CheckpointInfo:
+        return await self._send(self._pin(checkpoint, False))
+
+    async def set_retention(self, sandbox: str, policy: RetentionPolicy | None) -> AsyncSandbox:
+        return await self._send(self._set_retention(sandbox, policy))
+
+    async def thin(self, sandbox: str, *, dry_run: bool = False) -> models.ThinResult:
+        return await self._send(self._thin(sandbox, dry_run))
+
     async def fork(
         self, checkpoint: CheckpointRef, n: int = 1, *, name_prefix: str = ""
     ) -> builtins.list[AsyncSandbox]:
@@ -147,6 +160,32 @@ class AsyncClient(ClientCore["AsyncSandbox"]):
 
     async def import_sandbox(self, checkpoint: CheckpointRef, *, last_turn: int = -1) -> models.Recovered:
         return await self._send(self._import_sandbox(checkpoint, last_turn))
+
+    async def export_checkpoint(
+        self, checkpoint: CheckpointRef, target: _archives.ArchiveFile, *, ancestors: bool = False
+    ) -> int:
+        call = self._export(checkpoint, ancestors)
+        self._ensure_open()
+        size = 0
+        with _archives.writer(target) as write:
+            try:
+                async for message in self._stub.ExportCheckpoint(call.request, timeout=call.timeout):
+                    data = call.parse(message)
+                    await asyncio.to_thread(write, data)
+                    size += len(data)
+            except grpc.RpcError as exc:
+                raise self._error(exc) from exc
+        return size
+
+    async def import_checkpoint(self, source: _archives.ArchiveFile) -> models.ImportResult:
+        call = self._import()
+        self._ensure_open()
+        async with _archives.achunks(source) as messages:
+            try:
+                reply = await self._stub.ImportCheckpoint(messages, timeout=call.timeout)
+            except grpc.RpcError as exc:
+                raise self._error(exc) from exc
+        return call.parse(reply)
 
 
 @documented(_docs.SESSION)

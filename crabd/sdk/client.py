@@ -27,7 +27,8 @@ import grpc
 
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.errors import CrabError
-from crabd.sdk import _docs, models
+from crabd.models import RetentionPolicy
+from crabd.sdk import _archives, _docs, models
 from crabd.sdk._core import Call, ClientCore, Event, SandboxCore, SessionCore, documented, takes
 from crabd.sdk._requests import CHANNEL_OPTIONS, CreateOptions, ExecOptions
 from crabd.sdk.embedded import EmbeddedDaemon
@@ -121,6 +122,18 @@ class Client(ClientCore["Sandbox"]):
     def delete_checkpoint(self, checkpoint: CheckpointRef) -> int:
         return self._send(self._delete_checkpoint(checkpoint))
 
+    def pin(self, checkpoint: CheckpointRef) -> models.CheckpointInfo:
+        return self._send(self._pin(checkpoint, True))
+
+    def unpin(self, checkpoint: CheckpointRef) -> models.CheckpointInfo:
+        return self._send(self._pin(checkpoint, False))
+
+    def set_retention(self, sandbox: str, policy: RetentionPolicy | None) -> Sandbox:
+        return self._send(self._set_retention(sandbox, policy))
+
+    def thin(self, sandbox: str, *, dry_run: bool = False) -> models.ThinResult:
+        return self._send(self._thin(sandbox, dry_run))
+
     def fork(self, checkpoint: CheckpointRef, n: int = 1, *, name_prefix: str = "") -> builtins.list[Sandbox]:
         return self._send(self._fork(n, name_prefix=name_prefix, checkpoint=checkpoint))
 
@@ -147,6 +160,32 @@ class Client(ClientCore["Sandbox"]):
 
     def import_sandbox(self, checkpoint: CheckpointRef, *, last_turn: int = -1) -> models.Recovered:
         return self._send(self._import_sandbox(checkpoint, last_turn))
+
+    def export_checkpoint(
+        self, checkpoint: CheckpointRef, target: _archives.ArchiveFile, *, ancestors: bool = False
+    ) -> int:
+        call = self._export(checkpoint, ancestors)
+        self._ensure_open()
+        size = 0
+        with _archives.writer(target) as write:
+            try:
+                for message in self._stub.ExportCheckpoint(call.request, timeout=call.timeout):
+                    data = call.parse(message)
+                    write(data)
+                    size += len(data)
+            except grpc.RpcError as exc:
+                raise self._error(exc) from exc
+        return size
+
+    def import_checkpoint(self, source: _archives.ArchiveFile) -> models.ImportResult:
+        call = self._import()
+        self._ensure_open()
+        with _archives.chunks(source) as messages:
+            try:
+                reply = self._stub.ImportCheckpoint(messages, timeout=call.timeout)
+            except grpc.RpcError as exc:
+                raise self._error(exc) from exc
+        return call.parse(reply)
 
 
 @documented(_docs.SESSION)

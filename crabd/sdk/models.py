@@ -13,7 +13,9 @@ from crabd.models import (
     DecisionKind,
     FilesSource,
     ImageSource,
+    KeepReason,
     RecoveryMode,
+    RetentionPolicy,
     TurnCheckpointState,
 )
 
@@ -61,6 +63,8 @@ class SandboxInfo:
     #: hot copy of the newest dump or the blob store; None for a files-only checkpoint).
     files_from: FilesSource | None = None
     images_from: ImageSource | None = None
+    #: Its own retention policy (None: the daemon's ``[retention]`` default applies).
+    retention: RetentionPolicy | None = None
 
     @classmethod
     def from_pb(cls, m: pb.Sandbox) -> SandboxInfo:
@@ -93,7 +97,12 @@ class SandboxInfo:
             not_restored=list(m.not_restored),
             files_from=FilesSource(m.files_from) if m.files_from else None,
             images_from=_image_source(m.images_from),
+            retention=retention_from_pb(m.retention) if m.HasField("retention") else None,
         )
+
+
+def retention_from_pb(m: pb.Retention) -> RetentionPolicy:
+    return RetentionPolicy(int(m.keep_last), int(m.keep_hourly), int(m.keep_daily), float(m.keep_within_s))
 
 
 @dataclass(frozen=True)
@@ -376,6 +385,10 @@ class CheckpointInfo:
     remote_only: bool = False
     #: The host that took it, when it came from the remote tier ("" = this one).
     host: str = ""
+    #: ``Client.pin``: no retention policy thins it.
+    pinned: bool = False
+    #: Why retention keeps it (() = the next thinning deletes it; None = not known, e.g. remote only).
+    kept_for: tuple[KeepReason, ...] | None = None
 
     @classmethod
     def from_pb(cls, m: pb.Checkpoint) -> CheckpointInfo:
@@ -407,6 +420,8 @@ class CheckpointInfo:
             remote=m.remote,
             remote_only=m.remote_only,
             host=m.host,
+            pinned=m.pinned,
+            kept_for=tuple(KeepReason(r) for r in m.kept_for) if m.retention_known else None,
         )
 
 
@@ -532,6 +547,24 @@ class PushResult:
 
 
 @dataclass(frozen=True)
+class ThinResult:
+    """What :meth:`Client.thin` deleted (or, ``dry_run``, would delete) of a sandbox's checkpoints."""
+
+    sandbox_id: str
+    #: The policy applied, in words.
+    policy: str
+    deleted: list[str]
+    bytes_freed: int
+    #: Checkpoints left.
+    kept: int
+    dry_run: bool
+
+    @classmethod
+    def from_pb(cls, m: pb.ThinResponse) -> ThinResult:
+        return cls(m.sandbox, m.policy, list(m.deleted), m.bytes_freed, m.kept, m.dry_run)
+
+
+@dataclass(frozen=True)
 class SyncResult:
     """What :meth:`Client.sync_store` found in the remote tier's bucket."""
 
@@ -599,4 +632,51 @@ class Recovered:
             CheckpointKind(m.kind),
             list(m.lost_turns),
             list(m.not_restored),
+        )
+
+
+@dataclass(frozen=True)
+class ImportedCheckpoint:
+    """One checkpoint of an imported archive, as it is on this host now."""
+
+    checkpoint: CheckpointInfo
+    #: This host had it already with the same content: left as it was.
+    already_present: bool
+    #: Why its process image was not imported ("" = it was, or it had none): it came with files and session only.
+    process_image_dropped: str
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What :meth:`Client.import_checkpoint` did (checkpoints parent first; the exported one last)."""
+
+    checkpoints: list[ImportedCheckpoint]
+    #: Blobs in the archive, and how many were new to this host's store.
+    blobs: int
+    stored_blobs: int
+    #: Archive bytes sent.
+    bytes: int
+    seconds: float
+
+    @property
+    def checkpoint(self) -> CheckpointInfo:
+        """The checkpoint the archive was exported for (the last of its line)."""
+        return self.checkpoints[-1].checkpoint
+
+    @property
+    def dropped(self) -> dict[str, str]:
+        """Checkpoint id -> why its process image was not imported."""
+        return {c.checkpoint.id: c.process_image_dropped for c in self.checkpoints if c.process_image_dropped}
+
+    @classmethod
+    def from_pb(cls, m: pb.ImportCheckpointResponse) -> ImportResult:
+        return cls(
+            [
+                ImportedCheckpoint(CheckpointInfo.from_pb(c.checkpoint), c.already_present, c.process_image_dropped)
+                for c in m.checkpoints
+            ],
+            m.blobs,
+            m.stored_blobs,
+            m.bytes,
+            m.seconds,
         )

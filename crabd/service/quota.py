@@ -71,6 +71,8 @@ class Quotas:
         self._owned = owned
         self._making: Counter[int] = Counter()
         self._forking: Counter[int] = Counter()
+        #: What holds a uid's store space that retention may not thin (set by the daemon: coordinator/retention.py).
+        self.room_hint: Callable[[int], str] | None = None
 
     def limited(self, uid: int) -> bool:
         return not (uid == 0 and self.cfg.exempt_root)
@@ -129,6 +131,7 @@ class Quotas:
         used = accounting.store_bytes_used(self.db, uid)
         limit = self.cfg.max_store_bytes
         if used >= limit if adding == 0 else used + adding > limit:
+            room = self.room_hint(uid) if self.room_hint is not None else ""
             raise QuotaExceeded(
                 f"uid {uid}'s checkpoints use {_size(used)} of the store"
                 + (f"; this one adds {_size(adding)}" if adding else "")
@@ -138,8 +141,10 @@ class Quotas:
                 limit=limit,
                 used=used,
                 requested=adding,
-                hint="Delete checkpoints you no longer need (`crabctl checkpoint rm`), or ask root to raise "
-                "[quota] max_store_bytes.  Earlier checkpoints are intact and the sandbox keeps running.",
+                hint=(room + " " if room else "")
+                + "Delete checkpoints you no longer need (`crabctl checkpoint rm`), set a retention policy"
+                " (`crabctl retention set SB --keep-last N`), or ask root to raise [quota] max_store_bytes."
+                "  Earlier checkpoints are intact and the sandbox keeps running.",
             )
 
     # --- report -----------------------------------------------------------------------

@@ -32,6 +32,17 @@ def check_owner(caller: Caller, owner_uid: int, ckpt_id: str) -> None:
         )
 
 
+def readable_checkpoint(catalog: Catalog, caller: Caller, ckpt_id: str) -> CheckpointRecord:
+    """The local checkpoint ``ckpt_id`` if ``caller`` may use it (else InvalidRequest, NotFound, PermissionDenied)."""
+    if not ckpt_id:
+        raise InvalidRequest("no checkpoint named in the request")
+    rec = catalog.find(ckpt_id)
+    if rec is None:
+        raise CheckpointNotFound(f"no checkpoint {ckpt_id!r}", checkpoint=ckpt_id)
+    check_owner(caller, rec.owner_uid, ckpt_id)
+    return rec
+
+
 def _allowed(caller: Caller, ckpt_id: str) -> Callable[[int], None]:
     return lambda owner_uid: check_owner(caller, owner_uid, ckpt_id)
 

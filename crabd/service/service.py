@@ -36,6 +36,7 @@ from crabd.coordinator.housekeeping import Housekeeper
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovered, Recovery
 from crabd.coordinator.restore import MAX_FORKS, Restorer
+from crabd.coordinator.retention import Retention
 from crabd.coordinator.runner import ChunkSink
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.coordinator.tree import TreeView, build_tree
@@ -63,10 +64,12 @@ from crabd.models import (
 )
 from crabd.runtime import session_state
 from crabd.runtime.session_state import SessionState
+from crabd.service.archives import ArchiveEdge
 from crabd.service.limits import RequestLimits, fit_output
 from crabd.service.quota import Quotas, QuotaUse
-from crabd.service.remote import RemoteCheckpoints, check_owner
+from crabd.service.remote import RemoteCheckpoints, readable_checkpoint
 from crabd.service.reports import CheckpointDetail, DaemonStatus, EngineReport
+from crabd.service.retention import RetentionEdge
 from crabd.store.catalog import Catalog, CheckpointFailure
 from crabd.store.maintenance import GcReport, VerifyReport
 from crabd.store.remote.tier import SyncReport, Transfer
@@ -108,6 +111,7 @@ class Service:
         catalog: Catalog,
         quotas: Quotas,
         housekeeping: Housekeeper,
+        retention: Retention,
         docker_version: str,
     ) -> None:
         self.cfg = cfg
@@ -129,6 +133,10 @@ class Service:
         self.docker_version = docker_version
         #: The remote tier's edge (a tier is attached by the daemon when [remote] is configured).
         self.remote = RemoteCheckpoints(catalog)
+        #: Portable archives' edge (export/import; the coordinator's part is attached by the daemon).
+        self.archives = ArchiveEdge(catalog, sandboxes, quotas, self.limits)
+        #: Retention's edge: pins, policies, thinning, and why each checkpoint is kept.
+        self.retention = RetentionEdge(retention, sandboxes.registry, self._lookup, self._checkpoint)
 
     # --- access -----------------------------------------------------------------
 
@@ -151,13 +159,7 @@ class Service:
         return rec
 
     def _checkpoint(self, caller: Caller, ckpt_id: str) -> CheckpointRecord:
-        if not ckpt_id:
-            raise InvalidRequest("no checkpoint named in the request")
-        rec = self.catalog.find(ckpt_id)
-        if rec is None:
-            raise CheckpointNotFound(f"no checkpoint {ckpt_id!r}", checkpoint=ckpt_id)
-        check_owner(caller, rec.owner_uid, ckpt_id)
-        return rec
+        return readable_checkpoint(self.catalog, caller, ckpt_id)
 
     async def _checkpoint_anywhere(self, caller: Caller, ckpt_id: str) -> CheckpointRecord:
         """Like :meth:`_checkpoint`, but one only the remote tier holds is fetched here first."""
@@ -399,7 +401,7 @@ class Service:
         recs = await asyncio.to_thread(self.remote.annotate, recs)
         if include_remote:
             recs += await asyncio.to_thread(self.remote.remote_only, caller, sandbox_id, {r.id for r in recs})
-        return recs
+        return await self.retention.annotate(recs)
 
     async def push_checkpoint(self, caller: Caller, ckpt_id: str) -> tuple[CheckpointRecord, Transfer]:
         """Upload one of the caller's checkpoints to the remote tier now; returns it (remote) and what moved."""

@@ -73,6 +73,17 @@ def store_bytes_used(db: Database, uid: int) -> int:
     return int(row[0] or 0)
 
 
+def recent_new_bytes(db: Database, sandbox_id: str, last: int = 3) -> int:
+    """The most any of ``sandbox_id``'s newest ``last`` checkpoints added (an estimate of its next one)."""
+    with db.lock:
+        row = db.conn.execute(
+            "SELECT MAX(n) FROM (SELECT CAST(COALESCE(json_extract(stats_json, '$.new_bytes'), 0) AS INTEGER) AS n"
+            " FROM checkpoints WHERE sandbox_id=? ORDER BY created_at DESC LIMIT ?)",
+            (sandbox_id, last),
+        ).fetchone()
+    return int(row[0] or 0)
+
+
 def checkpoint_count(db: Database, uid: int) -> int:
     with db.lock:
         row = db.conn.execute("SELECT COUNT(*) FROM checkpoints WHERE owner_uid=?", (uid,)).fetchone()

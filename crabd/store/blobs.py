@@ -58,6 +58,15 @@ class BlobStore(Protocol):
         """Make the named blobs durable."""
         ...
 
+    def link_frame(self, hex_: str, dest: Path) -> None:
+        """Hard-link the blob's stored zstd frame at ``dest`` (same file system; for portable archives)."""
+        ...
+
+    def put_frame(self, path: Path, hex_: str, size: int) -> PutResult:
+        """Move ``path`` (a verified zstd frame of blob ``hex_``, ``size`` content bytes, on the store's
+        file system and already durable) to the blob's address; removes ``path`` if the blob is stored."""
+        ...
+
     def iter_content(self, hex_: str) -> Iterator[bytes]:
         """The content in pieces, verified against ``hex_`` (CorruptBlob at the end if it differs)."""
         ...

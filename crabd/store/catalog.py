@@ -48,9 +48,10 @@ ChildrenOf = Callable[[str], Iterable[str]]
 #: (content size, bytes on disk) of a blob that is becoming live.
 SizeOf = Callable[[str], tuple[int, int]]
 
+_NCOLS = 20
 _COLS = (
     "id, sandbox_id, sandbox_name, owner_uid, parent_id, branch, turn, kind, created_at, label, image, spec_json,"
-    " index_blob, delta_blob, session_blob, process_blob, racy_ns, kept, stats_json"
+    " index_blob, delta_blob, session_blob, process_blob, racy_ns, kept, stats_json, pinned"
 )
 
 
@@ -75,6 +76,7 @@ def _rec(row: tuple[Any, ...]) -> CheckpointRecord:
         racy_ns=int(row[16]),
         kept=bool(row[17]),
         stats=json.loads(row[18]),
+        pinned=bool(row[19]),
     )
 
 
@@ -100,6 +102,7 @@ def _row(rec: CheckpointRecord) -> tuple[Any, ...]:
         rec.racy_ns,
         int(rec.kept),
         json.dumps(rec.stats, sort_keys=True),
+        int(rec.pinned),
     )
 
 
@@ -296,7 +299,7 @@ class Catalog:
         ``hook`` (tests only) runs inside the transaction, just before COMMIT.
         """
         with self.db.tx() as conn:
-            conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * 19)})", _row(rec))
+            conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * _NCOLS)})", _row(rec))
             self._take(conn, ck_owner(rec.id), direct_refs(rec), children, size_of)
             self._set_head(conn, rec.sandbox_id, rec.id, None, rec.racy_ns, children, size_of)
             if hook is not None:
@@ -312,7 +315,7 @@ class Catalog:
         with self.db.tx() as conn:
             if conn.execute("SELECT 1 FROM checkpoints WHERE id=?", (rec.id,)).fetchone() is not None:
                 return
-            conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * 19)})", _row(rec))
+            conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * _NCOLS)})", _row(rec))
             self._take(conn, ck_owner(rec.id), direct_refs(rec), children, size_of)
 
     def _set_head(
@@ -544,6 +547,18 @@ class Catalog:
         with self.db.tx() as conn:
             conn.executemany("UPDATE checkpoints SET kept=? WHERE id=?", [(int(kept), c) for c in ckpt_ids])
 
+    def ids(self) -> set[str]:
+        """Every checkpoint's id (cheaper than listing the records)."""
+        with self.db.lock:
+            return {str(r[0]) for r in self.db.conn.execute("SELECT id FROM checkpoints")}
+
+    def set_pinned(self, ckpt_id: str, pinned: bool) -> CheckpointRecord:
+        """Pin or unpin one checkpoint (retention never thins a pinned one); its record after."""
+        with self.db.tx() as conn:
+            if conn.execute("UPDATE checkpoints SET pinned=? WHERE id=?", (int(pinned), ckpt_id)).rowcount == 0:
+                raise CheckpointNotFound(f"no checkpoint {ckpt_id!r}", checkpoint=ckpt_id)
+        return self.get(ckpt_id)
+
     def prunable(self, live_sandboxes: set[str]) -> list[str]:
         """Checkpoints nobody needs any more: their sandbox is gone, they are not kept, no checkpoint
         descends from them and no sandbox stands on them (head or origin).  Leaves first."""
@@ -569,3 +584,18 @@ class Catalog:
                 if p in removable and kids[p] == 0:
                     frontier.append(p)
         return out
+
+    # --- portable archives (coordinator/archives.py) -------------------------------------
+
+    def adopt_all(self, recs: list[CheckpointRecord], children: ChildrenOf, size_of: SizeOf) -> list[str]:
+        """Make ``recs`` (parent first; every blob stored and durable) visible in ONE transaction, as
+        :meth:`adopt` does one; those already here are left as they are.  Returns the ids added."""
+        added: list[str] = []
+        with self.db.tx() as conn:
+            for rec in recs:
+                if conn.execute("SELECT 1 FROM checkpoints WHERE id=?", (rec.id,)).fetchone() is not None:
+                    continue
+                conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * len(_row(rec)))})", _row(rec))
+                self._take(conn, ck_owner(rec.id), direct_refs(rec), children, size_of)
+                added.append(rec.id)
+        return added

@@ -8,7 +8,7 @@ attached WAL databases atomic, which is why this is one file.
 Durability: WAL mode with ``synchronous=FULL``, so a committed transaction
 survives kill -9 and power loss.
 
-Schema (version 6)::
+Schema (version 7)::
 
     meta(key TEXT PK, value TEXT)                      -- schema_version
     sandboxes(id TEXT PK, name TEXT UNIQUE, owner_uid INT, spec_json TEXT,
@@ -34,7 +34,8 @@ Schema (version 6)::
                 image TEXT, spec_json TEXT,           -- enough to fork it after its sandbox is gone
                 index_blob TEXT, delta_blob TEXT, session_blob TEXT NULL, process_blob TEXT NULL,
                 racy_ns INT,                          -- see crabd.backends.overlay.scan
-                kept INT, stats_json TEXT)
+                kept INT, stats_json TEXT,
+                pinned INT)                           -- `crabctl checkpoint pin`: retention never thins it
     heads(sandbox_id TEXT PK, checkpoint_id TEXT, stat_blob TEXT NULL, racy_ns INT)
     refs(owner TEXT, blob TEXT, PK(owner, blob))       -- owner: "ck:<id>" or "head:<sandbox>"
     blob_refs(blob TEXT PK, refcount INT, size INT, stored INT)
@@ -51,7 +52,8 @@ turns and commands; version 2 (issue 4) had turns without decision_json and
 checkpoint_id; version 3 (issue 6) without checkpoint_state and
 checkpoint_error; version 4 without basis_id and branch (rows from before
 v5 keep NULL there: see ``coordinator/turnmap.py`` for how such turns are
-resolved); version 5 without the remote tables.  :func:`_migrate` upgrades
+resolved); version 5 without the remote tables; version 6 without
+checkpoints.pinned.  :func:`_migrate` upgrades
 any of them in place.
 """
 
@@ -65,7 +67,7 @@ from types import TracebackType
 
 from crabd.errors import StoreError, StoreFull
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -120,6 +122,7 @@ _SANDBOX_COLUMNS_V2 = (
     ("origin", "TEXT NOT NULL DEFAULT ''"),
     ("branch", "INTEGER NOT NULL DEFAULT 0"),
 )
+_CHECKPOINT_COLUMNS_V7 = (("pinned", "INTEGER NOT NULL DEFAULT 0"),)
 _TURN_COLUMNS = (
     ("decision_json", "TEXT"),
     ("checkpoint_id", "TEXT"),
@@ -156,19 +159,23 @@ class Database:
         # executescript() commits on its own; every statement is idempotent.
         self.conn.executescript(_SCHEMA_V1)
         for table, columns in (("sandboxes", _SANDBOX_COLUMNS_V2), ("turns", _TURN_COLUMNS)):
-            have = {str(r[1]) for r in self.conn.execute(f"PRAGMA table_info({table})")}
-            with self.tx() as db:
-                for name, decl in columns:
-                    if name not in have:
-                        db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+            self._add_columns(table, columns)
         self.conn.executescript(_SCHEMA_V2)
         self.conn.executescript(_SCHEMA_V6)
+        self._add_columns("checkpoints", _CHECKPOINT_COLUMNS_V7)
         with self.tx() as db:
             db.execute(
                 "INSERT INTO meta(key, value) VALUES('schema_version', ?) "
                 "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                 (str(SCHEMA_VERSION),),
             )
+
+    def _add_columns(self, table: str, columns: tuple[tuple[str, str], ...]) -> None:
+        have = {str(r[1]) for r in self.conn.execute(f"PRAGMA table_info({table})")}
+        with self.tx() as db:
+            for name, decl in columns:
+                if name not in have:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
     def tx(self) -> Tx:
         """One write transaction: ``with db.tx() as conn: ...`` (BEGIN IMMEDIATE ... COMMIT/ROLLBACK)."""

@@ -208,6 +208,26 @@ class FileBlobStore:
 
         return self.put_pieces(pieces())
 
+    def link_frame(self, hex_: str, dest: Path) -> None:
+        try:
+            os.link(self._p(hex_), dest)
+        except FileNotFoundError as exc:
+            raise CorruptBlob(f"blob {hex_} is missing from {self.root}", blob=hex_, checkpoints=[]) from exc
+        except OSError as exc:
+            raise store_error(exc, self.root, f"linking blob {hex_} for an export") from exc
+
+    def put_frame(self, path: Path, hex_: str, size: int) -> PutResult:
+        target = self._p(hex_)
+        try:
+            if self._adoptable(hex_, target):
+                path.unlink()
+                return PutResult(hex_, size, 0)
+            stored = path.stat().st_size
+            self._publish_tmp(str(path), target, hex_)
+        except OSError as exc:
+            raise store_error(exc, self.root, f"moving imported blob {hex_} into the store") from exc
+        return PutResult(hex_, size, stored)
+
     def sync(self, hexes: Iterable[str]) -> None:
         """Make the named blobs durable with one ``syncfs`` of the store's filesystem.
 

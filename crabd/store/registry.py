@@ -17,6 +17,7 @@ from crabd.models import (
     CheckpointPolicy,
     CommandRecord,
     RecoveryMode,
+    RetentionPolicy,
     SandboxRecord,
     SandboxSpec,
     SandboxState,
@@ -36,6 +37,8 @@ def spec_from_json(text: str) -> SandboxSpec:
     # Stored as their strings; back to members here, where they leave the database.
     data["checkpoints"] = CheckpointPolicy(data.get("checkpoints", CheckpointPolicy.AUTO))
     data["recovery"] = RecoveryMode(data.get("recovery", RecoveryMode.MANUAL))
+    retention = data.get("retention")
+    data["retention"] = RetentionPolicy(**retention) if retention else None
     return SandboxSpec(**{k: v for k, v in data.items() if k in known})
 
 
@@ -105,6 +108,11 @@ class Registry:
             return
         with self._tx() as db:
             db.execute(f"UPDATE sandboxes SET {', '.join(sets)} WHERE id=?", (*args, sandbox_id))
+
+    def set_spec(self, sandbox_id: str, spec: SandboxSpec) -> None:
+        """Replace a sandbox's spec (only its retention policy changes after creation)."""
+        with self._tx() as db:
+            db.execute("UPDATE sandboxes SET spec_json=? WHERE id=?", (spec_to_json(spec), sandbox_id))
 
     def delete_sandbox(self, sandbox_id: str) -> None:
         with self._tx() as db:

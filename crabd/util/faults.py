@@ -64,6 +64,13 @@ CRASH_POINTS: tuple[str, ...] = (
     "delete.after_catalog",  # the checkpoint's rows are gone, its blob files not yet swept
     "sweep.mid",  # half the unreferenced blob files of a delete removed
     "gc.mid",  # half of gc's unreferenced blob files removed
+    # retention (coordinator/retention.py -> housekeeping.py's delete_chosen)
+    "thin.in_transaction",  # a thinning batch's first checkpoint deleted inside its transaction, not committed
+    "thin.after_catalog",  # a thinning batch committed, its blob files not yet swept
+    "thin.sweep",  # half of a thinning batch's unreferenced blob files removed
+    # archive import (coordinator/archives.py)
+    "import.after_stage",  # every blob verified and durable in the staging dir; nothing in the store
+    "import.before_adopt",  # the archive's blobs are in the store, durable; the adopting transaction not begun
     # sandbox removal (service/service.py's remove -> coordinator/sandboxes.py)
     "remove.after_container",  # the container is removed, the registry row not yet
     "remove.before_forget",  # the row is gone; its head and checkpoints not yet forgotten

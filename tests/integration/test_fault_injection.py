@@ -26,6 +26,7 @@ the cost); failures are collected and reported together, per point.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from crabd.sdk import Client, CrabError, EmbeddedDaemon, StoreFull
+from crabd.sdk import Client, CrabError, EmbeddedDaemon, RetentionPolicy, StoreFull
 from crabd.util.faults import CRASH_ENV, CRASH_POINTS, FAIL_ENV, WRITE_POINTS
 from tests.conftest import CRABCTL, have_docker, have_root, require
 from tests.integration.conftest import (
@@ -121,6 +122,11 @@ class Walk:
             except CrabError as exc:
                 problems.append(f"sandbox {sb.name} unusable: {type(exc).__name__}: {exc}")
         names = {sb.info.id: sb for sb in c.list()}
+        # What the crash left is what is checked: a retention policy (the thin.* points' sandbox) would
+        # otherwise thin the checkpoints the restores below leave behind (each restore moves the head).
+        for sb in names.values():
+            if sb.info.retention is not None:
+                c.set_retention(sb.name, None)
         listed = {ck.id for ck in c.checkpoints()}
         if self.kept - listed:
             problems.append(f"kept checkpoints of a removed sandbox lost: {sorted(self.kept - listed)}")
@@ -153,7 +159,7 @@ class Walk:
             time.sleep(0.2)
         if extra:
             problems.append(f"containers no sandbox names: {sorted(x[:12] for x in extra)}")
-        for d in (self.state / "blobs" / "tmp", self.state / "run" / "dumps"):
+        for d in (self.state / "blobs" / "tmp", self.state / "run" / "dumps", self.state / "archives"):
             left = sorted(p.name for p in d.iterdir()) if d.exists() else []
             if left:
                 problems.append(f"files left in {d.relative_to(self.state)}: {left[:5]}")
@@ -231,6 +237,15 @@ def _drivers(w: Walk) -> dict[str, Callable[[Client], object]]:
         sb.checkpoint()
         return c.delete_checkpoint(doomed)
 
+    def import_(c: Client) -> object:
+        # Export a fresh checkpoint of "fa", forget it, and bring it back from its archive.
+        w.fresh_file(c)
+        ck = c.get("fa").checkpoint(label="archived")
+        data = io.BytesIO()
+        c.export_checkpoint(ck, data)
+        c.delete_checkpoint(ck)
+        return c.import_checkpoint(io.BytesIO(data.getvalue()))
+
     def gc(c: Client) -> object:
         w.stray_blob()
         return c.gc()
@@ -247,6 +262,17 @@ def _drivers(w: Walk) -> dict[str, Callable[[Client], object]]:
             return None
 
         return go
+
+    def thin(c: Client) -> object:
+        # A sandbox of its own (tidy removes it): its policy must not thin "fa" under later points.
+        w.n += 1
+        sb = c.create("busybox", name=f"thin{w.n}")
+        for i in range(4):
+            sb.run(["sh", "-c", f"head -c 20000 /dev/urandom > /t{i}"])
+            sb.checkpoint()
+        # Setting the policy queues a background thinning; it reaches the same points as the call below.
+        c.set_retention(sb.name, RetentionPolicy(keep_last=1))
+        return c.thin(sb.name)
 
     drive: dict[str, Callable[[Client], object]] = {}
     for p in CRASH_POINTS:
@@ -266,6 +292,11 @@ def _drivers(w: Walk) -> dict[str, Callable[[Client], object]]:
             "delete.after_catalog": delete,
             "sweep.mid": delete,
             "gc.mid": gc,
+            "import.after_stage": import_,
+            "import.before_adopt": import_,
+            "thin.in_transaction": thin,
+            "thin.after_catalog": thin,
+            "thin.sweep": thin,
             "remove.after_container": remove(False),
             "remove.before_forget": remove(True),
             "blobs.write": checkpoint(),

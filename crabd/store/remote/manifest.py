@@ -112,16 +112,24 @@ class Manifest(_Strict):
         return CheckpointRecord(**{**c.model_dump(), "parent_id": parent_id, "stats": stats})
 
 
+#: Stats an import adds to a checkpoint (see Manifest.record), not the checkpoint's own.
+IMPORT_STATS = ("imported_from", "remote_parent")
+
+
+def remote_record(rec: CheckpointRecord) -> RemoteCheckpoint:
+    """A local checkpoint's record as a manifest (or a portable archive, store/archive.py) carries it."""
+    return RemoteCheckpoint(
+        **{name: getattr(rec, name) for name in RemoteCheckpoint.model_fields if name != "stats"},
+        stats={k: v for k, v in rec.stats.items() if k not in IMPORT_STATS},
+    )
+
+
 def build(rec: CheckpointRecord, host: str, sizes: dict[str, int], edges: dict[str, list[str]]) -> Manifest:
     """The manifest of a local checkpoint whose closure is ``sizes`` (blob -> size) with ``edges``."""
     return Manifest(
         format=FORMAT,
         host=host,
-        checkpoint=RemoteCheckpoint(
-            **{name: getattr(rec, name) for name in RemoteCheckpoint.model_fields if name != "stats"},
-            # What an import added (see Manifest.record) is not the checkpoint's own.
-            stats={k: v for k, v in rec.stats.items() if k not in ("imported_from", "remote_parent")},
-        ),
+        checkpoint=remote_record(rec),
         blobs=dict(sorted(sizes.items())),
         edges={p: sorted(kids) for p, kids in sorted(edges.items()) if kids},
     )
@@ -159,16 +167,21 @@ def _problem(m: Manifest, expect_id: str) -> str:
     """What is wrong with ``m`` (empty if nothing)."""
     if m.checkpoint.id != expect_id:
         return f"it names checkpoint {m.checkpoint.id!r}"
-    bad = next((b for b in m.blobs if not valid_address(b)), None)
+    return closure_problem(m.blobs, m.edges, m.roots)
+
+
+def closure_problem(blobs: dict[str, int], edges: dict[str, list[str]], roots: set[str]) -> str:
+    """What is wrong with a blob list (blob -> size) and its edges as the closure of ``roots`` ("" if nothing)."""
+    bad = next((b for b in blobs if not valid_address(b)), None)
     if bad is not None:
         return f"{bad[:80]!r} is not a blob address"
-    if any(size < 0 for size in m.blobs.values()):
+    if any(size < 0 for size in blobs.values()):
         return "a blob has a negative size"
-    missing = m.roots - m.blobs.keys()
+    missing = roots - blobs.keys()
     if missing:
         return f"its blob list lacks {sorted(missing)[0]}, which the checkpoint names"
-    for parent, kids in m.edges.items():
-        if parent not in m.blobs or not set(kids) <= m.blobs.keys():
+    for parent, kids in edges.items():
+        if parent not in blobs or not set(kids) <= blobs.keys():
             return f"the edges of {parent[:80]!r} leave its blob list"
     return ""
 

@@ -1,0 +1,104 @@
+"""The service's edge for portable archives: who may export a checkpoint, and what an import may add.
+
+* **Export**: only a checkpoint the caller may read (its own, or any for
+  root: ``check_owner``, as for GetCheckpoint).  With ``ancestors``, its
+  ancestors on its line go too, as far up as the caller may read them.
+* **Import**: the archive's checkpoints become the caller's (owner uid =
+  the caller's) and are charged to its store quota: the bytes of the blobs
+  this host lacks, checked before anything is written.  Refused: a
+  checkpoint id this host has for another uid, a checkpoint whose
+  sandbox is a live sandbox of another uid here, and one whose sandbox spec
+  (what a fork of it gets: limits, environment) a create request here could
+  not ask for.
+
+crabd never reads or writes a path the client names: both are streams
+(``api/servicer.py``); ``crabctl`` and the SDK do the file I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from crabd.coordinator.archives import Archives, Imported, ImportPlan
+from crabd.coordinator.sandboxes import SandboxManager
+from crabd.errors import ArchiveRejected, CrabError, InvalidRequest, PermissionDenied
+from crabd.models import Caller, CheckpointRecord
+from crabd.service.limits import RequestLimits
+from crabd.service.quota import Quotas
+from crabd.service.remote import check_owner, readable_checkpoint
+from crabd.store.archive import MANIFEST_NAME
+from crabd.store.catalog import Catalog
+from crabd.store.registry import spec_from_json
+from crabd.util import validate
+
+
+class ArchiveEdge:
+    def __init__(self, catalog: Catalog, sandboxes: SandboxManager, quotas: Quotas, limits: RequestLimits) -> None:
+        self.catalog = catalog
+        self.sandboxes = sandboxes
+        self.quotas = quotas
+        self.limits = limits
+        #: The coordinator's part, attached by the daemon.
+        self.archives: Archives | None = None
+
+    def _need(self) -> Archives:
+        if self.archives is None:
+            raise InvalidRequest("this crabd cannot export or import archives", hint="Upgrade and restart crabd.")
+        return self.archives
+
+    def _line(self, caller: Caller, ckpt_id: str, ancestors: bool) -> list[CheckpointRecord]:
+        """The checkpoints to export, parent first: it, and (``ancestors``) those above it the caller may read."""
+        rec = readable_checkpoint(self.catalog, caller, ckpt_id)
+        if not ancestors:
+            return [rec]
+        line = self.catalog.lineage(rec.id)
+        out: list[CheckpointRecord] = []
+        for c in reversed(line):
+            if not caller.is_root and c.owner_uid != caller.uid:
+                break
+            out.append(c)
+        return list(reversed(out))
+
+    async def export(self, caller: Caller, ckpt_id: str, ancestors: bool) -> AsyncIterator[bytes]:
+        """The archive of one checkpoint (and its ancestors), in chunks."""
+        archives = self._need()
+        recs = await asyncio.to_thread(self._line, caller, ckpt_id, ancestors)
+        async for chunk in archives.export(recs):
+            yield chunk
+
+    def _spec_allowed(self, rec: CheckpointRecord) -> None:
+        """A fork of the checkpoint gets its spec: hold it to the rules a create request meets here."""
+        try:
+            spec = spec_from_json(rec.spec_json)
+            validate.env_vars(spec.env_vars)
+            self.limits.resources(spec)
+        except (CrabError, ValueError, TypeError, KeyError) as exc:
+            message = exc.message if isinstance(exc, CrabError) else str(exc)[:300]
+            raise ArchiveRejected(
+                f"checkpoint {rec.id}'s sandbox spec is not one this host allows: {message}",
+                member=MANIFEST_NAME,
+                reason="manifest",
+            ) from exc
+
+    async def import_archive(self, caller: Caller, chunks: AsyncIterator[bytes]) -> Imported:
+        """Import the archive ``chunks`` carry as the caller's checkpoints."""
+
+        def admit(plan: ImportPlan) -> None:
+            for rec in plan.present:
+                check_owner(caller, rec.owner_uid, rec.id)
+            for rec in plan.records:
+                sb = self.sandboxes.get(rec.sandbox_id)
+                if sb is not None and sb.id == rec.sandbox_id and sb.owner_uid != caller.uid and not caller.is_root:
+                    raise PermissionDenied(
+                        f"checkpoint {rec.id} belongs to sandbox {rec.sandbox_id}, which uid {sb.owner_uid}"
+                        f" runs on this host, not you (uid {caller.uid}); nothing was imported",
+                        uid=caller.uid,
+                        checkpoint=rec.id,
+                        hint="Import it on another host, or ask that sandbox's owner to import it.",
+                    )
+                self._spec_allowed(rec)
+            if plan.new_bytes:
+                self.quotas.check_store(caller.uid, plan.new_bytes)
+
+        return await self._need().import_archive(chunks, caller.uid, admit)
