@@ -18,11 +18,13 @@ crabd never reads or writes a path the client names: both are streams
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 
 from crabd.coordinator.archives import Archives, Imported, ImportPlan
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.errors import ArchiveRejected, CrabError, InvalidRequest, PermissionDenied
+from crabd.host.images import REPO_PREFIX
 from crabd.models import Caller, CheckpointRecord
 from crabd.service.limits import RequestLimits
 from crabd.service.quota import Quotas
@@ -31,6 +33,9 @@ from crabd.store.archive import MANIFEST_NAME
 from crabd.store.catalog import Catalog
 from crabd.store.registry import spec_from_json
 from crabd.util import validate
+
+#: How crab names its env images (crabd/host/images.py: content-tagged builds of a recipe).
+_ENV_IMAGE = re.compile(re.escape(REPO_PREFIX) + r"/[a-z0-9][a-z0-9._-]{0,63}:[a-z0-9]{1,64}")
 
 
 class ArchiveEdge:
@@ -73,6 +78,13 @@ class ArchiveEdge:
             spec = spec_from_json(rec.spec_json)
             validate.env_vars(spec.env_vars)
             self.limits.resources(spec)
+            # A fork starts the image the record names: only one of crab's own env images (the
+            # sandbox's env, any build of it), never an arbitrary image that happens to be on this host.
+            if _ENV_IMAGE.fullmatch(rec.image) is None or rec.image.split("/", 1)[1].split(":")[0] != spec.env:
+                raise InvalidRequest(
+                    f"its image {rec.image[:200]!r} is not one of crab's env images for env {spec.env[:64]!r}"
+                    f" ({REPO_PREFIX}/<env>:<tag>)"
+                )
         except (CrabError, ValueError, TypeError, KeyError) as exc:
             message = exc.message if isinstance(exc, CrabError) else str(exc)[:300]
             raise ArchiveRejected(
