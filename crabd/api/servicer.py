@@ -67,9 +67,11 @@ class CrabServicer(pb_grpc.CrabServicer):
             raise Unauthenticated(f"unknown peer {context.peer()!r}")
         return caller
 
-    async def _call(self, context: grpc.aio.ServicerContext[Any, Any], fn: Callable[[Caller], Awaitable[T]]) -> T:
+    @contextlib.asynccontextmanager
+    async def _translated(self, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+        """The body's CrabError becomes its gRPC status; any other error an internal one (logged)."""
         try:
-            return await fn(self._caller(context))
+            yield
         except CrabError as err:
             await _abort(context, err)
         except asyncio.CancelledError:
@@ -82,6 +84,10 @@ class CrabServicer(pb_grpc.CrabServicer):
                     f"internal error in crabd: {exc!r}", hint="This is a crabd bug; the crabd log has the traceback."
                 ),
             )
+
+    async def _call(self, context: grpc.aio.ServicerContext[Any, Any], fn: Callable[[Caller], Awaitable[T]]) -> T:
+        async with self._translated(context):
+            return await fn(self._caller(context))
         raise AssertionError("unreachable")  # abort() always raises
 
     # --- daemon -------------------------------------------------------------------
@@ -383,22 +389,10 @@ class CrabServicer(pb_grpc.CrabServicer):
     async def ExportCheckpoint(
         self, request: pb.ExportCheckpointRequest, context: Any
     ) -> AsyncIterator[pb.ArchiveChunk]:
-        try:
+        async with self._translated(context):
             caller = self._caller(context)
             async for chunk in self.service.archives.export(caller, request.checkpoint, request.ancestors):
                 yield pb.ArchiveChunk(data=chunk)
-        except CrabError as err:
-            await _abort(context, err)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("internal error")
-            await _abort(
-                context,
-                CrabError(
-                    f"internal error in crabd: {exc!r}", hint="This is a crabd bug; the crabd log has the traceback."
-                ),
-            )
 
     async def ImportCheckpoint(
         self, request_iterator: AsyncIterator[pb.ArchiveChunk], context: Any
