@@ -619,7 +619,7 @@ def build_stack(
     checkpointer.store_quota = quotas.check_store
     retention = Retention(catalog, sandboxes, housekeeping, restorer.leases, cfg.retention, cfg.quota)
     checkpointer.make_room = retention.make_room
-    checkpointer.on_published.append(retention.schedule)
+    checkpointer.on_published.append(retention.published)
     quotas.room_hint = retention.room_hint
     retention.engine = engine
     service = Service(

@@ -232,7 +232,8 @@ class FsDelta(Protocol):
         ...
 
     def drop(self, checkpoint_id: str) -> None:
-        """Forget what :meth:`capture` kept of a checkpoint that will not be published (no-op if nothing)."""
+        """Forget what :meth:`capture` kept of a checkpoint that will not be published, or that was
+        deleted (no-op if nothing)."""
         ...
 
     def retain(self, live: set[str]) -> list[str]:

@@ -138,8 +138,10 @@ class Housekeeper:
                 for ckpt_id in chosen:
                     dropped += self.catalog.delete(ckpt_id)
                     crash_point("thin.in_transaction")
-            if chosen:
-                self._retain_snapshots()
+            # Only their own snapshots: a full retain would list every checkpoint under the
+            # exclusive lock for each batch, which grows with the whole host's history.
+            for ckpt_id in chosen:
+                self.fs.drop(ckpt_id)
             return chosen, dropped + self.catalog.take_dropped()
 
         async with self.store_lock.exclusive():

@@ -37,7 +37,7 @@ from crabd.coordinator.sandboxes import SandboxManager
 from crabd.engine.engine import HostEngine
 from crabd.engine.jobs import JobControl, Outcome
 from crabd.errors import CrabError, EngineStopped
-from crabd.models import CheckpointRecord, KeepReason, RetentionPolicy
+from crabd.models import CheckpointRecord, KeepReason, RetentionPolicy, SandboxRecord
 from crabd.store import accounting, lineage
 from crabd.store.catalog import Catalog
 
@@ -86,13 +86,16 @@ class Retention:
     def policy_of(self, sandbox_id: str) -> RetentionPolicy | None:
         """A live sandbox's policy (its own, else the daemon's default); None if it is not live."""
         rec = self.sandboxes.get(sandbox_id)
-        if rec is None:
-            return None
+        return None if rec is None else self._policy(rec)
+
+    def _policy(self, rec: SandboxRecord) -> RetentionPolicy:
         return rec.spec.retention if rec.spec.retention is not None else self.default
 
     def _verdict(self, view: lineage.Lineage) -> Verdict:
-        live = {s for s in {n.sandbox_id for n in view.nodes.values()} if self.sandboxes.get(s) is not None}
-        return verdict(view, live, self.policy_of, now=time.time(), in_use=self.leases.held())
+        """Why each checkpoint of ``view`` is kept, its sandboxes read once each."""
+        live = {r.id: r for s in {n.sandbox_id for n in view.nodes.values()} if (r := self.sandboxes.get(s))}
+        policies = {sid: self._policy(r) for sid, r in live.items()}
+        return verdict(view, live, policies.get, now=time.time(), in_use=self.leases.held())
 
     def explain(self, recs: list[CheckpointRecord]) -> dict[str, list[KeepReason]]:
         """Why each of ``recs`` is kept (an empty list: the next thinning deletes it).  Blocking."""
@@ -137,12 +140,15 @@ class Retention:
             )
         return report
 
-    def schedule(self, ckpt: CheckpointRecord) -> None:
-        """After ``ckpt`` is published: queue a background thinning of its sandbox, if its policy thins."""
-        policy = self.policy_of(ckpt.sandbox_id)
-        if self.engine is None or policy is None or not policy.active or ckpt.sandbox_id in self._queued:
+    def published(self, ckpt: CheckpointRecord) -> None:
+        """``Checkpointer.on_published``: a new checkpoint may leave older ones to thin."""
+        self.schedule(ckpt.sandbox_id, ckpt.owner_uid)
+
+    def schedule(self, sandbox_id: str, owner_uid: int) -> None:
+        """Queue a background thinning of ``sandbox_id``, if its policy thins and none is queued yet."""
+        policy = self.policy_of(sandbox_id)
+        if self.engine is None or policy is None or not policy.active or sandbox_id in self._queued:
             return
-        sandbox_id = ckpt.sandbox_id
 
         async def work(_ctl: JobControl) -> Outcome:
             self._queued.discard(sandbox_id)
@@ -152,7 +158,7 @@ class Retention:
             return Outcome(None)
 
         try:
-            self.engine.submit_background(sandbox_id, work, owner_uid=ckpt.owner_uid, kind="thin")
+            self.engine.submit_background(sandbox_id, work, owner_uid=owner_uid, kind="thin")
         except EngineStopped:
             return
         self._queued.add(sandbox_id)
@@ -177,8 +183,7 @@ class Retention:
             return []
         out = []
         for rec in self.sandboxes.list_sandboxes(uid):
-            policy = self.policy_of(rec.id)
-            if policy is not None and policy.active:
+            if self._policy(rec).active:
                 try:
                     out.append(await self.thin(rec.id))
                 except CrabError as exc:
@@ -205,9 +210,7 @@ class Retention:
             )
             why = ", ".join(r.value for r in reasons)
             lines.append(f"{n.id} (turn {n.turn}, {_mib(n.new_bytes)}, kept: {why}): {how}")
-        unpoliced = sorted(
-            r.name for r in self.sandboxes.list_sandboxes(uid) if not (self.policy_of(r.id) or self.default).active
-        )
+        unpoliced = sorted(r.name for r in self.sandboxes.list_sandboxes(uid) if not self._policy(r).active)
         text = ""
         if lines:
             text += "Largest checkpoints retention keeps: " + "; ".join(lines) + "."

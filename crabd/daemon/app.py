@@ -261,7 +261,7 @@ class Daemon:
         retention = Retention(catalog, manager, housekeeping, restorer.leases, self.cfg.retention, self.cfg.quota)
         # Near its quota, a uid's sandboxes are thinned before its next checkpoint; a refusal names what holds space.
         checkpointer.make_room = retention.make_room
-        checkpointer.on_published.append(retention.schedule)
+        checkpointer.on_published.append(retention.published)
         quotas.room_hint = retention.room_hint
         remote = await asyncio.to_thread(assembly.open_remote, self.cfg, db, blobs, catalog)
         return _Wiring(

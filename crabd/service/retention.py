@@ -35,7 +35,7 @@ class RetentionEdge:
         (rec,) = await self.annotate([rec])
         if not pinned:
             # Unpinned, it may be one the policy thins: the background lane takes it when it can.
-            self.retention.schedule(rec)
+            self.retention.schedule(rec.sandbox_id, rec.owner_uid)
         return rec
 
     async def set_policy(self, caller: Caller, ref: str, policy: RetentionPolicy | None) -> SandboxRecord:
@@ -44,9 +44,7 @@ class RetentionEdge:
         spec = replace(rec.spec, retention=policy)
         await asyncio.to_thread(self.registry.set_spec, rec.id, spec)
         rec.spec = spec
-        head = await asyncio.to_thread(self.retention.catalog.head, rec.id)
-        if head is not None and head.checkpoint is not None:
-            self.retention.schedule(head.checkpoint)
+        self.retention.schedule(rec.id, rec.owner_uid)
         return rec
 
     async def thin(self, caller: Caller, ref: str, dry_run: bool) -> ThinReport:

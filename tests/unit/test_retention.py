@@ -132,10 +132,11 @@ async def _sandbox_with_history(st: Stack, turns: int, policy: RetentionPolicy |
 def test_thinning_keeps_the_policy_and_every_kept_checkpoint_restores_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    st = build_stack(tmp_path, monkeypatch)
+    st = build_stack(tmp_path, monkeypatch, snapshots=True)
 
     async def body() -> None:
         sid, ids = await _sandbox_with_history(st, 12, RetentionPolicy(keep_last=4))
+        assert set(ids) <= set(st.fs.snapshots)
         dry = await st.service.retention.thin(ALICE, sid, dry_run=True)
         assert dry.deleted == ids[:8] and len(st.catalog.list_checkpoints(sid)) == 13
         report = await st.service.retention.thin(ALICE, sid, dry_run=False)
@@ -143,6 +144,8 @@ def test_thinning_keeps_the_policy_and_every_kept_checkpoint_restores_exactly(
         left = st.catalog.list_checkpoints(sid)
         assert [c.id for c in left][1:] == ids[8:]  # the root (turn-0 baseline) and the last 4
         assert report.bytes_freed > 0
+        # Exactly the thinned checkpoints' snapshots are gone.
+        assert not set(report.deleted) & set(st.fs.snapshots) and set(ids[8:]) <= set(st.fs.snapshots)
         # Lineage re-parented: every kept checkpoint's parent is kept.
         assert {c.parent_id for c in left} - {c.id for c in left} == {None}
         assert verify(st.catalog, st.blobs).ok
