@@ -11,6 +11,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from crabd.config import CrabConfig
 from crabd.host.backend_check import pool_facts
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from crabd.util.cgroups import is_docker_id
-from tests.conftest import REPO, have_docker, have_root, require
+from tests.conftest import CRABCTL, REPO, have_docker, have_root, require
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +180,29 @@ def remove_instance_containers(state_dir: Path) -> None:
             side.close()
 
 
+def start_kept(base: Path, **env: str) -> EmbeddedDaemon:
+    """A crabd on ``base`` that outlives a kill -9 (not ephemeral), started with ``env`` (e.g. ``CRAB_CRASH_AT``).
+
+    The fault-injection variables are the daemon's only: none of this process's is inherited, and
+    this process's are as they were once the daemon runs.
+    """
+    import os
+
+    from crabd.util.faults import CRASH_ENV, FAIL_ENV
+
+    saved = {k: os.environ.pop(k, None) for k in (CRASH_ENV, FAIL_ENV)}
+    os.environ.update(env)
+    try:
+        d = EmbeddedDaemon(state_dir=base, ephemeral=False, extra_args=["--inspector", "scan"])
+        d.start()
+        return d
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+
+
 @pytest.fixture
 def kept_state(request: pytest.FixtureRequest) -> Iterator[Path]:
     """A base dir for crabds that must outlive a kill -9 (not ephemeral); what they made goes after the test.
@@ -213,6 +237,30 @@ def pool() -> Iterator[Pool]:
 def client(daemon: EmbeddedDaemon) -> Iterator[Client]:
     with Client(daemon.socket) as c:
         yield c
+
+
+Crabctl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def crabctl(daemon: EmbeddedDaemon) -> Crabctl:
+    """Run ``crabctl ARGS...`` against the module's daemon (text output, 180 s at most)."""
+    import os
+
+    # Wide enough that rich never wraps or cuts a line (or a table column) the tests look for.
+    env = dict(os.environ, CRAB_SOCKET=str(daemon.socket), COLUMNS="300")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([CRABCTL, *args], capture_output=True, text=True, timeout=180, env=env)
+
+    return run
+
+
+def js(crabctl: Crabctl, *args: str) -> Any:
+    """``crabctl ARGS... --json``, which must succeed, parsed."""
+    done = crabctl(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 @pytest.fixture

@@ -20,8 +20,9 @@ import pytest
 from crabd.sdk import ArchiveRejected, Client, EmbeddedDaemon, Sandbox
 from crabd.store.archive import MANIFEST_NAME
 from crabd.util.faults import CRASH_ENV
+from tests.archive_forge import rewrite_manifest
 from tests.conftest import CRABCTL, have_docker, have_root, require
-from tests.integration.conftest import USER_IN_GROUP, remove_instance_containers, run_as
+from tests.integration.conftest import USER_IN_GROUP, run_as, start_kept
 from tests.integration.test_processes import ASK_REPL, install, start_repl
 
 
@@ -121,15 +122,7 @@ def test_crabctl_export_and_import_with_ancestors_and_stdio(
 
 def _forge_criu(src: Path, dst: Path, criu: str) -> None:
     """A real archive whose manifest claims another CRIU (the members rewritten, blobs as they were)."""
-    with tarfile.open(src) as tin, tarfile.open(dst, "w", format=tarfile.USTAR_FORMAT) as tout:
-        for member in tin.getmembers():
-            data = tin.extractfile(member).read()  # type: ignore[union-attr]
-            if member.name == MANIFEST_NAME:
-                doc = json.loads(data)
-                doc["criu_version"] = criu
-                data = json.dumps(doc).encode()
-                member.size = len(data)
-            tout.addfile(member, io.BytesIO(data))
+    dst.write_bytes(rewrite_manifest(src.read_bytes(), lambda doc: doc.update(criu_version=criu)))
 
 
 def test_an_archive_from_a_newer_criu_imports_files_and_session_only(
@@ -194,34 +187,6 @@ def test_ownership_across_users(
 # --- kill -9 during an import ------------------------------------------------------------
 
 
-@pytest.fixture
-def crash_dir() -> Iterator[Path]:
-    require(have_root(), "needs root")
-    require(have_docker(), "needs a reachable Docker engine (run `make setup`)")
-    base = Path(f"/tmp/crab-archive-faults-{os.getpid()}")
-    shutil.rmtree(base, ignore_errors=True)
-    base.mkdir(mode=0o700)
-    try:
-        yield base
-    finally:
-        remove_instance_containers(base / "state")
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _start(base: Path, crash: str = "") -> EmbeddedDaemon:
-    saved = os.environ.pop(CRASH_ENV, None)
-    if crash:
-        os.environ[CRASH_ENV] = crash
-    try:
-        d = EmbeddedDaemon(state_dir=base, ephemeral=False, extra_args=["--inspector", "scan"])
-        d.start()
-        return d
-    finally:
-        os.environ.pop(CRASH_ENV, None)
-        if saved is not None:
-            os.environ[CRASH_ENV] = saved
-
-
 def _orphans(state: Path) -> list[str]:
     db = sqlite3.connect(f"file:{state / 'registry.db'}?mode=ro", uri=True)
     try:
@@ -234,9 +199,11 @@ def _orphans(state: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("point", ["import.after_stage", "import.before_adopt"])
-def test_kill_9_during_an_import_leaves_nothing_half_imported(crash_dir: Path, point: str) -> None:
-    state = crash_dir / "state"
-    d = _start(crash_dir)
+def test_kill_9_during_an_import_leaves_nothing_half_imported(kept_state: Path, point: str) -> None:
+    require(have_root(), "needs root")
+    require(have_docker(), "needs a reachable Docker engine (run `make setup`)")
+    state = kept_state / "state"
+    d = start_kept(kept_state)
     try:
         with Client(d.socket) as c:
             sb = c.create("busybox", name="fa", checkpoints="fs")
@@ -246,13 +213,13 @@ def test_kill_9_during_an_import_leaves_nothing_half_imported(crash_dir: Path, p
             c.export_checkpoint(ck, data)
             c.delete_checkpoint(ck)
         d.close()
-        d = _start(crash_dir, point)
+        d = start_kept(kept_state, **{CRASH_ENV: point})
         with Client(d.socket) as c, pytest.raises(Exception):  # noqa: B017 (the daemon dies under the call)
             c.import_checkpoint(io.BytesIO(data.getvalue()))
         assert d.proc is not None
         d.proc.wait(60)
         d.close()
-        d = _start(crash_dir)
+        d = start_kept(kept_state)
         with Client(d.socket) as c:
             assert ck.id not in {x.id for x in c.checkpoints()}
             assert _orphans(state) == []

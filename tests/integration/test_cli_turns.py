@@ -3,34 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
-from crabd.sdk import EmbeddedDaemon
-from tests.conftest import CRABCTL
-
-Crabctl = Callable[..., subprocess.CompletedProcess[str]]
-
-
-@pytest.fixture
-def crabctl(daemon: EmbeddedDaemon) -> Crabctl:
-    # Wide enough that rich never wraps a line the tests look for.
-    env = dict(os.environ, CRAB_SOCKET=str(daemon.socket), COLUMNS="200")
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([CRABCTL, *args], capture_output=True, text=True, timeout=180, env=env)
-
-    return run
-
-
-def js(crabctl: Crabctl, *args: str) -> Any:
-    done = crabctl(*args, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+from tests.integration.conftest import Crabctl, js
 
 
 def shape(crabctl: Crabctl, sandbox: str) -> list[tuple[int, bool, bool, int]]:

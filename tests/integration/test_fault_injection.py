@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from crabd.sdk import Client, CrabError, EmbeddedDaemon, RetentionPolicy, StoreFull
+from crabd.sdk import Client, CrabError, RetentionPolicy, StoreFull
 from crabd.util.faults import CRASH_ENV, CRASH_POINTS, FAIL_ENV, WRITE_POINTS
 from tests.conftest import CRABCTL, have_docker, have_root, require
 from tests.integration.conftest import (
@@ -46,21 +46,8 @@ from tests.integration.conftest import (
     instance_snapshots,
     kill_container,
     remove_instance_containers,
+    start_kept,
 )
-
-
-def _start(base: Path, **env: str) -> EmbeddedDaemon:
-    saved = {k: os.environ.pop(k, None) for k in (CRASH_ENV, FAIL_ENV)}
-    os.environ.update(env)
-    try:
-        d = EmbeddedDaemon(state_dir=base, ephemeral=False, extra_args=["--inspector", "scan"])
-        d.start()
-        return d
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None)
-            if v is not None:
-                os.environ[k] = v
 
 
 @pytest.fixture
@@ -312,7 +299,7 @@ def test_fault_injection_walk(walk_dir: Path) -> None:
     w = Walk(walk_dir)
     drive = _drivers(w)
     assert set(CRASH_POINTS) | set(WRITE_POINTS) <= set(drive), "a point without a driver is never tested"
-    d = _start(walk_dir)
+    d = start_kept(walk_dir)
     with Client(d.socket) as c:
         sb = c.create("busybox", name="fa")
         sb.run(["sh", "-c", "echo marker > /marker"])
@@ -324,7 +311,7 @@ def test_fault_injection_walk(walk_dir: Path) -> None:
         for point in CRASH_POINTS:
             t0 = time.monotonic()
             d.close()
-            d = _start(walk_dir, **{CRASH_ENV: point})
+            d = start_kept(walk_dir, **{CRASH_ENV: point})
             with Client(d.socket) as c, contextlib.suppress(CrabError):  # the daemon died under the call
                 drive[point](c)
             assert d.proc is not None
@@ -333,7 +320,7 @@ def test_fault_injection_walk(walk_dir: Path) -> None:
             except subprocess.TimeoutExpired:
                 failures[point] = ["the operation never reached the point (crabd still alive)"]
             d.close()
-            d = _start(walk_dir)
+            d = start_kept(walk_dir)
             with Client(d.socket) as c:
                 problems = w.check(c, point)
                 w.tidy(c)
@@ -343,7 +330,7 @@ def test_fault_injection_walk(walk_dir: Path) -> None:
         for point in WRITE_POINTS:
             t0 = time.monotonic()
             d.close()
-            d = _start(walk_dir, **{FAIL_ENV: f"{point}:ENOSPC"})
+            d = start_kept(walk_dir, **{FAIL_ENV: f"{point}:ENOSPC"})
             problems = []
             with Client(d.socket) as c:
                 try:
@@ -358,7 +345,7 @@ def test_fault_injection_walk(walk_dir: Path) -> None:
                     if c.get("fa").run(["cat", "/marker"], timeout=20).exit_code != 0:
                         problems.append("fa lost /marker after the failed operation")
             d.close()
-            d = _start(walk_dir)
+            d = start_kept(walk_dir)
             with Client(d.socket) as c:
                 problems += w.check(c, point)
                 w.tidy(c)

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import time
-from typing import Any
 
 from crabd.sdk import Client, EmbeddedDaemon, RetentionPolicy
-from tests.conftest import CRABCTL
+from tests.integration.conftest import Crabctl, js
 
 
 def _files(client: Client, name: str) -> str:
@@ -18,17 +14,9 @@ def _files(client: Client, name: str) -> str:
     return res.stdout.decode().strip()
 
 
-def test_retention_thins_by_policy_and_keeps_lines_pins_and_exact_restores(daemon: EmbeddedDaemon) -> None:
-    env = dict(os.environ, CRAB_SOCKET=str(daemon.socket), COLUMNS="300")
-
-    def crabctl(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([CRABCTL, *args], capture_output=True, text=True, timeout=180, env=env)
-
-    def js(*args: str) -> Any:
-        done = crabctl(*args, "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
+def test_retention_thins_by_policy_and_keeps_lines_pins_and_exact_restores(
+    daemon: EmbeddedDaemon, crabctl: Crabctl
+) -> None:
     with Client(daemon.socket) as c:
         sb = c.create("busybox", name="ret")
         try:
@@ -39,7 +27,7 @@ def test_retention_thins_by_policy_and_keeps_lines_pins_and_exact_restores(daemo
                 sb.run(["sh", "-c", f"echo {i} > /f{i}"])
                 ck = sb.checkpoint(kind="full" if i % 2 else "fs")
                 expected[ck.id] = " ".join(str(j) for j in range(i + 1))
-            before = js("checkpoint", "ls", "ret")
+            before = js(crabctl, "checkpoint", "ls", "ret")
             assert len(before) == 9 and all("no-policy" in k["kept_for"] for k in before)
             assert before[0]["kept_for"] == ["root", "no-policy"] and before[-1]["kept_for"] == ["head", "no-policy"]
 
@@ -48,17 +36,17 @@ def test_retention_thins_by_policy_and_keeps_lines_pins_and_exact_restores(daemo
             assert bad.returncode == 1 and "--keep-last" in bad.stderr and "Traceback" not in bad.stderr
             bad = crabctl("retention", "set", "ret", "--keep-last", "-1")
             assert bad.returncode != 0
-            assert len(js("checkpoint", "ls", "ret")) == 9
+            assert len(js(crabctl, "checkpoint", "ls", "ret")) == 9
 
             pinned = before[2]["id"]
-            assert js("checkpoint", "pin", pinned)[0]["pinned"] is True
-            dry = js("checkpoint", "thin", "ret", "--dry-run")
+            assert js(crabctl, "checkpoint", "pin", pinned)[0]["pinned"] is True
+            dry = js(crabctl, "checkpoint", "thin", "ret", "--dry-run")
             assert dry["deleted"] == [] and "everything" in dry["policy"]  # no policy yet: nothing goes
-            assert js("retention", "set", "ret", "--keep-last", "3")["retention"]["keep_last"] == 3
+            assert js(crabctl, "retention", "set", "ret", "--keep-last", "3")["retention"]["keep_last"] == 3
 
             # Setting the policy queued a background thinning: root + pinned + the last 3 remain.
             deadline = time.monotonic() + 60
-            while len(listed := js("checkpoint", "ls", "ret")) > 5 and time.monotonic() < deadline:
+            while len(listed := js(crabctl, "checkpoint", "ls", "ret")) > 5 and time.monotonic() < deadline:
                 time.sleep(0.2)
             why = {k["id"]: k["kept_for"] for k in listed}
             assert len(why) == 5, why
@@ -66,7 +54,7 @@ def test_retention_thins_by_policy_and_keeps_lines_pins_and_exact_restores(daemo
             assert why[before[-1]["id"]] == ["head", "last"]
             human = crabctl("checkpoint", "ls", "ret").stdout
             assert "kept for" in human and "pinned" in human and "root" in human
-            assert js("verify")["ok"] is True
+            assert js(crabctl, "verify")["ok"] is True
 
             # Every kept checkpoint restores exactly; full ones with the process.
             for ck_id in why:
@@ -84,22 +72,22 @@ def test_retention_thins_by_policy_and_keeps_lines_pins_and_exact_restores(daemo
             for i in range(4):
                 sb.run(["sh", "-c", f"echo b{i} > /g{i}"])
                 sb.checkpoint()
-            js("checkpoint", "thin", "ret")
-            why = {k["id"]: k["kept_for"] for k in js("checkpoint", "ls", "ret")}
+            js(crabctl, "checkpoint", "thin", "ret")
+            why = {k["id"]: k["kept_for"] for k in js(crabctl, "checkpoint", "ls", "ret")}
             assert "line-end" in why[old_head]
             assert "branch-point" in why[before[-3]["id"]]
             assert all(why.values()), why
 
             # Unpinned, the pinned one goes at the next thinning (the unpin queues one in the background).
-            assert js("checkpoint", "unpin", pinned)[0]["kept_for"] == []
-            js("checkpoint", "thin", "ret")
-            assert pinned not in {k["id"] for k in js("checkpoint", "ls", "ret")}
+            assert js(crabctl, "checkpoint", "unpin", pinned)[0]["kept_for"] == []
+            js(crabctl, "checkpoint", "thin", "ret")
+            assert pinned not in {k["id"] for k in js(crabctl, "checkpoint", "ls", "ret")}
             gone = crabctl("restore", "ret", pinned)
             assert gone.returncode == 1 and "no checkpoint" in gone.stderr
 
             # Back to the daemon's default (keep everything): nothing more is thinned.
-            assert js("retention", "set", "ret", "--default")["retention"] is None
-            assert js("checkpoint", "thin", "ret", "--dry-run")["deleted"] == []
+            assert js(crabctl, "retention", "set", "ret", "--default")["retention"] is None
+            assert js(crabctl, "checkpoint", "thin", "ret", "--dry-run")["deleted"] == []
             c.set_retention("ret", RetentionPolicy(keep_last=1))
             assert c.thin("ret").kept >= 3  # root, the line end, the branch point, the head
         finally:

@@ -3,11 +3,8 @@ process images a host refuses, and that a refused import changes nothing."""
 
 from __future__ import annotations
 
-import io
-import json
 import secrets
 import sqlite3
-import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ from crabd.coordinator.archives import Archives, Imported
 from crabd.errors import ArchiveRejected, CrabError, PermissionDenied, QuotaExceeded
 from crabd.models import Caller, CheckpointKind
 from crabd.store.archive_tar import ArchiveReader
+from tests.archive_forge import rewrite_manifest
 from tests.fakes import ALICE, BOB, Stack, build_stack, run, spec
 
 
@@ -295,26 +293,6 @@ def test_a_sandbox_spec_past_this_hosts_limits_is_refused(tmp_path: Path, monkey
     run(body())
 
 
-def _with_manifest(data: bytes, change: Any) -> bytes:
-    """``data`` (a trusted test archive) with its manifest rewritten by ``change`` (member hashes kept)."""
-    out = io.BytesIO()
-    with (
-        tarfile.open(fileobj=io.BytesIO(data), mode="r:") as src,
-        tarfile.open(fileobj=out, mode="w:", format=tarfile.USTAR_FORMAT) as dst,
-    ):
-        for info in src.getmembers():
-            f = src.extractfile(info)
-            assert f is not None
-            body = f.read()
-            if info.name == "crab-archive.json":
-                doc = json.loads(body)
-                change(doc)
-                body = json.dumps(doc).encode()
-                info.size = len(body)
-            dst.addfile(info, io.BytesIO(body))
-    return out.getvalue()
-
-
 @pytest.mark.parametrize(
     "image", ["docker.io/library/alpine:latest", "crab-env/busybox:0123abcd", "crab-env/bookworm:../x", ""]
 )
@@ -327,7 +305,7 @@ def test_a_record_naming_an_image_that_is_not_its_env_image_is_refused(two: tupl
             rec = await a.service.create(ALICE, spec("img", checkpoints="fs"))
             ck = await a.service.create_checkpoint(ALICE, rec.id, "", "fs")
             assert ck.image.startswith("crab-env/bookworm:")  # the fakes' env
-            forged = _with_manifest(await _export(a, ALICE, ck.id), lambda d: d["checkpoints"][0].update(image=image))
+            forged = rewrite_manifest(await _export(a, ALICE, ck.id), lambda d: d["checkpoints"][0].update(image=image))
             before = _world(b)
             with pytest.raises(ArchiveRejected, match="not one of crab's env images"):
                 await _import(b, ALICE, forged)
