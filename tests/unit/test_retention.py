@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from crabd.coordinator.retention_rules import to_thin, verdict
-from crabd.errors import CheckpointNotFound, InvalidRequest, QuotaExceeded
+from crabd.errors import CheckpointNotFound, InvalidRequest, PermissionDenied, QuotaExceeded
 from crabd.models import CheckpointKind, KeepReason, RetentionPolicy
 from crabd.store.lineage import Lineage, Node
 from crabd.store.maintenance import verify
-from tests.fakes import ALICE, Stack, build_stack, run, spec
+from tests.fakes import ALICE, BOB, Stack, build_stack, run, spec
 
 K = KeepReason
 HOUR = 3600.0
@@ -242,5 +242,24 @@ def test_near_the_quota_retention_makes_room_and_a_refusal_names_what_holds_spac
                 c = await st.checkpointer.take(rec, kind=CheckpointKind.FS)
                 await st.service.retention.pin(ALICE, c.id, True)
         assert "crabctl checkpoint unpin" in (caught.value.hint or "")
+
+    run(body())
+
+
+def test_another_tenant_can_neither_pin_thin_nor_set_a_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        sid, ids = await _sandbox_with_history(st, 3, None)
+        before = [(c.id, c.pinned) for c in st.catalog.list_checkpoints(sid)]
+        with pytest.raises(PermissionDenied):
+            await st.service.retention.pin(BOB, ids[0], True)
+        with pytest.raises(PermissionDenied):
+            await st.service.retention.thin(BOB, sid, dry_run=False)
+        with pytest.raises(PermissionDenied):
+            await st.service.retention.set_policy(BOB, sid, RetentionPolicy(keep_last=1))
+        rec = st.sandboxes.get(sid)
+        assert rec is not None and rec.spec.retention is None
+        assert [(c.id, c.pinned) for c in st.catalog.list_checkpoints(sid)] == before
 
     run(body())
