@@ -152,6 +152,18 @@ class CheckpointConfig(_Model):
     max_depth: int = Field(1000, gt=0, le=4000, description="deepest directory nesting captured")
     zstd_level: int = Field(3, ge=1, le=19, description="compression level of stored blobs")
     page_cache_entries: int = Field(1_000_000, ge=0, description="decoded index entries kept in memory")
+    max_restore_bytes: int = Field(
+        1 << 40,
+        gt=0,
+        description="most bytes one restore or fork may write (files and process image, repeats counted);"
+        " imports past it are refused",
+    )
+
+
+class ArchiveConfig(_Model):
+    """Bounds on checkpoint imports (``coordinator/archives.py``, ``crabd/trust/references.py``)."""
+
+    max_concurrent_imports: int = Field(2, ge=1, le=64, description="archive imports one uid may run at once")
 
 
 class CriuConfig(_Model):
@@ -540,6 +552,7 @@ class CrabConfig(_Model):
     quota: QuotaConfig = QuotaConfig()
     retention: RetentionConfig = RetentionConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    archive: ArchiveConfig = ArchiveConfig()
     criu: CriuConfig = CriuConfig()
     inspector: InspectorConfig = InspectorConfig()
     engine: EngineConfig = EngineConfig()

@@ -37,7 +37,17 @@ import pytest
 
 from crabd.backends.criu.hotimages import HotImages
 from crabd.backends.criu.imagestore import ImageStore
-from crabd.backends.fsdelta import Change, FsCapture, MaterializeStats, ScanLimits, StoredTree, Tree
+from crabd.backends.fsdelta import (
+    Change,
+    FsCapture,
+    MaterializeStats,
+    Outline,
+    OutlineMemo,
+    ReadBlob,
+    ScanLimits,
+    StoredTree,
+    Tree,
+)
 
 # The one overlay type the tests name (it may move beside the FsDelta protocol).
 from crabd.backends.procdump import DumpResult
@@ -72,6 +82,7 @@ from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
 from crabd.store.remote.objects import check_key, check_list_prefix
+from crabd.trust.references import ReferenceChecker
 from crabd.util.aiolock import RWLock
 
 T = TypeVar("T")
@@ -398,6 +409,14 @@ class FakeFsDelta:
             entries=len(files), bytes_written=written, materialize_s=0.0, stat_s=0.0
         )
 
+    def outline(self, index_blob: str, read: ReadBlob, memo: OutlineMemo) -> Outline:
+        try:
+            files = dict(json.loads(read(index_blob, 1 << 20))["files"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"not a fake index: {exc}") from exc
+        size = sum(len(str(text).encode()) for text in files.values())
+        return Outline(children={index_blob: set()}, entries=len(files), bytes=size)
+
     def changes(self, delta_blob: str, limit: int) -> tuple[list[Change], bool]:
         doc = json.loads(self.blobs.read_bytes(delta_blob, limit=1 << 20))
         out = [Change(p.encode(), what, "file") for what in ("added", "changed", "deleted") for p in doc.get(what, [])]
@@ -637,7 +656,15 @@ def build_stack(
         docker_version="fake",
     )
     # Portable archives, as daemon/app.py attaches them (a CRIU version any host accepts images from).
-    service.archives.archives = Archives(catalog, blobs, store_lock, state / "archives", lambda: "4.2.1")
+    service.archives.archives = Archives(
+        catalog,
+        blobs,
+        store_lock,
+        state / "archives",
+        lambda: "4.2.1",
+        checker=ReferenceChecker(fs, images),
+        limits=ScanLimits(max_entries=cfg.checkpoint.max_entries, max_restore_bytes=cfg.checkpoint.max_restore_bytes),
+    )
     return Stack(
         cfg=cfg,
         faults=faults,

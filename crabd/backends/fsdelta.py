@@ -26,6 +26,7 @@ here, beside the Protocol, so that callers never import an implementation.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -129,10 +130,39 @@ TICK_NS = _tick_ns()
 
 @dataclass(frozen=True)
 class ScanLimits:
-    """Bounds on one walk of a sandbox's files (entries in all, directory depth)."""
+    """Bounds on one walk of a sandbox's files (entries in all, directory depth), and on writing one back.
+
+    ``max_entries`` also caps what loading a stored index may decode, and
+    ``max_restore_bytes`` what one materialization may write: a stored index
+    may have come from outside this host (an archive, the bucket).
+    """
 
     max_entries: int = 500_000
     max_depth: int = 1000
+    max_restore_bytes: int = 1 << 40
+
+
+#: Reads a blob's content, at most ``limit`` bytes (StoreError past it): the store's, or an import's staged copy.
+ReadBlob = Callable[[str, int], bytes]
+#: What one check's outlines keep per parsed blob (opaque to the caller): shared pages are parsed once.
+OutlineMemo = dict[str, object]
+
+
+@dataclass
+class Outline:
+    """What a stored metadata blob (an index, a process image) names, and what writing it back creates.
+
+    Made by parsing the blobs with the backend's own decoder, before anything
+    is written (``crabd/trust/references.py`` compares it with what an
+    archive or a bucket manifest declares).
+    """
+
+    #: Every metadata blob parsed -> the blobs it names (empty sets included).
+    children: dict[str, set[str]] = field(default_factory=dict)
+    #: Files (entries) a restore creates.
+    entries: int = 0
+    #: Bytes a restore writes, every repeated reference to one blob counted again.
+    bytes: int = 0
 
 
 class CaptureStats(TypedDict, total=False):
@@ -195,7 +225,13 @@ class StoredTree:
 
 class FsDelta(Protocol):
     def load(self, index_blob: str) -> Tree:
-        """The tree of a stored index, verified against its hashes."""
+        """The tree of a stored index, verified against its hashes (at most ``max_entries`` entries)."""
+        ...
+
+    def outline(self, index_blob: str, read: ReadBlob, memo: OutlineMemo) -> Outline:
+        """Parse the index ``index_blob`` through ``read`` without building the tree: what it names and
+        what materializing it would write.  StoreError if malformed, TooManyEntries past the limits.
+        ``memo`` (empty at first, then passed again) lets indexes of one import share parsed pages."""
         ...
 
     def prepare(self, upper: Path, base: Tree | None, racy_ns: int, *, checkpoint_id: str) -> Prepared:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from crabd.backends.fsdelta import Outline, ReadBlob
 from crabd.models import ImageSource
 
 
@@ -62,6 +63,11 @@ class ProcessImages(Protocol):
 
     def store(self, images_dir: Path, previous: str | None) -> StoredImage:
         """Store the dump in ``images_dir``; ``previous`` (a manifest) holds the likeliest duplicate pages."""
+        ...
+
+    def outline(self, manifest: str, read: ReadBlob) -> Outline:
+        """Parse the image ``manifest`` through ``read``: the blobs it names and the bytes ``write``
+        would put on disk (StoreError or UnsafeEntry if malformed)."""
         ...
 
     def write(self, manifest: str, target: Path) -> WrittenImage:

@@ -23,6 +23,12 @@ hashed for the manifest, then streamed.
 3. every blob member is verified while it streams (``store/archive_tar.py``)
    and the new ones are written to ``<state_dir>/archives/import-<random>/``,
    then made durable (one ``syncfs``) — crash point ``import.after_stage``;
+   then every index and process image the records to adopt name is parsed
+   by the backends' own decoders (``crabd/trust/references.py``): the
+   references found must be the declared edges exactly, every blob they
+   name one the archive carries, and what a restore of each record would
+   write within ``[checkpoint]`` limits, the importer's quota and the free
+   space (``admit_expansion``) — still nothing is in the store;
 4. under the store lock's shared side: the staged frames are renamed to
    their addresses in the blob store and made durable — crash point
    ``import.before_adopt`` — and ONE catalog transaction adopts every
@@ -49,16 +55,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from crabd.backends.fsdelta import ScanLimits
 from crabd.errors import ArchiveRejected, CheckpointNotFound, StoreError, StoreFull
 from crabd.models import CheckpointKind, CheckpointRecord
 from crabd.store import archive
 from crabd.store.archive import ArchiveManifest, HostInfo, Member, member_name, reachable
-from crabd.store.archive_tar import ArchiveReader, frame_member, iter_archive
+from crabd.store.archive_tar import ArchiveReader, frame_member, iter_archive, read_frame
 from crabd.store.blobs import BlobStore
 from crabd.store.catalog import Catalog, direct_refs
 from crabd.store.maintenance import GcReport, sweep_some
 from crabd.store.remote.manifest import RemoteCheckpoint
 from crabd.store.remote.state import RemoteState
+from crabd.trust.references import Bounds, Expansion, ReferenceChecker
 from crabd.util import libc
 from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point
@@ -112,8 +120,14 @@ class Archives:
         store_lock: RWLock,
         staging_root: Path,
         criu_version: Callable[[], str],
+        *,
+        checker: ReferenceChecker,
+        limits: ScanLimits,
     ) -> None:
         self.catalog = catalog
+        #: Parses what an archive's records name (declared references, bounded expansion).
+        self.checker = checker
+        self.limits = limits
         self.blobs = blobs
         self.store_lock = store_lock
         self.root = staging_root
@@ -189,18 +203,24 @@ class Archives:
     # --- import ----------------------------------------------------------------------------
 
     async def import_archive(
-        self, chunks: AsyncIterator[bytes], owner_uid: int, admit: Callable[[ImportPlan], None]
+        self,
+        chunks: AsyncIterator[bytes],
+        owner_uid: int,
+        admit: Callable[[ImportPlan], None],
+        admit_expansion: Callable[[dict[str, Expansion]], None] | None = None,
     ) -> Imported:
         """Import the archive ``chunks`` carry for ``owner_uid`` (steps in the module doc).
 
-        ``admit`` runs in a worker thread between steps 1 and 3 and raises to refuse.
+        ``admit`` runs in a worker thread between steps 1 and 3 and raises to
+        refuse; ``admit_expansion`` after the references are checked, with
+        what restoring each record would write.
         """
         t0 = time.monotonic()
         counted = _Counted(chunks, asyncio.get_running_loop())
         staging = await asyncio.to_thread(self._workdir, "import")
         moved: list[str] = []
         try:
-            plan, staged = await asyncio.to_thread(self._receive, counted, owner_uid, admit, staging)
+            plan, staged = await asyncio.to_thread(self._receive, counted, owner_uid, admit, admit_expansion, staging)
             crash_point("import.after_stage")
             async with self.store_lock.shared():
                 await asyncio.to_thread(self._commit, plan, staged, moved)
@@ -239,20 +259,54 @@ class Archives:
         return out
 
     def _receive(
-        self, chunks: Iterable[bytes], owner_uid: int, admit: Callable[[ImportPlan], None], staging: Path
+        self,
+        chunks: Iterable[bytes],
+        owner_uid: int,
+        admit: Callable[[ImportPlan], None],
+        admit_expansion: Callable[[dict[str, Expansion]], None] | None,
+        staging: Path,
     ) -> tuple[ImportPlan, dict[str, Path]]:
-        """Steps 1-3: read and check, admit, verify and stage."""
+        """Steps 1-3: read and check, admit, verify and stage, check references and expansion."""
         reader = ArchiveReader(chunks)
         plan = self.plan(reader.manifest(), owner_uid)
         admit(plan)
         self._check_space(plan.new_bytes)
         staged = reader.stage(plan.manifest, staging, plan.new_blobs)
+        expansion = self._check_references(plan, staged)
+        if admit_expansion is not None:
+            admit_expansion(expansion)
         fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             libc.syncfs(fd)
         finally:
             os.close(fd)
         return plan, staged
+
+    def _check_references(self, plan: ImportPlan, staged: dict[str, Path]) -> dict[str, Expansion]:
+        """Step 3's parse (``crabd/trust/references.py``): the archive carries every blob (all verified by
+        now); new ones are read from staging, the others from the store, which holds the same content."""
+        st = os.statvfs(self.root)
+        free = st.f_bavail * st.f_frsize - SPACE_MARGIN
+        bounds = Bounds(
+            self.limits.max_entries,
+            min(self.limits.max_restore_bytes, max(free, 0)),
+            "the limit ([checkpoint] max_entries, max_restore_bytes) or free space",
+        )
+
+        def read(hex_: str, limit: int) -> bytes:
+            path = staged.get(hex_)
+            return read_frame(path, hex_, limit) if path is not None else self.blobs.read_bytes(hex_, limit=limit)
+
+        m = plan.manifest
+        return self.checker.check(
+            plan.records,
+            m.edges,
+            set(m.blobs),
+            set(),
+            read,
+            bounds,
+            lambda message, reason: ArchiveRejected(message, member=archive.MANIFEST_NAME, reason=reason),
+        )
 
     def _check_space(self, need: int) -> None:
         st = os.statvfs(self.root)
@@ -296,12 +350,22 @@ class Archives:
                 dropped[c.id] = drop
         needed = reachable({b for r in records for b in direct_refs(r)}, m.edges)
         new = needed - self.catalog.live_among(needed)
-        charged: set[str] = set()
+        # Linear in the archive: each blob is walked once, charged to the first record that reaches it
+        # (what a blob reaches was reached with it), and member sizes are looked up, not summed per record.
+        size = {b: m.members[member_name(b)].size for b in new}
+        seen: set[str] = set()
         for i, rec in enumerate(records):
-            mine = (reachable(direct_refs(rec), m.edges) & new) - charged
-            charged |= mine
-            records[i] = replace(rec, stats={**rec.stats, "new_bytes": m.member_bytes(mine)})
-        return ImportPlan(m, records, present, dropped, new, m.member_bytes(new))
+            mine = 0
+            todo = list(direct_refs(rec) - seen)
+            while todo:
+                b = todo.pop()
+                if b in seen:
+                    continue
+                seen.add(b)
+                mine += size.get(b, 0)
+                todo.extend(k for k in m.edges.get(b, ()) if k not in seen)
+            records[i] = replace(rec, stats={**rec.stats, "new_bytes": mine})
+        return ImportPlan(m, records, present, dropped, new, sum(size.values()))
 
     def _commit(self, plan: ImportPlan, staged: dict[str, Path], moved: list[str]) -> None:
         """Step 4 (store lock held shared): blobs into the store, durable, then one adopting transaction."""

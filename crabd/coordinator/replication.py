@@ -20,6 +20,12 @@ Fetches happen when a request names a checkpoint this host does not have
 checked before any blob moves, then the blobs under the store lock's
 shared side (so gc cannot sweep a fetched blob before the catalog adopts
 it), once per checkpoint however many requests ask at the same time.
+Before the catalog adopts it, the checkpoint's index and process image are
+parsed by the backends' decoders (``crabd/trust/references.py``): their
+references must be the manifest's edges, every blob one the fetch read or
+the owner holds, and a restore within ``[checkpoint]`` limits; otherwise
+the fetch is refused and the blobs it created are removed (under the
+exclusive side, as gc removes blobs).
 """
 
 from __future__ import annotations
@@ -30,11 +36,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from crabd.backends.fsdelta import ScanLimits
 from crabd.engine import HostEngine
 from crabd.engine.jobs import JobControl, Outcome
-from crabd.errors import CheckpointNotFound, CrabError, RemoteStoreError
+from crabd.errors import CheckpointNotFound, CrabError, RemoteStoreError, StoreError
 from crabd.models import CheckpointRecord
+from crabd.store.maintenance import GcReport, sweep_some
+from crabd.store.remote.manifest import Manifest
 from crabd.store.remote.tier import RemoteTier, SyncReport, Transfer
+from crabd.trust.references import Bounds, ReferenceChecker
 from crabd.util.aiolock import RWLock
 
 log = logging.getLogger("crabd.remote")
@@ -53,8 +63,13 @@ class Replication:
         max_inflight: int,
         retry_initial_s: float,
         retry_max_s: float,
+        checker: ReferenceChecker | None = None,
+        limits: ScanLimits | None = None,
     ) -> None:
         self.tier = tier
+        #: Checks a fetched checkpoint's references and expansion (None: tests of the queue on fake blobs).
+        self.checker = checker
+        self.limits = limits or ScanLimits()
         self.engine = engine
         self.store_lock = store_lock
         self.max_inflight = max_inflight
@@ -189,13 +204,25 @@ class Replication:
             task.add_done_callback(lambda _t: self._fetching.pop(ckpt_id, None))
         return await asyncio.shield(task)
 
-    async def _fetch(self, manifest: Any) -> CheckpointRecord:
-        async with self.store_lock.shared():
-            found = self.tier.catalog.find(manifest.checkpoint.id)
-            if found is not None:
-                return found
-            transfer = await asyncio.to_thread(self.tier.fetch, manifest)
-            rec = await asyncio.to_thread(self.tier.adopt, manifest)
+    async def _fetch(self, manifest: Manifest) -> CheckpointRecord:
+        transfer = Transfer(manifest.checkpoint.id)
+        try:
+            async with self.store_lock.shared():
+                found = self.tier.catalog.find(manifest.checkpoint.id)
+                if found is not None:
+                    return found
+                await asyncio.to_thread(self.tier.fetch, manifest, transfer)
+                await asyncio.to_thread(self._check, manifest, transfer)
+                rec = await asyncio.to_thread(self.tier.adopt, manifest)
+        except BaseException:
+            if transfer.created:
+                # Nothing adopted them: removed under the exclusive side, as gc does (a checkpoint may be
+                # between "found this blob stored" and publishing it meanwhile: sweep_some keeps live ones).
+                async with self.store_lock.exclusive():
+                    todo = sorted(transfer.created)
+                    while todo:
+                        todo = await asyncio.to_thread(sweep_some, self.tier.catalog, self.tier.blobs, todo, GcReport())
+            raise
         self.stats["fetched"] += 1
         self.stats["fetched_bytes"] += transfer.bytes
         log.info(
@@ -209,6 +236,30 @@ class Replication:
             },
         )
         return rec
+
+    def _check(self, manifest: Manifest, transfer: Transfer) -> None:
+        """References and expansion of a fetched checkpoint (``crabd/trust/references.py``), before adoption."""
+        if self.checker is None:
+            return
+        ckpt_id = manifest.checkpoint.id
+
+        def refuse(message: str, reason: str) -> CrabError:
+            return StoreError(
+                f"the remote checkpoint {ckpt_id} is refused ({reason}): {message}",
+                hint="Nothing was fetched; restore another checkpoint, or re-upload this one from its host.",
+            )
+
+        blobs = self.tier.blobs
+        self.checker.check(
+            [manifest.record(parent_id=None)],
+            manifest.edges,
+            transfer.fetched,
+            transfer.owned,
+            lambda hex_, limit: blobs.read_bytes(hex_, limit=limit),
+            Bounds(self.limits.max_entries, self.limits.max_restore_bytes),
+            refuse,
+            what=f"the remote manifest of {ckpt_id}",
+        )
 
     # --- the bucket's catalog ---------------------------------------------------------------
 

@@ -66,6 +66,7 @@ from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
 from crabd.store.remote.tier import RemoteTier
+from crabd.trust.references import ReferenceChecker
 from crabd.util.aiolock import RWLock
 
 log = logging.getLogger("crabd")
@@ -212,7 +213,7 @@ class Daemon:
         paths, ck = self.cfg.paths, self.cfg.checkpoint
         db, manager = self._db, self._manager_or_fail()
         assert db is not None, "the registry is opened first"
-        limits = ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth)
+        limits = ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth, max_restore_bytes=ck.max_restore_bytes)
         # Neither is on the way to serving: CRIU's kernel-feature cache only saves each CRIU run
         # its own probe (one before the cache is in place still works), and in mode "auto" the
         # probes compile in the background while the scan inspector decides.
@@ -235,7 +236,7 @@ class Daemon:
         # Each sandbox's newest dump kept as it was stored, for fast restores; budget 0 empties it.
         hot_budget = self.cfg.criu.hot_images_bytes
         hot = await asyncio.to_thread(HotImages, paths.state_dir / "images-hot", hot_budget)
-        images = ImageStore(blobs, hot=hot if hot_budget > 0 else None)
+        images = ImageStore(blobs, hot=hot if hot_budget > 0 else None, max_bytes=ck.max_restore_bytes)
         store_lock = RWLock()
         checkpointer = Checkpointer(
             db,
@@ -304,7 +305,17 @@ class Daemon:
         """Portable archives (coordinator/archives.py); what interrupted exports and imports left is removed."""
         ck = wiring.checkpointer
         archives = Archives(
-            wiring.catalog, ck.blobs, wiring.store_lock, self.cfg.paths.state_dir / "archives", ck.dumper.version
+            wiring.catalog,
+            ck.blobs,
+            wiring.store_lock,
+            self.cfg.paths.state_dir / "archives",
+            ck.dumper.version,
+            checker=ReferenceChecker(ck.fs, ck.images),
+            limits=ScanLimits(
+                max_entries=self.cfg.checkpoint.max_entries,
+                max_depth=self.cfg.checkpoint.max_depth,
+                max_restore_bytes=self.cfg.checkpoint.max_restore_bytes,
+            ),
         )
         gone = await asyncio.to_thread(archives.clean_staging)
         if gone:
@@ -323,6 +334,12 @@ class Daemon:
             max_inflight=self.cfg.engine.max_uploads * 2,
             retry_initial_s=r.retry_initial_s,
             retry_max_s=r.retry_max_s,
+            checker=ReferenceChecker(wiring.checkpointer.fs, wiring.checkpointer.images),
+            limits=ScanLimits(
+                max_entries=self.cfg.checkpoint.max_entries,
+                max_depth=self.cfg.checkpoint.max_depth,
+                max_restore_bytes=self.cfg.checkpoint.max_restore_bytes,
+            ),
         )
         await self._replication.start()
         wiring.checkpointer.on_published.append(self._replication.published)

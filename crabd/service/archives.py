@@ -9,7 +9,11 @@
   checkpoint id this host has for another uid, a checkpoint whose
   sandbox is a live sandbox of another uid here, and one whose sandbox spec
   (what a fork of it gets: limits, environment) a create request here could
-  not ask for.
+  not ask for.  At most ``[archive] max_concurrent_imports`` imports per uid
+  run at once (each holds a staging dir and a worker thread for as long as
+  its client streams), refused before anything is read; and what a restore
+  of each imported checkpoint would write must fit the uid's store quota
+  (``admit_expansion``: a checkpoint it could never hold the files of).
 
 crabd never reads or writes a path the client names: both are streams
 (``api/servicer.py``); ``crabctl`` and the SDK do the file I/O.
@@ -18,12 +22,14 @@ crabd never reads or writes a path the client names: both are streams
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
 
 from crabd.coordinator.archives import Archives, Imported, ImportPlan
 from crabd.coordinator.sandboxes import SandboxManager
-from crabd.errors import ArchiveRejected, CrabError, InvalidRequest, PermissionDenied
+from crabd.errors import ArchiveRejected, CrabError, InvalidRequest, PermissionDenied, QuotaExceeded
 from crabd.host.images import REPO_PREFIX
 from crabd.models import Caller, CheckpointRecord
 from crabd.service.limits import RequestLimits
@@ -32,6 +38,7 @@ from crabd.service.remote import check_owner, readable_checkpoint
 from crabd.store.archive import MANIFEST_NAME
 from crabd.store.catalog import Catalog
 from crabd.store.registry import spec_from_json
+from crabd.trust.references import Expansion
 from crabd.util import validate
 
 #: How crab names its env images (crabd/host/images.py: content-tagged builds of a recipe).
@@ -39,11 +46,22 @@ _ENV_IMAGE = re.compile(re.escape(REPO_PREFIX) + r"/[a-z0-9][a-z0-9._-]{0,63}:[a
 
 
 class ArchiveEdge:
-    def __init__(self, catalog: Catalog, sandboxes: SandboxManager, quotas: Quotas, limits: RequestLimits) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        sandboxes: SandboxManager,
+        quotas: Quotas,
+        limits: RequestLimits,
+        *,
+        max_imports: int = 2,
+    ) -> None:
         self.catalog = catalog
         self.sandboxes = sandboxes
         self.quotas = quotas
         self.limits = limits
+        self.max_imports = max_imports
+        #: Imports running now, by uid (on the event loop: no lock needed).
+        self._importing: Counter[int] = Counter()
         #: The coordinator's part, attached by the daemon.
         self.archives: Archives | None = None
 
@@ -113,4 +131,40 @@ class ArchiveEdge:
             if plan.new_bytes:
                 self.quotas.check_store(caller.uid, plan.new_bytes)
 
-        return await self._need().import_archive(chunks, caller.uid, admit)
+        def admit_expansion(expansion: dict[str, Expansion]) -> None:
+            limit = self.quotas.cfg.max_store_bytes
+            for ckpt_id, exp in expansion.items():
+                if self.quotas.limited(caller.uid) and exp.bytes > limit:
+                    raise ArchiveRejected(
+                        f"restoring checkpoint {ckpt_id} would write {exp.bytes} bytes, more than uid"
+                        f" {caller.uid}'s store quota of {limit} bytes could ever hold",
+                        member=MANIFEST_NAME,
+                        reason="bounds",
+                    )
+
+        archives = self._need()
+        with self._one_import(caller):
+            return await archives.import_archive(chunks, caller.uid, admit, admit_expansion)
+
+    @contextlib.contextmanager
+    def _one_import(self, caller: Caller) -> Iterator[None]:
+        """Count one import of ``caller`` while the body runs; QuotaExceeded past ``max_imports``."""
+        uid = caller.uid
+        if self._importing[uid] >= self.max_imports:
+            raise QuotaExceeded(
+                f"uid {uid} is already importing {self._importing[uid]} archives, its limit at once;"
+                " nothing was read of this one",
+                uid=uid,
+                quota="max_concurrent_imports",
+                limit=self.max_imports,
+                used=self._importing[uid],
+                requested=1,
+                hint="Wait for your imports in progress to finish, then import again"
+                " ([archive] max_concurrent_imports).",
+            )
+        self._importing[uid] += 1
+        try:
+            yield
+        finally:
+            self._importing[uid] -= 1
+            self._importing = +self._importing

@@ -134,7 +134,9 @@ class Service:
         #: The remote tier's edge (a tier is attached by the daemon when [remote] is configured).
         self.remote = RemoteCheckpoints(catalog)
         #: Portable archives' edge (export/import; the coordinator's part is attached by the daemon).
-        self.archives = ArchiveEdge(catalog, sandboxes, quotas, self.limits)
+        self.archives = ArchiveEdge(
+            catalog, sandboxes, quotas, self.limits, max_imports=cfg.archive.max_concurrent_imports
+        )
         #: Retention's edge: pins, policies, thinning, and why each checkpoint is kept.
         self.retention = RetentionEdge(retention, sandboxes.registry, self._lookup, self._checkpoint)
 

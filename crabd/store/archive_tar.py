@@ -359,3 +359,18 @@ class ArchiveReader:
         rest = self._in.read(RECORD + 1)
         if len(rest) > RECORD or rest.strip(b"\0"):
             raise _reject("the archive goes on after its end marker", "", "member")
+
+
+def read_frame(path: Path, hex_: str, limit: int) -> bytes:
+    """The content of a staged (already verified) frame, at most ``limit`` bytes (StoreError past it)."""
+    out = bytearray()
+    try:
+        with open(path, "rb") as f:
+            reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW).stream_reader(f, read_size=PIECE)
+            while piece := reader.read(PIECE):
+                out += piece
+                if len(out) > limit:
+                    raise StoreError(f"blob {hex_} is larger than the {limit} bytes accepted for metadata")
+    except (OSError, zstandard.ZstdError) as exc:
+        raise StoreError(f"cannot read staged blob {hex_}: {exc}") from exc
+    return bytes(out)

@@ -467,6 +467,22 @@ class Catalog:
                 todo.extend(str(r[0]) for r in conn.execute("SELECT parent FROM blob_edges WHERE child=?", (b,)))
         return sorted(ckpts), sorted(heads)
 
+    def owned_blobs(self, uid: int) -> set[str]:
+        """Every blob a checkpoint of ``uid`` needs (its roots and what they reach): what is charged to it.
+
+        One recursive query, so that a fetch can tell which of its blobs the
+        importer already holds without a walk per blob (``crabd/trust/references.py``).
+        """
+        with self.db.lock:
+            rows = self.db.conn.execute(
+                "WITH RECURSIVE r(b) AS ("
+                " SELECT refs.blob FROM refs JOIN checkpoints c ON refs.owner = 'ck:' || c.id WHERE c.owner_uid=?"
+                " UNION SELECT e.child FROM blob_edges e JOIN r ON e.parent = r.b)"
+                " SELECT b FROM r",
+                (uid,),
+            ).fetchall()
+        return {str(r[0]) for r in rows}
+
     def reachable(self, roots: Iterable[str]) -> set[str]:
         """Every live blob reachable from ``roots`` through edges."""
         out: set[str] = set()

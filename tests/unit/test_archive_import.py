@@ -199,7 +199,15 @@ def test_process_images_an_older_criu_cannot_restore_are_left_out(
     b = _stack(tmp_path / "b", monkeypatch)
     old = b.service.archives.archives
     assert old is not None
-    b.service.archives.archives = Archives(old.catalog, old.blobs, old.store_lock, old.root, lambda: "Version: 3.17.1")
+    b.service.archives.archives = Archives(
+        old.catalog,
+        old.blobs,
+        old.store_lock,
+        old.root,
+        lambda: "Version: 3.17.1",
+        checker=old.checker,
+        limits=old.limits,
+    )
 
     async def body() -> None:
         async with _engines(a, b):

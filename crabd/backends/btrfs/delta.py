@@ -42,7 +42,18 @@ from pathlib import Path
 
 from crabd.backends.btrfs.layout import SubvolKind, SubvolRef
 from crabd.backends.btrfs.pool import Pool, PoolOp
-from crabd.backends.fsdelta import Change, Cut, FsCapture, MaterializeStats, Prepared, StoredTree, Tree
+from crabd.backends.fsdelta import (
+    Change,
+    Cut,
+    FsCapture,
+    MaterializeStats,
+    Outline,
+    OutlineMemo,
+    Prepared,
+    ReadBlob,
+    StoredTree,
+    Tree,
+)
 from crabd.backends.overlay.backend import OverlayDelta
 from crabd.errors import SnapshotError
 
@@ -142,6 +153,9 @@ class SnapshotDelta:
 
     def load(self, index_blob: str) -> Tree:
         return self.files.load(index_blob)
+
+    def outline(self, index_blob: str, read: ReadBlob, memo: OutlineMemo) -> Outline:
+        return self.files.outline(index_blob, read, memo)
 
     def store_tree(self, tree: Tree) -> StoredTree:
         return self.files.store_tree(tree)

@@ -41,8 +41,9 @@ from pathlib import Path
 
 from crabd.backends.criu import sockets
 from crabd.backends.criu.hotimages import HotImages
+from crabd.backends.fsdelta import Outline, ReadBlob
 from crabd.backends.procdump import StoredImage, WrittenImage
-from crabd.errors import StoreError, UnsafeEntry
+from crabd.errors import StoreError, StoreFull, UnsafeEntry
 from crabd.store.blobs import BlobStore
 
 PAGE = 4096
@@ -119,6 +120,34 @@ def _decode(data: bytes) -> list[_File]:
         raise StoreError(f"malformed process image: {exc}") from exc
 
 
+def _extent(files: list[_File], manifest: str, max_bytes: int) -> int:
+    """The bytes writing ``files`` puts on disk, checked before anything is written.
+
+    Every name is a plain file name, every run lies inside one pack, and a
+    pages file's size is exactly its runs' pages: a manifest of a few KB
+    whose runs all name one 4 MiB pack could otherwise write any amount.
+    """
+    total = 0
+    for f in files:
+        if "/" in f.name or f.name in ("", ".", "..") or "\0" in f.name:
+            raise UnsafeEntry(f"process image names an unsafe file {f.name!r}", path=f.name)
+        if f.kind == 1:
+            for _pack, first, count in f.runs:
+                if count < 1 or first + count > PACK_PAGES:
+                    raise StoreError(f"process image {manifest} has a run outside its pack ({first}+{count})")
+            if sum(count for _, _, count in f.runs) * PAGE != f.size:
+                raise StoreError(f"process image {manifest}: the runs of {f.name} do not make its {f.size} bytes")
+        elif f.kind != 0:
+            raise StoreError(f"process image {manifest} has a file of unknown kind {f.kind}")
+        total += f.size
+        if total > max_bytes:
+            raise StoreFull(
+                f"process image {manifest} writes more than {max_bytes} bytes when restored",
+                hint="Nothing was restored; restore another checkpoint ([checkpoint] max_restore_bytes).",
+            )
+    return total
+
+
 class _Packer:
     """Accumulates new pages into packs of at most PACK_PAGES pages."""
 
@@ -146,8 +175,10 @@ class _Packer:
 
 
 class ImageStore:
-    def __init__(self, blobs: BlobStore, *, hot: HotImages | None = None) -> None:
+    def __init__(self, blobs: BlobStore, *, hot: HotImages | None = None, max_bytes: int = 1 << 40) -> None:
         self.blobs = blobs
+        #: Most bytes one image may write back (and what ``outline`` refuses past).
+        self.max_bytes = max_bytes
         #: Dumps kept as they were stored, linked into restore targets (None: always write from the blobs).
         self.hot = hot
         # Page digests of recent images, so a sandbox's next dump need not re-read them.
@@ -269,17 +300,39 @@ class ImageStore:
                 return WrittenImage(linked, "hot")
         return WrittenImage(self.write_from_blobs(manifest, target), "blobs")
 
+    def outline(self, manifest: str, read: ReadBlob) -> Outline:
+        """What ``manifest`` names (page indexes, whole files, packs) and the bytes ``write`` would write."""
+        files = _decode(read(manifest, MAX_META))
+        children = {f.blob for f in files} | {p for f in files for p, _, _ in f.runs}
+        return Outline(
+            children={manifest: children}, entries=len(files), bytes=_extent(files, manifest, self.max_bytes)
+        )
+
     def write_from_blobs(self, manifest: str, target: Path) -> int:
-        """Write a stored image out of the blob store into the empty directory ``target``; return bytes written."""
+        """Write a stored image out of the blob store into the empty directory ``target``; return bytes written.
+
+        The bytes it will write are computed from the manifest and checked
+        (limit, free space of ``target``) before the first file is created.
+        """
         written = 0
         packs: OrderedDict[str, bytes] = OrderedDict()
-        for f in _decode(self._read(manifest)):
-            if "/" in f.name or f.name in ("", ".", "..") or "\0" in f.name:
-                raise UnsafeEntry(f"process image names an unsafe file {f.name!r}", path=f.name)
+        files = _decode(self._read(manifest))
+        need = _extent(files, manifest, self.max_bytes)
+        st = os.statvfs(target)
+        if need > st.f_bavail * st.f_frsize:
+            raise StoreFull(
+                f"process image {manifest} needs {need} bytes; {st.f_bavail * st.f_frsize} are free in {target}",
+                path=str(target),
+            )
+        for f in files:
             fd = os.open(target / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 if f.kind == 0:
+                    mine = 0
                     for piece in self.blobs.iter_content(f.blob):
+                        mine += len(piece)
+                        if mine > f.size:  # never past the size the bound was computed from
+                            raise StoreError(f"blob {f.blob} is longer than process image file {f.name}")
                         os.write(fd, piece)
                         written += len(piece)
                 else:

@@ -14,13 +14,16 @@ from crabd.backends.fsdelta import (
     FsCapture,
     Kind,
     MaterializeStats,
+    Outline,
+    OutlineMemo,
     Prepared,
+    ReadBlob,
     ScanLimits,
     StoredTree,
     Tree,
 )
 from crabd.backends.overlay.entries import decode_delta
-from crabd.backends.overlay.index import MAX_META_BLOB, PageCache, bounded_delta, build_index, load_index
+from crabd.backends.overlay.index import MAX_META_BLOB, PageCache, bounded_delta, build_index, load_index, outline_index
 from crabd.backends.overlay.materialize import drop_empty_dirs, materialize, stat_index
 from crabd.backends.overlay.scan import PassResult, link_hardlinks, scan_pass
 from crabd.store.blobs import BlobStore, PutResult
@@ -80,7 +83,10 @@ class OverlayDelta:
         self.cache = cache or PageCache()
 
     def load(self, index_blob: str) -> Tree:
-        return load_index(index_blob, self.blobs, self.cache)
+        return load_index(index_blob, self.blobs, self.cache, max_entries=self.limits.max_entries)
+
+    def outline(self, index_blob: str, read: ReadBlob, memo: OutlineMemo) -> Outline:
+        return outline_index(index_blob, read, self.limits, memo)
 
     def prepare(self, upper: Path, base: Tree | None, racy_ns: int, *, checkpoint_id: str = "") -> OverlayPrepared:
         base_map = {e.path: e for e in base or ()}
@@ -159,7 +165,7 @@ class OverlayDelta:
 
     def materialize(self, tree: Tree, into: Path) -> tuple[Tree, MaterializeStats]:
         drop_empty_dirs(into)  # Docker's pre-created working directory (see drop_empty_dirs)
-        stats = materialize(tree, self.blobs, into)
+        stats = materialize(tree, self.blobs, into, max_bytes=self.limits.max_restore_bytes)
         t0 = time.monotonic()
         fresh = stat_index(tree, into, self.limits)
         return fresh, MaterializeStats(

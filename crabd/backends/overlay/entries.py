@@ -178,11 +178,16 @@ def _decode_entry(r: _Reader) -> Entry:
     return Entry(path, k, mode, uid, gid, size, at, mt, ct, ino, nlink, rdev, target, link_to, xattrs, extents)
 
 
-def decode_page(data: bytes) -> list[Entry]:
+def decode_page(data: bytes, expect: int | None = None) -> list[Entry]:
+    """A page's entries; with ``expect``, its count is checked before a single entry is decoded
+    (a small page could otherwise hold millions of minimal entries its root does not announce)."""
     r = _Reader(data)
     if r.take(8) != PAGE_MAGIC:
         raise StoreError("not a crab index page")
-    entries = [_decode_entry(r) for _ in range(r.count(_U32, 4 + _FIXED.size))]
+    n = r.count(_U32, 4 + _FIXED.size)
+    if expect is not None and n != expect:
+        raise StoreError(f"an index page holds {n} entries, its index says {expect}")
+    entries = [_decode_entry(r) for _ in range(n)]
     r.done()
     return entries
 

@@ -38,7 +38,7 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from crabd.backends.fsdelta import Entry
+from crabd.backends.fsdelta import Entry, Outline, OutlineMemo, ReadBlob, ScanLimits
 from crabd.backends.overlay.entries import (
     DELTA_HEADER,
     PAGE_HEADER,
@@ -221,17 +221,105 @@ class PageCache:
                 self._held -= len(old)
 
 
-def load_index(root_hex: str, store: BlobStore, cache: PageCache | None = None) -> list[Entry]:
-    """Every entry of the index at ``root_hex``, verified against the blob hashes."""
-    _, pages = decode_root(store.read_bytes(root_hex, limit=MAX_META_BLOB))
+def _checked_root(root_hex: str, data: bytes, max_entries: int) -> list[tuple[str, int]]:
+    """The pages of a root, refused before any page is read when they would exceed ``max_entries``
+    or name one page twice (a root naming one page 200,000 times is 7 MB and 200,000 pages' worth of entries)."""
+    total, pages = decode_root(data)
+    if total > max_entries:
+        raise TooManyEntries(
+            f"index {root_hex} holds {total} entries, more than the {max_entries} one checkpoint may hold",
+            limit=max_entries,
+            hint="The checkpoint cannot be restored here ([checkpoint] max_entries); restore another one.",
+        )
+    if len({h for h, _ in pages}) != len(pages):
+        raise StoreError(f"index {root_hex} names one page twice (a valid index never does)")
+    return pages
+
+
+def _check_order(page: list[Entry], after: bytes | None, hex_: str) -> bytes | None:
+    """Entries strictly sorted by path across the whole index (no path twice); the last path."""
+    for e in page:
+        if after is not None and e.path <= after:
+            raise StoreError(f"index page {hex_} is out of order or repeats {e.path[:80]!r}")
+        after = e.path
+    return after
+
+
+def load_index(
+    root_hex: str, store: BlobStore, cache: PageCache | None = None, *, max_entries: int = 1 << 62
+) -> list[Entry]:
+    """Every entry of the index at ``root_hex``, verified against the blob hashes.
+
+    Streamed and capped: the root's total is checked against ``max_entries``
+    before any page is read, and each page's count before its entries are
+    decoded, so a hostile index cannot make this allocate more than that.
+    """
+    pages = _checked_root(root_hex, store.read_bytes(root_hex, limit=MAX_META_BLOB), max_entries)
     out: list[Entry] = []
+    last: bytes | None = None
     for hex_, count in pages:
         page = cache.get(hex_) if cache is not None else None
         if page is None:
-            page = decode_page(store.read_bytes(hex_, limit=MAX_META_BLOB))
+            page = decode_page(store.read_bytes(hex_, limit=MAX_META_BLOB), count)
             if cache is not None:
                 cache.put(hex_, page)
         if len(page) != count:
             raise StoreError(f"index page {hex_} holds {len(page)} entries, its index says {count}")
+        last = _check_order(page, last, hex_)
         out.extend(page)
+    return out
+
+
+@dataclass(frozen=True)
+class _PageSummary:
+    """What an outline keeps of one parsed page (shared pages of one import are parsed once)."""
+
+    kids: frozenset[str]
+    entries: int
+    nbytes: int
+    first: bytes
+    last: bytes
+
+
+def _summary(hex_: str, count: int, read: ReadBlob, memo: OutlineMemo) -> _PageSummary:
+    got = memo.get(hex_)
+    if isinstance(got, _PageSummary) and got.entries == count:
+        return got
+    page = decode_page(read(hex_, MAX_META_BLOB), count)
+    _check_order(page, None, hex_)
+    got = _PageSummary(
+        frozenset(x.blob for e in page for x in e.extents),
+        len(page),
+        sum(x.length for e in page for x in e.extents),
+        page[0].path if page else b"",
+        page[-1].path if page else b"",
+    )
+    memo[hex_] = got
+    return got
+
+
+def outline_index(root_hex: str, read: ReadBlob, limits: ScanLimits, memo: OutlineMemo | None = None) -> Outline:
+    """What the index at ``root_hex`` names and what materializing it writes, one page at a time.
+
+    Bytes are the extents' lengths, each reference counted (a page naming one
+    4 MiB blob a thousand times writes 4 GB); TooManyEntries past ``limits``.
+    """
+    memo = {} if memo is None else memo
+    pages = _checked_root(root_hex, read(root_hex, MAX_META_BLOB), limits.max_entries)
+    out = Outline(children={root_hex: {h for h, _ in pages}})
+    last: bytes | None = None
+    for hex_, count in pages:
+        page = _summary(hex_, count, read, memo)
+        if page.entries and last is not None and page.first <= last:
+            raise StoreError(f"index page {hex_} is out of order or repeats {page.first[:80]!r}")
+        last = page.last if page.entries else last
+        out.children[hex_] = set(page.kids)
+        out.entries += page.entries
+        out.bytes += page.nbytes
+        if out.bytes > limits.max_restore_bytes:
+            raise TooManyEntries(
+                f"index {root_hex} writes more than {limits.max_restore_bytes} bytes when restored",
+                limit=limits.max_restore_bytes,
+                hint="The checkpoint cannot be restored here ([checkpoint] max_restore_bytes); restore another one.",
+            )
     return out

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from crabd.backends.fsdelta import Entry, Kind, ScanLimits
 from crabd.backends.overlay.scan import stat_entry, walk
-from crabd.errors import StoreError, UnsafeEntry
+from crabd.errors import StoreError, StoreFull, UnsafeEntry
 from crabd.store.blobs import BlobStore
 from crabd.util.dirfd import DIR_FLAGS
 
@@ -109,6 +109,9 @@ def _write_file(e: Entry, name: bytes, parent: int, blobs: BlobStore, stats: Mat
                 raise UnsafeEntry(f"extent beyond the end of {e.path!r}", path=e.path.decode("utf-8", "replace"))
             pos = x.offset
             for piece in blobs.iter_content(x.blob):
+                if pos + len(piece) > x.offset + x.length:
+                    # Never write past the extent: the bound checked before the first write holds.
+                    raise StoreError(f"blob {x.blob} holds more than the {x.length} bytes the index says")
                 os.pwrite(fd, piece, pos)
                 pos += len(piece)
             if pos - x.offset != x.length:
@@ -182,15 +185,37 @@ def _drop_empty(fd: int) -> bool:
     return empty
 
 
-def materialize(entries: list[Entry], blobs: BlobStore, target: Path) -> MaterializeStats:
+def expansion_bytes(entries: list[Entry]) -> int:
+    """Bytes materializing ``entries`` writes: every extent of every regular file, repeats included."""
+    return sum(x.length for e in entries if e.kind is Kind.REG and not e.link_to for x in e.extents)
+
+
+def _check_room(entries: list[Entry], target: Path, max_bytes: int) -> None:
+    """Refuse, before the first write, a tree that would write more than ``max_bytes`` or than ``target`` holds."""
+    need = expansion_bytes(entries)
+    st = os.statvfs(target)
+    free = st.f_bavail * st.f_frsize
+    if need > max_bytes or need > free:
+        raise StoreFull(
+            f"restoring this checkpoint writes {need} bytes; the limit is {max_bytes} and {free} are free in {target}",
+            path=str(target),
+            hint="Nothing was restored; free disk space, or restore another checkpoint ([checkpoint]"
+            " max_restore_bytes bounds one restore).",
+        )
+
+
+def materialize(entries: list[Entry], blobs: BlobStore, target: Path, *, max_bytes: int = 1 << 62) -> MaterializeStats:
     """Create ``entries`` inside the empty directory ``target``.
 
-    Order: directories (so every parent exists), regular files (in parallel
+    First the bytes it will write (every extent, repeats included) are
+    checked against ``max_bytes`` and the free space of ``target``.  Then:
+    directories (so every parent exists), regular files (in parallel
     batches), then hardlinks, symlinks and special files, and last the
     directories' own metadata, deepest first (creating children moved their
     times).
     """
     t0 = time.monotonic()
+    _check_room(entries, target, max_bytes)
     stats = MaterializeStats()
     root = os.open(target, DIR_FLAGS)
     dirs = _Dirs(root)

@@ -17,10 +17,17 @@ Upload of one checkpoint, in order (a crash at any step leaves it not
 Fetch of one checkpoint onto this host:
 
 1. its manifest, parsed as untrusted input (``manifest.decode``);
-2. the blobs this host does not hold live, in parallel; each one's content
-   is hashed as it is stored and must match its address (``CorruptBlob``
-   otherwise, and nothing is imported); a blob the bucket lacks is an error
-   that names the checkpoint;
+2. every blob not already charged to the checkpoint's owner here (held by
+   a checkpoint of that uid), in parallel — a blob another tenant holds is
+   fetched and verified all the same, so a manifest cannot borrow it and a
+   fetch's outcome does not tell whether it exists here.  Each object is
+   read up to the largest frame its declared size can make (a manifest
+   claiming 10 bytes never reads 10 GB), its content hashed as it is stored
+   and must match its address and be exactly the declared size
+   (``CorruptBlob`` otherwise, and nothing is imported); a blob the bucket
+   lacks is an error that names the checkpoint.  Then the coordinator checks
+   the references the checkpoint's metadata makes (``crabd/trust/references.py``)
+   and removes what it fetched if they are refused;
 3. the fetched blobs made durable;
 4. one catalog transaction adopts the checkpoint (no sandbox's head moves).
 """
@@ -64,6 +71,11 @@ class Transfer:
     seconds: float = 0.0
     #: Blob puts the bucket answered with "already there" (another host or an earlier attempt).
     already_there: int = 0
+    #: A fetch: the blobs it read from the bucket, those it created in the local store (not there
+    #: before), and those it did not read because the owner holds them here.
+    fetched: set[str] = field(default_factory=set)
+    created: list[str] = field(default_factory=list)
+    owned: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -162,14 +174,22 @@ class RemoteTier:
             ) from exc
         return mf.decode(data, expect_id=ckpt_id)
 
-    def fetch(self, m: mf.Manifest) -> Transfer:
-        """Bring every blob of ``m`` this host lacks into the local store, verified and durable."""
+    def fetch(self, m: mf.Manifest, out: Transfer | None = None) -> Transfer:
+        """Bring every blob of ``m`` the owner does not hold here into the local store, verified and durable.
+
+        ``out`` (the caller's, so that it is readable after an exception) lists
+        the blobs the fetch created: the caller removes them, under the store
+        lock's exclusive side, if the checkpoint is not adopted.
+        """
         t0 = time.monotonic()
         ckpt_id = m.checkpoint.id
-        out = Transfer(ckpt_id, blobs=len(m.blobs))
-        live = self.catalog.live_among(m.blobs)
-        todo = sorted(m.blobs.keys() - live)
-        futures = [self._down.submit(self._get_blob, ckpt_id, b, m.blobs[b]) for b in todo]
+        out = out if out is not None else Transfer(ckpt_id)
+        out.blobs = len(m.blobs)
+        # Only what the owner already holds here is not read again (see step 2 of the module doc).
+        out.owned = self.catalog.owned_blobs(m.checkpoint.owner_uid) & m.blobs.keys()
+        todo = sorted(m.blobs.keys() - out.owned)
+        out.fetched = set(todo)
+        futures = [self._down.submit(self._get_blob, ckpt_id, b, m.blobs[b], out.created) for b in todo]
         try:
             for f in futures:
                 out.bytes += f.result()
@@ -185,11 +205,13 @@ class RemoteTier:
         out.seconds = time.monotonic() - t0
         return out
 
-    def _get_blob(self, ckpt_id: str, hex_: str, size: int) -> int:
-        """Fetch one blob into the local store; the bytes received."""
+    def _get_blob(self, ckpt_id: str, hex_: str, size: int, created: list[str]) -> int:
+        """Fetch one blob into the local store (appended to ``created`` if it is new there); the bytes received."""
         with self._big if size > BIG_BLOB else contextlib.nullcontext():
             try:
-                data = self.objects.get(mf.blob_key(hex_), limit=self.max_object_bytes)
+                # No frame of ``size`` bytes is larger than zstd's compress bound: a manifest that claims
+                # little for a huge object reads little of it.
+                data = self.objects.get(mf.blob_key(hex_), limit=min(self.max_object_bytes, frame_bound(size)))
             except RemoteObjectMissing as exc:
                 raise StoreError(
                     f"checkpoint {ckpt_id} cannot be fetched: its manifest names blob {hex_},"
@@ -197,11 +219,14 @@ class RemoteTier:
                     hint="The remote copy of this checkpoint is incomplete; restore another checkpoint.",
                 ) from exc
             put = self.blobs.put_pieces(_decompressed(data, hex_, ckpt_id, size))
-            if put.hex != hex_:
-                if put.new:
+            if put.hex == hex_ and put.new:
+                created.append(hex_)  # list.append is atomic: fetch threads share the list
+            if put.hex != hex_ or put.size != size:
+                if put.new and put.hex != hex_:
                     self.blobs.remove(put.hex)
                 raise CorruptBlob(
-                    f"the remote store's copy of blob {hex_} (checkpoint {ckpt_id}) does not match its hash",
+                    f"the remote store's copy of blob {hex_} (checkpoint {ckpt_id}) does not match its hash"
+                    f" or is not the {size} bytes its manifest says",
                     blob=hex_,
                     checkpoints=[ckpt_id],
                     hint=_FETCH_HINT,
@@ -248,6 +273,11 @@ class RemoteTier:
             # Manifests vanished: the bucket was cleaned or replaced, so what it held is not known any more.
             self.state.forget_blobs()
         return report
+
+
+def frame_bound(size: int) -> int:
+    """The largest zstd frame of ``size`` bytes of content (zstd's compress bound, with room for headers)."""
+    return size + (size >> 7) + (64 << 10)
 
 
 def _decompressed(data: bytes, hex_: str, ckpt_id: str, size: int) -> Iterator[bytes]:
