@@ -161,6 +161,8 @@ class Outline:
     children: dict[str, set[str]] = field(default_factory=dict)
     #: Files (entries) a restore creates.
     entries: int = 0
+    #: Content size each named data blob must have for a restore to succeed (a file extent, an image file).
+    sizes: dict[str, int] = field(default_factory=dict)
     #: Bytes a restore writes, every repeated reference to one blob counted again.
     bytes: int = 0
 

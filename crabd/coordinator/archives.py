@@ -306,6 +306,7 @@ class Archives:
             read,
             bounds,
             lambda message, reason: ArchiveRejected(message, member=archive.MANIFEST_NAME, reason=reason),
+            sizes=m.blobs,
         )
 
     def _check_space(self, need: int) -> None:

@@ -258,6 +258,7 @@ class Replication:
             lambda hex_, limit: blobs.read_bytes(hex_, limit=limit),
             Bounds(self.limits.max_entries, self.limits.max_restore_bytes),
             refuse,
+            sizes={b: manifest.blobs[b] for b in transfer.fetched},  # verified as they were read
             what=f"the remote manifest of {ckpt_id}",
         )
 

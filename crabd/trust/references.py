@@ -22,7 +22,8 @@ page or pack over and over, and a restore wrote that out every time.
    are indistinguishable (same error, no store lookup, no timing
    difference);
 2. the references found must equal the declared edges of the blobs those
-   records need, exactly: no edge more, none fewer;
+   records need, exactly: no edge more, none fewer; and what the metadata
+   says of a data blob's size must be its verified size;
 3. each record's expansion — entries created, bytes written by a restore
    (file extents and image files, every repeated reference to one page or
    pack counted again) — must stay within :class:`Bounds` (configured
@@ -85,13 +86,16 @@ class ReferenceChecker:
         bounds: Bounds,
         reject: Reject,
         *,
+        sizes: dict[str, int] | None = None,
         what: str = "the archive",
     ) -> dict[str, Expansion]:
         """Steps 1-3 of the module doc for ``records``; each one's expansion, or ``reject(...)`` raised.
 
         ``declared``: the input's edges; ``carried``: the blobs the input holds
         (verified); ``owned``: blobs already charged to the importer; ``read``:
-        the content of a carried or owned blob.
+        the content of a carried or owned blob; ``sizes``: verified content
+        sizes of blobs, against which what the metadata says of them is checked
+        (a restore of an image file or extent of another size would fail).
         """
         readable = carried | owned
 
@@ -113,6 +117,13 @@ class ReferenceChecker:
             for outline in (fs, img):
                 for parent, kids in outline.children.items():
                     found.setdefault(parent, set()).update(kids)
+                for blob, size in outline.sizes.items():
+                    if sizes is not None and blob in sizes and sizes[blob] != size:
+                        raise reject(
+                            f"checkpoint {rec.id}'s metadata says blob {blob} holds {size} bytes; it holds"
+                            f" {sizes[blob]}",
+                            "references",
+                        )
             roots |= {b for b in (rec.index_blob, rec.delta_blob, rec.session_blob, rec.process_blob) if b}
             exp = Expansion(fs.entries + img.entries, fs.bytes + img.bytes)
             if exp.entries > bounds.max_entries or exp.bytes > bounds.max_bytes:

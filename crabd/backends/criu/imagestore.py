@@ -304,8 +304,15 @@ class ImageStore:
         """What ``manifest`` names (page indexes, whole files, packs) and the bytes ``write`` would write."""
         files = _decode(read(manifest, MAX_META))
         children = {f.blob for f in files} | {p for f in files for p, _, _ in f.runs}
+        sizes: dict[str, int] = {}
+        for f in files:
+            if f.kind == 0 and sizes.setdefault(f.blob, f.size) != f.size:
+                raise StoreError(f"process image {manifest} gives blob {f.blob} two sizes")
         return Outline(
-            children={manifest: children}, entries=len(files), bytes=_extent(files, manifest, self.max_bytes)
+            children={manifest: children},
+            entries=len(files),
+            sizes=sizes,
+            bytes=_extent(files, manifest, self.max_bytes),
         )
 
     def write_from_blobs(self, manifest: str, target: Path) -> int:

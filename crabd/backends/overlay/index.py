@@ -275,6 +275,7 @@ class _PageSummary:
     """What an outline keeps of one parsed page (shared pages of one import are parsed once)."""
 
     kids: frozenset[str]
+    sizes: tuple[tuple[str, int], ...]
     entries: int
     nbytes: int
     first: bytes
@@ -287,8 +288,14 @@ def _summary(hex_: str, count: int, read: ReadBlob, memo: OutlineMemo) -> _PageS
         return got
     page = decode_page(read(hex_, MAX_META_BLOB), count)
     _check_order(page, None, hex_)
+    sizes: dict[str, int] = {}
+    for e in page:
+        for x in e.extents:
+            if sizes.setdefault(x.blob, x.length) != x.length:
+                raise StoreError(f"index page {hex_} gives blob {x.blob} two lengths")
     got = _PageSummary(
-        frozenset(x.blob for e in page for x in e.extents),
+        frozenset(sizes),
+        tuple(sizes.items()),
         len(page),
         sum(x.length for e in page for x in e.extents),
         page[0].path if page else b"",
@@ -314,6 +321,9 @@ def outline_index(root_hex: str, read: ReadBlob, limits: ScanLimits, memo: Outli
             raise StoreError(f"index page {hex_} is out of order or repeats {page.first[:80]!r}")
         last = page.last if page.entries else last
         out.children[hex_] = set(page.kids)
+        for blob, length in page.sizes:
+            if out.sizes.setdefault(blob, length) != length:
+                raise StoreError(f"index {root_hex} gives blob {blob} two lengths")
         out.entries += page.entries
         out.bytes += page.nbytes
         if out.bytes > limits.max_restore_bytes:
