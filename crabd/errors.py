@@ -360,7 +360,8 @@ class ArchiveRejected(InvalidRequest):
     """A checkpoint archive is malformed, hostile or does not fit this host; nothing was imported.
 
     Attributes: ``member`` (the archive member at fault, "" for the archive as a whole) and
-    ``reason`` (a short word: truncated, member, size, hash, manifest, conflict, owner, space).
+    ``reason`` (a short word: truncated, member, size, hash, manifest, conflict, owner, space, references,
+    bounds).
     """
 
     default_hint = (

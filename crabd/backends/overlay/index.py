@@ -33,6 +33,7 @@ its index from disk each time.
 
 from __future__ import annotations
 
+import struct
 import threading
 import zlib
 from collections import OrderedDict
@@ -42,6 +43,7 @@ from crabd.backends.fsdelta import Entry, Outline, OutlineMemo, ReadBlob, ScanLi
 from crabd.backends.overlay.entries import (
     DELTA_HEADER,
     PAGE_HEADER,
+    ROOT_MAGIC,
     decode_page,
     decode_root,
     encode_delta,
@@ -221,18 +223,34 @@ class PageCache:
                 self._held -= len(old)
 
 
+def _root_limit(max_entries: int) -> int:
+    """The largest root an index of at most ``max_entries`` entries has (no page is empty)."""
+    return min(MAX_META_BLOB, _ROOT_HEADER + _ROOT_REF * max_entries)
+
+
 def _checked_root(root_hex: str, data: bytes, max_entries: int) -> list[tuple[str, int]]:
     """The pages of a root, refused before any page is read when they would exceed ``max_entries``
-    or name one page twice (a root naming one page 200,000 times is 7 MB and 200,000 pages' worth of entries)."""
-    total, pages = decode_root(data)
+    or name one page twice (a root naming one page 200,000 times is 7 MB and 200,000 pages' worth of entries).
+
+    The header is checked before the page list is decoded: a valid root has no
+    empty page, so its page count is at most its total.
+    """
+    if len(data) >= _ROOT_HEADER and data[:8] == ROOT_MAGIC:
+        total, npages = struct.unpack_from(">QI", data, 8)
+        if npages > total and total <= max_entries:
+            raise StoreError(f"index {root_hex} names {npages} pages for {total} entries")
+    else:
+        total = 0
+    if total <= max_entries:
+        total, pages = decode_root(data)
     if total > max_entries:
         raise TooManyEntries(
             f"index {root_hex} holds {total} entries, more than the {max_entries} one checkpoint may hold",
             limit=max_entries,
             hint="The checkpoint cannot be restored here ([checkpoint] max_entries); restore another one.",
         )
-    if len({h for h, _ in pages}) != len(pages):
-        raise StoreError(f"index {root_hex} names one page twice (a valid index never does)")
+    if len({h for h, _ in pages}) != len(pages) or any(count < 1 for _, count in pages):
+        raise StoreError(f"index {root_hex} names one page twice or an empty page (a valid index never does)")
     return pages
 
 
@@ -254,7 +272,7 @@ def load_index(
     before any page is read, and each page's count before its entries are
     decoded, so a hostile index cannot make this allocate more than that.
     """
-    pages = _checked_root(root_hex, store.read_bytes(root_hex, limit=MAX_META_BLOB), max_entries)
+    pages = _checked_root(root_hex, store.read_bytes(root_hex, limit=_root_limit(max_entries)), max_entries)
     out: list[Entry] = []
     last: bytes | None = None
     for hex_, count in pages:
@@ -312,7 +330,7 @@ def outline_index(root_hex: str, read: ReadBlob, limits: ScanLimits, memo: Outli
     4 MiB blob a thousand times writes 4 GB); TooManyEntries past ``limits``.
     """
     memo = {} if memo is None else memo
-    pages = _checked_root(root_hex, read(root_hex, MAX_META_BLOB), limits.max_entries)
+    pages = _checked_root(root_hex, read(root_hex, _root_limit(limits.max_entries)), limits.max_entries)
     out = Outline(children={root_hex: {h for h, _ in pages}})
     last: bytes | None = None
     for hex_, count in pages:
