@@ -16,7 +16,8 @@ hashed for the manifest, then streamed.
 1. the manifest (first member) is read and checked, and an import plan made:
    which checkpoints are here already (same content: reported, not redone;
    different content: refused), which process images this host refuses
-   (``archive.process_images_refused``), which blobs are new to this host
+   (``archive.process_images_refused``), which blobs the importer does not
+   hold here (whoever else does: no answer depends on other tenants' blobs)
    and what they weigh;
 2. the service admits the plan (ownership, the caller's store quota), and
    the free space of the state dir is checked — all before a byte is written;
@@ -90,7 +91,7 @@ class ImportPlan:
     present: list[CheckpointRecord]
     #: Checkpoint id -> why its process image is not imported.
     dropped: dict[str, str]
-    #: Blobs the records need that this host lacks (staged), and their archive bytes.
+    #: Blobs the records need that the importer does not hold here (staged), and their archive bytes.
     new_blobs: set[str]
     new_bytes: int
 
@@ -350,7 +351,10 @@ class Archives:
             if drop:
                 dropped[c.id] = drop
         needed = reachable({b for r in records for b in direct_refs(r)}, m.edges)
-        new = needed - self.catalog.live_among(needed)
+        # Staged and charged unless the importer already holds it: a blob only another tenant holds here
+        # counts as new, so neither the result (stored blobs, new bytes) nor the quota check tells the
+        # importer whether someone on this host has that content.
+        new = needed - (self.catalog.live_among(needed) & self.catalog.owned_blobs(owner_uid)) if needed else set()
         # Linear in the archive: each blob is walked once, charged to the first record that reaches it
         # (what a blob reaches was reached with it), and member sizes are looked up, not summed per record.
         size = {b: m.members[member_name(b)].size for b in new}

@@ -255,3 +255,33 @@ def test_concurrent_imports_per_uid_are_capped(two: tuple[Stack, Stack]) -> None
             assert again.checkpoints
 
     run(body())
+
+
+def test_what_an_import_reports_and_charges_does_not_tell_whether_another_tenant_holds_its_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bob holds the archive's files on b, nobody does on c: Alice's import of it reads the same on both."""
+    a = _stack(tmp_path / "a", monkeypatch)
+    b = _stack(tmp_path / "b", monkeypatch)
+    c = _stack(tmp_path / "c", monkeypatch)
+
+    async def body() -> None:
+        async with _engines(a, b, c):
+            content = secrets.token_hex(20_000)
+            rec = await a.service.create(ALICE, spec("web", checkpoints="fs"))
+            a.write(rec.id, "doc.txt", content)
+            ck = await a.service.create_checkpoint(ALICE, rec.id, "", "fs")
+            data = await _export(a, ALICE, ck.id)
+            bobs = await b.service.create(BOB, spec("bob", checkpoints="fs"))
+            b.write(bobs.id, "doc.txt", content)
+            theirs = await b.service.create_checkpoint(BOB, bobs.id, "", "fs")
+            assert theirs.index_blob == ck.index_blob  # the same files: the same index blob
+            on_b, on_c = await _import(b, ALICE, data), await _import(c, ALICE, data)
+            assert (on_b.stored_blobs, on_b.blobs) == (on_c.stored_blobs, on_c.blobs)
+            got_b, got_c = b.catalog.get(ck.id), c.catalog.get(ck.id)
+            assert got_b.stats["new_bytes"] == got_c.stats["new_bytes"] > 0
+            # Bob's checkpoint is intact, and Alice's restores hers.
+            assert b.stored_files(b.catalog.get(theirs.id))["doc.txt"] == content
+            assert b.stored_files(got_b)["doc.txt"] == content
+
+    run(body())
