@@ -56,9 +56,11 @@ from crabd.store.archive import ArchiveManifest, HostInfo, Member, member_name, 
 from crabd.store.archive_tar import ArchiveReader, frame_member, iter_archive
 from crabd.store.blobs import BlobStore
 from crabd.store.catalog import Catalog, direct_refs
+from crabd.store.identity import SandboxIds
 from crabd.store.maintenance import GcReport, sweep_some
 from crabd.store.remote.manifest import RemoteCheckpoint
 from crabd.store.remote.state import RemoteState
+from crabd.trust import identity
 from crabd.util import libc
 from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point
@@ -289,11 +291,15 @@ class Archives:
                 present.append(existing)
                 here.add(c.id)
                 continue
-            parent = c.parent_id if c.parent_id and (c.parent_id in here or self.catalog.find(c.parent_id)) else None
+            parent = (
+                c.parent_id if c.parent_id and (c.parent_id in here or self._mine(c.parent_id, owner_uid)) else None
+            )
             records.append(_record(c, m.host, owner_uid, parent, drop))
             here.add(c.id)
             if drop:
                 dropped[c.id] = drop
+        # Sandbox ids that belong to another uid here are replaced (crabd/trust/identity.py).
+        records, _ = identity.reassign(records, owner_uid, SandboxIds(self.catalog.db))
         needed = reachable({b for r in records for b in direct_refs(r)}, m.edges)
         new = needed - self.catalog.live_among(needed)
         charged: set[str] = set()
@@ -302,6 +308,11 @@ class Archives:
             charged |= mine
             records[i] = replace(rec, stats={**rec.stats, "new_bytes": m.member_bytes(mine)})
         return ImportPlan(m, records, present, dropped, new, m.member_bytes(new))
+
+    def _mine(self, ckpt_id: str, owner_uid: int) -> bool:
+        """Whether ``ckpt_id`` is here and ``owner_uid``'s (an archive never links under another uid's checkpoint)."""
+        rec = self.catalog.find(ckpt_id)
+        return rec is not None and rec.owner_uid == owner_uid
 
     def _commit(self, plan: ImportPlan, staged: dict[str, Path], moved: list[str]) -> None:
         """Step 4 (store lock held shared): blobs into the store, durable, then one adopting transaction."""

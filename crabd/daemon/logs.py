@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,8 +35,10 @@ def setup(level: str = "info", log_file: Path | None = None) -> None:
     root.setLevel(level.upper())
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         handlers.append(logging.FileHandler(log_file))
+        # Its lines name sandboxes and uids: root only, whatever the umask or an older crabd left.
+        os.chmod(log_file, 0o600)
     for h in handlers:
         h.setFormatter(JsonFormatter())
         root.addHandler(h)

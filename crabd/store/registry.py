@@ -24,6 +24,7 @@ from crabd.models import (
     TurnCheckpointState,
     TurnRecord,
 )
+from crabd.store import identity
 from crabd.store.db import Database, Tx
 
 #: Turns of a sandbox that keep their session state (see ``Registry.prune_turns``).
@@ -60,7 +61,9 @@ class Registry:
     # --- sandboxes ------------------------------------------------------------
 
     def insert_sandbox(self, rec: SandboxRecord) -> None:
+        """Insert ``rec``; refused (PermissionDenied, nothing written) if its id ever belonged to another uid."""
         with self._tx() as db:
+            identity.claim(db, rec.id, rec.owner_uid, "fork" if rec.origin else "create")
             db.execute(
                 "INSERT INTO sandboxes(id, name, owner_uid, spec_json, image, container_id, state, created_at,"
                 " origin, branch) VALUES(?,?,?,?,?,?,?,?,?,?)",
