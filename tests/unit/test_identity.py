@@ -3,6 +3,7 @@ refused on arrival, and every lookup by sandbox id blind to another owner's chec
 
 from __future__ import annotations
 
+import os
 import secrets
 import sqlite3
 from collections.abc import AsyncIterator
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from crabd.backends.runc.cleanup import Layout, secure_dirs
+from crabd.backends.runc.cni import CniSettings
 from crabd.errors import InvalidRequest, PermissionDenied
 from crabd.models import Caller, CheckpointKind, RetentionPolicy
 from crabd.store.db import Database
@@ -215,3 +218,21 @@ def test_lookups_by_sandbox_id_see_only_the_owners_checkpoints(tmp_path: Path, m
             assert not tree.nodes
 
     run(body())
+
+
+def test_existing_listable_dirs_are_made_private_at_start(tmp_path: Path) -> None:
+    """A directory an older crabd left 0755 is 0700 after ``secure_dirs`` (run at every start)."""
+    base = tmp_path / "run"
+    layout = Layout(
+        runc_root=base / "runc",
+        bundles=base / "bundles",
+        netns=base / "netns",
+        rootfs=base / "rootfs",
+        cni=CniSettings(cache_dir=base / "cni"),
+    )
+    for d in (layout.runc_root, layout.bundles, layout.netns, layout.cni.cache_dir):
+        d.mkdir(parents=True)
+        os.chmod(d, 0o755)
+    secure_dirs(layout)
+    for d in (layout.runc_root, layout.bundles, layout.netns, layout.cni.cache_dir):
+        assert d.stat().st_mode & 0o777 == 0o700, d
