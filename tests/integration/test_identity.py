@@ -7,13 +7,18 @@ from __future__ import annotations
 import contextlib
 import grp
 import os
+import secrets
+import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from crabd.backends.runc.cleanup import Layout
 from crabd.sdk import Client, CrabError, EmbeddedDaemon, Sandbox
+from tests.archive_forge import rewrite_manifest
 from tests.integration.conftest import USER_IN_GROUP, USER_OUTSIDE, run_as
 
 SECRET = "victims-secret-7f3a"
@@ -48,7 +53,7 @@ def victim(client: Client, daemon: EmbeddedDaemon) -> Iterator[tuple[str, list[s
     sb = client.create("busybox", name=f"victim-{os.getpid()}", checkpoints="fs", env_vars={"SECRET": SECRET})
     for text in ("one", "two"):
         with sb.turn():
-            sb.run(["sh", "-c", f"echo {text} > /victim.txt"])
+            sb.run(["sh", "-c", f"echo victim-file-{text} > /victim.txt"])
     _record_failure(daemon, sb.id, 0)
     assert FAILURE in {f.error for f in client.checkpoint_failures(sb.name)}
     mine = [c.id for c in client.checkpoints(sb.name)]
@@ -62,30 +67,19 @@ def victim(client: Client, daemon: EmbeddedDaemon) -> Iterator[tuple[str, list[s
                 client.delete_checkpoint(c)
 
 
-def _attacker_body(victim_id: str, tag: str) -> str:
-    """The squatter's moves (as crabtest1): forge an archive of its own checkpoint naming the victim's id,
-    import it, bring the sandbox in, then reach for the victim's turn 0, newest checkpoint, kept
-    checkpoints (retention) and failure records."""
+def _attacker_body(victim_id: str, forged: Path, forged_id: str, tag: str) -> str:
+    """The squatter's moves (as crabtest1) with its forged archive: import it, bring the sandbox in, then
+    reach for the victim's turn 0, newest checkpoint, kept checkpoints (retention) and failure records."""
     return f"""
-        import io, secrets
         from crabd.sdk import RetentionPolicy
-        from tests.archive_forge import rewrite_manifest
-        own = c.create("busybox", name="att-{tag}", checkpoints="fs")
-        ck = own.checkpoint()
-        buf = io.BytesIO()
-        c.export_checkpoint(ck.id, buf)
-        forged_id = "ck-" + secrets.token_hex(6)
-        def change(doc):
-            doc["checkpoints"][0].update(id=forged_id, sandbox_id={victim_id!r}, sandbox_name="sq-{tag}")
-        data = rewrite_manifest(buf.getvalue(), change)
-        attempt("import", lambda: [x.checkpoint.sandbox_id for x in c.import_checkpoint(io.BytesIO(data)).checkpoints])
-        attempt("arrive", lambda: c.import_sandbox(forged_id).sandbox.id)
+        attempt("import", lambda: [x.checkpoint.sandbox_id for x in c.import_checkpoint({str(forged)!r}).checkpoints])
+        attempt("arrive", lambda: c.import_sandbox({forged_id!r}).sandbox.id)
         sq = c.get("sq-{tag}")
         def turn0():
             sq.restore(turn=0)
             return sq.run(["sh", "-c", "echo $SECRET; cat /victim.txt 2>/dev/null"]).text
         attempt("turn0", turn0)
-        attempt("rm_head", lambda: c.delete_checkpoint(forged_id))
+        attempt("rm_head", lambda: c.delete_checkpoint({forged_id!r}))
         attempt("stop", lambda: sq.stop().state)
         attempt("recover", lambda: sq.recover().checkpoint)
         attempt("policy", lambda: c.set_retention("sq-{tag}", RetentionPolicy(keep_last=1)).name)
@@ -96,24 +90,60 @@ def _attacker_body(victim_id: str, tag: str) -> str:
         """
 
 
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory the second user can write its export into (pytest's tmp_path is root's only)."""
+    d = Path(f"/tmp/crab-identity-{os.getpid()}")
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir()
+    os.chmod(d, 0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_squatting_a_removed_sandbox_id_gets_nothing_of_the_victim(
     daemon: EmbeddedDaemon,
     client: Client,
     users: dict[str, tuple[int, int]],
     victim: tuple[str, list[str]],
+    shared_dir: Path,
 ) -> None:
     vid, theirs = victim
     os.chmod(daemon.base, 0o711)
     uid, gid = users[USER_IN_GROUP]
+    groups = [grp.getgrnam("crab").gr_gid]
     tag = str(os.getpid())
+    own = shared_dir / "own.crab"
     try:
-        res = run_as(uid, gid, [grp.getgrnam("crab").gr_gid], daemon.socket, _attacker_body(vid, tag))
+        made = run_as(
+            uid,
+            gid,
+            groups,
+            daemon.socket,
+            f"""
+            sb = c.create("busybox", name="att-{tag}", checkpoints="fs")
+            attempt("export", lambda: c.export_checkpoint(sb.checkpoint().id, {str(own)!r}))
+            """,
+        )
+        assert made["export"][0] == "ok", made  # type: ignore[index]
+        # The forged archive: the squatter's own checkpoint, renamed, claiming the victim's sandbox id.
+        forged_id = "ck-" + secrets.token_hex(6)
+        forged = shared_dir / "forged.crab"
+
+        def change(doc: dict[str, Any]) -> None:
+            doc["checkpoints"][0].update(id=forged_id, sandbox_id=vid, sandbox_name=f"sq-{tag}")
+
+        forged.write_bytes(rewrite_manifest(own.read_bytes(), change))
+        os.chmod(forged, 0o644)
+        res = run_as(uid, gid, groups, daemon.socket, _attacker_body(vid, forged, forged_id, tag))
         # The import succeeded, under a fresh id; the sandbox brought in has that id, not the victim's.
         assert res["import"][0] == "ok" and vid not in res["import"][1], res  # type: ignore[index]
         assert res["arrive"][0] == "ok" and res["arrive"][1] != vid, res  # type: ignore[index]
         # Turn 0 is not the victim's creation checkpoint: no secret, no files of theirs.
         assert res["turn0"][0] == "InvalidRequest" or SECRET not in str(res["turn0"][1]), res  # type: ignore[index]
-        assert "one" not in str(res["turn0"]) and "two" not in str(res["turn0"]), res
+        assert "victim-file" not in str(res["turn0"]), res
         # Recovery after the head is gone does not pick the victim's newest checkpoint.
         assert res["recover"][0] != "ok" or res["recover"][1] not in theirs, res  # type: ignore[index]
         # Retention on the squatter's sandbox thinned none of the victim's kept checkpoints.
@@ -194,7 +224,6 @@ def test_a_user_outside_group_crab_cannot_list_sandbox_ids(
     crab_gid = grp.getgrnam("crab").gr_gid
     dirs = [layout.netns, layout.bundles, layout.runc_root, daemon.state_dir]
     probe = f"""
-        import json, os
         out = {{}}
         for d in {[str(d) for d in dirs]!r}:
             try:
@@ -215,7 +244,8 @@ def _listdirs_as(uid: int, gid: int, groups: list[int], probe: str) -> dict[str,
     import sys
     import textwrap
 
-    script = f"import os\nos.setgroups({groups!r}); os.setgid({gid}); os.setuid({uid})\n" + textwrap.dedent(probe)
+    # Modules load before the uid drops: the interpreter's library is root's only here.
+    script = f"import json, os\nos.setgroups({groups!r}); os.setgid({gid}); os.setuid({uid})\n" + textwrap.dedent(probe)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
