@@ -21,6 +21,7 @@ from crabd.store.db import Database
 from crabd.store.identity import SandboxIds
 from crabd.trust import identity
 from tests.archive_forge import rewrite_manifest
+from tests.fake_cluster import fake_cluster
 from tests.fakes import ALICE, BOB, ROOT, Stack, build_stack, engine_running, run, spec
 
 
@@ -236,3 +237,22 @@ def test_existing_listable_dirs_are_made_private_at_start(tmp_path: Path) -> Non
     secure_dirs(layout)
     for d in (layout.runc_root, layout.bundles, layout.netns, layout.cni.cache_dir):
         assert d.stat().st_mode & 0o777 == 0o700, d
+
+
+def test_a_lost_hosts_sandbox_comes_back_from_its_owners_newest_checkpoint_only() -> None:
+    """A newer bucket record of another uid naming the lost sandbox's id is not its newest checkpoint."""
+    cluster, pool, fakes = fake_cluster()
+    kept = cluster.create("busybox", name="kept", host="c")
+    cluster.call("kept", "run", "v=1")
+    own = cluster.call("kept", "checkpoint_full")
+    fakes["c"].push(own["id"])
+    fakes["c"].bucket.checkpoints[own["id"]]["owner_uid"] = ALICE.uid
+    squat = dict(fakes["c"].bucket.checkpoints[own["id"]], id="ck-" + "5" * 12, owner_uid=BOB.uid)
+    squat["created_at"] = own["created_at"] + 100.0
+    squat["files"] = {"v": "bob's"}
+    fakes["c"].bucket.checkpoints[squat["id"]] = squat
+    pool.down.add("c")
+    report = cluster.recover_host("c")
+    (got,) = report["recovered"]
+    assert got["sandbox"]["id"] == kept["id"] and got["checkpoint"] == own["id"]
+    assert fakes[got["host"]].sandboxes[kept["id"]]["files"] == {"v": "1"}
