@@ -17,7 +17,10 @@ hashed for the manifest, then streamed.
    which checkpoints are here already (same content: reported, not redone;
    different content: refused), which process images this host refuses
    (``archive.process_images_refused``), which blobs are new to this host
-   and what they weigh;
+   and what they weigh; a sandbox id that belongs to another uid here is
+   replaced by a fresh one (one per foreign id), or refused when that uid's
+   sandbox lives here (``crabd/trust/identity.py``), and a parent is linked
+   only if it is the importer's;
 2. the service admits the plan (ownership, the caller's store quota), and
    the free space of the state dir is checked — all before a byte is written;
 3. every blob member is verified while it streams (``store/archive_tar.py``)

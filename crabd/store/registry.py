@@ -254,7 +254,10 @@ class Registry:
         with self._tx() as db:
             found = (
                 "SELECT c.id FROM checkpoints c WHERE c.sandbox_id=turns.sandbox_id AND c.turn=turns.number"
-                " AND c.created_at >= turns.ended_at ORDER BY c.created_at DESC LIMIT 1"
+                " AND c.created_at >= turns.ended_at"
+                # The sandbox's owner's only (an id is never its owner's alone by itself: store/identity.py).
+                " AND c.owner_uid=(SELECT s.owner_uid FROM sandboxes s WHERE s.id=turns.sandbox_id)"
+                " ORDER BY c.created_at DESC LIMIT 1"
             )
             pending = TurnCheckpointState.PENDING
             db.execute(
