@@ -397,6 +397,7 @@ class Service:
             rec = self._lookup(caller, ref)
             await self.flow.settle(rec.id, agent=False)  # read-your-writes after a turn end
             sandbox_id = rec.id
+            owner = rec.owner_uid  # a sandbox's checkpoints are its owner's (store/identity.py)
         recs = await asyncio.to_thread(self.checkpoints.list_checkpoints, sandbox_id, owner)
         recs = await asyncio.to_thread(self.remote.annotate, recs)
         if include_remote:
