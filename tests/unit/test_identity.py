@@ -256,3 +256,26 @@ def test_a_lost_hosts_sandbox_comes_back_from_its_owners_newest_checkpoint_only(
     (got,) = report["recovered"]
     assert got["sandbox"]["id"] == kept["id"] and got["checkpoint"] == own["id"]
     assert fakes[got["host"]].sandboxes[kept["id"]]["files"] == {"v": "1"}
+
+
+def test_a_socket_directory_crabd_makes_is_crab_only(tmp_path: Path) -> None:
+    """0750 root:crab where the group exists (its members must reach the socket), else 0700."""
+    import grp
+
+    from crabd.api.peercred import prepare_socket_path
+
+    made = tmp_path / "made-here"
+    prepare_socket_path(made / "crabd.sock")
+    try:
+        gid: int | None = grp.getgrnam("crab").gr_gid
+    except KeyError:
+        gid = None
+    st = made.stat()
+    assert st.st_mode & 0o777 == (0o700 if gid is None else 0o750)
+    assert gid is None or st.st_gid == gid
+    # A directory that exists and is not crab's own (e.g. a shared one) is left as it was.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o755)
+    prepare_socket_path(shared / "crabd.sock")
+    assert shared.stat().st_mode & 0o777 == 0o755
