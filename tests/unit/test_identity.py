@@ -279,3 +279,38 @@ def test_a_socket_directory_crabd_makes_is_crab_only(tmp_path: Path) -> None:
     os.chmod(shared, 0o755)
     prepare_socket_path(shared / "crabd.sock")
     assert shared.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_bucket_checkpoint_naming_another_uids_sandbox_id_is_not_fetched(tmp_path: Path) -> None:
+    """Host b's uid 2000 had sandbox "sb-1"; host a's uid 1000 checkpoint of a sandbox "sb-1" in the bucket
+    is refused before a blob moves (and the catalog's own write would refuse it too)."""
+    import asyncio
+
+    from crabd.config import EngineConfig
+    from crabd.coordinator.replication import Replication
+    from crabd.engine import HostEngine
+    from crabd.store import identity as ledger
+    from crabd.util.aiolock import RWLock
+    from tests.fakes import MemoryObjectStore
+    from tests.unit.test_remote_tier import make_host
+
+    objects = MemoryObjectStore()
+
+    async def go() -> None:
+        for a in make_host(tmp_path / "a", "host-a", objects):
+            a.publish("ck-0", [b"a", b"b"])  # sandbox "sb-1", uid 1000
+            a.tier.upload("ck-0")
+        for b in make_host(tmp_path / "b", "host-b", objects):
+            with b.db.tx() as conn:
+                ledger.claim(conn, "sb-1", 2000, "create")
+            async with HostEngine(EngineConfig.model_validate({"bandwidth_mib_s": 0})) as eng:
+                rep = Replication(b.tier, eng, RWLock(), max_inflight=1, retry_initial_s=1, retry_max_s=1)
+                gets = objects.gets
+                with pytest.raises(PermissionDenied, match="belongs to another uid"):
+                    await rep.fetch("ck-0", lambda _uid: None)
+                assert objects.gets == gets + 1 and b.catalog.find("ck-0") is None  # the manifest only
+                with pytest.raises(PermissionDenied):
+                    b.tier.adopt(b.tier.manifest("ck-0"))
+                assert b.catalog.find("ck-0") is None
+
+    asyncio.run(asyncio.wait_for(go(), 30))
