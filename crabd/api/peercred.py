@@ -30,6 +30,7 @@ from pathlib import Path
 
 from crabd.errors import HostError
 from crabd.models import Caller
+from crabd.util.private_dirs import RUN_DIR, crab_dir
 
 log = logging.getLogger("crabd.api")
 
@@ -66,7 +67,10 @@ class CallerTable:
 
 def prepare_socket_path(path: Path) -> None:
     """Make the socket's directory and remove a stale socket (never a non-socket file)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    if path.parent == RUN_DIR or not path.parent.exists():
+        # crab's own: 0750 root:crab, so users outside the group cannot list what crab keeps there
+        # (e.g. /run/crab/netns, whose entries are sandbox ids).  A shared directory is left alone.
+        crab_dir(path.parent)
     try:
         st = path.lstat()
     except FileNotFoundError:

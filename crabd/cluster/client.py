@@ -282,10 +282,20 @@ class Cluster:
             every = self.pool.call(Call(via, "checkpoints", (), {"include_remote": True, "sync": True}))
         except CheckpointNotFound:
             every = []
-        newest: dict[str, dict[str, Any]] = {}
-        for ck in every:
+        mine = [ck for ck in every if ck["sandbox_id"] in wanted and ck["remote"]]
+        # A sandbox's checkpoints are its owner's only: the owner of its first checkpoint in the bucket.
+        # One of another uid naming the same id (a forged or squatted record) is never its newest.
+        first: dict[str, dict[str, Any]] = {}
+        for ck in mine:
             sb = ck["sandbox_id"]
-            if sb in wanted and ck["remote"] and (sb not in newest or ck["created_at"] > newest[sb]["created_at"]):
+            if sb not in first or ck["created_at"] < first[sb]["created_at"]:
+                first[sb] = ck
+        newest: dict[str, dict[str, Any]] = {}
+        for ck in mine:
+            sb = ck["sandbox_id"]
+            if ck.get("owner_uid") != first[sb].get("owner_uid"):
+                continue
+            if sb not in newest or ck["created_at"] > newest[sb]["created_at"]:
                 newest[sb] = ck
         log.info("newest remote checkpoints of a lost host", extra={"host": lost_host, "found": len(newest)})
         return newest

@@ -18,7 +18,10 @@ hashed for the manifest, then streamed.
    different content: refused), which process images this host refuses
    (``archive.process_images_refused``), which blobs the importer does not
    hold here (whoever else does: no answer depends on other tenants' blobs)
-   and what they weigh;
+   and what they weigh; a sandbox id that belongs to another uid here is
+   replaced by a fresh one (one per foreign id), or refused when that uid's
+   sandbox lives here (``crabd/trust/identity.py``), and a parent is linked
+   only if it is the importer's;
 2. the service admits the plan (ownership, the caller's store quota), and
    the free space of the state dir is checked — all before a byte is written;
 3. every blob member is verified while it streams (``store/archive_tar.py``)
@@ -64,9 +67,11 @@ from crabd.store.archive import ArchiveManifest, HostInfo, Member, member_name, 
 from crabd.store.archive_tar import ArchiveReader, frame_member, iter_archive, read_frame
 from crabd.store.blobs import BlobStore
 from crabd.store.catalog import Catalog, direct_refs
+from crabd.store.identity import SandboxIds
 from crabd.store.maintenance import GcReport, sweep_some
 from crabd.store.remote.manifest import RemoteCheckpoint
 from crabd.store.remote.state import RemoteState
+from crabd.trust import identity
 from crabd.trust.references import Bounds, Expansion, ReferenceChecker
 from crabd.util import libc
 from crabd.util.aiolock import RWLock
@@ -345,11 +350,15 @@ class Archives:
                 present.append(existing)
                 here.add(c.id)
                 continue
-            parent = c.parent_id if c.parent_id and (c.parent_id in here or self.catalog.find(c.parent_id)) else None
+            parent = (
+                c.parent_id if c.parent_id and (c.parent_id in here or self._mine(c.parent_id, owner_uid)) else None
+            )
             records.append(_record(c, m.host, owner_uid, parent, drop))
             here.add(c.id)
             if drop:
                 dropped[c.id] = drop
+        # Sandbox ids that belong to another uid here are replaced (crabd/trust/identity.py).
+        records, _ = identity.reassign(records, owner_uid, SandboxIds(self.catalog.db))
         needed = reachable({b for r in records for b in direct_refs(r)}, m.edges)
         # Staged and charged unless the importer already holds it: a blob only another tenant holds here
         # counts as new, so neither the result (stored blobs, new bytes) nor the quota check tells the
@@ -371,6 +380,11 @@ class Archives:
                 todo.extend(k for k in m.edges.get(b, ()) if k not in seen)
             records[i] = replace(rec, stats={**rec.stats, "new_bytes": mine})
         return ImportPlan(m, records, present, dropped, new, sum(size.values()))
+
+    def _mine(self, ckpt_id: str, owner_uid: int) -> bool:
+        """Whether ``ckpt_id`` is here and ``owner_uid``'s (an archive never links under another uid's checkpoint)."""
+        rec = self.catalog.find(ckpt_id)
+        return rec is not None and rec.owner_uid == owner_uid
 
     def _commit(self, plan: ImportPlan, staged: dict[str, Path], moved: list[str]) -> None:
         """Step 4 (store lock held shared): blobs into the store, durable, then one adopting transaction."""

@@ -200,7 +200,13 @@ class Checkpointer:
         except CrabError as exc:
             log_path = str(exc.attrs.get("log_path") or "")
             await asyncio.to_thread(
-                self.catalog.record_failure, rec.id, rec.turn if turn is None else turn, kind, exc.message, log_path
+                self.catalog.record_failure,
+                rec.id,
+                rec.turn if turn is None else turn,
+                kind,
+                exc.message,
+                log_path,
+                rec.owner_uid,
             )
             await self._discard(ckpt_id, written)
             raise
@@ -518,7 +524,7 @@ class Checkpointer:
 
     def may_restore(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> bool:
         """A sandbox may go back to its own checkpoints and to those it was forked from (and their ancestors)."""
-        if ckpt.sandbox_id == rec.id:
+        if ckpt.sandbox_id == rec.id and ckpt.owner_uid == rec.owner_uid:
             return True
         return bool(rec.origin) and any(c.id == ckpt.id for c in self.catalog.lineage(rec.origin))
 

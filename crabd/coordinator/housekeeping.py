@@ -153,7 +153,7 @@ class Housekeeper:
 
     async def keep(self, rec: SandboxRecord) -> None:
         """Mark a sandbox's checkpoints kept, before its removal begins (so a crash midway cannot prune them)."""
-        ids = [c.id for c in await asyncio.to_thread(self.catalog.list_checkpoints, rec.id)]
+        ids = [c.id for c in await asyncio.to_thread(self.catalog.list_checkpoints, rec.id, rec.owner_uid)]
         await asyncio.to_thread(self.catalog.set_kept, ids, True)
 
     async def forget_sandbox(self, rec: SandboxRecord, *, keep: bool) -> int:
@@ -162,7 +162,7 @@ class Housekeeper:
         def drop() -> list[str]:
             cat = self.catalog
             if keep:
-                cat.set_kept([c.id for c in cat.list_checkpoints(rec.id)], True)
+                cat.set_kept([c.id for c in cat.list_checkpoints(rec.id, rec.owner_uid)], True)
             dropped = cat.drop_head(rec.id)
             live = {r.id for r in self.sandboxes.list_sandboxes(None)}
             for ckpt_id in cat.prunable(live):

@@ -30,6 +30,8 @@ from crabd.coordinator.turnmap import lost_turns
 from crabd.errors import AlreadyExists, CrabError, InvalidRequest
 from crabd.models import CheckpointRecord, RecoveryMode, SandboxRecord, SandboxState
 from crabd.store.catalog import Catalog
+from crabd.store.identity import SandboxIds
+from crabd.trust import identity
 from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.recovery")
@@ -61,10 +63,12 @@ class Recovery:
         self._failed: dict[str, tuple[int, float]] = {}
 
     def _latest(self, rec: SandboxRecord) -> CheckpointRecord:
+        # Only the sandbox's owner's checkpoints: another uid's that carry the same sandbox id
+        # (kept from before the id ledger, store/identity.py) are not this sandbox's past.
         head = self.catalog.head(rec.id)
-        if head is not None and head.checkpoint is not None:
+        if head is not None and head.checkpoint is not None and head.checkpoint.owner_uid == rec.owner_uid:
             return head.checkpoint
-        own = self.catalog.list_checkpoints(rec.id)
+        own = self.catalog.list_checkpoints(rec.id, rec.owner_uid)
         if not own:
             raise InvalidRequest(
                 f"sandbox {rec.name} has no checkpoint to recover from",
@@ -118,6 +122,8 @@ class Recovery:
                 name=ckpt.sandbox_name,
                 hint=f"To go back to that checkpoint, use `crabctl restore {ckpt.sandbox_name} {ckpt.id}`.",
             )
+        # The checkpoint's sandbox id must be its owner's here too (crabd/trust/identity.py).
+        identity.check_arrival(SandboxIds(self.catalog.db), ckpt.sandbox_id, ckpt.owner_uid, ckpt.id)
         lost = list(range(ckpt.turn + 1, last_turn + 1))
         out = await self.restorer.arrive(ckpt)
         log.warning(

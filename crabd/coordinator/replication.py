@@ -41,9 +41,11 @@ from crabd.engine import HostEngine
 from crabd.engine.jobs import JobControl, Outcome
 from crabd.errors import CheckpointNotFound, CrabError, RemoteStoreError, StoreError
 from crabd.models import CheckpointRecord
+from crabd.store.identity import SandboxIds
 from crabd.store.maintenance import GcReport, sweep_some
 from crabd.store.remote.manifest import Manifest
 from crabd.store.remote.tier import RemoteTier, SyncReport, Transfer
+from crabd.trust import identity
 from crabd.trust.references import Bounds, ReferenceChecker
 from crabd.util.aiolock import RWLock
 
@@ -197,6 +199,9 @@ class Replication:
         """The checkpoint ``ckpt_id`` brought from the remote tier into the local catalog (steps in the module doc)."""
         manifest = await asyncio.to_thread(self.tier.manifest, ckpt_id)
         may_fetch(manifest.checkpoint.owner_uid)
+        # Before a byte moves: a bucket object never takes a sandbox id another uid has here.
+        ck = manifest.checkpoint
+        identity.check_arrival(SandboxIds(self.tier.catalog.db), ck.sandbox_id, ck.owner_uid, ck.id)
         task = self._fetching.get(ckpt_id)
         if task is None:
             task = asyncio.create_task(self._fetch(manifest), name=f"crab-fetch-{ckpt_id}")

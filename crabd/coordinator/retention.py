@@ -95,7 +95,13 @@ class Retention:
         """Why each checkpoint of ``view`` is kept, its sandboxes read once each."""
         live = {r.id: r for s in {n.sandbox_id for n in view.nodes.values()} if (r := self.sandboxes.get(s))}
         policies = {sid: self._policy(r) for sid, r in live.items()}
-        return verdict(view, live, policies.get, now=time.time(), in_use=self.leases.held())
+        # A sandbox's policy governs its owner's checkpoints only: another uid's that carry the same
+        # sandbox id (kept from before the id ledger, store/identity.py) are judged as kept ones.
+        own, foreign = lineage.split_by_owner(view, {sid: r.owner_uid for sid, r in live.items()})
+        held = self.leases.held()
+        out = verdict(own, live, policies.get, now=time.time(), in_use=held)
+        out.update(verdict(foreign, (), policies.get, now=time.time(), in_use=held))
+        return out
 
     def explain(self, recs: list[CheckpointRecord]) -> dict[str, list[KeepReason]]:
         """Why each of ``recs`` is kept (an empty list: the next thinning deletes it).  Blocking."""
@@ -111,7 +117,8 @@ class Retention:
         report = ThinReport(sandbox_id, self.policy_of(sandbox_id), dry_run=dry_run)
 
         def choose() -> list[str]:
-            view = lineage.read(self.catalog.db, sandbox_ids=[sandbox_id])
+            rec = self.sandboxes.get(sandbox_id)
+            view = lineage.read(self.catalog.db, sandbox_ids=[sandbox_id], owner_uid=rec.owner_uid if rec else None)
             doomed = to_thin(view, self._verdict(view))
             report.kept = len(view.nodes) - len(doomed)
             return doomed if dry_run else doomed[: self.cfg.batch]

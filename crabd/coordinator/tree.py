@@ -37,7 +37,7 @@ def build_tree(
     if isinstance(start, CheckpointRecord):
         seeds.append(start.id)
     else:
-        seeds += [c.id for c in catalog.list_checkpoints(start.id)]
+        seeds += [c.id for c in catalog.list_checkpoints(start.id, start.owner_uid)]
         if start.origin:
             seeds.append(start.origin)
         head = catalog.head(start.id)

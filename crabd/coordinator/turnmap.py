@@ -59,7 +59,7 @@ def _start(catalog: Catalog, rec: SandboxRecord) -> CheckpointRecord:
     """Turn 0: the checkpoint the sandbox was forked from, or the one taken at its creation."""
     if rec.origin:
         return _existing(catalog, rec, 0, rec.origin, "the checkpoint it was forked from, the state")
-    created = [c for c in catalog.by_turn(rec.id, 0) if c.label == CREATED_LABEL and c.branch == 0]
+    created = [c for c in catalog.by_turn(rec.id, 0, rec.owner_uid) if c.label == CREATED_LABEL and c.branch == 0]
     if not created:
         raise InvalidRequest(
             f"sandbox {rec.name} has no checkpoint of its creation (turn 0): "
@@ -86,7 +86,7 @@ def _legacy_skip(catalog: Catalog, rec: SandboxRecord, t: TurnRecord) -> Checkpo
     restore happened since, and the answer is certain.  Otherwise it is not.
     """
     ended = t.ended_at or 0.0
-    before = [c for c in catalog.list_checkpoints(rec.id) if c.created_at <= ended]
+    before = [c for c in catalog.list_checkpoints(rec.id, rec.owner_uid) if c.created_at <= ended]
     if before and before[-1].branch == rec.branch:
         return before[-1]
     if not before and rec.origin and rec.branch == 0:
@@ -102,7 +102,7 @@ def _legacy_skip(catalog: Catalog, rec: SandboxRecord, t: TurnRecord) -> Checkpo
 def _legacy_end(catalog: Catalog, rec: SandboxRecord, t: TurnRecord) -> CheckpointRecord:
     """A turn recorded before checkpoint states were (schema < 4): the checkpoint taken for it at its end."""
     ended = t.ended_at or 0.0
-    taken = [c for c in catalog.by_turn(rec.id, t.number) if c.created_at >= ended]
+    taken = [c for c in catalog.by_turn(rec.id, t.number, rec.owner_uid) if c.created_at >= ended]
     if not taken:
         raise InvalidRequest(f"turn {t.number} of sandbox {rec.name} has no checkpoint", hint=_hint(rec))
     return taken[0]

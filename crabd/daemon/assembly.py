@@ -32,7 +32,7 @@ from crabd.backends.fsdelta import FsDelta, ScanLimits
 from crabd.backends.overlay.backend import OverlayDelta
 from crabd.backends.overlay.index import PageCache
 from crabd.backends.procdump import ProcessDumper
-from crabd.backends.runc.cleanup import Layout
+from crabd.backends.runc.cleanup import Layout, secure_dirs
 from crabd.backends.runc.cli import Runc
 from crabd.backends.runc.cni import CniNetwork, CniSettings
 from crabd.backends.runc.sandbox import RuncSandboxBackend
@@ -93,6 +93,7 @@ def open_sandbox_side(cfg: CrabConfig, instance: str) -> SandboxSide:
     try:
         net = runc_network(cfg)
         layout = Layout(cni=CniSettings(net=net, subnet=cfg.runtime.subnet_for(cfg.network.name)))
+        secure_dirs(layout)
         runc = Runc(layout.runc_root, criu_timeout_s=cfg.criu.timeout_s, log_dir=criu_logs)
         work = state / "run" / "runc"
         work.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,8 +35,12 @@ def setup(level: str = "info", log_file: Path | None = None) -> None:
     root.setLevel(level.upper())
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         handlers.append(logging.FileHandler(log_file))
+        # Its lines name sandboxes and uids: root only, whatever the umask or an older crabd left
+        # (a regular file only: never a device such as /dev/stderr someone pointed it at).
+        if log_file.is_file() and not log_file.is_symlink():
+            os.chmod(log_file, 0o600)
     for h in handlers:
         h.setFormatter(JsonFormatter())
         root.addHandler(h)

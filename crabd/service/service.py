@@ -399,6 +399,7 @@ class Service:
             rec = self._lookup(caller, ref)
             await self.flow.settle(rec.id, agent=False)  # read-your-writes after a turn end
             sandbox_id = rec.id
+            owner = rec.owner_uid  # a sandbox's checkpoints are its owner's (store/identity.py)
         recs = await asyncio.to_thread(self.checkpoints.list_checkpoints, sandbox_id, owner)
         recs = await asyncio.to_thread(self.remote.annotate, recs)
         if include_remote:
@@ -525,9 +526,11 @@ class Service:
         if ref:
             rec = self._lookup(caller, ref)
             await self.flow.settle(rec.id, agent=False)
-            return await asyncio.to_thread(self.catalog.failures, rec.id)
-        visible = {r.id for r in self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)}
-        every = await asyncio.to_thread(self.catalog.failures, None, limit=200)
+            # The sandbox's owner's failures only: a sandbox id is never its owner's alone by itself.
+            return await asyncio.to_thread(self.catalog.failures, rec.id, owner_uid=rec.owner_uid)
+        owner = None if caller.is_root else caller.uid
+        visible = {r.id for r in self.sandboxes.list_sandboxes(owner)}
+        every = await asyncio.to_thread(self.catalog.failures, None, limit=200, owner_uid=owner)
         return [f for f in every if caller.is_root or f.sandbox_id in visible]
 
     async def quota(self, caller: Caller, uid: int) -> QuotaUse:

@@ -41,6 +41,7 @@ from typing import Any
 
 from crabd.errors import CheckpointNotFound
 from crabd.models import CheckpointKind, CheckpointRecord
+from crabd.store import identity
 from crabd.store.db import Database, sandbox_owner_filter
 
 #: Children of a blob that is becoming live (supplied by whoever wrote it).
@@ -315,6 +316,7 @@ class Catalog:
         with self.db.tx() as conn:
             if conn.execute("SELECT 1 FROM checkpoints WHERE id=?", (rec.id,)).fetchone() is not None:
                 return
+            identity.claim(conn, rec.sandbox_id, rec.owner_uid, "fetch")
             conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * _NCOLS)})", _row(rec))
             self._take(conn, ck_owner(rec.id), direct_refs(rec), children, size_of)
 
@@ -434,11 +436,14 @@ class Catalog:
             cur = rec.parent_id
         return list(reversed(chain))
 
-    def by_turn(self, sandbox_id: str, turn: int) -> list[CheckpointRecord]:
+    def by_turn(self, sandbox_id: str, turn: int, owner_uid: int) -> list[CheckpointRecord]:
+        """The checkpoints ``owner_uid``'s sandbox ``sandbox_id`` took at ``turn`` (another owner's
+        checkpoints carrying the same sandbox id are not its own: store/identity.py)."""
         with self.db.lock:
             rows = self.db.conn.execute(
-                f"SELECT {_COLS} FROM checkpoints WHERE sandbox_id=? AND turn=? ORDER BY created_at, rowid",
-                (sandbox_id, turn),
+                f"SELECT {_COLS} FROM checkpoints WHERE sandbox_id=? AND turn=? AND owner_uid=?"
+                " ORDER BY created_at, rowid",
+                (sandbox_id, turn, owner_uid),
             ).fetchall()
         return [_rec(r) for r in rows]
 
@@ -500,11 +505,17 @@ class Catalog:
 
     # --- failed attempts ---------------------------------------------------------------
 
-    def record_failure(self, sandbox_id: str, turn: int, kind: CheckpointKind, error: str, log_path: str) -> None:
+    def record_failure(
+        self, sandbox_id: str, turn: int, kind: CheckpointKind, error: str, log_path: str, owner_uid: int | None = None
+    ) -> None:
+        """Record a checkpoint that was not made (``owner_uid``: the sandbox's owner; None: the ledger's)."""
         with self.db.tx() as conn:
+            if owner_uid is None:
+                row = conn.execute("SELECT owner_uid FROM sandbox_ids WHERE id=?", (sandbox_id,)).fetchone()
+                owner_uid = None if row is None else int(row[0])
             conn.execute(
-                "INSERT INTO failures(sandbox_id, turn, kind, at, error, log_path) VALUES(?,?,?,?,?,?)",
-                (sandbox_id, turn, kind, time.time(), error[:4000], log_path),
+                "INSERT INTO failures(sandbox_id, owner_uid, turn, kind, at, error, log_path) VALUES(?,?,?,?,?,?,?)",
+                (sandbox_id, owner_uid, turn, kind, time.time(), error[:4000], log_path),
             )
             # Keep the last 100 per sandbox.
             conn.execute(
@@ -513,13 +524,18 @@ class Catalog:
                 (sandbox_id, sandbox_id),
             )
 
-    def failures(self, sandbox_id: str | None, limit: int = 20) -> list[CheckpointFailure]:
-        """Recent failed checkpoints, newest first."""
-        q = "SELECT sandbox_id, turn, kind, at, error, log_path FROM failures"
+    def failures(
+        self, sandbox_id: str | None, limit: int = 20, owner_uid: int | None = None
+    ) -> list[CheckpointFailure]:
+        """Recent failed checkpoints (of ``sandbox_id`` and/or ``owner_uid`` when given), newest first."""
+        q = "SELECT sandbox_id, turn, kind, at, error, log_path FROM failures WHERE 1=1"
         args: list[object] = []
         if sandbox_id is not None:
-            q += " WHERE sandbox_id=?"
+            q += " AND sandbox_id=?"
             args.append(sandbox_id)
+        if owner_uid is not None:
+            q += " AND owner_uid=?"
+            args.append(owner_uid)
         with self.db.lock:
             rows = self.db.conn.execute(q + " ORDER BY id DESC LIMIT ?", [*args, limit]).fetchall()
         return [
@@ -611,6 +627,7 @@ class Catalog:
             for rec in recs:
                 if conn.execute("SELECT 1 FROM checkpoints WHERE id=?", (rec.id,)).fetchone() is not None:
                     continue
+                identity.claim(conn, rec.sandbox_id, rec.owner_uid, "import")
                 conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * len(_row(rec)))})", _row(rec))
                 self._take(conn, ck_owner(rec.id), direct_refs(rec), children, size_of)
                 added.append(rec.id)

@@ -46,6 +46,9 @@ Schema (version 7)::
                  sandbox_id TEXT, owner_uid INT, host TEXT, created_at REAL,
                  meta_json TEXT, seen_at REAL)        -- the manifest less its blob lists
     remote_blobs(blob TEXT PK)                        -- blobs known to be in the remote tier
+    sandbox_ids(id TEXT PK, owner_uid INT,            -- every sandbox id ever used here, and its one owner
+                first_seen REAL, source TEXT)         -- (never deleted: store/identity.py)
+    failures.owner_uid INT NULL                       -- the sandbox's owner (NULL: recorded before it)
 
 Version 1 (issue 3) had only meta, sandboxes (without origin and branch),
 turns and commands; version 2 (issue 4) had turns without decision_json and
@@ -118,6 +121,22 @@ CREATE INDEX IF NOT EXISTS remote_index_sandbox ON remote_index(sandbox_id, crea
 CREATE TABLE IF NOT EXISTS remote_blobs(blob TEXT PRIMARY KEY);
 """
 
+# The sandbox id ledger (store/identity.py).  The backfill is idempotent (INSERT OR IGNORE); the
+# earliest use of an id decides its owner, so a squat made before the ledger existed does not win.
+_SCHEMA_IDS = """
+CREATE TABLE IF NOT EXISTS sandbox_ids(id TEXT PRIMARY KEY, owner_uid INTEGER NOT NULL,
+    first_seen REAL NOT NULL, source TEXT NOT NULL);
+INSERT OR IGNORE INTO sandbox_ids(id, owner_uid, first_seen, source)
+SELECT sid, uid, at, 'backfill' FROM (
+    SELECT id AS sid, owner_uid AS uid, created_at AS at FROM sandboxes
+    UNION ALL SELECT sandbox_id, owner_uid, created_at FROM checkpoints
+    UNION ALL SELECT sandbox_id, owner_uid, created_at FROM remote_index
+) ORDER BY at, sid;
+UPDATE failures SET owner_uid=(SELECT owner_uid FROM sandbox_ids WHERE id=failures.sandbox_id)
+    WHERE owner_uid IS NULL;
+"""
+_FAILURE_COLUMNS_IDS = (("owner_uid", "INTEGER"),)
+
 _SANDBOX_COLUMNS_V2 = (
     ("origin", "TEXT NOT NULL DEFAULT ''"),
     ("branch", "INTEGER NOT NULL DEFAULT 0"),
@@ -163,6 +182,8 @@ class Database:
         self.conn.executescript(_SCHEMA_V2)
         self.conn.executescript(_SCHEMA_V6)
         self._add_columns("checkpoints", _CHECKPOINT_COLUMNS_V7)
+        self._add_columns("failures", _FAILURE_COLUMNS_IDS)
+        self.conn.executescript(_SCHEMA_IDS)
         with self.tx() as db:
             db.execute(
                 "INSERT INTO meta(key, value) VALUES('schema_version', ?) "

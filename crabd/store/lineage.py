@@ -55,15 +55,15 @@ _NODE_SQL = (
 
 
 def read(db: Database, *, sandbox_ids: list[str] | None = None, owner_uid: int | None = None) -> Lineage:
-    """The lineage of the checkpoints of ``sandbox_ids`` (or of every checkpoint ``owner_uid`` owns)."""
-    args: list[object]
+    """The lineage of the checkpoints of ``sandbox_ids`` that ``owner_uid`` owns (either filter may be left out)."""
+    where, args = " WHERE 1=1", list[object]()
     if sandbox_ids is not None:
         marks = ",".join("?" * len(sandbox_ids))
-        where, args = f" WHERE c.sandbox_id IN ({marks})", list(sandbox_ids)
-    elif owner_uid is not None:
-        where, args = " WHERE c.owner_uid=?", [owner_uid]
-    else:
-        where, args = "", []
+        where += f" AND c.sandbox_id IN ({marks})"
+        args += list(sandbox_ids)
+    if owner_uid is not None:
+        where += " AND c.owner_uid=?"
+        args.append(owner_uid)
     out = Lineage()
     with db.lock:
         conn = db.conn
@@ -90,3 +90,16 @@ def read(db: Database, *, sandbox_ids: list[str] | None = None, owner_uid: int |
         out.heads = {str(r[0]) for r in conn.execute("SELECT checkpoint_id FROM heads") if r[0]}
         out.origins = {str(r[0]) for r in conn.execute("SELECT origin FROM sandboxes") if r[0]}
     return out
+
+
+def split_by_owner(view: Lineage, owners: dict[str, int]) -> tuple[Lineage, Lineage]:
+    """``view`` as (the nodes whose owner is their sandbox's in ``owners``, or whose sandbox is not
+    there; the others), both sharing ``view``'s children, heads and origins."""
+    own, foreign = (
+        Lineage(children=view.children, heads=view.heads, origins=view.origins),
+        Lineage(children=view.children, heads=view.heads, origins=view.origins),
+    )
+    for cid, n in view.nodes.items():
+        mine = owners.get(n.sandbox_id, n.owner_uid) == n.owner_uid
+        (own if mine else foreign).nodes[cid] = n
+    return own, foreign

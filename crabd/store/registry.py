@@ -24,6 +24,7 @@ from crabd.models import (
     TurnCheckpointState,
     TurnRecord,
 )
+from crabd.store import identity
 from crabd.store.db import Database, Tx
 
 #: Turns of a sandbox that keep their session state (see ``Registry.prune_turns``).
@@ -60,7 +61,9 @@ class Registry:
     # --- sandboxes ------------------------------------------------------------
 
     def insert_sandbox(self, rec: SandboxRecord) -> None:
+        """Insert ``rec``; refused (PermissionDenied, nothing written) if its id ever belonged to another uid."""
         with self._tx() as db:
+            identity.claim(db, rec.id, rec.owner_uid, "fork" if rec.origin else "create")
             db.execute(
                 "INSERT INTO sandboxes(id, name, owner_uid, spec_json, image, container_id, state, created_at,"
                 " origin, branch) VALUES(?,?,?,?,?,?,?,?,?,?)",
@@ -251,7 +254,10 @@ class Registry:
         with self._tx() as db:
             found = (
                 "SELECT c.id FROM checkpoints c WHERE c.sandbox_id=turns.sandbox_id AND c.turn=turns.number"
-                " AND c.created_at >= turns.ended_at ORDER BY c.created_at DESC LIMIT 1"
+                " AND c.created_at >= turns.ended_at"
+                # The sandbox's owner's only (an id is never its owner's alone by itself: store/identity.py).
+                " AND c.owner_uid=(SELECT s.owner_uid FROM sandboxes s WHERE s.id=turns.sandbox_id)"
+                " ORDER BY c.created_at DESC LIMIT 1"
             )
             pending = TurnCheckpointState.PENDING
             db.execute(

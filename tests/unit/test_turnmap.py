@@ -204,7 +204,7 @@ def test_legacy_skipped_turns_resolve_only_when_certain(w: World) -> None:
     five = w.turn("sb", "done")
     with w.db.tx() as conn:
         conn.execute("UPDATE turns SET checkpoint_state=NULL, checkpoint_id=NULL WHERE number=?", (five,))
-    assert w.resolve("sb", five) == w.cat.by_turn("sb", five)[0].id
+    assert w.resolve("sb", five) == w.cat.by_turn("sb", five, 0)[0].id
 
 
 def test_recovery_loses_only_turns_of_the_current_line(w: World) -> None:

@@ -39,6 +39,7 @@ from crabd.backends.network import SANDBOX_SYSCTLS
 from crabd.backends.runc import rootfs, security
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX
 from crabd.errors import ContainerRuntimeError
+from crabd.util.private_dirs import private_dir
 
 DEFAULT_BUNDLES_ROOT = Path("/run/crab/bundles")
 TMP_PREFIX = "tmp-"
@@ -278,7 +279,7 @@ def write(spec: ContainerSpec, root: Path = DEFAULT_BUNDLES_ROOT, *, etc_dir: Pa
     /etc/hosts would fill with the host's memory.  Without it they live in the
     bundle, read-only.
     """
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(root)  # bundles are named by container ids: root only (crabd/util/private_dirs.py)
     final = root / spec.id
     if final.exists():
         raise ContainerRuntimeError(f"a bundle for {spec.id} exists already at {final}", container=spec.id)

@@ -24,6 +24,7 @@ from crabd.backends.runc import bundle, named_netns, rootfs
 from crabd.backends.runc.cli import Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniSettings
 from crabd.errors import ContainerRuntimeError
+from crabd.util.private_dirs import RUN_DIR, crab_dir, private_dir
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,16 @@ def bundle_ids(root: Path) -> tuple[list[str], list[str]]:
     return [n for n in names if not n.startswith(bundle.TMP_PREFIX)], [
         n for n in names if n.startswith(bundle.TMP_PREFIX)
     ]
+
+
+def secure_dirs(layout: Layout) -> None:
+    """At start-up: crab's runc directories 0700 root, also those an older crabd left listable
+    (their entries are sandbox and container ids: crabd/util/private_dirs.py)."""
+    dirs = (layout.runc_root, layout.bundles, layout.netns, layout.cni.cache_dir)
+    if any(d.parent == RUN_DIR for d in dirs):
+        crab_dir(RUN_DIR)  # 0750 root:crab: the default socket's directory too
+    for d in dirs:
+        private_dir(d)
 
 
 def survey(layout: Layout, runc: Runc, live: set[str]) -> Survey:

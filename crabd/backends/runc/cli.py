@@ -31,6 +31,7 @@ from crabd.backends.criu.runc import DUMP_OPTIONS, checkpoint_argv, keep_log, lo
 from crabd.backends.runc.bundle import Bundle
 from crabd.errors import CommandError, ContainerRuntimeError, CriuError
 from crabd.util import proc
+from crabd.util.private_dirs import private_dir
 
 log = logging.getLogger("crabd.runc")
 
@@ -185,7 +186,7 @@ class Runc:
 
     def _detached(self, container_id: str, bundle: Bundle, *args: str, timeout: float) -> str:
         """Run a call whose container outlives it (module docstring); return runc's logged errors if it failed."""
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.root)  # runc's state, named by container ids: root only
         log = bundle.log_path
         offset = log.stat().st_size if log.exists() else 0
         argv = [self.binary, "--root", str(self.root), "--log", str(log), "--log-format", "json", *args]

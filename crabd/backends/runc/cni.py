@@ -46,6 +46,7 @@ from crabd.backends.runc import bundle
 from crabd.config import NetworkConfig
 from crabd.errors import CommandError, ContainerRuntimeError
 from crabd.util import proc
+from crabd.util.private_dirs import private_dir
 
 CNI_VERSION = "1.0.0"
 DEFAULT_PLUGIN_DIR = Path("/usr/lib/cni")
@@ -174,7 +175,7 @@ class CniNetwork:
         with self._lock:
             network.require_bridge_netfilter()
             conf = json.dumps(conflist(self.settings), indent=1).encode()
-            self.settings.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_dir(self.settings.cache_dir)  # its results are named by container ids: root only
             bundle.write_atomic(self.settings.cache_dir / f"{self.settings.name}.conflist", conf)
             # The firewall plugin makes CNI-ADMIN on its first ADD; the hook needs it now.
             if _iptables("-n", "-L", ADMIN_CHAIN).exit_code != 0:

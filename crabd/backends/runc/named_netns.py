@@ -30,6 +30,7 @@ from pathlib import Path
 from crabd.backends.runc import rootfs
 from crabd.errors import ContainerRuntimeError
 from crabd.util import netns
+from crabd.util.private_dirs import private_dir
 
 DEFAULT_NETNS_DIR = Path("/run/crab/netns")
 
@@ -58,7 +59,8 @@ def _mount(source: str, target: str, fstype: str | None, flags: int) -> None:
 def ensure_dir(directory: Path = DEFAULT_NETNS_DIR) -> None:
     """Make ``directory`` exist as a shared mount point (idempotent)."""
     with _dir_lock:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+        # 0700: its entries are sandbox ids (crabd/util/private_dirs.py); only root (runc, CNI) opens them.
+        private_dir(directory)
         if not rootfs.is_mounted(directory):
             _mount(str(directory), str(directory), None, MS_BIND | MS_REC)
         _mount("none", str(directory), None, MS_SHARED | MS_REC)

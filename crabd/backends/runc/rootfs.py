@@ -60,6 +60,7 @@ import docker
 from crabd.backends.docker_errors import docker_errors
 from crabd.errors import CommandError, ContainerRuntimeError, ImageError
 from crabd.util import proc
+from crabd.util.private_dirs import private_dir
 
 DEFAULT_ROOTFS_ROOT = Path("/var/lib/crab/rootfs")
 
@@ -136,7 +137,7 @@ def lower_dir(image: str, root: Path = DEFAULT_ROOTFS_ROOT) -> Path:
 
 def _export_once(image: str, ident: str, root: Path) -> Path:
     final = root / ident
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(root)
     tmp = root / f"{TMP_PREFIX}{ident}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(mode=0o755)
