@@ -54,7 +54,7 @@ def _victim(h: Host) -> str:
     """A checkpoint of uid 2000 on ``h``; the address of one of its files."""
     rec = h.publish("ck-victim", [b"uid 2000's secret file"])
     with h.db.tx() as conn:
-        conn.execute("UPDATE checkpoints SET owner_uid=2000 WHERE id='ck-victim'")
+        conn.execute("UPDATE checkpoints SET owner_uid=2000, sandbox_id='sb-victim' WHERE id='ck-victim'")
     return h.put(b"uid 2000's secret file") if rec else ""
 
 
