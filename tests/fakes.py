@@ -72,6 +72,8 @@ from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
 from crabd.store.remote.objects import check_key, check_list_prefix
+from crabd.trust.keys import open_keyring
+from crabd.trust.provenance import Provenance
 from crabd.util.aiolock import RWLock
 
 T = TypeVar("T")
@@ -545,6 +547,8 @@ class Stack:
     engine: HostEngine
     housekeeping: Housekeeper
     images: ImageStore
+    #: This stack's provenance (its own host key under state/trust), as daemon/provenance.py wires it.
+    provenance: Provenance
 
     def blob_files(self) -> set[str]:
         """Every blob in the store."""
@@ -611,6 +615,9 @@ def build_stack(
     inspection = TurnInspection(inspector, checkpointer, sandboxes, catalog, fs)
     restorer = Restorer(checkpointer, sandboxes, db, catalog, fs, images, store_lock)
     restorer.inspection = inspection
+    # Each stack is a host of its own: its own key, trusting only itself.
+    provenance = Provenance(open_keyring(state / "trust", "test-host"))
+    checkpointer.provenance = restorer.provenance = provenance
     recovery = Recovery(restorer, sandboxes, catalog)
     housekeeping = Housekeeper(checkpointer, sandboxes, catalog, blobs, fs, store_lock)
     engine = HostEngine(cfg.engine)
@@ -638,6 +645,7 @@ def build_stack(
     )
     # Portable archives, as daemon/app.py attaches them (a CRIU version any host accepts images from).
     service.archives.archives = Archives(catalog, blobs, store_lock, state / "archives", lambda: "4.2.1")
+    service.archives.archives.ring = provenance.ring
     return Stack(
         cfg=cfg,
         faults=faults,
@@ -655,6 +663,7 @@ def build_stack(
         engine=engine,
         housekeeping=housekeeping,
         images=images,
+        provenance=provenance,
     )
 
 

@@ -22,7 +22,12 @@ Manifest (JSON, ``format`` = :data:`FORMAT`)::
      "checkpoints": [<record>, ...], -- parent first; a record is a remote manifest's (store/remote/manifest.py)
      "blobs": {"<hex>": <content size>, ...},        -- the closure of every checkpoint's roots
      "edges": {"<parent hex>": ["<child hex>", ...]}, -- which blobs name others (as blob_edges)
-     "members": {"blobs/<hex>.zst": {"size": <bytes>, "sha256": "<hex of the member's bytes>"}, ...}}
+     "members": {"blobs/<hex>.zst": {"size": <bytes>, "sha256": "<hex of the member's bytes>"}, ...},
+     "seal": "<the exporting host's signature of the rest>"}   -- crabd/trust/seals.py ("" = unsealed)
+
+Each checkpoint record carries ``provenance``, its producer's signed statement
+(crabd/trust/provenance.py).  Process images are imported only when the seal and the
+record's provenance verify under keys the importing host trusts (see below).
 
 **Process images and the host** (:func:`process_images_refused`).  A CRIU
 image records the process state as the dumping kernel exposed it, and it is
@@ -47,7 +52,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from crabd import __version__
 from crabd.errors import ArchiveRejected
@@ -103,9 +108,21 @@ class ArchiveManifest(_Strict):
     blobs: dict[str, int]
     edges: dict[str, list[str]]
     members: dict[str, Member]
+    #: The exporting host's signature of this whole manifest less ``seal`` (crabd/trust/seals.py).
+    seal: str = Field(default="", max_length=1 << 20)
+    #: The member's bytes as read (decode_manifest), for :meth:`canonical`.
+    _raw: bytes | None = PrivateAttr(default=None)
 
     def encode(self) -> bytes:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+
+    def canonical(self) -> bool:
+        """Whether the manifest was read byte for byte as :meth:`encode` writes it (one made here is).
+
+        The seal covers the manifest's meaning; this makes it cover every byte too: a byte changed
+        without changing the meaning (an escape, a number's spelling) still fails.
+        """
+        return self._raw is None or self._raw == self.encode()
 
     def member_bytes(self, blobs: set[str] | None = None) -> int:
         """Bytes of the blob members (of ``blobs`` only, if given)."""
@@ -138,6 +155,7 @@ def decode_manifest(data: bytes) -> ArchiveManifest:
     problem = manifest_problem(m)
     if problem:
         raise _bad(f"the archive's manifest is inconsistent: {problem}")
+    m._raw = data
     return m
 
 
