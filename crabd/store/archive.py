@@ -52,13 +52,19 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from crabd import __version__
 from crabd.errors import ArchiveRejected
 from crabd.models import CheckpointRecord
 from crabd.store.blobs import valid_address
-from crabd.store.remote.manifest import RemoteCheckpoint, closure_problem, remote_record, valid_checkpoint_id
+from crabd.store.remote.manifest import (
+    VOID_SEAL,
+    RemoteCheckpoint,
+    closure_problem,
+    remote_record,
+    valid_checkpoint_id,
+)
 
 FORMAT = "crab-archive/1"
 MANIFEST_NAME = "crab-archive.json"
@@ -110,19 +116,9 @@ class ArchiveManifest(_Strict):
     members: dict[str, Member]
     #: The exporting host's signature of this whole manifest less ``seal`` (crabd/trust/seals.py).
     seal: str = Field(default="", max_length=1 << 20)
-    #: The member's bytes as read (decode_manifest), for :meth:`canonical`.
-    _raw: bytes | None = PrivateAttr(default=None)
 
     def encode(self) -> bytes:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
-
-    def canonical(self) -> bool:
-        """Whether the manifest was read byte for byte as :meth:`encode` writes it (one made here is).
-
-        The seal covers the manifest's meaning; this makes it cover every byte too: a byte changed
-        without changing the meaning (an escape, a number's spelling) still fails.
-        """
-        return self._raw is None or self._raw == self.encode()
 
     def member_bytes(self, blobs: set[str] | None = None) -> int:
         """Bytes of the blob members (of ``blobs`` only, if given)."""
@@ -155,7 +151,10 @@ def decode_manifest(data: bytes) -> ArchiveManifest:
     problem = manifest_problem(m)
     if problem:
         raise _bad(f"the archive's manifest is inconsistent: {problem}")
-    m._raw = data
+    if data != m.encode():
+        # Not byte for byte what crab writes: its seal covers the meaning, so a byte changed without
+        # changing the meaning (an escape, a number's spelling) would pass it.  Voided instead.
+        m = m.model_copy(update={"seal": VOID_SEAL})
     return m
 
 

@@ -12,8 +12,8 @@ manifest (a signature of one can never pass as the other).  The canonical JSON i
 manifest as parsed, re-encoded with sorted keys and no spaces: the signature covers what the
 manifest *means* to crab (every checkpoint record and its provenance text, every blob address
 and size, every edge, every member's size and hash, the host fields), so a byte changed in
-any of them fails it.  The manifest must also be byte for byte its canonical JSON
-(``canonical()``), so a byte changed without changing the meaning (an escape, the spelling of
+any of them fails it.  The manifest must also be byte for byte its canonical JSON (else
+its decoder voids the seal: ``VOID_SEAL``), so a byte changed without changing the meaning (an escape, the spelling of
 a number) fails too.  A blob member's bytes are covered by its hash in the manifest and by
 its content address (both checked while it streams, ``store/archive_tar.py``).  A bucket
 manifest is checked as decompressed: the document is what is sealed (a zstd frame that
@@ -38,7 +38,7 @@ from typing import Any
 
 from crabd.models import CheckpointKind
 from crabd.store.archive import ArchiveManifest, reachable
-from crabd.store.remote.manifest import Manifest, RemoteCheckpoint
+from crabd.store.remote.manifest import VOID_SEAL, Manifest, RemoteCheckpoint
 from crabd.trust.keys import KeyRing
 from crabd.trust.provenance import strict_b64, verify
 
@@ -66,6 +66,8 @@ def _check(ring: KeyRing, domain: bytes, doc: dict[str, Any], what: str) -> str:
     seal = doc.get("seal") or ""
     if not seal:
         return f"the {what} is not sealed by a crab host"
+    if seal == VOID_SEAL:
+        return _NOT_CANONICAL
     try:
         s = json.loads(seal)
         kid, host, sig = s["key"], str(s.get("host", "")), strict_b64(s["sig"])
@@ -92,7 +94,7 @@ def archive_refusals(ring: KeyRing, m: ArchiveManifest) -> dict[str, str]:
     images = [c for c in m.checkpoints if c.process_blob]
     if not images:
         return {}
-    sealed = _check(ring, ARCHIVE_DOMAIN, m.model_dump(mode="json"), "archive") if m.canonical() else _NOT_CANONICAL
+    sealed = _check(ring, ARCHIVE_DOMAIN, m.model_dump(mode="json"), "archive")
     out: dict[str, str] = {}
     for c in images:
         why = sealed or _provenance_problem(ring, c)
@@ -118,8 +120,6 @@ def bucket_refusal(ring: KeyRing, m: Manifest) -> str:
     """Why the process image of the checkpoint ``m`` describes is not taken ("" if it is, or it has none)."""
     if not m.checkpoint.process_blob:
         return ""
-    if not m.canonical():
-        return _NOT_CANONICAL
     return _check(ring, BUCKET_DOMAIN, m.model_dump(mode="json"), "remote manifest") or _provenance_problem(
         ring, m.checkpoint
     )

@@ -41,7 +41,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 import zstandard
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from crabd.errors import StoreError
 from crabd.models import CheckpointKind, CheckpointRecord
@@ -53,6 +53,9 @@ MAX_MANIFEST_BYTES = 256 << 20
 
 #: Largest provenance statement or seal a record or manifest carries.
 MAX_PROVENANCE = 1 << 20
+#: The seal a manifest read from outside gets when it is not byte for byte as crab writes it
+#: (crabd/trust/seals.py then refuses its process images, whatever seal it carried).
+VOID_SEAL = "void: the manifest is not byte for byte as crab writes it"
 
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 
@@ -111,12 +114,6 @@ class Manifest(_Strict):
     edges: dict[str, list[str]]
     #: The uploading host's signature of this whole document less ``seal`` (crabd/trust/seals.py).
     seal: str = Field(default="", max_length=MAX_PROVENANCE)
-    #: The document as fetched (decode), for :meth:`canonical`.
-    _raw: bytes | None = PrivateAttr(default=None)
-
-    def canonical(self) -> bool:
-        """Whether the document was fetched byte for byte as :func:`encode` writes it (one made here is)."""
-        return self._raw is None or self._raw == _text(self)
 
     @property
     def roots(self) -> set[str]:
@@ -181,7 +178,9 @@ def decode(data: bytes, *, expect_id: str) -> Manifest:
             f"the remote manifest of checkpoint {expect_id} is inconsistent: {problem}",
             hint="The checkpoint cannot be fetched from the remote store; restore another one.",
         )
-    manifest._raw = raw
+    if raw != _text(manifest):
+        # Not byte for byte what crab writes: voided, as store/archive.py's decode_manifest does.
+        manifest = manifest.model_copy(update={"seal": VOID_SEAL})
     return manifest
 
 
