@@ -89,12 +89,11 @@ def test_a_forged_archive_never_restores_processes(client: Client, repl_sandbox:
     ck, secret = _full_with_process(repl_sandbox)
     data = _export(client, ck)
     client.delete_checkpoint(ck)
-    # A consistent re-pack of a changed record (the environment): the seal and provenance no longer verify.
+    # A consistent re-pack of a changed record (its spec, one byte longer): the seal and provenance no longer verify.
     forged = rewrite_manifest(
-        data,
-        lambda d: d["checkpoints"][0].update(spec_json=d["checkpoints"][0]["spec_json"].replace("signed", "forged")),
-        canonical,
+        data, lambda d: d["checkpoints"][0].update(spec_json=d["checkpoints"][0]["spec_json"] + " "), canonical
     )
+    assert forged != data
     got = client.import_checkpoint(io.BytesIO(forged))
     assert ck in got.dropped and got.checkpoint.kind == "fs"
     clone = client.fork(ck, 1)[0]
