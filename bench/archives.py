@@ -18,6 +18,8 @@ Medians of ``--reps`` runs.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -29,6 +31,7 @@ from bench.backends import BACKENDS, daemon_on, parse_backends
 from bench.processes import ASK, setup
 from bench.results import write_json
 from crabd.sdk import Client
+from crabd.trust.keys import PUB_FILE, TRUSTED_DIR
 
 
 def bench(src: Client, dst: Client, name: str, big_mb: int, reps: int, tmp: Path) -> dict[str, Any]:
@@ -103,6 +106,11 @@ def main() -> None:
             Client(b.socket, timeout=1800) as dst,
             tempfile.TemporaryDirectory(prefix="crab-bench-archives-") as tmp,
         ):
+            # The target trusts the source's host key (crabd/trust/keys.py), as hosts of one cluster do:
+            # otherwise it imports files and session only.
+            trusted = b.state_dir / "trust" / TRUSTED_DIR / "source.pub"
+            shutil.copyfile(a.state_dir / "trust" / PUB_FILE, trusted)
+            os.chmod(trusted, 0o644)
             rows = []
             for name, mb in (
                 ("small: bash + HTTP server", 0),

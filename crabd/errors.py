@@ -66,6 +66,7 @@ each under its parent)::
         StalePairing: a filesystem checkpoint's process image went stale (internal)
         EngineStopped: crabd stopped before a queued checkpoint was taken
         CheckpointFailed: a turn end's checkpoint failed in the background
+        ProvenanceRefused: a checkpoint's process image is not from a trusted host; nothing was restored
 """
 
 from __future__ import annotations
@@ -725,3 +726,22 @@ class ClientClosed(CrabError):
     def __init__(self, message: str, *, socket: str, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.socket = socket
+
+
+class ProvenanceRefused(CrabError):
+    """A checkpoint's process image may not be restored: its provenance does not verify under a
+    key this host trusts (``crabd/trust/provenance.py``); nothing was restored or changed.
+
+    Attributes: ``checkpoint`` and ``reason`` (why its provenance does not verify).
+    """
+
+    grpc_code = "FAILED_PRECONDITION"
+    default_hint = (
+        "Process images are restored only from checkpoints a trusted host produced; fork or restore a"
+        " files-only checkpoint, or ask root to add the producing host's key to <state_dir>/trust/trusted/."
+    )
+
+    def __init__(self, message: str, *, checkpoint: str, reason: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.checkpoint = checkpoint
+        self.reason = reason

@@ -345,6 +345,9 @@ class CheckpointRecord:
     stats: dict[str, Any] = field(default_factory=dict)
     #: ``crabctl checkpoint pin``: retention never thins it.
     pinned: bool = False
+    #: Who produced it, signed (``crabd/trust/provenance.py``); "" = none (published before provenance,
+    #: or came from a host that did not sign).  Carried unchanged by exports and uploads.
+    provenance: str = ""
     #: Transient (set when listing): why retention keeps it; () = the next thinning deletes it, None = not known.
     kept_for: tuple[KeepReason, ...] | None = None
     # Where it lives beyond this host (not stored with it: the service reads the remote index).

@@ -17,8 +17,15 @@ import zstandard
 from crabd.store.archive import MANIFEST_NAME, member_name
 
 
-def rewrite_manifest(data: bytes, change: Callable[[dict[str, Any]], object]) -> bytes:
-    """``data`` (an archive crab wrote) with ``change`` applied to its manifest document."""
+def canonical(doc: dict[str, Any]) -> bytes:
+    """A manifest document spelled as crab writes it (so that only its meaning differs from a real one)."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def rewrite_manifest(
+    data: bytes, change: Callable[[dict[str, Any]], object], encode: Callable[[dict[str, Any]], bytes] | None = None
+) -> bytes:
+    """``data`` (an archive crab wrote) with ``change`` applied to its manifest document (written by ``encode``)."""
     out = io.BytesIO()
     with (
         tarfile.open(fileobj=io.BytesIO(data), mode="r:") as src,
@@ -31,7 +38,7 @@ def rewrite_manifest(data: bytes, change: Callable[[dict[str, Any]], object]) ->
             if info.name == MANIFEST_NAME:
                 doc = json.loads(body)
                 change(doc)
-                body = json.dumps(doc).encode()
+                body = encode(doc) if encode is not None else json.dumps(doc).encode()
                 info.size = len(body)
             dst.addfile(info, io.BytesIO(body))
     return out.getvalue()

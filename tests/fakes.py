@@ -82,6 +82,8 @@ from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
 from crabd.store.remote.objects import check_key, check_list_prefix
+from crabd.trust.keys import open_keyring
+from crabd.trust.provenance import Provenance
 from crabd.trust.references import ReferenceChecker
 from crabd.util.aiolock import RWLock
 
@@ -564,6 +566,8 @@ class Stack:
     engine: HostEngine
     housekeeping: Housekeeper
     images: ImageStore
+    #: This stack's provenance (its own host key under state/trust), as daemon/provenance.py wires it.
+    provenance: Provenance
 
     def blob_files(self) -> set[str]:
         """Every blob in the store."""
@@ -630,6 +634,9 @@ def build_stack(
     inspection = TurnInspection(inspector, checkpointer, sandboxes, catalog, fs)
     restorer = Restorer(checkpointer, sandboxes, db, catalog, fs, images, store_lock)
     restorer.inspection = inspection
+    # Each stack is a host of its own: its own key, trusting only itself.
+    provenance = Provenance(open_keyring(state / "trust", "test-host"))
+    checkpointer.provenance = restorer.provenance = provenance
     recovery = Recovery(restorer, sandboxes, catalog)
     housekeeping = Housekeeper(checkpointer, sandboxes, catalog, blobs, fs, store_lock)
     engine = HostEngine(cfg.engine)
@@ -665,6 +672,7 @@ def build_stack(
         checker=ReferenceChecker(fs, images),
         limits=ScanLimits(max_entries=cfg.checkpoint.max_entries, max_restore_bytes=cfg.checkpoint.max_restore_bytes),
     )
+    service.archives.archives.ring = provenance.ring
     return Stack(
         cfg=cfg,
         faults=faults,
@@ -682,6 +690,7 @@ def build_stack(
         engine=engine,
         housekeeping=housekeeping,
         images=images,
+        provenance=provenance,
     )
 
 

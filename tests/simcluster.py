@@ -38,6 +38,7 @@ from crabd.cluster.hosts import node_resources
 from crabd.sdk import Client, EmbeddedDaemon
 from tests.integration.conftest import daemon_with_config
 from tests.s3server import S3Server
+from tests.trust_keys import trust_each_other
 
 MB = 1024 * 1024
 # Small nodes: this machine is small, and nothing large moves through Ray.
@@ -119,6 +120,8 @@ def sim_cluster(
             for h in hosts
         }
         t_daemons = time.monotonic() - t0
+        # The hosts trust each other's checkpoints (processes included), as the cluster's key material says.
+        trust_each_other(daemons.values())
         # The driver (this process) is the first host: Ray is imported only now.
         stack.enter_context(env(tls.ray_tls_env(tls_dir, hosts[0])))
         import ray

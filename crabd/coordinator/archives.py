@@ -72,7 +72,9 @@ from crabd.store.maintenance import GcReport, sweep_some
 from crabd.store.remote.manifest import RemoteCheckpoint
 from crabd.store.remote.state import RemoteState
 from crabd.trust import identity
+from crabd.trust.keys import KeyRing
 from crabd.trust.references import Bounds, Expansion, ReferenceChecker
+from crabd.trust.seals import archive_refusals, seal_archive
 from crabd.util import libc
 from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point
@@ -139,6 +141,9 @@ class Archives:
         self.root = staging_root
         self._criu_version = criu_version
         self._host: HostInfo | None = None
+        #: This host's keys: exports are sealed with it, imports' seals and provenance checked against
+        #: it (crabd/trust/seals.py); None keeps every imported process image out (daemon/app.py sets it).
+        self.ring: KeyRing | None = None
 
     def host(self) -> HostInfo:
         """This host as an archive records it (CRIU asked once)."""
@@ -204,7 +209,8 @@ class Archives:
         for hex_ in sizes:
             with open(work / hex_, "rb") as f:
                 members[member_name(hex_)] = frame_member(f)
-        return archive.new_manifest(self.host(), recs, sizes, edges, members)
+        m = archive.new_manifest(self.host(), recs, sizes, edges, members)
+        return seal_archive(self.ring, m) if self.ring is not None else m
 
     # --- import ----------------------------------------------------------------------------
 
@@ -331,12 +337,13 @@ class Archives:
         images = any(c.process_blob for c in m.checkpoints)
         theirs = HostInfo(m.host, m.criu_version, m.kernel, m.arch)
         refused = archive.process_images_refused(theirs, self.host()) if images else ""
+        untrusted = archive_refusals(self.ring, m) if self.ring is not None else dict.fromkeys(_ids(m), _NO_RING)
         records: list[CheckpointRecord] = []
         present: list[CheckpointRecord] = []
         dropped: dict[str, str] = {}
         here: set[str] = set()
         for c in m.checkpoints:
-            drop = refused if c.process_blob else ""
+            drop = (refused or untrusted.get(c.id, "")) if c.process_blob else ""
             existing = self.catalog.find(c.id)
             if existing is not None:
                 if not _same(existing, c):
@@ -415,6 +422,13 @@ class Archives:
             lambda b: (m.blobs.get(b, 0), self.blobs.stored_size(b)),
         )
         moved.clear()  # referenced now: nothing to undo
+
+
+_NO_RING = "this crabd checks no provenance, so it takes no process image"
+
+
+def _ids(m: ArchiveManifest) -> list[str]:
+    return [c.id for c in m.checkpoints if c.process_blob]
 
 
 def _same(existing: CheckpointRecord, c: RemoteCheckpoint | CheckpointRecord) -> bool:

@@ -45,6 +45,7 @@ from crabd.store.blobs import BlobStore, store_error
 from crabd.store.catalog import Catalog, Head, SizeOf, direct_refs
 from crabd.store.db import Database
 from crabd.store.registry import spec_to_json
+from crabd.trust.provenance import Provenance
 from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point, write_point
 
@@ -101,6 +102,9 @@ class Checkpointer:
         self.make_room: Callable[[int, str], Awaitable[object]] | None = None
         #: Largest session state stored with a checkpoint ([quota] max_session_state_bytes).
         self.max_session_state = sandboxes.cfg.quota.max_session_state_bytes
+        #: Signs each checkpoint at publication (crabd/trust/provenance.py); None: published unsigned,
+        #: so its process image is never restored (daemon/app.py always sets it).
+        self.provenance: Provenance | None = None
 
     @property
     def backend(self) -> SandboxBackend:
@@ -466,6 +470,8 @@ class Checkpointer:
         )
         stats["total_s"] = time.monotonic() - a.t0
         ckpt = replace(ckpt, stats=stats)
+        if self.provenance is not None:
+            ckpt = replace(ckpt, provenance=self.provenance.sign(ckpt))
         crash_point("checkpoint.before_publish")
         await asyncio.to_thread(self.catalog.publish, ckpt, out.info.child_of, self.size_of(out.info.sizes), in_publish)
         crash_point("checkpoint.after_publish")

@@ -17,7 +17,9 @@ Uploads follow publication, in the background:
 
 Fetches happen when a request names a checkpoint this host does not have
 (fork, restore): the manifest first, so the caller's right to it is
-checked before any blob moves, then the blobs under the store lock's
+checked before any blob moves, and its seal and provenance (a checkpoint
+whose manifest or producer this host does not trust is fetched without its
+process image, ``crabd/trust/seals.py``), then the blobs under the store lock's
 shared side (so gc cannot sweep a fetched blob before the catalog adopts
 it), once per checkpoint however many requests ask at the same time.
 Before the catalog adopts it, the checkpoint's index and process image are
@@ -46,10 +48,14 @@ from crabd.store.maintenance import GcReport, sweep_some
 from crabd.store.remote.manifest import Manifest
 from crabd.store.remote.tier import RemoteTier, SyncReport, Transfer
 from crabd.trust import identity
+from crabd.trust.keys import KeyRing
 from crabd.trust.references import Bounds, ReferenceChecker
+from crabd.trust.seals import vet_bucket, without_process
 from crabd.util.aiolock import RWLock
 
 log = logging.getLogger("crabd.remote")
+
+_NO_RING = "this crabd checks no provenance, so it takes no process image"
 
 #: Called with a fetched checkpoint's owner uid before its blobs move; raises to refuse.
 MayFetch = Callable[[int], None]
@@ -87,6 +93,8 @@ class Replication:
         self._fetching: dict[str, asyncio.Task[CheckpointRecord]] = {}
         #: What each finished upload moved, until its waiter reads it.
         self._transfers: dict[str, Transfer] = {}
+        #: This host's keys, to check what is fetched (daemon/app.py sets it; None takes no process image).
+        self.ring: KeyRing | None = None
         self.stats: dict[str, Any] = {
             "uploaded": 0,
             "uploaded_bytes": 0,
@@ -202,6 +210,8 @@ class Replication:
         # Before a byte moves: a bucket object never takes a sandbox id another uid has here.
         ck = manifest.checkpoint
         identity.check_arrival(SandboxIds(self.tier.catalog.db), ck.sandbox_id, ck.owner_uid, ck.id)
+        # Untrusted input: its process image comes only if its seal and provenance verify (crabd/trust/seals.py).
+        manifest = vet_bucket(self.ring, manifest) if self.ring is not None else without_process(manifest, _NO_RING)
         task = self._fetching.get(ckpt_id)
         if task is None:
             task = asyncio.create_task(self._fetch(manifest), name=f"crab-fetch-{ckpt_id}")

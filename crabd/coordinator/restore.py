@@ -50,7 +50,7 @@ from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.leases import Leases
 from crabd.coordinator.runner import Session
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
-from crabd.errors import ImageError, InvalidRequest, SandboxBusy, SessionProcessError
+from crabd.errors import ImageError, InvalidRequest, ProvenanceRefused, SandboxBusy, SessionProcessError
 from crabd.models import (
     CheckpointKind,
     CheckpointRecord,
@@ -68,6 +68,7 @@ from crabd.store.blobs import store_error
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
 from crabd.store.registry import spec_from_json
+from crabd.trust.provenance import Provenance
 from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point, write_point
 from crabd.util.netns import Netns
@@ -131,6 +132,20 @@ class Restorer:
         self.leases = Leases(catalog)
         #: Told about every container started from a checkpoint (its processes are the new baseline).
         self.inspection: TurnInspection | None = None
+        #: Checks a checkpoint's provenance before its process image is restored (crabd/trust/provenance.py);
+        #: None refuses every process image (daemon/app.py always sets it).
+        self.provenance: Provenance | None = None
+
+    def _require_provenance(self, ckpt: CheckpointRecord) -> None:
+        """ProvenanceRefused, before anything is done, if ``ckpt`` has a process image no trusted host produced."""
+        if self.provenance is not None:
+            self.provenance.require(ckpt)
+        elif ckpt.process_blob:
+            raise ProvenanceRefused(
+                f"checkpoint {ckpt.id}'s processes are not restored: this crabd checks no provenance",
+                checkpoint=ckpt.id,
+                reason="no key ring",
+            )
 
     async def _watch(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> None:
         if self.inspection is not None:
@@ -273,6 +288,7 @@ class Restorer:
             )
         if rec.state is SandboxState.CREATING:
             raise SandboxBusy(f"sandbox {rec.name} is still being created", sandbox=rec.id)
+        self._require_provenance(ckpt)
         with accounting.journal() as written:
             try:
                 async with self.leases.hold(ckpt.id), self.sandboxes.op_lock(rec.id), self.store_lock.shared():
@@ -405,6 +421,7 @@ class Restorer:
     async def _spawn(
         self, owner_uid: int, ckpt: CheckpointRecord, ids: list[str], names: list[str], *, arrival: bool
     ) -> list[SandboxRecord]:
+        self._require_provenance(ckpt)
         with accounting.journal() as written:
             try:
                 async with self.leases.hold(ckpt.id), self.store_lock.shared():

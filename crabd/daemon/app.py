@@ -51,6 +51,7 @@ from crabd.coordinator.restore import Restorer
 from crabd.coordinator.retention import Retention
 from crabd.coordinator.sandboxes import Adopted, SandboxManager
 from crabd.daemon import assembly, notify
+from crabd.daemon.provenance import attach_checkpoints, attach_edges, open_provenance
 from crabd.engine import HostEngine
 from crabd.errors import CrabError
 from crabd.host import criu_kdat
@@ -66,6 +67,7 @@ from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
 from crabd.store.remote.tier import RemoteTier
+from crabd.trust.provenance import Provenance
 from crabd.trust.references import ReferenceChecker
 from crabd.util.aiolock import RWLock
 
@@ -142,6 +144,7 @@ class Daemon:
         self._proxy: OpenAIProxy | None = None
         self._kdat: asyncio.Task[None] | None = None
         self._replication: Replication | None = None
+        self._provenance: Provenance | None = None
 
     @property
     def private_socket(self) -> Path:
@@ -265,6 +268,10 @@ class Daemon:
         checkpointer.on_published.append(retention.published)
         quotas.room_hint = retention.room_hint
         remote = await asyncio.to_thread(assembly.open_remote, self.cfg, db, blobs, catalog)
+        # Signs at publication, checks before a process image is restored; signs what this host made before.
+        self._provenance = await asyncio.to_thread(open_provenance, paths.state_dir)
+        await attach_checkpoints(self._provenance, checkpointer, restorer, catalog)
+        attach_edges(self._provenance, None, remote, None)
         return _Wiring(
             checkpointer,
             restorer,
@@ -320,6 +327,8 @@ class Daemon:
         gone = await asyncio.to_thread(archives.clean_staging)
         if gone:
             log.warning("interrupted archive imports and exports cleaned up", extra={"entries": gone})
+        assert self._provenance is not None, "provenance is opened with the checkpoints"
+        attach_edges(self._provenance, archives, None, None)
         service.archives.archives = archives
 
     async def _start_replication(self, wiring: _Wiring, engine: HostEngine, service: Service) -> None:
@@ -341,6 +350,8 @@ class Daemon:
                 max_restore_bytes=self.cfg.checkpoint.max_restore_bytes,
             ),
         )
+        assert self._provenance is not None, "provenance is opened with the checkpoints"
+        attach_edges(self._provenance, None, None, self._replication)
         await self._replication.start()
         wiring.checkpointer.on_published.append(self._replication.published)
         service.remote.replication = self._replication

@@ -22,7 +22,12 @@ Manifest (JSON, ``format`` = :data:`FORMAT`)::
      "checkpoints": [<record>, ...], -- parent first; a record is a remote manifest's (store/remote/manifest.py)
      "blobs": {"<hex>": <content size>, ...},        -- the closure of every checkpoint's roots
      "edges": {"<parent hex>": ["<child hex>", ...]}, -- which blobs name others (as blob_edges)
-     "members": {"blobs/<hex>.zst": {"size": <bytes>, "sha256": "<hex of the member's bytes>"}, ...}}
+     "members": {"blobs/<hex>.zst": {"size": <bytes>, "sha256": "<hex of the member's bytes>"}, ...},
+     "seal": "<the exporting host's signature of the rest>"}   -- crabd/trust/seals.py ("" = unsealed)
+
+Each checkpoint record carries ``provenance``, its producer's signed statement
+(crabd/trust/provenance.py).  Process images are imported only when the seal and the
+record's provenance verify under keys the importing host trusts (see below).
 
 **Process images and the host** (:func:`process_images_refused`).  A CRIU
 image records the process state as the dumping kernel exposed it, and it is
@@ -53,7 +58,13 @@ from crabd import __version__
 from crabd.errors import ArchiveRejected
 from crabd.models import CheckpointRecord
 from crabd.store.blobs import valid_address
-from crabd.store.remote.manifest import RemoteCheckpoint, closure_problem, remote_record, valid_checkpoint_id
+from crabd.store.remote.manifest import (
+    VOID_SEAL,
+    RemoteCheckpoint,
+    closure_problem,
+    remote_record,
+    valid_checkpoint_id,
+)
 
 FORMAT = "crab-archive/1"
 MANIFEST_NAME = "crab-archive.json"
@@ -103,6 +114,8 @@ class ArchiveManifest(_Strict):
     blobs: dict[str, int]
     edges: dict[str, list[str]]
     members: dict[str, Member]
+    #: The exporting host's signature of this whole manifest less ``seal`` (crabd/trust/seals.py).
+    seal: str = Field(default="", max_length=1 << 20)
 
     def encode(self) -> bytes:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
@@ -138,6 +151,10 @@ def decode_manifest(data: bytes) -> ArchiveManifest:
     problem = manifest_problem(m)
     if problem:
         raise _bad(f"the archive's manifest is inconsistent: {problem}")
+    if data != m.encode():
+        # Not byte for byte what crab writes: its seal covers the meaning, so a byte changed without
+        # changing the meaning (an escape, a number's spelling) would pass it.  Voided instead.
+        m = m.model_copy(update={"seal": VOID_SEAL})
     return m
 
 

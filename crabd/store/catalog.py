@@ -49,10 +49,10 @@ ChildrenOf = Callable[[str], Iterable[str]]
 #: (content size, bytes on disk) of a blob that is becoming live.
 SizeOf = Callable[[str], tuple[int, int]]
 
-_NCOLS = 20
+_NCOLS = 21
 _COLS = (
     "id, sandbox_id, sandbox_name, owner_uid, parent_id, branch, turn, kind, created_at, label, image, spec_json,"
-    " index_blob, delta_blob, session_blob, process_blob, racy_ns, kept, stats_json, pinned"
+    " index_blob, delta_blob, session_blob, process_blob, racy_ns, kept, stats_json, pinned, provenance"
 )
 
 
@@ -78,6 +78,7 @@ def _rec(row: tuple[Any, ...]) -> CheckpointRecord:
         kept=bool(row[17]),
         stats=json.loads(row[18]),
         pinned=bool(row[19]),
+        provenance=str(row[20] or ""),
     )
 
 
@@ -104,6 +105,7 @@ def _row(rec: CheckpointRecord) -> tuple[Any, ...]:
         int(rec.kept),
         json.dumps(rec.stats, sort_keys=True),
         int(rec.pinned),
+        rec.provenance,
     )
 
 
@@ -590,6 +592,12 @@ class Catalog:
             if conn.execute("UPDATE checkpoints SET pinned=? WHERE id=?", (int(pinned), ckpt_id)).rowcount == 0:
                 raise CheckpointNotFound(f"no checkpoint {ckpt_id!r}", checkpoint=ckpt_id)
         return self.get(ckpt_id)
+
+    def set_provenance(self, ckpt_id: str, provenance: str) -> bool:
+        """Record the provenance of a checkpoint that has none (crabd/trust/provenance.py); whether it did."""
+        with self.db.tx() as conn:
+            sql = "UPDATE checkpoints SET provenance=? WHERE id=? AND provenance=''"
+            return conn.execute(sql, (provenance, ckpt_id)).rowcount > 0
 
     def prunable(self, live_sandboxes: set[str]) -> list[str]:
         """Checkpoints nobody needs any more: their sandbox is gone, they are not kept, no checkpoint

@@ -35,7 +35,8 @@ Schema (version 7)::
                 index_blob TEXT, delta_blob TEXT, session_blob TEXT NULL, process_blob TEXT NULL,
                 racy_ns INT,                          -- see crabd.backends.overlay.scan
                 kept INT, stats_json TEXT,
-                pinned INT)                           -- `crabctl checkpoint pin`: retention never thins it
+                pinned INT,                           -- `crabctl checkpoint pin`: retention never thins it
+                provenance TEXT)                      -- signed statement of its producer (crabd/trust/provenance.py)
     heads(sandbox_id TEXT PK, checkpoint_id TEXT, stat_blob TEXT NULL, racy_ns INT)
     refs(owner TEXT, blob TEXT, PK(owner, blob))       -- owner: "ck:<id>" or "head:<sandbox>"
     blob_refs(blob TEXT PK, refcount INT, size INT, stored INT)
@@ -142,6 +143,8 @@ _SANDBOX_COLUMNS_V2 = (
     ("branch", "INTEGER NOT NULL DEFAULT 0"),
 )
 _CHECKPOINT_COLUMNS_V7 = (("pinned", "INTEGER NOT NULL DEFAULT 0"),)
+#: Issue 33: who produced a checkpoint, signed ('' = nobody said; see crabd/trust/provenance.py).
+_CHECKPOINT_COLUMNS_PROVENANCE = (("provenance", "TEXT NOT NULL DEFAULT ''"),)
 _TURN_COLUMNS = (
     ("decision_json", "TEXT"),
     ("checkpoint_id", "TEXT"),
@@ -184,6 +187,7 @@ class Database:
         self._add_columns("checkpoints", _CHECKPOINT_COLUMNS_V7)
         self._add_columns("failures", _FAILURE_COLUMNS_IDS)
         self.conn.executescript(_SCHEMA_IDS)
+        self._add_columns("checkpoints", _CHECKPOINT_COLUMNS_PROVENANCE)
         with self.tx() as db:
             db.execute(
                 "INSERT INTO meta(key, value) VALUES('schema_version', ?) "

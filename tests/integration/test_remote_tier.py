@@ -21,6 +21,7 @@ from crabd.sdk import Client, EmbeddedDaemon
 from tests.integration.conftest import daemon_with_config
 from tests.polling import wait_for
 from tests.s3server import S3Server
+from tests.trust_keys import trust_each_other
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -43,10 +44,19 @@ def _toml(s3: S3Server, host: str, net: str, prefix: str, **remote: Any) -> str:
     return f'[network]\nname = "{net}"\n\n' + s3.config_toml(prefix, **extra)
 
 
+#: The hosts running now: they trust each other's keys (as a cluster's key material makes them).
+_ALIVE: list[EmbeddedDaemon] = []
+
+
 @contextlib.contextmanager
 def host(s3: S3Server, name: str, net: str, prefix: str, **remote: Any) -> Iterator[tuple[EmbeddedDaemon, Client]]:
     with daemon_with_config(_toml(s3, name, net, prefix, **remote), net) as d, Client(d.socket) as c:
-        yield d, c
+        _ALIVE.append(d)
+        trust_each_other(_ALIVE)
+        try:
+            yield d, c
+        finally:
+            _ALIVE.remove(d)
 
 
 def engine_remote(c: Client) -> dict[str, Any]:

@@ -20,7 +20,12 @@ Manifest document (``format`` = :data:`FORMAT`)::
                     created_at, label, image, spec_json, index_blob, delta_blob, session_blob,
                     process_blob, racy_ns, stats},
      "blobs": {"<hex>": <content size>, ...},       -- every blob the checkpoint needs (its closure)
-     "edges": {"<parent hex>": ["<child hex>", ...]}} -- which of them name others (as blob_edges)
+     "edges": {"<parent hex>": ["<child hex>", ...]},  -- which of them name others (as blob_edges)
+     "seal": "<the uploader's signature of the rest>"}  -- crabd/trust/seals.py ("" = unsealed)
+
+``checkpoint.provenance`` is its producer's signed statement (crabd/trust/provenance.py).
+A manifest whose seal or provenance does not verify under a key this host trusts is
+fetched without its process image (crabd/coordinator/replication.py).
 
 The bucket is shared by the hosts of one cluster and written only by their
 crabds, but a manifest is still parsed as untrusted input: strict schema,
@@ -45,6 +50,12 @@ from crabd.store.blobs import valid_address
 FORMAT = "crab-checkpoint/1"
 #: Largest manifest accepted, compressed and decompressed (a checkpoint of ~1M blobs).
 MAX_MANIFEST_BYTES = 256 << 20
+
+#: Largest provenance statement or seal a record or manifest carries.
+MAX_PROVENANCE = 1 << 20
+#: The seal a manifest read from outside gets when it is not byte for byte as crab writes it
+#: (crabd/trust/seals.py then refuses its process images, whatever seal it carried).
+VOID_SEAL = "void: the manifest is not byte for byte as crab writes it"
 
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 
@@ -91,6 +102,8 @@ class RemoteCheckpoint(_Strict):
     process_blob: str | None
     racy_ns: int
     stats: dict[str, Any]
+    #: Its producer's signed statement (crabd/trust/provenance.py), carried as it came ("" = none).
+    provenance: str = Field(default="", max_length=MAX_PROVENANCE)
 
 
 class Manifest(_Strict):
@@ -99,6 +112,8 @@ class Manifest(_Strict):
     checkpoint: RemoteCheckpoint
     blobs: dict[str, int]
     edges: dict[str, list[str]]
+    #: The uploading host's signature of this whole document less ``seal`` (crabd/trust/seals.py).
+    seal: str = Field(default="", max_length=MAX_PROVENANCE)
 
     @property
     def roots(self) -> set[str]:
@@ -135,9 +150,12 @@ def build(rec: CheckpointRecord, host: str, sizes: dict[str, int], edges: dict[s
     )
 
 
+def _text(manifest: Manifest) -> bytes:
+    return json.dumps(manifest.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+
+
 def encode(manifest: Manifest) -> bytes:
-    text = json.dumps(manifest.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return zstandard.ZstdCompressor(level=3).compress(text.encode())
+    return zstandard.ZstdCompressor(level=3).compress(_text(manifest))
 
 
 def decode(data: bytes, *, expect_id: str) -> Manifest:
@@ -160,6 +178,9 @@ def decode(data: bytes, *, expect_id: str) -> Manifest:
             f"the remote manifest of checkpoint {expect_id} is inconsistent: {problem}",
             hint="The checkpoint cannot be fetched from the remote store; restore another one.",
         )
+    if raw != _text(manifest):
+        # Not byte for byte what crab writes: voided, as store/archive.py's decode_manifest does.
+        manifest = manifest.model_copy(update={"seal": VOID_SEAL})
     return manifest
 
 

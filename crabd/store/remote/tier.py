@@ -38,7 +38,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -113,6 +113,8 @@ class RemoteTier:
         self._down = ThreadPoolExecutor(fetch_concurrency, thread_name_prefix="crab-fetch")
         # Big blobs are held whole in memory while they move: one at a time.
         self._big = threading.Semaphore(1)
+        #: Seals each uploaded manifest with this host's key (crabd/trust/seals.py, set by the daemon).
+        self.seal: Callable[[mf.Manifest], mf.Manifest] | None = None
 
     def close(self) -> None:
         self._up.shutdown(wait=True, cancel_futures=True)
@@ -144,6 +146,8 @@ class RemoteTier:
             out.already_there += 0 if created else 1
         self.state.add_blobs(todo)
         m = mf.build(rec, self.host, sizes, edges)
+        if self.seal is not None:
+            m = self.seal(m)
         data = mf.encode(m)
         self.objects.put_if_absent(mf.manifest_key(rec.id), data)
         out.bytes += len(data)
