@@ -14,7 +14,10 @@ from typing import Any
 
 import zstandard
 
-from crabd.store.archive import MANIFEST_NAME, member_name
+from crabd.models import CheckpointKind, CheckpointRecord
+from crabd.store.archive import MANIFEST_NAME, ArchiveManifest, member_name
+from crabd.trust.provenance import Provenance
+from crabd.trust.seals import seal_archive
 
 
 def canonical(doc: dict[str, Any]) -> bytes:
@@ -61,9 +64,12 @@ class Opened:
         cks: list[dict[str, Any]] = self.doc["checkpoints"]
         return cks[i]
 
-    def pack(self) -> bytes:
+    def pack(self, signer: Provenance | None = None) -> bytes:
         """A consistent archive again: blob sizes, member sizes and hashes recomputed for what ``blobs`` holds
-        (only those the manifest's blob list names, plus any blob the caller added to it)."""
+        (only those the manifest's blob list names, plus any blob the caller added to it).
+
+        With ``signer``, every record is signed and the manifest sealed with that host's key, as a trusted
+        host that went rogue would: what is tested is then what crab checks beyond provenance."""
         names = sorted(set(self.doc["blobs"]))
         members: dict[str, dict[str, Any]] = {}
         frames: dict[str, bytes] = {}
@@ -73,9 +79,11 @@ class Opened:
             members[member_name(hex_)] = {"size": len(frame), "sha256": hashlib.sha256(frame).hexdigest()}
         self.doc["blobs"] = {h: len(self.blobs[h]) for h in names}
         self.doc["members"] = members
+        if signer is not None:
+            self._sign(signer)
         out = io.BytesIO()
         with tarfile.open(fileobj=out, mode="w:", format=tarfile.USTAR_FORMAT) as dst:
-            body = json.dumps(self.doc).encode()
+            body = canonical(self.doc) if signer is not None else json.dumps(self.doc).encode()
             info = tarfile.TarInfo(MANIFEST_NAME)
             info.size = len(body)
             dst.addfile(info, io.BytesIO(body))
@@ -84,6 +92,13 @@ class Opened:
                 info.size = len(frames[hex_])
                 dst.addfile(info, io.BytesIO(frames[hex_]))
         return out.getvalue()
+
+    def _sign(self, signer: Provenance) -> None:
+        for c in self.doc["checkpoints"]:
+            rec = CheckpointRecord(**{**c, "kind": CheckpointKind(c["kind"])})
+            c["provenance"] = signer.sign(rec)
+        self.doc["seal"] = ""
+        self.doc["seal"] = seal_archive(signer.ring, ArchiveManifest.model_validate(self.doc)).seal
 
 
 def open_archive(data: bytes) -> Opened:
