@@ -26,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 
-from crabd.backends.btrfs import ioctl
+from crabd.backends.btrfs import ioctl, qgroups
 from crabd.backends.btrfs.layout import TMP_PREFIX, SubvolKind, SubvolRef, is_id, is_tmp_name
 from crabd.config import BtrfsConfig
 from crabd.errors import CrabError, HostError, SnapshotError, StoreFull
@@ -51,6 +51,7 @@ class PoolOp(StrEnum):
     INFO = "info"
     FIND_NEW = "find-new"
     FLUSH = "flush"
+    LIMIT = "limit"
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,14 @@ def _entry_name(name: str) -> str:
 class Pool:
     """crab's subvolumes on the btrfs file system mounted at ``mount_point`` (a context manager)."""
 
-    def __init__(self, mount_point: str | os.PathLike[str], *, min_free_bytes: int = 0) -> None:
+    def __init__(
+        self, mount_point: str | os.PathLike[str], *, min_free_bytes: int = 0, sandbox_disk_bytes: int = 0
+    ) -> None:
         self.mount_point = Path(mount_point)
         self.min_free_bytes = min_free_bytes
+        #: Referenced-bytes limit of every sandbox subvolume made or snapshotted here (0: none; ``qgroups``).
+        self.sandbox_disk_bytes = sandbox_disk_bytes
+        self._quotas_on = False
         self._root = _open_root(self.mount_point)
         self._dirs: dict[SubvolKind, int] = {}
         try:
@@ -115,7 +121,7 @@ class Pool:
 
     @classmethod
     def from_config(cls, cfg: BtrfsConfig) -> Pool:
-        return cls(cfg.mount_point, min_free_bytes=cfg.min_free_bytes)
+        return cls(cfg.mount_point, min_free_bytes=cfg.min_free_bytes, sandbox_disk_bytes=cfg.sandbox_disk_bytes)
 
     def close(self) -> None:
         for fd in self._dirs.values():
@@ -205,6 +211,7 @@ class Pool:
                 try:
                     for d in dirs:
                         os.mkdir(_entry_name(d), 0o755, dir_fd=sub)
+                    self._limit_new(ref, sub)
                 finally:
                     os.close(sub)
                 self._publish(ref, tmp)
@@ -221,6 +228,8 @@ class Pool:
             with self._open(src) as src_fd:
                 ioctl.snap_create(kind_fd, tmp, src_fd, readonly=readonly)
             try:
+                if dst.kind is SubvolKind.SANDBOX:
+                    self._limit_new_at(kind_fd, tmp, dst)
                 self._publish(dst, tmp)
             except BaseException:
                 self._destroy_quietly(kind_fd, tmp)
@@ -267,6 +276,38 @@ class Pool:
                         self._destroy(fd, name)
                     removed.append(relpath)
         return removed
+
+    # --- per-sandbox disk limits (btrfs quota groups: qgroups.py) --------------------
+
+    def enable_quotas(self) -> None:
+        """Turn on quota accounting for the pool (idempotent; the kernel ignores a second enable)."""
+        if self._quotas_on:
+            return
+        with self._translating(PoolOp.LIMIT, "."):
+            qgroups.quota_enable(self._root)
+        self._quotas_on = True
+
+    def set_disk_limit(self, ref: SubvolRef, nbytes: int | None) -> None:
+        """Limit what ``ref`` may reference to ``nbytes`` (None: no limit); enables quotas first."""
+        with self._translating(PoolOp.LIMIT, ref.relpath), self._open(ref) as fd:
+            self.enable_quotas()
+            qgroups.limit_referenced(fd, nbytes)
+
+    def _limit_new(self, ref: SubvolRef, fd: int) -> None:
+        # Set before the subvolume is published: a visible sandbox always has its limit.  A
+        # read-only checkpoint snapshot gets none (it never writes; its qgroup copies the
+        # source's limit, which is moot there).
+        if ref.kind is SubvolKind.SANDBOX and self.sandbox_disk_bytes > 0:
+            self.enable_quotas()
+            qgroups.limit_referenced(fd, self.sandbox_disk_bytes)
+
+    def _limit_new_at(self, kind_fd: int, name: str, ref: SubvolRef) -> None:
+        if self.sandbox_disk_bytes > 0:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=kind_fd)
+            try:
+                self._limit_new(ref, fd)
+            finally:
+                os.close(fd)
 
     # --- helpers ------------------------------------------------------------------
 
