@@ -108,6 +108,8 @@ class Pool:
         #: Referenced-bytes limit of every sandbox subvolume made or snapshotted here (0: none; ``qgroups``).
         self.sandbox_disk_bytes = sandbox_disk_bytes
         self._quotas_on = False
+        #: How quotas were enabled by this process ("simple" or "full"; "" before).
+        self.quota_mode = ""
         self._root = _open_root(self.mount_point)
         self._dirs: dict[SubvolKind, int] = {}
         try:
@@ -211,7 +213,6 @@ class Pool:
                 try:
                     for d in dirs:
                         os.mkdir(_entry_name(d), 0o755, dir_fd=sub)
-                    self._limit_new(ref, sub)
                 finally:
                     os.close(sub)
                 self._publish(ref, tmp)
@@ -229,7 +230,7 @@ class Pool:
                 ioctl.snap_create(kind_fd, tmp, src_fd, readonly=readonly)
             try:
                 if dst.kind is SubvolKind.SANDBOX:
-                    self._limit_new_at(kind_fd, tmp, dst)
+                    self._clear_inherited_limit(kind_fd, tmp)
                 self._publish(dst, tmp)
             except BaseException:
                 self._destroy_quietly(kind_fd, tmp)
@@ -278,13 +279,19 @@ class Pool:
         return removed
 
     # --- per-sandbox disk limits (btrfs quota groups: qgroups.py) --------------------
+    #
+    # When: a sandbox's limit is set once its container runs (``apply_disk_limit``, from the
+    # runc backend's start), not when its subvolume is made.  Until then only crab writes
+    # there (files materialized by a restore, overlay's work dir at mount, CRIU's ghost
+    # files), and a checkpoint taken at the limit must still restore and fork: with the
+    # limit already set, the first of those writes failed with EDQUOT.
 
     def enable_quotas(self) -> None:
-        """Turn on quota accounting for the pool (idempotent; the kernel ignores a second enable)."""
+        """Turn on quota accounting for the pool (idempotent: the kernel ignores a second enable)."""
         if self._quotas_on:
             return
         with self._translating(PoolOp.LIMIT, "."):
-            qgroups.quota_enable(self._root)
+            self.quota_mode = qgroups.quota_enable(self._root)
         self._quotas_on = True
 
     def set_disk_limit(self, ref: SubvolRef, nbytes: int | None) -> None:
@@ -293,21 +300,22 @@ class Pool:
             self.enable_quotas()
             qgroups.limit_referenced(fd, nbytes)
 
-    def _limit_new(self, ref: SubvolRef, fd: int) -> None:
-        # Set before the subvolume is published: a visible sandbox always has its limit.  A
-        # read-only checkpoint snapshot gets none (it never writes; its qgroup copies the
-        # source's limit, which is moot there).
-        if ref.kind is SubvolKind.SANDBOX and self.sandbox_disk_bytes > 0:
-            self.enable_quotas()
-            qgroups.limit_referenced(fd, self.sandbox_disk_bytes)
-
-    def _limit_new_at(self, kind_fd: int, name: str, ref: SubvolRef) -> None:
+    def apply_disk_limit(self, ref: SubvolRef) -> None:
+        """Give the sandbox subvolume ``ref`` the pool's ``sandbox_disk_bytes`` limit (no-op when that is 0)."""
         if self.sandbox_disk_bytes > 0:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=kind_fd)
-            try:
-                self._limit_new(ref, fd)
-            finally:
-                os.close(fd)
+            self.set_disk_limit(ref, self.sandbox_disk_bytes)
+
+    def _clear_inherited_limit(self, kind_fd: int, name: str) -> None:
+        # A snapshot's qgroup starts with its source's limits: a sandbox restored or forked from
+        # a checkpoint would start out at that limit before crab has written its files.
+        fd = os.open(name, _DIR_FLAGS, dir_fd=kind_fd)
+        try:
+            qgroups.limit_referenced(fd, None)
+        except OSError as exc:
+            if exc.errno != errno.ENOTCONN:  # quotas off: nothing was inherited
+                raise
+        finally:
+            os.close(fd)
 
     # --- helpers ------------------------------------------------------------------
 

@@ -390,6 +390,8 @@ class RuncSandboxBackend:
             self._starting.add(cid)
         try:
             launched = self._launcher.launch(created.spec, self._storage(cid, created), self._restore(cid, checkpoint))
+            # Once running: crab's own writes to the subvolume (a restore's files) are done (pool.py).
+            self.pool.apply_disk_limit(SubvolRef.sandbox(cid))
             reaper.record(self._init_key(cid), launched.state.pid)
             t0 = time.monotonic()
             facts, _ = self._read_facts(cid)
