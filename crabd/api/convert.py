@@ -218,6 +218,7 @@ def checkpoint_to_pb(c: CheckpointRecord) -> pb.Checkpoint:
             prescan_s=_f(st, "prescan_s"),
             total_s=_f(st, "total_s"),
             image_bytes=_i(st, "image_bytes"),
+            charged_bytes=_i(st, "charged_bytes"),
         ),
     )
 

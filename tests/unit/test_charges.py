@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from crabd.api.convert import checkpoint_to_pb
 from crabd.errors import QuotaExceeded
 from crabd.models import CheckpointKind, CheckpointRecord, SandboxRecord, SandboxSpec, SandboxState
+from crabd.sdk.models import CheckpointInfo
 from crabd.store import accounting, charges
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
@@ -45,6 +47,8 @@ def test_delete_and_rewrite_cannot_hold_data_for_free(tmp_path: Path, monkeypatc
         held = accounting.store_bytes_used(st.db, ALICE.uid)
         assert held >= 280 * KIB
         assert c1.stats["charged_bytes"] >= 280 * KIB
+        # What `crabctl checkpoint inspect` shows (every field of the SDK's CheckpointInfo).
+        assert CheckpointInfo.from_pb(checkpoint_to_pb(c1)).charged_bytes == c1.stats["charged_bytes"]
 
         # Delete it: the head keeps its index (and every file) alive, so the charge stays.
         await st.service.delete_checkpoint(ALICE, c1.id)
