@@ -25,9 +25,10 @@ what it writes itself.
 Kernel behaviour this relies on (checked by
 ``tests/integration/test_disk_limits.py`` on kernel 6.18):
 
-* a snapshot's qgroup starts with a copy of the source's limits; a
-  read-only snapshot never writes, so the copy is moot there, and a
-  writable snapshot made for a restore or fork has it cleared, then gets
+* under full qgroups a snapshot's qgroup starts with a copy of the
+  source's limits (simple quotas copy none); a read-only snapshot never
+  writes, so a copy is moot there, and a writable snapshot made for a
+  restore or fork has any cleared, then gets
   crab's limit once its container runs (``Pool.apply_disk_limit``): a
   checkpoint taken at the limit still restores and forks;
 * a deleted subvolume's qgroup goes away once nothing holds its extents;
