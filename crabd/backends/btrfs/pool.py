@@ -101,13 +101,19 @@ class Pool:
     """crab's subvolumes on the btrfs file system mounted at ``mount_point`` (a context manager)."""
 
     def __init__(
-        self, mount_point: str | os.PathLike[str], *, min_free_bytes: int = 0, sandbox_disk_bytes: int = 0
+        self,
+        mount_point: str | os.PathLike[str],
+        *,
+        min_free_bytes: int = 0,
+        sandbox_disk_bytes: int = 0,
+        simple_quotas: bool = True,
     ) -> None:
         self.mount_point = Path(mount_point)
         self.min_free_bytes = min_free_bytes
         #: Referenced-bytes limit of every sandbox subvolume made or snapshotted here (0: none; ``qgroups``).
         self.sandbox_disk_bytes = sandbox_disk_bytes
         self._quotas_on = False
+        self._simple_quotas = simple_quotas
         #: How quotas were enabled by this process ("simple" or "full"; "" before).
         self.quota_mode = ""
         self._root = _open_root(self.mount_point)
@@ -123,7 +129,12 @@ class Pool:
 
     @classmethod
     def from_config(cls, cfg: BtrfsConfig) -> Pool:
-        return cls(cfg.mount_point, min_free_bytes=cfg.min_free_bytes, sandbox_disk_bytes=cfg.sandbox_disk_bytes)
+        return cls(
+            cfg.mount_point,
+            min_free_bytes=cfg.min_free_bytes,
+            sandbox_disk_bytes=cfg.sandbox_disk_bytes,
+            simple_quotas=cfg.quota_mode == "simple",
+        )
 
     def close(self) -> None:
         for fd in self._dirs.values():
@@ -291,7 +302,7 @@ class Pool:
         if self._quotas_on:
             return
         with self._translating(PoolOp.LIMIT, "."):
-            self.quota_mode = qgroups.quota_enable(self._root)
+            self.quota_mode = qgroups.quota_enable(self._root, simple=self._simple_quotas)
         self._quotas_on = True
 
     def set_disk_limit(self, ref: SubvolRef, nbytes: int | None) -> None:

@@ -68,22 +68,23 @@ LIMIT_MAX_RFER = 1 << 0
 CLEAR = (1 << 64) - 1
 
 
-def quota_enable(fs_fd: int) -> str:
+def quota_enable(fs_fd: int, *, simple: bool = True) -> str:
     """Turn quota accounting on for the file system of ``fs_fd`` (a no-op when it is on; CAP_SYS_ADMIN).
 
-    Simple quotas where the kernel has them, else full qgroups; returns
-    which was asked for ("simple" or "full").  Limits apply from the moment
-    they are set.
+    Simple quotas (when ``simple`` and the kernel has them), else full
+    qgroups; returns which was asked for ("simple" or "full").  Limits
+    apply from the moment they are set.
     """
     buf = bytearray(_QUOTA_CTL_ARGS)
-    struct.pack_into("=QQ", buf, 0, QUOTA_CTL_ENABLE_SIMPLE, 0)
-    try:
-        fcntl.ioctl(fs_fd, IOC_QUOTA_CTL, buf)
-        return "simple"
-    except OSError as exc:
-        # An older kernel does not know the command.
-        if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTTY):
-            raise
+    if simple:
+        struct.pack_into("=QQ", buf, 0, QUOTA_CTL_ENABLE_SIMPLE, 0)
+        try:
+            fcntl.ioctl(fs_fd, IOC_QUOTA_CTL, buf)
+            return "simple"
+        except OSError as exc:
+            # An older kernel does not know the command.
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTTY):
+                raise
     struct.pack_into("=QQ", buf, 0, QUOTA_CTL_ENABLE, 0)
     fcntl.ioctl(fs_fd, IOC_QUOTA_CTL, buf)
     return "full"
