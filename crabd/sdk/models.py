@@ -65,6 +65,8 @@ class SandboxInfo:
     images_from: ImageSource | None = None
     #: Its own retention policy (None: the daemon's ``[retention]`` default applies).
     retention: RetentionPolicy | None = None
+    #: Its disk limit (runc+btrfs), as crabd resolved it (0: none).
+    disk_bytes: int = 0
 
     @classmethod
     def from_pb(cls, m: pb.Sandbox) -> SandboxInfo:
@@ -80,6 +82,7 @@ class SandboxInfo:
             cpus=m.limits.cpus,
             memory_bytes=m.limits.memory_bytes,
             pids=m.limits.pids,
+            disk_bytes=m.limits.disk_bytes,
             network=m.network,
             env_vars=dict(m.env_vars),
             workdir=m.workdir,

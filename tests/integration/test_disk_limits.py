@@ -22,6 +22,7 @@ import pytest
 
 from crabd.backends.btrfs import SubvolRef
 from crabd.config import CrabConfig
+from crabd.errors import InvalidRequest
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from tests.integration import conftest
 from tests.integration.conftest import daemon_with_config
@@ -119,3 +120,15 @@ def test_a_sandbox_cannot_write_past_its_disk_limit_and_others_go_on(
         _sync_pool()
         time.sleep(0.5)
     assert sub not in _qgroups()
+
+
+def test_a_sandbox_may_ask_for_less_disk_never_more(client: Client, make_sandbox: Callable[..., Sandbox]) -> None:
+    small = make_sandbox("busybox", checkpoints="none", disk="24m")
+    assert small.refresh().disk_bytes == 24 << 20
+    assert _qgroups()[_subvol_id(_subvol(small))] == str(24 << 20)
+    code, text = _dd(small, "/big", 40)
+    assert code != 0 and ("Disk quota exceeded" in text or "No space left" in text), text
+    assert make_sandbox("busybox", checkpoints="none").refresh().disk_bytes == LIMIT
+    with pytest.raises(InvalidRequest) as info:
+        client.create("busybox", disk=2 * LIMIT)
+    assert "sandbox_disk_bytes" in (info.value.hint or "")

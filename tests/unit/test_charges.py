@@ -243,3 +243,24 @@ def test_would_add_is_what_publication_then_charges(tmp_path: Path) -> None:
         assert accounting.store_bytes_used(db, 7) == first + second
         # Another uid referencing the same live blobs is charged for all of them.
         assert accounting.would_add(db, 8, [r1], lambda x: set(), lambda x: 0) == first
+
+
+def test_disk_limit_requests_default_lower_never_higher() -> None:
+    from crabd.config import LimitsConfig
+    from crabd.errors import InvalidRequest
+    from crabd.service.limits import RequestLimits
+
+    limits = RequestLimits(LimitsConfig(), disk_default=1 << 30)
+    assert limits.disk(0) == 1 << 30
+    assert limits.disk(64 << 20) == 64 << 20
+    for bad in (-1, 1 << 20, (1 << 30) + 1):
+        with pytest.raises(InvalidRequest):
+            limits.disk(bad)
+    assert RequestLimits(LimitsConfig()).disk(0) == 0  # no default: no limit, and any size may be asked
+    assert RequestLimits(LimitsConfig()).disk(1 << 40) == 1 << 40
+    # Across the wire both ways.
+    from crabd.api import convert
+    from crabd.sdk._requests import CreateOptions
+
+    req = CreateOptions("busybox", disk="64m").request()
+    assert convert.spec_from_pb(req).disk_bytes == 64 << 20

@@ -311,10 +311,12 @@ class Pool:
             self.enable_quotas()
             qgroups.limit_referenced(fd, nbytes)
 
-    def apply_disk_limit(self, ref: SubvolRef) -> None:
-        """Give the sandbox subvolume ``ref`` the pool's ``sandbox_disk_bytes`` limit (no-op when that is 0)."""
-        if self.sandbox_disk_bytes > 0:
-            self.set_disk_limit(ref, self.sandbox_disk_bytes)
+    def apply_disk_limit(self, ref: SubvolRef, nbytes: int = 0) -> None:
+        """Give the sandbox subvolume ``ref`` its limit: ``nbytes``, else the pool's ``sandbox_disk_bytes``
+        (no-op when both are 0)."""
+        limit = nbytes or self.sandbox_disk_bytes
+        if limit > 0:
+            self.set_disk_limit(ref, limit)
 
     def _clear_inherited_limit(self, kind_fd: int, name: str) -> None:
         # A snapshot's qgroup starts with its source's limits: a sandbox restored or forked from
