@@ -366,6 +366,18 @@ class BtrfsConfig(_Model):
     size: str = Field("16G", pattern=r"^[1-9][0-9]*[KMGT]?$", description="size of a new loop file (truncate -s)")
     min_free_bytes: int = Field(1 << 30, ge=0, description="below this, new subvolumes and snapshots are refused")
     warn_free_bytes: int = Field(4 << 30, ge=0, description="`crabctl doctor` warns below this much free space")
+    sandbox_disk_bytes: int = Field(
+        4 << 30,
+        ge=0,
+        description="each runc sandbox's disk limit: bytes its subvolume may reference (btrfs quota groups,"
+        " enabled on the pool when this is set; writes past it fail inside with EDQUOT); 0: no limit",
+    )
+    quota_mode: Literal["simple", "full"] = Field(
+        "simple",
+        description="how crab enables btrfs quotas for sandbox_disk_bytes: 'simple' (what a sandbox wrote and it,"
+        " a checkpoint or a fork still holds; no cost at snapshots) or 'full' qgroups (what it references now;"
+        " ~10x slower snapshots inside the freeze); no effect once quotas are on",
+    )
 
     @property
     def size_bytes(self) -> int:

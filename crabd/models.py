@@ -216,6 +216,8 @@ class SandboxSpec:
     recovery: RecoveryMode = RecoveryMode.MANUAL
     #: Which of its checkpoints retention keeps (None: the daemon's ``[retention]`` default).
     retention: RetentionPolicy | None = None
+    #: Disk limit of its writable layer (runc+btrfs: a btrfs quota; 0: ``[btrfs] sandbox_disk_bytes``).
+    disk_bytes: int = 0
 
 
 class FilesSource(StrEnum):

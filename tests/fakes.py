@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import json
 import secrets
 import threading
@@ -393,7 +394,9 @@ class FakeFsDelta:
         added = sorted(set(files) - set(base))
         changed = sorted(p for p in files if p in base and files[p] != base[p])
         deleted = sorted(set(base) - set(files))
-        stored = self._put_tree(files, {"added": added, "changed": changed, "deleted": deleted, "base": base})
+        # The base by digest, not content: a delta stays small, as a real one is (store charges count it).
+        base_id = hashlib.sha256(json.dumps(base, sort_keys=True).encode()).hexdigest()
+        stored = self._put_tree(files, {"added": added, "changed": changed, "deleted": deleted, "base": base_id})
         return FsCapture(FakeTree(files), [], [], [p.encode() for p in deleted]), stored
 
     def store_tree(self, tree: Tree) -> StoredTree:

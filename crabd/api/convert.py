@@ -34,6 +34,7 @@ def spec_from_pb(req: pb.CreateSandboxRequest) -> SandboxSpec:
         cpus=req.limits.cpus,
         memory_bytes=req.limits.memory_bytes,
         pids=req.limits.pids,
+        disk_bytes=req.limits.disk_bytes,
         network=req.network,
         env_vars=dict(req.env_vars),
         workdir=req.workdir or "/",
@@ -65,7 +66,7 @@ def sandbox_to_pb(rec: SandboxRecord, head: str = "") -> pb.Sandbox:
         container_id=rec.container_id,
         state=rec.state.value,
         created_at=rec.created_at,
-        limits=pb.Limits(cpus=s.cpus, memory_bytes=s.memory_bytes, pids=s.pids),
+        limits=pb.Limits(cpus=s.cpus, memory_bytes=s.memory_bytes, pids=s.pids, disk_bytes=s.disk_bytes),
         network=s.network,
         env_vars=s.env_vars,
         workdir=s.workdir,
@@ -218,6 +219,7 @@ def checkpoint_to_pb(c: CheckpointRecord) -> pb.Checkpoint:
             prescan_s=_f(st, "prescan_s"),
             total_s=_f(st, "total_s"),
             image_bytes=_i(st, "image_bytes"),
+            charged_bytes=_i(st, "charged_bytes"),
         ),
     )
 

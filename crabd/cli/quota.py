@@ -29,7 +29,11 @@ def quota(
     table.add_column("limit", justify="right")
     table.add_row("sandboxes", str(q.sandboxes), str(q.max_sandboxes))
     table.add_row("sandboxes being forked", str(q.forks_in_flight), str(q.max_concurrent_forks))
-    table.add_row(f"checkpoint store ({q.checkpoints} checkpoints)", _size(q.store_bytes), _size(q.max_store_bytes))
+    table.add_row(
+        f"checkpoint store ({q.checkpoints} checkpoints + live sandboxes' files)",
+        _size(q.store_bytes),
+        _size(q.max_store_bytes),
+    )
     table.add_row("session state per turn", "", _size(q.max_session_state_bytes))
     table.add_row("turns kept per sandbox", "", str(q.turns_kept))
     out.print(table)

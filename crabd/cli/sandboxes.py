@@ -75,6 +75,9 @@ def create(
     cpus: Annotated[float, typer.Option("--cpus", help="CPU limit (0 = none).")] = _CREATE.cpus,
     memory: Annotated[str, typer.Option("--memory", help="Memory limit, e.g. 512m, 2g (0 = none).")] = "0",
     pids: Annotated[int, typer.Option("--pids", help="Process limit (0 = crab's default).")] = _CREATE.pids,
+    disk: Annotated[
+        str, typer.Option("--disk", help="Disk limit, e.g. 512m, 2g (0 = crab's default; runc+btrfs only).")
+    ] = "0",
     network: Annotated[
         bool, typer.Option("--network/--no-network", help="Give the sandbox a network.")
     ] = _CREATE.network,
@@ -101,6 +104,7 @@ def create(
         cpus=cpus,
         memory=memory,
         pids=pids,
+        disk=disk,
         network=network,
         env_vars=_parse_env(env_var),
         workdir=workdir,

@@ -94,7 +94,8 @@ class Checkpointer:
         #: Told about dumps and publications, so its baselines follow the heads (see coordinator/inspection.py).
         self.inspector: Inspector | None = None
         #: The store-bytes quota: ``(owner uid, bytes added)`` raises QuotaExceeded (``service/quota.py``).
-        #: Called with 0 before any work, and with the checkpoint's new bytes before publication.
+        #: Called with 0 before any work, and before publication with what the checkpoint adds to its
+        #: owner's charge (``accounting.would_add``).
         self.store_quota: Callable[[int, int], None] | None = None
         #: Told about every published checkpoint (replication queues its upload, retention its thinning).
         self.on_published: list[Callable[[CheckpointRecord], None]] = []
@@ -450,12 +451,18 @@ class Checkpointer:
     async def _publish(
         self, a: Attempt, ckpt: CheckpointRecord, out: StoredCheckpoint, freeze_s: float
     ) -> CheckpointRecord:
-        """Step 4: the quota, fsync every blob becoming live, then one transaction; tell the inspector."""
+        """Step 4: the quota (on what it adds to its owner's charge), fsync every blob becoming live, then
+        one transaction; tell the inspector."""
         rec, capture, new_bytes = a.rec, out.capture, out.new_bytes
+        # What it adds to its owner's charge (store/charges.py): the blobs it references that
+        # none of the owner's checkpoints or sandboxes holds yet.
+        charged = await asyncio.to_thread(
+            accounting.would_add, self.db, rec.owner_uid, direct_refs(ckpt), out.info.child_of, self.blobs.stored_size
+        )
         if self.store_quota is not None:
             # Before anything becomes durable or visible: refused, it publishes nothing and
             # take() releases what it wrote.
-            await asyncio.to_thread(self.store_quota, rec.owner_uid, new_bytes)
+            await asyncio.to_thread(self.store_quota, rec.owner_uid, charged)
         p0 = time.monotonic()
         await asyncio.to_thread(self.make_durable, direct_refs(ckpt), out.info)
         stats = out.stats
@@ -465,6 +472,7 @@ class Checkpointer:
             deleted=len(capture.deleted),
             logical_bytes=sum(x.length for e in capture.tree for x in e.extents),
             new_bytes=new_bytes,
+            charged_bytes=charged,
             freeze_s=freeze_s,
             sync_s=time.monotonic() - p0,
         )

@@ -217,7 +217,8 @@ class Retention:
             )
             why = ", ".join(r.value for r in reasons)
             lines.append(f"{n.id} (turn {n.turn}, {_mib(n.new_bytes)}, kept: {why}): {how}")
-        unpoliced = sorted(r.name for r in self.sandboxes.list_sandboxes(uid) if not self._policy(r).active)
+        mine = self.sandboxes.list_sandboxes(uid)
+        unpoliced = sorted(r.name for r in mine if not self._policy(r).active)
         text = ""
         if lines:
             text += "Largest checkpoints retention keeps: " + "; ".join(lines) + "."
@@ -226,6 +227,11 @@ class Retention:
                 f" Sandboxes with no retention policy (everything kept): {', '.join(unpoliced[:HINT_ENTRIES])}"
                 f" — e.g. `crabctl retention set {unpoliced[0]} --keep-last 50`."
             )
+        if mine:
+            # Heads are charged too (store/charges.py): deleting checkpoints cannot free what a
+            # live sandbox's current files still reference.
+            names = ", ".join(sorted(r.name for r in mine)[:HINT_ENTRIES])
+            text += f" Your {len(mine)} sandboxes' current files count while they exist ({names}): `crabctl rm` one."
         return text.strip()
 
 

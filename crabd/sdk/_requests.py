@@ -91,6 +91,8 @@ class CreateOptions:
     recovery: str = RecoveryMode.MANUAL
     #: Which checkpoints retention keeps (None: the daemon's ``[retention]`` default).
     retention: RetentionPolicy | None = None
+    #: Disk limit (e.g. "2g"; runc+btrfs only; None: the daemon's ``[btrfs] sandbox_disk_bytes``).
+    disk: int | str | None = None
 
     def request(self) -> pb.CreateSandboxRequest:
         """The wire request, every value checked."""
@@ -101,6 +103,7 @@ class CreateOptions:
                 cpus=validate.fraction(self.cpus, "cpus"),
                 memory_bytes=parse_memory(self.memory),
                 pids=validate.integer(self.pids, "pids", maximum=INT64_MAX),
+                disk_bytes=parse_memory(self.disk),
             ),
             network=self.network,
             env_vars=validate.env_vars(self.env_vars or {}),

@@ -65,6 +65,8 @@ class SandboxInfo:
     images_from: ImageSource | None = None
     #: Its own retention policy (None: the daemon's ``[retention]`` default applies).
     retention: RetentionPolicy | None = None
+    #: Its disk limit (runc+btrfs), as crabd resolved it (0: none).
+    disk_bytes: int = 0
 
     @classmethod
     def from_pb(cls, m: pb.Sandbox) -> SandboxInfo:
@@ -80,6 +82,7 @@ class SandboxInfo:
             cpus=m.limits.cpus,
             memory_bytes=m.limits.memory_bytes,
             pids=m.limits.pids,
+            disk_bytes=m.limits.disk_bytes,
             network=m.network,
             env_vars=dict(m.env_vars),
             workdir=m.workdir,
@@ -379,6 +382,9 @@ class CheckpointInfo:
     #: Bytes of the checkpoint's own CRIU dump as CRIU wrote them, before de-duplication and
     #: compression (0 without a dump of its own: files only, or paired with an earlier image).
     image_bytes: int
+    #: What it added to its owner's store quota use when it was published: the bytes of the blobs it
+    #: references that none of the owner's checkpoints or sandboxes held yet (0 before issue 33).
+    charged_bytes: int = 0
     #: Its manifest and blobs are in the remote tier: any host of the cluster can restore or fork it.
     remote: bool = False
     #: Only the remote tier holds it (listed with ``include_remote``); a fork or restore fetches it.
@@ -417,6 +423,7 @@ class CheckpointInfo:
             prescan_s=st.prescan_s,
             total_s=st.total_s,
             image_bytes=st.image_bytes,
+            charged_bytes=st.charged_bytes,
             remote=m.remote,
             remote_only=m.remote_only,
             host=m.host,

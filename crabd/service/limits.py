@@ -28,6 +28,8 @@ from crabd.util import validate
 
 #: Bytes kept free in a trimmed result for the two "[crab: ... truncated]" lines.
 MARKER_ROOM = 256
+#: Smallest disk limit a sandbox may ask for (its init, overlay work dir and shell need some room).
+MIN_DISK = 16 << 20
 
 
 def host_cpus() -> int:
@@ -45,8 +47,10 @@ def _gib(n: int) -> str:
 class RequestLimits:
     """The ``[limits]`` section applied to requests."""
 
-    def __init__(self, cfg: LimitsConfig) -> None:
+    def __init__(self, cfg: LimitsConfig, *, disk_default: int = 0) -> None:
         self.cfg = cfg
+        #: ``[btrfs] sandbox_disk_bytes``: a sandbox's disk limit, and the most one may ask for (0: none).
+        self.disk_default = disk_default
 
     # --- commands -----------------------------------------------------------
 
@@ -94,7 +98,21 @@ class RequestLimits:
                 f"pids={pids} exceeds the maximum of {self.cfg.max_pids}",
                 hint="Ask for fewer, or raise [limits] max_pids in crabd.toml.",
             )
-        return replace(spec, cpus=cpus, memory_bytes=memory, pids=pids)
+        return replace(spec, cpus=cpus, memory_bytes=memory, pids=pids, disk_bytes=self.disk(spec.disk_bytes))
+
+    def disk(self, requested: int) -> int:
+        """A sandbox's disk limit: 0 is the default; a tenant may ask for less than it, never more."""
+        disk = validate.integer(requested, "disk", minimum=0)
+        if disk == 0:
+            return self.disk_default
+        if disk < MIN_DISK:
+            raise InvalidRequest(f"disk={disk} bytes is too small (0 = the default, else >= 16 MiB)")
+        if self.disk_default and disk > self.disk_default:
+            raise InvalidRequest(
+                f"disk={disk} bytes exceeds the maximum of {self.disk_default} bytes ({_gib(self.disk_default)})",
+                hint="Ask for less, or raise [btrfs] sandbox_disk_bytes in crabd.toml.",
+            )
+        return disk
 
 
 def _kept(data: bytes, stream: str, dropped: int) -> bytes:

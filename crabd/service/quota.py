@@ -7,13 +7,17 @@ acts on it: root acting on a user's sandbox charges that user):
   are making right now (reserved before any work starts, so two concurrent
   requests can never both pass the check and together exceed the limit);
 * ``forks``: sandboxes its in-flight fork requests are making (n per call);
-* ``store_bytes``: what its checkpoints added to the store
-  (``crabd/store/accounting.py``).  A checkpoint is refused up front when
-  the use is already at the limit, and again after storing (before
-  publication) when its own new bytes would take the use past it; what it
-  wrote is then released.  Checkpoints of one uid taken at the same moment
-  are checked independently, so together they may overshoot by what they
-  add; nothing more.
+* ``store_bytes``: what its checkpoints and its live sandboxes hold in the
+  store: every distinct blob they reference, once, in full
+  (``crabd/store/charges.py``).  A checkpoint is refused up front when the
+  use is already at the limit, and again after storing (before
+  publication) when what it adds to the uid's charge (the blobs it
+  references that the uid does not hold yet) would take the use past it;
+  what it wrote is then released.  Checkpoints of one uid taken at the same
+  moment are checked independently, so together they may overshoot by what
+  they add; nothing more.  Forks and restores are not refused on it: their
+  heads are charged as they are made, and the uid's next checkpoint is
+  refused up front if that took it past the limit.
 
 All checks happen on the event loop with no ``await`` between check and
 reservation, which is what makes them atomic.  With ``exempt_root`` (the
@@ -133,7 +137,7 @@ class Quotas:
         if used >= limit if adding == 0 else used + adding > limit:
             room = self.room_hint(uid) if self.room_hint is not None else ""
             raise QuotaExceeded(
-                f"uid {uid}'s checkpoints use {_size(used)} of the store"
+                f"uid {uid}'s checkpoints and sandboxes hold {_size(used)} of the store"
                 + (f"; this one adds {_size(adding)}" if adding else "")
                 + f": past its limit of {_size(limit)} ({limit} bytes); nothing was stored for it",
                 uid=uid,
@@ -142,7 +146,8 @@ class Quotas:
                 used=used,
                 requested=adding,
                 hint=(room + " " if room else "")
-                + "Delete checkpoints you no longer need (`crabctl checkpoint rm`), set a retention policy"
+                + "Delete checkpoints you no longer need (`crabctl checkpoint rm`) and sandboxes whose files you"
+                " no longer need (`crabctl rm`: a live sandbox's files count), set a retention policy"
                 " (`crabctl retention set SB --keep-last N`), or ask root to raise [quota] max_store_bytes."
                 "  Earlier checkpoints are intact and the sandbox keeps running.",
             )

@@ -122,7 +122,7 @@ class Service:
         self.recovery = recovery
         self.inspection = inspection
         self.engine = engine
-        self.limits = RequestLimits(cfg.limits)
+        self.limits = RequestLimits(cfg.limits, disk_default=cfg.btrfs.sandbox_disk_bytes)
         self.catalog = catalog
         self.quotas = quotas
         self.flow = TurnFlow(cfg.engine, engine, self.commands, inspection)

@@ -1,24 +1,26 @@
 """Per-uid store accounting, and the journal of blobs one checkpoint attempt wrote.
 
-**What a uid is charged.**  Blobs are content-addressed and shared (between
-a sandbox's checkpoints, its forks, and other users' identical files), so
-"who owns a blob" has no single answer.  A uid is charged, for each of its
-checkpoints that exists, the bytes that checkpoint *added* to the store when
-it was taken: ``stats.new_bytes`` (compressed bytes of the blob files it
-wrote that were not there before: file contents, index pages, delta,
-session state, process image pages).  It is:
+**What a uid is charged** is ``store/charges.py``: the stored bytes of every
+distinct blob its checkpoints and its live sandboxes' heads reference,
+each once however many of them share it, in full even when another uid
+references it too.  It is:
 
-* cheap: one ``SUM`` answered from an index on (owner, new_bytes)
-  (``store/db.py``): 0.6 ms for a uid with 10,000 of 100,000 checkpoints,
-  against 25 ms scanning the table (measured on the dev host); no blob walk;
+* cheap: one row (``uid_usage``), maintained in the transactions that
+  publish, adopt and delete checkpoints and move heads; what a checkpoint
+  about to be published adds (:func:`would_add`) is a walk that stops at
+  blobs the uid holds already;
 * explainable: ``crabctl checkpoint inspect`` shows each checkpoint's
-  ``new_bytes``, and the use is their sum;
-* monotone with what a user does: deleting a checkpoint gives back what it
-  was charged (even if the bytes stay live because someone else's
-  checkpoint references them: then that sharer was not charged for them —
-  the store holds one copy, and it is charged once, to whoever wrote it).
+  ``new_bytes`` (what it wrote to the store) and its stats keep
+  ``charged_bytes`` (what it added to its owner's charge when published);
+  the use is what the uid's checkpoints and sandboxes hold, so deleting a
+  checkpoint gives back only what nothing else of the uid still holds;
+* not escapable by delete-and-rewrite: deleting a sandbox's head
+  checkpoint leaves its index live as the sandbox's stat index, which is
+  charged to the sandbox's owner (issue 33's bypass: 600 MiB held, 0
+  charged).
 
-A fork charges nothing until its sandbox's own checkpoints add bytes.
+A fork is charged to its owner for what its head (the stat index written
+for it) references, as soon as it exists.
 
 **The journal.**  :func:`journal` opens a set that every blob file born in
 the same context (:func:`note_written`, called by the blob store when it
@@ -34,8 +36,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
+from crabd.store import charges
 from crabd.store.db import Database
 
 _written: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("crab_blobs_written", default=None)
@@ -59,25 +62,41 @@ def journal() -> Iterator[set[str]]:
         _written.reset(token)
 
 
-#: The expression must stay exactly that of the index ``checkpoints_owner_bytes`` (store/db.py).
-USED_SQL = (
-    "SELECT COALESCE(SUM(CAST(json_extract(stats_json, '$.new_bytes') AS INTEGER)), 0)"
-    " FROM checkpoints WHERE owner_uid=?"
-)
-
-
 def store_bytes_used(db: Database, uid: int) -> int:
-    """Bytes charged to ``uid``: the sum of its checkpoints' ``new_bytes`` (see the module doc)."""
+    """Bytes charged to ``uid`` (see the module doc): one row."""
     with db.lock:
-        row = db.conn.execute(USED_SQL, (uid,)).fetchone()
-    return int(row[0] or 0)
+        return charges.used(db.conn, uid)[0]
+
+
+def store_blobs_held(db: Database, uid: int) -> int:
+    """Distinct blobs charged to ``uid``."""
+    with db.lock:
+        return charges.used(db.conn, uid)[1]
+
+
+def would_add(
+    db: Database,
+    uid: int,
+    roots: Iterable[str],
+    children: Callable[[str], Iterable[str]],
+    stored_size: Callable[[str], int],
+) -> int:
+    """Bytes that referencing ``roots`` (blobs just stored, or live ones) would add to ``uid``'s charge.
+
+    ``children``/``stored_size`` describe blobs the catalog does not hold
+    yet (what their writer knows); see ``charges.would_add``.
+    """
+    with db.lock:
+        return charges.would_add(db.conn, uid, roots, children, stored_size)
 
 
 def recent_new_bytes(db: Database, sandbox_id: str, last: int = 3) -> int:
-    """The most any of ``sandbox_id``'s newest ``last`` checkpoints added (an estimate of its next one)."""
+    """The most any of ``sandbox_id``'s newest ``last`` checkpoints added to its owner's charge (an estimate
+    of its next one; ``new_bytes`` for checkpoints from before ``charged_bytes`` was recorded)."""
     with db.lock:
         row = db.conn.execute(
-            "SELECT MAX(n) FROM (SELECT CAST(COALESCE(json_extract(stats_json, '$.new_bytes'), 0) AS INTEGER) AS n"
+            "SELECT MAX(n) FROM (SELECT CAST(COALESCE(json_extract(stats_json, '$.charged_bytes'),"
+            " json_extract(stats_json, '$.new_bytes'), 0) AS INTEGER) AS n"
             " FROM checkpoints WHERE sandbox_id=? ORDER BY created_at DESC LIMIT ?)",
             (sandbox_id, last),
         ).fetchone()

@@ -41,7 +41,7 @@ from typing import Any
 
 from crabd.errors import CheckpointNotFound
 from crabd.models import CheckpointKind, CheckpointRecord
-from crabd.store import identity
+from crabd.store import charges, identity
 from crabd.store.db import Database, sandbox_owner_filter
 
 #: Children of a blob that is becoming live (supplied by whoever wrote it).
@@ -246,18 +246,45 @@ class Catalog:
             level = Counter(kids)
 
     def _take(
-        self, conn: sqlite3.Connection, owner: str, blobs: Iterable[str], children: ChildrenOf, size_of: SizeOf
+        self,
+        conn: sqlite3.Connection,
+        owner: str,
+        uid: int,
+        blobs: Iterable[str],
+        children: ChildrenOf,
+        size_of: SizeOf,
     ) -> None:
+        """``owner`` references ``blobs``, charged to ``uid`` (``store/charges.py``)."""
         added: Counter[str] = Counter()
         for b in sorted(set(blobs)):
-            if conn.execute("INSERT OR IGNORE INTO refs(owner, blob) VALUES(?,?)", (owner, b)).rowcount:
+            if conn.execute("INSERT OR IGNORE INTO refs(owner, blob, uid) VALUES(?,?,?)", (owner, b, uid)).rowcount:
                 added[b] += 1
         self._incref(conn, added, children, size_of)
+        charges.take(conn, uid, added)
+
+    def _drop_refs(
+        self, conn: sqlite3.Connection, owner: str, blobs: Iterable[str] | None, dropped: list[str] | None
+    ) -> None:
+        """Release ``owner``'s references to ``blobs`` (None: all), uid charges first (they need the edges)."""
+        rows = [(str(r[0]), r[1]) for r in conn.execute("SELECT blob, uid FROM refs WHERE owner=?", (owner,))]
+        if blobs is not None:
+            want = set(blobs)
+            rows = [r for r in rows if r[0] in want]
+        conn.executemany("DELETE FROM refs WHERE owner=? AND blob=?", [(owner, b) for b, _ in rows])
+        for uid in {u for _, u in rows if u is not None}:
+            charges.release(conn, int(uid), Counter(b for b, u in rows if u == uid))
+        self._decref(conn, Counter(b for b, _ in rows), dropped)
 
     def _release(self, conn: sqlite3.Connection, owner: str, dropped: list[str] | None = None) -> None:
-        blobs = [str(r[0]) for r in conn.execute("SELECT blob FROM refs WHERE owner=?", (owner,))]
-        conn.execute("DELETE FROM refs WHERE owner=?", (owner,))
-        self._decref(conn, Counter(blobs), dropped)
+        self._drop_refs(conn, owner, None, dropped)
+
+    @staticmethod
+    def _head_uid(conn: sqlite3.Connection, sandbox_id: str, ckpt_id: str) -> int:
+        """Whom a head's references are charged to: its sandbox's owner (else its checkpoint's; else -1)."""
+        row = conn.execute("SELECT owner_uid FROM sandboxes WHERE id=?", (sandbox_id,)).fetchone()
+        if row is None:
+            row = conn.execute("SELECT owner_uid FROM checkpoints WHERE id=?", (ckpt_id,)).fetchone()
+        return -1 if row is None else int(row[0])
 
     def becoming_live(self, roots: Iterable[str], children: ChildrenOf) -> set[str]:
         """The blobs that referencing ``roots`` would bring to life: they must be made durable first.
@@ -303,7 +330,7 @@ class Catalog:
         """
         with self.db.tx() as conn:
             conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * _NCOLS)})", _row(rec))
-            self._take(conn, ck_owner(rec.id), direct_refs(rec), children, size_of)
+            self._take(conn, ck_owner(rec.id), rec.owner_uid, direct_refs(rec), children, size_of)
             self._set_head(conn, rec.sandbox_id, rec.id, None, rec.racy_ns, children, size_of)
             if hook is not None:
                 hook()
@@ -320,7 +347,7 @@ class Catalog:
                 return
             identity.claim(conn, rec.sandbox_id, rec.owner_uid, "fetch")
             conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * _NCOLS)})", _row(rec))
-            self._take(conn, ck_owner(rec.id), direct_refs(rec), children, size_of)
+            self._take(conn, ck_owner(rec.id), rec.owner_uid, direct_refs(rec), children, size_of)
 
     def _set_head(
         self,
@@ -337,10 +364,8 @@ class Catalog:
         owner = head_owner(sandbox_id)
         old = {str(r[0]) for r in conn.execute("SELECT blob FROM refs WHERE owner=?", (owner,))}
         new = {stat_blob} if stat_blob else set()
-        self._take(conn, owner, new - old, children, size_of)
-        for b in old - new:
-            conn.execute("DELETE FROM refs WHERE owner=? AND blob=?", (owner, b))
-            self._decref(conn, Counter([b]), self._dropped)
+        self._take(conn, owner, self._head_uid(conn, sandbox_id, ckpt_id), new - old, children, size_of)
+        self._drop_refs(conn, owner, old - new, self._dropped)
         conn.execute(
             "INSERT INTO heads(sandbox_id, checkpoint_id, stat_blob, racy_ns) VALUES(?,?,?,?)"
             " ON CONFLICT(sandbox_id) DO UPDATE"
@@ -569,7 +594,8 @@ class Catalog:
                 else:
                     conn.execute("UPDATE heads SET checkpoint_id=? WHERE sandbox_id=?", (rec.parent_id, sid))
                 if not row or not row[0]:
-                    self._take(conn, head_owner(sid), [stat], lambda _b: (), lambda _b: (0, 0))
+                    uid = self._head_uid(conn, sid, ckpt_id)
+                    self._take(conn, head_owner(sid), uid, [stat], lambda _b: (), lambda _b: (0, 0))
                     conn.execute("UPDATE heads SET stat_blob=?, racy_ns=? WHERE sandbox_id=?", (stat, rec.racy_ns, sid))
             conn.execute("UPDATE checkpoints SET parent_id=? WHERE parent_id=?", (rec.parent_id, ckpt_id))
             conn.execute("UPDATE sandboxes SET origin=? WHERE origin=?", (rec.parent_id or "", ckpt_id))
@@ -637,6 +663,6 @@ class Catalog:
                     continue
                 identity.claim(conn, rec.sandbox_id, rec.owner_uid, "import")
                 conn.execute(f"INSERT INTO checkpoints({_COLS}) VALUES({','.join('?' * len(_row(rec)))})", _row(rec))
-                self._take(conn, ck_owner(rec.id), direct_refs(rec), children, size_of)
+                self._take(conn, ck_owner(rec.id), rec.owner_uid, direct_refs(rec), children, size_of)
                 added.append(rec.id)
         return added

@@ -38,7 +38,10 @@ Schema (version 7)::
                 pinned INT,                           -- `crabctl checkpoint pin`: retention never thins it
                 provenance TEXT)                      -- signed statement of its producer (crabd/trust/provenance.py)
     heads(sandbox_id TEXT PK, checkpoint_id TEXT, stat_blob TEXT NULL, racy_ns INT)
-    refs(owner TEXT, blob TEXT, PK(owner, blob))       -- owner: "ck:<id>" or "head:<sandbox>"
+    refs(owner TEXT, blob TEXT, PK(owner, blob),       -- owner: "ck:<id>" or "head:<sandbox>"
+         uid INT NULL)                                 -- whom it is charged to (store/charges.py)
+    uid_refs(uid INT, blob TEXT, refcount INT, PK(uid, blob))   -- blobs live for a uid (store/charges.py)
+    uid_usage(uid INT PK, bytes INT, blobs INT)                 -- their stored bytes: the store quota's measure
     blob_refs(blob TEXT PK, refcount INT, size INT, stored INT)
     blob_edges(parent TEXT, child TEXT, PK(parent, child))
     failures(id INT PK, sandbox_id TEXT, turn INT, kind TEXT, at REAL,   -- checkpoints that were not made
@@ -70,6 +73,7 @@ from pathlib import Path
 from types import TracebackType
 
 from crabd.errors import StoreError, StoreFull
+from crabd.store import charges
 
 SCHEMA_VERSION = 7
 
@@ -145,6 +149,8 @@ _SANDBOX_COLUMNS_V2 = (
 _CHECKPOINT_COLUMNS_V7 = (("pinned", "INTEGER NOT NULL DEFAULT 0"),)
 #: Issue 33: who produced a checkpoint, signed ('' = nobody said; see crabd/trust/provenance.py).
 _CHECKPOINT_COLUMNS_PROVENANCE = (("provenance", "TEXT NOT NULL DEFAULT ''"),)
+#: Per-uid charges (issue 33): NULL on references from before them, filled by ``charges.backfill``.
+_REF_COLUMNS_CHARGES = (("uid", "INTEGER"),)
 _TURN_COLUMNS = (
     ("decision_json", "TEXT"),
     ("checkpoint_id", "TEXT"),
@@ -188,6 +194,11 @@ class Database:
         self._add_columns("failures", _FAILURE_COLUMNS_IDS)
         self.conn.executescript(_SCHEMA_IDS)
         self._add_columns("checkpoints", _CHECKPOINT_COLUMNS_PROVENANCE)
+        self._add_columns("refs", _REF_COLUMNS_CHARGES)
+        self.conn.executescript(charges.SCHEMA)
+        with self.tx() as db:
+            if db.execute("SELECT 1 FROM meta WHERE key=?", (charges.BACKFILLED_KEY,)).fetchone() is None:
+                charges.backfill(db)
         with self.tx() as db:
             db.execute(
                 "INSERT INTO meta(key, value) VALUES('schema_version', ?) "

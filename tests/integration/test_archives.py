@@ -116,7 +116,8 @@ def test_crabctl_export_and_import_with_ancestors_and_stdio(
     # A truncated archive through stdin: refused, nothing changes.
     before = {c.id for c in client.checkpoints()}
     bad = _crabctl(str(daemon.socket), "checkpoint", "import", "-", stdin=out.read_bytes()[:-20000])
-    assert bad.returncode == 1 and b"the archive ends" in bad.stderr
+    # Where the cut lands (inside a member, or inside a header: "is truncated") moves with the records' size.
+    assert bad.returncode == 1 and (b"the archive ends" in bad.stderr or b"the archive is truncated" in bad.stderr)
     assert {c.id for c in client.checkpoints()} == before
 
 

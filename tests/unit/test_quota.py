@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
@@ -15,43 +14,39 @@ from crabd.coordinator.turns import check_session_state
 from crabd.errors import ConfigError, QuotaExceeded
 from crabd.models import CommandRecord, SandboxRecord, SandboxSpec, SandboxState
 from crabd.service.quota import Quotas
-from crabd.store import accounting
+from crabd.store import accounting, charges
 from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import SESSION_STATES_KEPT, Registry
 
 
-def _add_checkpoint(d: Database, ckpt_id: str, uid: int, new_bytes: int | None) -> None:
-    stats = {} if new_bytes is None else {"new_bytes": new_bytes}
-    with d.lock:
-        d.conn.execute(
-            "INSERT INTO checkpoints(id, sandbox_id, sandbox_name, owner_uid, parent_id, branch, turn, kind,"
-            " created_at, label, image, spec_json, index_blob, delta_blob, session_blob, process_blob, racy_ns,"
-            " kept, stats_json) VALUES(?,?,?,?,NULL,0,0,'fs',?,'','img','{}','i','d',NULL,NULL,0,0,?)",
-            (ckpt_id, "sb", "sb", uid, time.time(), json.dumps(stats)),
-        )
+def _hold(d: Database, uid: int, nbytes: int) -> None:
+    """Charge ``uid`` ``nbytes`` more, as blobs its checkpoints reference would (store/charges.py)."""
+    with d.tx() as conn:
+        charges._bump_usage(conn, uid, nbytes, 1)
 
 
-def test_store_bytes_charged_per_uid_as_the_sum_of_new_bytes(tmp_path: Path) -> None:
+def test_store_bytes_charged_per_uid_from_one_row(tmp_path: Path) -> None:
+    # The measure changed with issue 33: no longer the sum of checkpoints' new_bytes (a deleted
+    # checkpoint's blobs kept alive by a head were then charged to nobody) but what the uid's
+    # checkpoints and heads reference (tests/unit/test_charges.py).  The check reads one row.
     with Database(tmp_path / "r.db") as d:
-        _add_checkpoint(d, "ck-a", 1000, 300)
-        _add_checkpoint(d, "ck-b", 1000, 200)
-        _add_checkpoint(d, "ck-c", 1001, 7)
-        _add_checkpoint(d, "ck-old", 1000, None)  # stats without new_bytes count 0
+        _hold(d, 1000, 300)
+        _hold(d, 1000, 200)
+        _hold(d, 1001, 7)
         assert accounting.store_bytes_used(d, 1000) == 500
         assert accounting.store_bytes_used(d, 1001) == 7
         assert accounting.store_bytes_used(d, 4242) == 0
-        assert accounting.checkpoint_count(d, 1000) == 3
-        # The sum is answered from its index (store/db.py), not by reading every checkpoint row.
+        assert accounting.store_blobs_held(d, 1000) == 2
         with d.lock:
-            plan = d.conn.execute("EXPLAIN QUERY PLAN " + accounting.USED_SQL, (1000,)).fetchall()
-        assert "checkpoints_owner_bytes" in str(plan)
+            plan = d.conn.execute("EXPLAIN QUERY PLAN SELECT bytes, blobs FROM uid_usage WHERE uid=?", (1000,))
+            assert "PRIMARY KEY" in str(plan.fetchall()) or "INTEGER PRIMARY KEY" in str(plan)
 
 
 def test_store_quota_refuses_at_and_past_the_limit_and_exempts_root(tmp_path: Path) -> None:
     with Database(tmp_path / "r.db") as d:
         q = Quotas(QuotaConfig(max_store_bytes=1000), d, lambda uid: 0)
-        _add_checkpoint(d, "ck-a", 1000, 600)
+        _hold(d, 1000, 600)
         q.check_store(1000, 0)  # under: may start
         q.check_store(1000, 400)  # exactly at the limit after: allowed
         with pytest.raises(QuotaExceeded) as info:
@@ -59,10 +54,10 @@ def test_store_quota_refuses_at_and_past_the_limit_and_exempts_root(tmp_path: Pa
         e = info.value
         assert (e.quota, e.limit, e.used, e.requested, e.uid) == ("max_store_bytes", 1000, 600, 401, 1000)
         assert "1000 bytes" in e.message
-        _add_checkpoint(d, "ck-b", 1000, 400)
+        _hold(d, 1000, 400)
         with pytest.raises(QuotaExceeded):
             q.check_store(1000, 0)  # at the limit: not even started
-        _add_checkpoint(d, "ck-r", 0, 10**12)
+        _hold(d, 0, 10**12)
         q.check_store(0, 10**12)  # root exempt by default
         strict = Quotas(QuotaConfig(max_store_bytes=1000, exempt_root=False), d, lambda uid: 0)
         with pytest.raises(QuotaExceeded):

@@ -26,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 
-from crabd.backends.btrfs import ioctl
+from crabd.backends.btrfs import ioctl, qgroups
 from crabd.backends.btrfs.layout import TMP_PREFIX, SubvolKind, SubvolRef, is_id, is_tmp_name
 from crabd.config import BtrfsConfig
 from crabd.errors import CrabError, HostError, SnapshotError, StoreFull
@@ -51,6 +51,7 @@ class PoolOp(StrEnum):
     INFO = "info"
     FIND_NEW = "find-new"
     FLUSH = "flush"
+    LIMIT = "limit"
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,22 @@ def _entry_name(name: str) -> str:
 class Pool:
     """crab's subvolumes on the btrfs file system mounted at ``mount_point`` (a context manager)."""
 
-    def __init__(self, mount_point: str | os.PathLike[str], *, min_free_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        mount_point: str | os.PathLike[str],
+        *,
+        min_free_bytes: int = 0,
+        sandbox_disk_bytes: int = 0,
+        simple_quotas: bool = True,
+    ) -> None:
         self.mount_point = Path(mount_point)
         self.min_free_bytes = min_free_bytes
+        #: Referenced-bytes limit of every sandbox subvolume made or snapshotted here (0: none; ``qgroups``).
+        self.sandbox_disk_bytes = sandbox_disk_bytes
+        self._quotas_on = False
+        self._simple_quotas = simple_quotas
+        #: How quotas were enabled by this process ("simple" or "full"; "" before).
+        self.quota_mode = ""
         self._root = _open_root(self.mount_point)
         self._dirs: dict[SubvolKind, int] = {}
         try:
@@ -115,7 +129,12 @@ class Pool:
 
     @classmethod
     def from_config(cls, cfg: BtrfsConfig) -> Pool:
-        return cls(cfg.mount_point, min_free_bytes=cfg.min_free_bytes)
+        return cls(
+            cfg.mount_point,
+            min_free_bytes=cfg.min_free_bytes,
+            sandbox_disk_bytes=cfg.sandbox_disk_bytes,
+            simple_quotas=cfg.quota_mode == "simple",
+        )
 
     def close(self) -> None:
         for fd in self._dirs.values():
@@ -221,6 +240,8 @@ class Pool:
             with self._open(src) as src_fd:
                 ioctl.snap_create(kind_fd, tmp, src_fd, readonly=readonly)
             try:
+                if dst.kind is SubvolKind.SANDBOX:
+                    self._clear_inherited_limit(kind_fd, tmp)
                 self._publish(dst, tmp)
             except BaseException:
                 self._destroy_quietly(kind_fd, tmp)
@@ -267,6 +288,47 @@ class Pool:
                         self._destroy(fd, name)
                     removed.append(relpath)
         return removed
+
+    # --- per-sandbox disk limits (btrfs quota groups: qgroups.py) --------------------
+    #
+    # When: a sandbox's limit is set once its container runs (``apply_disk_limit``, from the
+    # runc backend's start), not when its subvolume is made.  Until then only crab writes
+    # there (files materialized by a restore, overlay's work dir at mount, CRIU's ghost
+    # files), and a checkpoint taken at the limit must still restore and fork: with the
+    # limit already set, the first of those writes failed with EDQUOT.
+
+    def enable_quotas(self) -> None:
+        """Turn on quota accounting for the pool (idempotent: the kernel ignores a second enable)."""
+        if self._quotas_on:
+            return
+        with self._translating(PoolOp.LIMIT, "."):
+            self.quota_mode = qgroups.quota_enable(self._root, simple=self._simple_quotas)
+        self._quotas_on = True
+
+    def set_disk_limit(self, ref: SubvolRef, nbytes: int | None) -> None:
+        """Limit what ``ref`` may reference to ``nbytes`` (None: no limit); enables quotas first."""
+        with self._translating(PoolOp.LIMIT, ref.relpath), self._open(ref) as fd:
+            self.enable_quotas()
+            qgroups.limit_referenced(fd, nbytes)
+
+    def apply_disk_limit(self, ref: SubvolRef, nbytes: int = 0) -> None:
+        """Give the sandbox subvolume ``ref`` its limit: ``nbytes``, else the pool's ``sandbox_disk_bytes``
+        (no-op when both are 0)."""
+        limit = nbytes or self.sandbox_disk_bytes
+        if limit > 0:
+            self.set_disk_limit(ref, limit)
+
+    def _clear_inherited_limit(self, kind_fd: int, name: str) -> None:
+        # A snapshot's qgroup starts with its source's limits: a sandbox restored or forked from
+        # a checkpoint would start out at that limit before crab has written its files.
+        fd = os.open(name, _DIR_FLAGS, dir_fd=kind_fd)
+        try:
+            qgroups.limit_referenced(fd, None)
+        except OSError as exc:
+            if exc.errno != errno.ENOTCONN:  # quotas off: nothing was inherited
+                raise
+        finally:
+            os.close(fd)
 
     # --- helpers ------------------------------------------------------------------
 

@@ -178,6 +178,8 @@ class _Created:
 
     spec: bundle.ContainerSpec
     lowers: tuple[Path, ...]
+    #: The sandbox's disk limit, set once it runs (0: the pool's default).
+    disk_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -312,7 +314,7 @@ class RuncSandboxBackend:
             if cid in self._created:
                 raise ContainerRuntimeError(f"container {cid} is being created already", container=cid)
             # Before the subvolume exists: list_exited must not take a create in progress for a leftover.
-            self._created[cid] = _Created(made, (lower,))
+            self._created[cid] = _Created(made, (lower,), spec.disk_bytes)
         try:
             self.pool.create_subvolume(SubvolRef.sandbox(cid), dirs=(UPPER, WORK))
         except BaseException:
@@ -390,6 +392,8 @@ class RuncSandboxBackend:
             self._starting.add(cid)
         try:
             launched = self._launcher.launch(created.spec, self._storage(cid, created), self._restore(cid, checkpoint))
+            # Once running: crab's own writes to the subvolume (a restore's files) are done (pool.py).
+            self.pool.apply_disk_limit(SubvolRef.sandbox(cid), created.disk_bytes)
             reaper.record(self._init_key(cid), launched.state.pid)
             t0 = time.monotonic()
             facts, _ = self._read_facts(cid)
