@@ -25,6 +25,38 @@ registry row names; adoption at the next start removes it.
 A fork does the same for N new sandboxes, owned by the caller, each with its
 own name, container and network identity.  It is all or nothing: if one
 clone fails, the others are removed and the error is raised.
+
+**The store lock** (``util/aiolock.py``) is held shared only while the
+store is read or written, never while a helper process runs for long
+(runc, CRIU: a restore that hangs must not stall other tenants'
+checkpoints and deletes, issue 33):
+
+* (a) loading: the image check, the session state (:meth:`Restorer._load`);
+* (b) writing the new container's files and process images from the
+  checkpoint's blobs or snapshot (``prepare``, between the container's
+  create and its start; only the short btrfs snapshot runs as a helper);
+* (c) publishing: storing the stat index, making it durable, and the
+  transaction that points the sandbox's head at it (:meth:`Restorer._publish`).
+
+Between (b) and (c) the container starts (``runc restore``/``docker
+start``), crab's init is awaited and the session set up, with no store
+lock.  Why that is safe:
+
+* the checkpoint itself is held by its lease (``coordinator/leases.py``)
+  against retention; a ``checkpoint rm`` may still delete it meanwhile, so
+  (c) looks it up again under the lock and fails with CheckpointNotFound if
+  it is gone (then nothing was published, and the new container is
+  removed).  Found under the shared lock, it and every blob it references
+  stay until the head is committed: deletions hold the lock exclusively.
+* nothing read or adopted from the store is relied on across the gap: (b)
+  copied the checkpoint's content into the container (files, images); the
+  stat index is kept in memory (``_Prepared.fresh``) and is only stored in
+  (c), so every stat blob that store_tree found already stored ("adopted")
+  is referenced by the head in the same shared hold that found it, as a
+  checkpoint does (``store/accounting.py``).  A snapshot restore's stat index
+  is the checkpoint's own index, live through the checkpoint found in (c).
+* what (c) wrote is in this operation's journal; a failure releases what
+  nothing references (``release_unpublished``, exclusive), as before.
 """
 
 from __future__ import annotations
@@ -50,7 +82,7 @@ from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.leases import Leases
 from crabd.coordinator.runner import Session
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
-from crabd.errors import ImageError, InvalidRequest, SandboxBusy, SessionProcessError
+from crabd.errors import CheckpointNotFound, ImageError, InvalidRequest, SandboxBusy, SessionProcessError
 from crabd.models import (
     CheckpointKind,
     CheckpointRecord,
@@ -107,6 +139,8 @@ class _Prepared:
         self.stats: dict[str, Any] = {}
         self.files_from: FilesSource | None = None
         self.images_from: ImageSource | None = None
+        #: The files as written (new inode numbers and ctimes), stored as the stat index at publication.
+        self.fresh: Tree | None = None
 
 
 class Restorer:
@@ -243,24 +277,39 @@ class Restorer:
             out.racy_ns = time.time_ns() - TICK_NS
             if fresh is None:
                 out.stat_blob = ckpt.index_blob  # live already: the checkpoint holds it
-            else:
-                stored = fs.store_tree(fresh)
-                out.stat_blob = stored.index_blob
-                out.blobs = Blobs(dict(stored.children), dict(stored.sizes))
+            out.fresh = fresh  # stored at publication (module docstring: the store lock)
             out.stats = stats
             out.files_from = stats["files_from"]
             out.images_from = stats.get("images_from")
 
         async def prepare(container_id: str) -> None:
-            await asyncio.to_thread(go, container_id)
+            async with self.store_lock.shared():  # (b) of the module docstring
+                await asyncio.to_thread(go, container_id)
 
         return prepare
 
     async def _load(self, ckpt: CheckpointRecord) -> tuple[_TreeOnce, str | None]:
         """The checkpoint's image checked, its tree (loaded only if a restore needs the blobs), its session."""
-        await asyncio.to_thread(self._check_image, ckpt)
-        session_json = await asyncio.to_thread(self.ck.session_json, ckpt)
+        async with self.store_lock.shared():  # (a)
+            await asyncio.to_thread(self._check_image, ckpt)
+            session_json = await asyncio.to_thread(self.ck.session_json, ckpt)
         return _TreeOnce(self.fs, ckpt.index_blob), session_json
+
+    def _store_stat(self, ckpt: CheckpointRecord, prep: _Prepared) -> None:
+        """Under the store lock (shared): the checkpoint still there, ``prep``'s stat index stored and durable."""
+        if self.catalog.find(ckpt.id) is None:
+            raise CheckpointNotFound(
+                f"checkpoint {ckpt.id} was deleted (`crabctl checkpoint rm`) while it was being restored;"
+                " nothing was changed",
+                checkpoint=ckpt.id,
+                hint="Pin checkpoints you restore (`crabctl checkpoint pin`), or restore another one.",
+            )
+        if prep.fresh is not None:
+            stored = self.fs.store_tree(prep.fresh)
+            prep.stat_blob = stored.index_blob
+            prep.blobs = Blobs(dict(stored.children), dict(stored.sizes))
+            prep.fresh = None
+        self.ck.make_durable({prep.stat_blob}, prep.blobs)
 
     # --- restore in place -----------------------------------------------------------
 
@@ -275,7 +324,8 @@ class Restorer:
             raise SandboxBusy(f"sandbox {rec.name} is still being created", sandbox=rec.id)
         with accounting.journal() as written:
             try:
-                async with self.leases.hold(ckpt.id), self.sandboxes.op_lock(rec.id), self.store_lock.shared():
+                # No store lock here: each step that reads or writes the store takes it (module docstring).
+                async with self.leases.hold(ckpt.id), self.sandboxes.op_lock(rec.id):
                     if self.sandboxes.session_busy(rec.id):
                         raise SandboxBusy(
                             f"sandbox {rec.name}'s session is running a command; restore after it finished",
@@ -289,7 +339,7 @@ class Restorer:
     async def _release(self, written: set[str]) -> None:
         """Give back what a failed restore or fork stored (its stat indexes): published nowhere, now or later.
 
-        After the shared store lock is left: the release takes it exclusively.
+        With no store lock held: the release takes it exclusively.
         A crash instead is covered by the sweep at start-up.
         """
         with contextlib.suppress(Exception):
@@ -317,8 +367,6 @@ class Restorer:
                 rec, new_cid, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
             )
             t_session = time.monotonic()
-            await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
-            t_durable = time.monotonic()
             reg = self.sandboxes.registry
 
             def swap() -> None:
@@ -331,8 +379,11 @@ class Restorer:
                         reg.close_turn(rec.id, current.number, time.time(), None)
                     self._set_head(conn, rec.id, ckpt, prep)
 
-            crash_point("restore.before_swap")
-            await asyncio.to_thread(swap)
+            async with self.store_lock.shared():  # (c)
+                await asyncio.to_thread(self._store_stat, ckpt, prep)
+                t_durable = time.monotonic()
+                crash_point("restore.before_swap")
+                await asyncio.to_thread(swap)
         except BaseException:
             await asyncio.shield(asyncio.to_thread(self.sandboxes.backend.remove, new_cid))
             raise
@@ -407,8 +458,9 @@ class Restorer:
     ) -> list[SandboxRecord]:
         with accounting.journal() as written:
             try:
-                async with self.leases.hold(ckpt.id), self.store_lock.shared():
-                    recs, results = await self._fork_locked(owner_uid, ckpt, ids, names, arrival)
+                # No store lock here: each step that reads or writes the store takes it (module docstring).
+                async with self.leases.hold(ckpt.id):
+                    recs, results = await self._fork_all(owner_uid, ckpt, ids, names, arrival)
             except BaseException:
                 await self._release(written)
                 raise
@@ -423,7 +475,7 @@ class Restorer:
             out.append(got)
         return out
 
-    async def _fork_locked(
+    async def _fork_all(
         self, owner_uid: int, ckpt: CheckpointRecord, ids: list[str], names: list[str], arrival: bool
     ) -> tuple[list[SandboxRecord], list[tuple[Session, str, list[str], _Prepared]]]:
         """Reserve every fork, then clone them in parallel; any failure undoes them all."""
@@ -485,15 +537,16 @@ class Restorer:
         session, not_restored = await self._fresh_session(
             rec, cid, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
         )
-        await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
         reg = self.sandboxes.registry
 
         def commit() -> None:
+            self._store_stat(ckpt, prep)
             with self.db.tx() as conn:
                 self._set_head(conn, rec.id, ckpt, prep)
                 reg.update_sandbox(rec.id, state=SandboxState.RUNNING)
 
-        await asyncio.to_thread(commit)
+        async with self.store_lock.shared():  # (c)
+            await asyncio.to_thread(commit)
         crash_point("fork.after_commit")
         return session, st.ip_address, not_restored, prep
 
