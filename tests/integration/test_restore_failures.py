@@ -3,13 +3,15 @@
 The daemon (runc+btrfs) runs a CRIU test double first on its PATH: the real
 CRIU, except while ``runc restore`` runs it and the mode file says
 
-* ``corrupt``: every ``pages-*.img`` of the images being restored is
-  replaced by a copy cut to half its size (what a forged archive can
-  carry: well-formed images whose pages are short), then the real CRIU
-  runs and fails on them;
-* ``hang``: the real CRIU restores (the tasks run in the container), then
+* ``cut-pages`` / ``cut-core``: every ``pages-*.img`` (``core-*.img``) of
+  the images being restored is replaced by a copy cut to half its size
+  (what a forged archive can carry), then the real CRIU runs on them.
+  Short pages make CRIU 4.2 loop for ever in its restorer ("Advanced iov
+  0 bytes"): the issue's wedged restore, for real.  A short core image
+  makes it fail at once.
+* ``wedge``: the real CRIU restores (the tasks run in the container), then
   the double forks a descendant in a session of its own and never exits,
-  so runc waits for it for ever: a CRIU that wedges after its tasks exist.
+  so runc waits for it for ever: a helper that wedges after its tasks exist.
 
 Each case must end with an error within a bound, leave no runc/CRIU
 process or zombie under crabd, and no mount, cgroup, bundle, netns,
@@ -57,12 +59,14 @@ parent=$(tr '\\0' '\\n' < /proc/$PPID/cmdline)
 if ! printf '%s\\n' "$parent" | grep -qx restore; then exec "$real" "$@"; fi
 images=$(printf '%s\\n' "$parent" | grep -x -A1 -- --image-path | tail -n 1)
 case "$mode" in
-corrupt)
-    for f in "$images"/pages-*.img; do
+cut-*)
+    # Replaced, never written in place: an image file may be a link to the hot image cache.
+    for f in "$images"/${{mode#cut-}}-*.img; do
         cp "$f" "$f.cut" && truncate -s $(( $(stat -c %s "$f") / 2 )) "$f.cut" && mv "$f.cut" "$f"
     done
+    echo $$ > "$here/hung"
     exec "$real" "$@" ;;
-hang)
+wedge)
     "$real" "$@"
     setsid sleep 600 </dev/null >/dev/null 2>&1 &
     echo $$ > "$here/hung"
@@ -187,7 +191,7 @@ def assert_clean(daemon: EmbeddedDaemon, client: Client) -> None:
 
 
 def _sandbox(client: Client) -> tuple[Sandbox, Any]:
-    sb = client.create("busybox", checkpoints="fs")
+    sb = client.create("bookworm", checkpoints="fs")  # the session needs bash
     with sb.turn():
         sb.session.run("echo before > /kept; (while true; do sleep 1; done) &")
     return sb, sb.checkpoint(kind="full")
@@ -199,7 +203,7 @@ def _runs_on(sb: Sandbox, container_id: str) -> None:
     assert sb.run(["cat", "/kept"]).stdout == b"before\n"
 
 
-@pytest.mark.parametrize("what", ["corrupt", "hang"])
+@pytest.mark.parametrize("what", ["cut-core", "cut-pages", "wedge"])
 def test_a_restore_whose_criu_fails_or_hangs_ends_cleanly(
     daemon: EmbeddedDaemon, client: Client, mode: Callable[[str], None], what: str
 ) -> None:
@@ -212,7 +216,8 @@ def test_a_restore_whose_criu_fails_or_hangs_ends_cleanly(
             sb.restore(ck)
         took = time.monotonic() - t0
         assert took < BOUND_S, f"the restore ended after {took:.1f} s"
-        assert ("did not finish within" in str(got.value)) == (what == "hang"), str(got.value)
+        print(f"\n{what}: the restore failed after {took:.2f} s: {str(got.value)[:300]}")
+        assert ("did not finish within" in str(got.value)) == (what != "cut-core"), str(got.value)
         mode("")
         assert_clean(daemon, client)
         _runs_on(sb, before)
@@ -225,7 +230,7 @@ def test_a_restore_whose_criu_fails_or_hangs_ends_cleanly(
     assert_clean(daemon, client)
 
 
-@pytest.mark.parametrize("what", ["corrupt", "hang"])
+@pytest.mark.parametrize("what", ["cut-core", "cut-pages", "wedge"])
 def test_a_fork_whose_criu_fails_or_hangs_ends_cleanly(
     daemon: EmbeddedDaemon, client: Client, mode: Callable[[str], None], what: str
 ) -> None:
@@ -235,9 +240,11 @@ def test_a_fork_whose_criu_fails_or_hangs_ends_cleanly(
         sandboxes = {s.info.id for s in client.list()}
         mode(what)
         t0 = time.monotonic()
-        with pytest.raises(CrabError):
+        with pytest.raises(CrabError) as got:
             sb.fork(2, ck)
-        assert time.monotonic() - t0 < BOUND_S
+        took = time.monotonic() - t0
+        print(f"\n{what}: the fork failed after {took:.2f} s: {str(got.value)[:300]}")
+        assert took < BOUND_S
         mode("")
         assert {s.info.id for s in client.list()} == sandboxes
         assert_clean(daemon, client)
@@ -248,32 +255,45 @@ def test_a_fork_whose_criu_fails_or_hangs_ends_cleanly(
     assert_clean(daemon, client)
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.monotonic()
-    fn()
-    return time.monotonic() - t0
-
-
 def _measure(other: Sandbox, client: Client, n: int) -> tuple[list[float], float]:
-    """``n`` checkpoints of ``other`` (one file changed before each), then a ``checkpoint rm`` of the first."""
-    made, took = [], []
+    """A ``checkpoint rm`` of one of ``other``'s checkpoints and, while it runs, ``n`` more checkpoints; seconds each.
+
+    The checkpoints start while the delete may still wait for the store lock:
+    that is when the old code held them back (a waiting writer holds new
+    readers for ``prefer_s``, 2 s), as the issue saw.
+    """
+    victim = other.checkpoint()
+    rm: list[float] = []
+
+    def delete() -> None:
+        t0 = time.monotonic()
+        client.delete_checkpoint(victim.id)
+        rm.append(time.monotonic() - t0)
+
+    t = threading.Thread(target=delete)
+    t.start()
+    time.sleep(0.05)
+    took = []
     for i in range(n):
         other.run(["sh", "-c", f"echo {i} > /n"])
         t0 = time.monotonic()
-        made.append(other.checkpoint())
+        other.checkpoint()
         took.append(time.monotonic() - t0)
-    return took, _timed(lambda: client.delete_checkpoint(made[0].id))
+    t.join(60)
+    assert rm, "the delete did not return"
+    return took, rm[0]
 
 
+@pytest.mark.parametrize("what", ["cut-pages", "wedge"])
 def test_other_sandboxes_checkpoints_and_deletes_are_unaffected_by_a_hanging_restore(
-    daemon: EmbeddedDaemon, client: Client, mode: Callable[[str], None], double: Path
+    daemon: EmbeddedDaemon, client: Client, mode: Callable[[str], None], double: Path, what: str
 ) -> None:
     sb, ck = _sandbox(client)
     other = client.create("busybox", checkpoints="fs")
     try:
         _measure(other, client, 1)  # warm
         idle_ck, idle_rm = _measure(other, client, 3)
-        mode("hang")
+        mode(what)
         failed: list[BaseException] = []
 
         def restore() -> None:
@@ -289,13 +309,15 @@ def test_other_sandboxes_checkpoints_and_deletes_are_unaffected_by_a_hanging_res
             time.sleep(0.02)
         assert (double / "hung").exists(), "the restore never reached the hanging CRIU"
         busy_ck, busy_rm = _measure(other, client, 3)
-        assert t.is_alive(), "the hang ended before the measurements did: they were not taken during it"
+        during = t.is_alive()
+        idle, busy = [round(x, 3) for x in idle_ck], [round(x, 3) for x in busy_ck]
+        print(
+            f"\n{what}: other sandbox, idle vs during a hanging restore: checkpoint s {idle} vs {busy};"
+            f" checkpoint rm s {idle_rm:.3f} vs {busy_rm:.3f}"
+        )
+        assert during, "the hang ended before the measurements did: they were not taken during it"
         t.join(BOUND_S)
         assert not t.is_alive() and failed
-        print(
-            f"\nother sandbox, idle vs during a hanging restore: checkpoint s {[round(x, 3) for x in idle_ck]} vs "
-            f"{[round(x, 3) for x in busy_ck]}; checkpoint rm s {idle_rm:.3f} vs {busy_rm:.3f}"
-        )
         # Unaffected: within 2x of idle (plus 0.2 s of slack for a 2-core host's noise).
         assert max(busy_ck) < 2 * max(idle_ck) + 0.2
         assert busy_rm < 2 * idle_rm + 0.2

@@ -92,6 +92,16 @@ def _kill_cgroups(container_id: str, *, remove: bool) -> None:
         raise ContainerRuntimeError("; ".join(left), container=container_id)
 
 
+def _remove_runc_leftovers(layout: Layout, runc: Runc, container_id: str) -> None:
+    """A killed ``runc restore`` leaves its state dir, with ``criu-root`` still mounted, that runc does not know."""
+    state_dir = layout.runc_root / container_id
+    if not state_dir.exists() or runc.state(container_id) is not None:
+        return
+    left = rootfs.remove_unmounted(state_dir)
+    if left:
+        raise ContainerRuntimeError("; ".join(left), container=container_id)
+
+
 def teardown(layout: Layout, runc: Runc, container_id: str) -> list[str]:
     """Remove every piece of ``container_id`` (each step tolerates a missing piece); returns the errors.
 
@@ -109,6 +119,7 @@ def teardown(layout: Layout, runc: Runc, container_id: str) -> list[str]:
         lambda: _kill_cgroups(container_id, remove=False),
         lambda: runc.delete(container_id),
         lambda: _kill_cgroups(container_id, remove=True),
+        lambda: _remove_runc_leftovers(layout, runc, container_id),
         lambda: CniNetwork(layout.cni).delete(container_id, netns_path),
         lambda: named_netns.remove(container_id, layout.netns),
         lambda: remove_bundle(bundle.Bundle(layout.bundles / container_id)),

@@ -38,7 +38,7 @@ from typing import Any
 
 from crabd.backends.criu.runc import DUMP_OPTIONS, checkpoint_argv, keep_log, log_excerpt
 from crabd.backends.runc.bundle import Bundle
-from crabd.errors import CommandError, ContainerRuntimeError, CriuError
+from crabd.errors import CommandError, CommandTimeout, ContainerRuntimeError, CriuError
 from crabd.util import proc
 
 log = logging.getLogger("crabd.runc")
@@ -218,7 +218,10 @@ class Runc:
         argv = [self.binary, "--root", str(self.root), "--log", str(log), "--log-format", "json", *args]
         try:
             done = proc.run(argv, timeout=timeout, check=False, capture=False, kill_tree=True)
-        except CommandError as exc:  # runc missing, or a timeout
+        except CommandTimeout:
+            # Killed with its whole tree by proc.run; the caller tears the container down.
+            return f"runc did not finish within {timeout:.1f} s and was killed, with CRIU and all they started"
+        except CommandError as exc:  # runc missing
             raise ContainerRuntimeError(
                 f"runc {args[0]} {container_id}: {exc.message}", container=container_id
             ) from exc
