@@ -27,36 +27,22 @@ own name, container and network identity.  It is all or nothing: if one
 clone fails, the others are removed and the error is raised.
 
 **The store lock** (``util/aiolock.py``) is held shared only while the
-store is read or written, never while a helper process runs for long
-(runc, CRIU: a restore that hangs must not stall other tenants'
-checkpoints and deletes, issue 33):
-
-* (a) loading: the image check, the session state (:meth:`Restorer._load`);
-* (b) writing the new container's files and process images from the
-  checkpoint's blobs or snapshot (``prepare``, between the container's
-  create and its start; only the short btrfs snapshot runs as a helper);
-* (c) publishing: storing the stat index, making it durable, and the
-  transaction that points the sandbox's head at it (:meth:`Restorer._publish`).
-
-Between (b) and (c) the container starts (``runc restore``/``docker
-start``), crab's init is awaited and the session set up, with no store
-lock.  Why that is safe:
-
-* the checkpoint itself is held by its lease (``coordinator/leases.py``)
-  against retention; a ``checkpoint rm`` may still delete it meanwhile, so
-  (c) looks it up again under the lock and fails with CheckpointNotFound if
-  it is gone (then nothing was published, and the new container is
-  removed).  Found under the shared lock, it and every blob it references
-  stay until the head is committed: deletions hold the lock exclusively.
-* nothing read or adopted from the store is relied on across the gap: (b)
-  copied the checkpoint's content into the container (files, images); the
-  stat index is kept in memory (``_Prepared.fresh``) and is only stored in
-  (c), so every stat blob that store_tree found already stored ("adopted")
-  is referenced by the head in the same shared hold that found it, as a
-  checkpoint does (``store/accounting.py``).  A snapshot restore's stat index
-  is the checkpoint's own index, live through the checkpoint found in (c).
-* what (c) wrote is in this operation's journal; a failure releases what
-  nothing references (``release_unpublished``, exclusive), as before.
+store is read or written, never while runc or CRIU runs (a hung restore
+stalled other tenants' checkpoints and deletes, issue 33): (a) loading
+(``_load``), (b) writing the new container's files and images
+(``prepare``, between create and start), (c) storing the stat index,
+making it durable and committing the head (``_store_stat`` + the
+transaction).  Why the gaps are safe: each of (a)-(c) first looks the
+checkpoint up again (``_present``), and a deletion holds the lock
+exclusively, so within one hold the checkpoint and every blob it
+references stay (the lease only keeps retention off it; a ``checkpoint rm``
+between holds fails the operation with CheckpointNotFound, nothing
+published).  Nothing found in the store is relied on across a gap: (b)
+copies content out; the stat index stays in memory (``_Prepared.fresh``)
+until (c), so a stat blob store_tree finds already stored ("adopted") is
+referenced by the head within the same hold, as a checkpoint does
+(``store/accounting.py``).  What (c) wrote is journalled and released if
+the operation fails (``release_unpublished``, exclusive), as before.
 """
 
 from __future__ import annotations
@@ -249,6 +235,7 @@ class Restorer:
                 raise store_error(exc, upper, "writing the checkpoint's files into a new container") from exc
 
         def write(container_id: str, upper: Path) -> None:
+            self._present(ckpt)
             write_point("restore.materialize")
             stats: dict[str, Any] = {}
             t0 = time.monotonic()
@@ -291,12 +278,13 @@ class Restorer:
     async def _load(self, ckpt: CheckpointRecord) -> tuple[_TreeOnce, str | None]:
         """The checkpoint's image checked, its tree (loaded only if a restore needs the blobs), its session."""
         async with self.store_lock.shared():  # (a)
+            await asyncio.to_thread(self._present, ckpt)
             await asyncio.to_thread(self._check_image, ckpt)
             session_json = await asyncio.to_thread(self.ck.session_json, ckpt)
         return _TreeOnce(self.fs, ckpt.index_blob), session_json
 
-    def _store_stat(self, ckpt: CheckpointRecord, prep: _Prepared) -> None:
-        """Under the store lock (shared): the checkpoint still there, ``prep``'s stat index stored and durable."""
+    def _present(self, ckpt: CheckpointRecord) -> None:
+        """Under the store lock: ``ckpt`` is still there (it and its blobs then stay until the lock is left)."""
         if self.catalog.find(ckpt.id) is None:
             raise CheckpointNotFound(
                 f"checkpoint {ckpt.id} was deleted (`crabctl checkpoint rm`) while it was being restored;"
@@ -304,6 +292,10 @@ class Restorer:
                 checkpoint=ckpt.id,
                 hint="Pin checkpoints you restore (`crabctl checkpoint pin`), or restore another one.",
             )
+
+    def _store_stat(self, ckpt: CheckpointRecord, prep: _Prepared) -> None:
+        """Under the store lock (shared): the checkpoint still there, ``prep``'s stat index stored and durable."""
+        self._present(ckpt)
         if prep.fresh is not None:
             stored = self.fs.store_tree(prep.fresh)
             prep.stat_blob = stored.index_blob

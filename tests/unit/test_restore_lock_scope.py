@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,21 +31,22 @@ async def _checkpoint(st: Stack, name: str = "origin") -> CheckpointRecord:
 
 
 class _Gate:
-    """Makes the fake backend's ``start`` of a checkpoint block until released (a hung CRIU)."""
+    """Makes the fake backend's ``method`` block until released (a hung CRIU, a slow create)."""
 
-    def __init__(self, st: Stack, n: int) -> None:
+    def __init__(self, st: Stack, n: int, method: str = "start") -> None:
         self.entered = threading.Semaphore(0)
         self.n = n
         self.go = threading.Event()
-        real = st.backend.start
+        real = getattr(st.backend, method)
 
-        def start(container_id: str, checkpoint: str = "") -> None:
-            if checkpoint:
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            from_checkpoint = args[1] if len(args) > 1 else kwargs.get("checkpoint", "")
+            if method != "start" or from_checkpoint:  # start: only from a checkpoint
                 self.entered.release()
-                assert self.go.wait(30), "the test never let start go"
-            real(container_id, checkpoint)
+                assert self.go.wait(30), "the test never let it go"
+            return real(*args, **kwargs)
 
-        st.backend.start = start  # type: ignore[method-assign]
+        setattr(st.backend, method, gated)
 
     async def wait_entered(self) -> None:
         """Until every container of the operation is in ``start``."""
@@ -88,9 +90,11 @@ def test_other_checkpoints_and_deletes_go_on_while_a_restore_starts(
 
 
 @pytest.mark.parametrize("op", ["restore", "fork"])
+@pytest.mark.parametrize("during", ["create", "start"])
 def test_a_checkpoint_deleted_while_it_is_restored_fails_the_restore_and_publishes_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str, during: str
 ) -> None:
+    """Deleted before the files are written (create) or before the head is published (start): CheckpointNotFound."""
     st = build_stack(tmp_path, monkeypatch)
 
     async def body() -> None:
@@ -100,7 +104,7 @@ def test_a_checkpoint_deleted_while_it_is_restored_fails_the_restore_and_publish
         sandboxes = {r.id for r in st.registry.list_sandboxes()}
         containers = set(st.backend.containers)
         blobs_before = st.blob_files()
-        gate = _Gate(st, 1 if op == "restore" else 2)
+        gate = _Gate(st, 1 if op == "restore" or during == "create" else 2, during)
         task = asyncio.create_task(_start(st, op, ckpt))
         await gate.wait_entered()
         await st.housekeeping.delete(ckpt)
