@@ -175,6 +175,15 @@ class CriuConfig(_Model):
     runc: str = Field("/usr/bin/runc", description="runc binary (found on PATH if not absolute)")
     runc_root: Path = Field(Path("/run/docker/runtime-runc/moby"), description="runc state dir of Docker's containers")
     timeout_s: float = Field(300.0, gt=0, description="longest one dump may take")
+    restore_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="longest a restore (runc and CRIU) of small process images may take before it is killed with "
+        "its whole process tree; larger images get restore_s_per_gib more",
+    )
+    restore_s_per_gib: float = Field(
+        10.0, ge=0, description="seconds added to restore_timeout_s per GiB of process images (1 GiB restores in ~2 s)"
+    )
     busy_wait_s: float = Field(10.0, ge=0, description="how long a process checkpoint waits for running commands")
     hot_images_bytes: int = Field(
         4 << 30,

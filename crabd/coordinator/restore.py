@@ -25,6 +25,24 @@ registry row names; adoption at the next start removes it.
 A fork does the same for N new sandboxes, owned by the caller, each with its
 own name, container and network identity.  It is all or nothing: if one
 clone fails, the others are removed and the error is raised.
+
+**The store lock** (``util/aiolock.py``) is held shared only while the
+store is read or written, never while runc or CRIU runs (a hung restore
+stalled other tenants' checkpoints and deletes, issue 33): (a) loading
+(``_load``), (b) writing the new container's files and images
+(``prepare``, between create and start), (c) storing the stat index,
+making it durable and committing the head (``_store_stat`` + the
+transaction).  Why the gaps are safe: each of (a)-(c) first looks the
+checkpoint up again (``_present``), and a deletion holds the lock
+exclusively, so within one hold the checkpoint and every blob it
+references stay (the lease only keeps retention off it; a ``checkpoint rm``
+between holds fails the operation with CheckpointNotFound, nothing
+published).  Nothing found in the store is relied on across a gap: (b)
+copies content out; the stat index stays in memory (``_Prepared.fresh``)
+until (c), so a stat blob store_tree finds already stored ("adopted") is
+referenced by the head within the same hold, as a checkpoint does
+(``store/accounting.py``).  What (c) wrote is journalled and released if
+the operation fails (``release_unpublished``, exclusive), as before.
 """
 
 from __future__ import annotations
@@ -50,7 +68,14 @@ from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.leases import Leases
 from crabd.coordinator.runner import Session
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
-from crabd.errors import ImageError, InvalidRequest, ProvenanceRefused, SandboxBusy, SessionProcessError
+from crabd.errors import (
+    CheckpointNotFound,
+    ImageError,
+    InvalidRequest,
+    ProvenanceRefused,
+    SandboxBusy,
+    SessionProcessError,
+)
 from crabd.models import (
     CheckpointKind,
     CheckpointRecord,
@@ -108,6 +133,8 @@ class _Prepared:
         self.stats: dict[str, Any] = {}
         self.files_from: FilesSource | None = None
         self.images_from: ImageSource | None = None
+        #: The files as written (new inode numbers and ctimes), stored as the stat index at publication.
+        self.fresh: Tree | None = None
 
 
 class Restorer:
@@ -230,6 +257,7 @@ class Restorer:
                 raise store_error(exc, upper, "writing the checkpoint's files into a new container") from exc
 
         def write(container_id: str, upper: Path) -> None:
+            self._present(ckpt)
             write_point("restore.materialize")
             stats: dict[str, Any] = {}
             t0 = time.monotonic()
@@ -258,24 +286,44 @@ class Restorer:
             out.racy_ns = time.time_ns() - TICK_NS
             if fresh is None:
                 out.stat_blob = ckpt.index_blob  # live already: the checkpoint holds it
-            else:
-                stored = fs.store_tree(fresh)
-                out.stat_blob = stored.index_blob
-                out.blobs = Blobs(dict(stored.children), dict(stored.sizes))
+            out.fresh = fresh  # stored at publication (module docstring: the store lock)
             out.stats = stats
             out.files_from = stats["files_from"]
             out.images_from = stats.get("images_from")
 
         async def prepare(container_id: str) -> None:
-            await asyncio.to_thread(go, container_id)
+            async with self.store_lock.shared():  # (b) of the module docstring
+                await asyncio.to_thread(go, container_id)
 
         return prepare
 
     async def _load(self, ckpt: CheckpointRecord) -> tuple[_TreeOnce, str | None]:
         """The checkpoint's image checked, its tree (loaded only if a restore needs the blobs), its session."""
-        await asyncio.to_thread(self._check_image, ckpt)
-        session_json = await asyncio.to_thread(self.ck.session_json, ckpt)
+        async with self.store_lock.shared():  # (a)
+            await asyncio.to_thread(self._present, ckpt)
+            await asyncio.to_thread(self._check_image, ckpt)
+            session_json = await asyncio.to_thread(self.ck.session_json, ckpt)
         return _TreeOnce(self.fs, ckpt.index_blob), session_json
+
+    def _present(self, ckpt: CheckpointRecord) -> None:
+        """Under the store lock: ``ckpt`` is still there (it and its blobs then stay until the lock is left)."""
+        if self.catalog.find(ckpt.id) is None:
+            raise CheckpointNotFound(
+                f"checkpoint {ckpt.id} was deleted (`crabctl checkpoint rm`) while it was being restored;"
+                " nothing was changed",
+                checkpoint=ckpt.id,
+                hint="Pin checkpoints you restore (`crabctl checkpoint pin`), or restore another one.",
+            )
+
+    def _store_stat(self, ckpt: CheckpointRecord, prep: _Prepared) -> None:
+        """Under the store lock (shared): the checkpoint still there, ``prep``'s stat index stored and durable."""
+        self._present(ckpt)
+        if prep.fresh is not None:
+            stored = self.fs.store_tree(prep.fresh)
+            prep.stat_blob = stored.index_blob
+            prep.blobs = Blobs(dict(stored.children), dict(stored.sizes))
+            prep.fresh = None
+        self.ck.make_durable({prep.stat_blob}, prep.blobs)
 
     # --- restore in place -----------------------------------------------------------
 
@@ -291,7 +339,8 @@ class Restorer:
         self._require_provenance(ckpt)
         with accounting.journal() as written:
             try:
-                async with self.leases.hold(ckpt.id), self.sandboxes.op_lock(rec.id), self.store_lock.shared():
+                # No store lock here: each step that reads or writes the store takes it (module docstring).
+                async with self.leases.hold(ckpt.id), self.sandboxes.op_lock(rec.id):
                     if self.sandboxes.session_busy(rec.id):
                         raise SandboxBusy(
                             f"sandbox {rec.name}'s session is running a command; restore after it finished",
@@ -305,7 +354,7 @@ class Restorer:
     async def _release(self, written: set[str]) -> None:
         """Give back what a failed restore or fork stored (its stat indexes): published nowhere, now or later.
 
-        After the shared store lock is left: the release takes it exclusively.
+        With no store lock held: the release takes it exclusively.
         A crash instead is covered by the sweep at start-up.
         """
         with contextlib.suppress(Exception):
@@ -333,8 +382,6 @@ class Restorer:
                 rec, new_cid, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
             )
             t_session = time.monotonic()
-            await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
-            t_durable = time.monotonic()
             reg = self.sandboxes.registry
 
             def swap() -> None:
@@ -347,8 +394,11 @@ class Restorer:
                         reg.close_turn(rec.id, current.number, time.time(), None)
                     self._set_head(conn, rec.id, ckpt, prep)
 
-            crash_point("restore.before_swap")
-            await asyncio.to_thread(swap)
+            async with self.store_lock.shared():  # (c)
+                await asyncio.to_thread(self._store_stat, ckpt, prep)
+                t_durable = time.monotonic()
+                crash_point("restore.before_swap")
+                await asyncio.to_thread(swap)
         except BaseException:
             await asyncio.shield(asyncio.to_thread(self.sandboxes.backend.remove, new_cid))
             raise
@@ -424,8 +474,9 @@ class Restorer:
         self._require_provenance(ckpt)
         with accounting.journal() as written:
             try:
-                async with self.leases.hold(ckpt.id), self.store_lock.shared():
-                    recs, results = await self._fork_locked(owner_uid, ckpt, ids, names, arrival)
+                # No store lock here: each step that reads or writes the store takes it (module docstring).
+                async with self.leases.hold(ckpt.id):
+                    recs, results = await self._fork_all(owner_uid, ckpt, ids, names, arrival)
             except BaseException:
                 await self._release(written)
                 raise
@@ -440,7 +491,7 @@ class Restorer:
             out.append(got)
         return out
 
-    async def _fork_locked(
+    async def _fork_all(
         self, owner_uid: int, ckpt: CheckpointRecord, ids: list[str], names: list[str], arrival: bool
     ) -> tuple[list[SandboxRecord], list[tuple[Session, str, list[str], _Prepared]]]:
         """Reserve every fork, then clone them in parallel; any failure undoes them all."""
@@ -502,15 +553,16 @@ class Restorer:
         session, not_restored = await self._fresh_session(
             rec, cid, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
         )
-        await asyncio.to_thread(self.ck.make_durable, {prep.stat_blob}, prep.blobs)
         reg = self.sandboxes.registry
 
         def commit() -> None:
+            self._store_stat(ckpt, prep)
             with self.db.tx() as conn:
                 self._set_head(conn, rec.id, ckpt, prep)
                 reg.update_sandbox(rec.id, state=SandboxState.RUNNING)
 
-        await asyncio.to_thread(commit)
+        async with self.store_lock.shared():  # (c)
+            await asyncio.to_thread(commit)
         crash_point("fork.after_commit")
         return session, st.ip_address, not_restored, prep
 

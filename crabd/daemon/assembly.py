@@ -94,7 +94,13 @@ def open_sandbox_side(cfg: CrabConfig, instance: str) -> SandboxSide:
         net = runc_network(cfg)
         layout = Layout(cni=CniSettings(net=net, subnet=cfg.runtime.subnet_for(cfg.network.name)))
         secure_dirs(layout)
-        runc = Runc(layout.runc_root, criu_timeout_s=cfg.criu.timeout_s, log_dir=criu_logs)
+        runc = Runc(
+            layout.runc_root,
+            criu_timeout_s=cfg.criu.timeout_s,
+            restore_timeout_s=cfg.criu.restore_timeout_s,
+            restore_s_per_gib=cfg.criu.restore_s_per_gib,
+            log_dir=criu_logs,
+        )
         work = state / "run" / "runc"
         work.mkdir(parents=True, exist_ok=True, mode=0o700)
         sandbox = RuncSandboxBackend(

@@ -19,9 +19,14 @@ Processes in child cgroups of the container belong to it too.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
+import time
 from pathlib import Path
+
+from crabd.util import proctree
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -155,3 +160,80 @@ def kill_init(container_id: str, root: Path = CGROUP_ROOT) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+#: How long :func:`kill_all` retries removing a cgroup its killed tasks are still leaving.
+RMDIR_WAIT_S = 2.0
+
+
+def container_dirs(container_id: str, parent: str = "crab", root: Path = CGROUP_ROOT) -> list[Path]:
+    """The container's cgroup directories under ``parent`` in every hierarchy (v1, named, v2), deepest first."""
+    found: dict[Path, Path] = {}
+    try:
+        hierarchies = sorted(root.iterdir())
+    except OSError:
+        return []
+    for hierarchy in hierarchies:
+        base = hierarchy / parent / container_id
+        if not base.is_dir():
+            continue
+        for d in [base, *(p for p in base.rglob("*") if p.is_dir())]:
+            # cpu and cpuacct may be one hierarchy mounted twice (or linked): one entry each.
+            found.setdefault(d.resolve(), d)
+    return sorted(found.values(), key=lambda p: len(p.parts), reverse=True)
+
+
+def _set_freezer(base: Path, state: str) -> None:
+    """Write ``state`` to the freezer of ``base`` if it has one (never creates the file)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(base / "freezer.state", os.O_WRONLY)
+        try:
+            os.write(fd, state.encode())
+        finally:
+            os.close(fd)
+
+
+def kill_all(container_id: str, parent: str = "crab", root: Path = CGROUP_ROOT, *, remove: bool = True) -> list[str]:
+    """SIGKILL every process left in the container's cgroups, reap crabd's own among them, remove the cgroups.
+
+    For what a failed or killed ``runc create``/``restore`` leaves when runc
+    no longer knows the container (so ``runc delete --force`` does nothing):
+    restored tasks, the init, and the cgroup directories in every hierarchy.
+    The v1 freezer is set FROZEN while the pids are read (nothing forks in
+    between) and THAWED before the wait: a v1-frozen task does not act on
+    SIGKILL.  ``remove=False`` leaves the (emptied) directories to runc.
+    Returns what could not be done (an empty list: nothing left).
+    """
+    dirs = container_dirs(container_id, parent, root)
+    if not dirs:
+        return []
+    freezer = root / "freezer" / parent / container_id
+    errors: list[str] = []
+    for _ in range(3):
+        _set_freezer(freezer, "FROZEN")
+        pids: set[int] = set()
+        for d in dirs:
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+        alive = proctree.kill_pids(sorted(pids), before_wait=lambda: _set_freezer(freezer, "THAWED"))
+        if not pids:
+            break
+        if alive:
+            errors = [f"{container_id}: pids {sorted(alive)} did not exit after SIGKILL"]
+    _set_freezer(freezer, "THAWED")
+    if not remove:
+        return errors
+    deadline = time.monotonic() + RMDIR_WAIT_S
+    for d in dirs:
+        while True:
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
+                    errors.append(f"{container_id}: cannot remove cgroup {d}: {exc.strerror}")
+                    break
+                time.sleep(0.02)
+    return errors

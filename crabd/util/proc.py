@@ -2,6 +2,12 @@
 
 Rules enforced here: argv lists only (never a shell), a timeout on every
 call, output captured with a bound, and stderr carried in the error.
+
+A helper that forks helpers of its own (``runc`` runs CRIU, which forks the
+restored tasks) is run with ``kill_tree=True``: it starts as the leader of
+a session of its own, and when it times out or fails, everything it
+started is killed and reaped with it (:mod:`crabd.util.proctree`), never
+left to run on or to linger as crabd's zombies.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from crabd.errors import CommandError, CommandTimeout
-from crabd.util import priority
+from crabd.util import priority, proctree
 
 #: Bytes of stderr kept in an error message.
 STDERR_TAIL = 4000
@@ -53,6 +59,7 @@ def run(
     cwd: str | os.PathLike[str] | None = None,
     capture: bool = True,
     stream: bool = False,
+    kill_tree: bool = False,
 ) -> Completed:
     """Run ``argv`` and wait at most ``timeout`` seconds.
 
@@ -63,6 +70,12 @@ def run(
     them (``runc run -d``), where a pipe would never see EOF.  ``stream=True``
     sends both to this process's stderr as they come (a long host set-up whose
     progress the operator watches); nothing is captured then.
+
+    ``kill_tree=True`` (module docstring): on a timeout the helper's whole
+    tree and session are killed and reaped, not the helper alone; on a
+    non-zero exit whatever it left in its session is.  Only for helpers
+    whose success leaves nothing of theirs in their session (a container's
+    init always has a session of its own).
     """
     args = [os.fspath(a) for a in argv]
     # A checkpoint job the engine runs in the background starts its helpers demoted (util/priority.py).
@@ -76,6 +89,7 @@ def run(
             stderr=sink,
             env=dict(env) if env is not None else None,
             cwd=cwd,
+            start_new_session=kill_tree,
         )
     except OSError as exc:
         raise CommandError(
@@ -91,6 +105,8 @@ def run(
         stdout, stderr = proc.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         # As subprocess.run does: kill and reap, but read no more (a grandchild may hold the pipes).
+        if kill_tree:
+            proctree.kill_tree(proc.pid, session=proc.pid)
         proc.kill()
         proc.wait()
         raise CommandTimeout(
@@ -102,6 +118,9 @@ def run(
     finally:
         if bg is not None:
             bg.exited(proc.pid)
+    if kill_tree and proc.returncode != 0:
+        # The session's id stays reserved while any member lives, so it names only what the helper left.
+        proctree.kill_tree(None, session=proc.pid)
     done = Completed(tuple(args), proc.returncode, stdout or b"", stderr or b"")
     if check and proc.returncode != 0:
         tail = _tail(stderr) or _tail(stdout)

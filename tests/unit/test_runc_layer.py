@@ -12,7 +12,16 @@ from crabd.backends.criu.runc import DUMP_OPTIONS, checkpoint_argv
 from crabd.backends.docker_sandbox import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
 from crabd.backends.network import SANDBOX_SYSCTLS, jumps
 from crabd.backends.runc import bundle, cleanup, cni, rootfs, security
-from crabd.backends.runc.cli import CheckpointOptions, RuncState, RuncStatus, _criu_log, _log_errors
+from crabd.backends.runc.cli import (
+    GIB,
+    CheckpointOptions,
+    Runc,
+    RuncState,
+    RuncStatus,
+    _criu_log,
+    _log_errors,
+    image_bytes,
+)
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX
 from crabd.config import NetworkConfig
 from crabd.errors import ContainerRuntimeError
@@ -266,3 +275,25 @@ def test_proc_run_without_capture_does_not_wait_for_detached_children() -> None:
     """``runc run -d`` leaves a child holding runc's stdout: a captured pipe would wait for it to exit."""
     done = proc.run(["sh", "-c", "echo out; echo err >&2; sleep 5 &"], timeout=3, capture=False)
     assert done.exit_code == 0 and done.stdout == b"" and done.stderr == b""
+
+
+def test_a_restore_s_time_limit_grows_with_its_images(tmp_path: Path) -> None:
+    (tmp_path / "pages-1.img").write_bytes(b"x" * 3000)
+    (tmp_path / "core-1.img").write_bytes(b"y" * 1000)
+    (tmp_path / "sub").mkdir()  # CRIU's image set is flat: a directory counts nothing
+    assert image_bytes(tmp_path) == 4000
+    assert image_bytes(tmp_path / "missing") == 0
+    r = Runc(tmp_path, restore_timeout_s=30, restore_s_per_gib=10)
+    assert r.restore_timeout(0) == 30
+    assert r.restore_timeout(2 * GIB) == 50
+
+
+def test_remove_unmounted_deletes_a_dir_with_nothing_mounted_below(tmp_path: Path) -> None:
+    d = tmp_path / "state" / "cid"
+    (d / "criu-root").mkdir(parents=True)
+    (d / "state.json").write_text("{}")
+    assert rootfs.mounts_under(d) == []
+    assert rootfs.remove_unmounted(d) == []
+    assert not d.exists()
+    assert rootfs.remove_unmounted(d) == []  # gone already: nothing to do
+    assert rootfs.mounts_under(Path("/")) != []  # the root itself is a mount point

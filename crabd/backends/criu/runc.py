@@ -145,7 +145,7 @@ class RuncDumper:
         t0 = time.monotonic()
         argv = checkpoint_argv(self.runc, self.runc_root, container_id, images_dir, work_dir)
         try:
-            proc.run(argv, timeout=self.timeout_s)
+            proc.run(argv, timeout=self.timeout_s, kill_tree=True)
         except CommandError as exc:
             kept = self._keep_log(work_dir / "dump.log", container_id, "dump")
             excerpt = log_excerpt(kept) if kept else exc.stderr

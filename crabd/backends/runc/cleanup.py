@@ -24,6 +24,7 @@ from crabd.backends.runc import bundle, named_netns, rootfs
 from crabd.backends.runc.cli import Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniSettings
 from crabd.errors import ContainerRuntimeError
+from crabd.util import cgroups
 from crabd.util.private_dirs import RUN_DIR, crab_dir, private_dir
 
 
@@ -96,12 +97,40 @@ def remove_bundle(b: bundle.Bundle) -> None:
     bundle.remove(b)
 
 
+def _kill_cgroups(container_id: str, *, remove: bool) -> None:
+    left = cgroups.kill_all(container_id, bundle.CGROUP_PARENT.strip("/"), remove=remove)
+    if left:
+        raise ContainerRuntimeError("; ".join(left), container=container_id)
+
+
+def _remove_runc_leftovers(layout: Layout, runc: Runc, container_id: str) -> None:
+    """A killed ``runc restore`` leaves its state dir, with ``criu-root`` still mounted, that runc does not know."""
+    state_dir = layout.runc_root / container_id
+    if not state_dir.exists() or runc.state(container_id) is not None:
+        return
+    left = rootfs.remove_unmounted(state_dir)
+    if left:
+        raise ContainerRuntimeError("; ".join(left), container=container_id)
+
+
 def teardown(layout: Layout, runc: Runc, container_id: str) -> list[str]:
-    """Remove every piece of ``container_id`` (each step tolerates a missing piece); returns the errors."""
+    """Remove every piece of ``container_id`` (each step tolerates a missing piece); returns the errors.
+
+    The container's cgroups are emptied before ``runc delete`` and removed
+    after it.  Before: a restore that failed or was killed half-way leaves
+    restored tasks (and an init) that runc may not know, which are crabd's
+    children (it is their subreaper); killed here they are also reaped,
+    where ``runc delete`` would leave them as crabd's zombies.  After: runc
+    removes the cgroups of containers it knows, and nothing else does it
+    for one it does not.
+    """
     errors: list[str] = []
     netns_path = named_netns.path_of(container_id, layout.netns)
     steps = (
+        lambda: _kill_cgroups(container_id, remove=False),
         lambda: runc.delete(container_id),
+        lambda: _kill_cgroups(container_id, remove=True),
+        lambda: _remove_runc_leftovers(layout, runc, container_id),
         lambda: CniNetwork(layout.cni).delete(container_id, netns_path),
         lambda: named_netns.remove(container_id, layout.netns),
         lambda: remove_bundle(bundle.Bundle(layout.bundles / container_id)),

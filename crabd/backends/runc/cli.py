@@ -11,6 +11,14 @@ stderr kept).  Two kinds of call:
   (``--log``).
 * Everything else: stdout/stderr captured as usual.
 
+Every call that runs CRIU or starts a container (``create``, ``run -d``,
+``checkpoint``, ``restore -d``) runs with ``kill_tree``: a timeout or a
+failure kills runc together with CRIU and anything they forked, and reaps
+them (:mod:`crabd.util.proctree`).  A restore's time limit grows with its
+images (:meth:`Runc.restore_timeout`): a 1 GiB restore takes 1-2 s here, so
+the default of 30 s plus 10 s per GiB leaves a wide margin and still ends a
+hung CRIU in well under a minute.
+
 Failures become :class:`~crabd.errors.ContainerRuntimeError`; a failed
 checkpoint or restore (CRIU's domain) becomes
 :class:`~crabd.errors.CriuError` with CRIU's log kept and quoted, the same
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -29,7 +38,7 @@ from typing import Any
 
 from crabd.backends.criu.runc import DUMP_OPTIONS, checkpoint_argv, keep_log, log_excerpt
 from crabd.backends.runc.bundle import Bundle
-from crabd.errors import CommandError, ContainerRuntimeError, CriuError
+from crabd.errors import CommandError, CommandTimeout, ContainerRuntimeError, CriuError
 from crabd.util import proc
 from crabd.util.private_dirs import private_dir
 
@@ -50,6 +59,20 @@ def criu_own_seconds(restore_log: Path) -> float | None:
         return None
 
 
+def image_bytes(images_dir: Path) -> int:
+    """Bytes of the files directly in ``images_dir`` (CRIU's image set is flat); 0 if unreadable."""
+    total = 0
+    try:
+        with os.scandir(images_dir) as entries:
+            for e in entries:
+                if e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+    except OSError:
+        return total
+    return total
+
+
+GIB = 1 << 30
 DEFAULT_STATE_ROOT = Path("/run/crab/runc")
 DEFAULT_LOG_DIR = Path("/var/log/crab/criu")
 
@@ -156,12 +179,16 @@ class Runc:
         binary: str = "runc",
         timeout_s: float = 60.0,
         criu_timeout_s: float = 300.0,
+        restore_timeout_s: float = 30.0,
+        restore_s_per_gib: float = 10.0,
         log_dir: Path = DEFAULT_LOG_DIR,
     ) -> None:
         self.root = root
         self.binary = binary
         self.timeout_s = timeout_s
         self.criu_timeout_s = criu_timeout_s
+        self.restore_timeout_s = restore_timeout_s
+        self.restore_s_per_gib = restore_s_per_gib
         self.log_dir = log_dir
 
     def version(self) -> str:
@@ -191,8 +218,11 @@ class Runc:
         offset = log.stat().st_size if log.exists() else 0
         argv = [self.binary, "--root", str(self.root), "--log", str(log), "--log-format", "json", *args]
         try:
-            done = proc.run(argv, timeout=timeout, check=False, capture=False)
-        except CommandError as exc:  # runc missing, or a timeout
+            done = proc.run(argv, timeout=timeout, check=False, capture=False, kill_tree=True)
+        except CommandTimeout:
+            # Killed with its whole tree by proc.run; the caller tears the container down.
+            return f"runc did not finish within {timeout:.1f} s and was killed, with CRIU and all they started"
+        except CommandError as exc:  # runc missing
             raise ContainerRuntimeError(
                 f"runc {args[0]} {container_id}: {exc.message}", container=container_id
             ) from exc
@@ -276,7 +306,7 @@ class Runc:
         images_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
-            proc.run(argv, timeout=self.criu_timeout_s)
+            proc.run(argv, timeout=self.criu_timeout_s, kill_tree=True)
         except CommandError as exc:
             raise self._criu_error(container_id, "dump", work_dir / "dump.log", exc.stderr or exc.message) from exc
 
@@ -295,9 +325,10 @@ class Runc:
         """
         opts = options or CheckpointOptions()
         work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        timeout = self.restore_timeout(image_bytes(images_dir))
         args = ["restore", "--detach", "--image-path", str(images_dir), "--work-path", str(work_dir)]
         args += ["--bundle", str(bundle.path), *opts.argv(), _check_id(container_id)]
-        err = self._detached(container_id, bundle, *args, timeout=self.criu_timeout_s)
+        err = self._detached(container_id, bundle, *args, timeout=timeout)
         if err:
             raise self._criu_error(container_id, "restore", _criu_log(err) or work_dir / "restore.log", err)
         st = self.state(container_id)
@@ -311,6 +342,10 @@ class Runc:
             "criu restored", extra={"container": container_id, "criu_s": criu_own_seconds(work_dir / "restore.log")}
         )
         return st
+
+    def restore_timeout(self, nbytes: int) -> float:
+        """Seconds a restore of ``nbytes`` of process images may take: the base plus so much per GiB."""
+        return self.restore_timeout_s + self.restore_s_per_gib * nbytes / GIB
 
     def _criu_error(self, container_id: str, what: str, log: Path, text: str) -> CriuError:
         kept = keep_log(log, self.log_dir, container_id, what)

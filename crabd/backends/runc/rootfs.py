@@ -265,3 +265,44 @@ def umount(target: Path) -> bool:
         except CommandError as exc:
             raise ContainerRuntimeError(f"cannot unmount {target}: {exc.message}", container="") from exc
     return True
+
+
+def mounts_under(path: Path) -> list[Path]:
+    """Mount points at or below ``path`` (as the kernel lists them for this process), deepest first."""
+    want = os.path.realpath(path)
+    found: set[str] = set()
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4:
+                point = _unescape(fields[4])
+                if point == want or point.startswith(want + "/"):
+                    found.add(point)
+    return [Path(p) for p in sorted(found, key=lambda p: p.count("/"), reverse=True)]
+
+
+def remove_unmounted(path: Path) -> list[str]:
+    """Unmount everything at or below ``path``, then delete it; returns what could not be done.
+
+    For the directories a killed ``runc restore`` leaves mounted: runc's
+    ``criu-root`` (a bind mount of the container's root file system) in its
+    state dir, and CRIU's ``.criu.cgyard.*`` (whole cgroup hierarchies) in
+    its work dir.  Deleting through either would delete the sandbox's files
+    or other containers' empty cgroups, so nothing is deleted while any
+    mount is left below ``path``.
+    """
+    errors: list[str] = []
+    for _ in range(3):  # a mount point may have several mounts stacked on it
+        points = mounts_under(path)
+        if not points:
+            break
+        for point in points:
+            try:
+                umount(point)
+            except ContainerRuntimeError as exc:
+                errors.append(exc.message)
+    left = mounts_under(path)
+    if left:
+        return errors or [f"still mounted under {path}: {', '.join(map(str, left))}"]
+    shutil.rmtree(path, ignore_errors=True)
+    return [f"cannot delete {path}"] if path.exists() else []

@@ -346,9 +346,12 @@ class RuncSandboxBackend:
         """(``restore/<id>``: images by name, ``criu/<id>``: CRIU's work dir) under ``work_root``."""
         return self.work_root / RESTORE_DIR / cid, self.work_root / CRIU_WORK_DIR / cid
 
-    def _remove_restore_dirs(self, cid: str) -> None:
+    def _remove_restore_dirs(self, cid: str) -> list[str]:
+        """Delete the restore dirs; a killed CRIU leaves cgroup hierarchies mounted in its work dir (rootfs.py)."""
+        errors: list[str] = []
         for d in self._restore_dirs(cid):
-            shutil.rmtree(d, ignore_errors=True)
+            errors += rootfs.remove_unmounted(d)
+        return errors
 
     def checkpoint_dir(self, container_id: str, name: str) -> Path:
         cid = self._own(container_id)
@@ -403,7 +406,9 @@ class RuncSandboxBackend:
                 self._facts[cid] = facts
         finally:
             # On every path: the images were only read, and a failed restore's CRIU log is kept elsewhere.
-            self._remove_restore_dirs(cid)
+            left = self._remove_restore_dirs(cid)
+            if left:
+                log.warning("restore dirs not removed", extra={"container": cid, "errors": left})
             with self._lock:
                 self._starting.discard(cid)
                 self._created.pop(cid, None)
@@ -488,7 +493,7 @@ class RuncSandboxBackend:
         else:
             # Never while the sandbox may still run on it.
             errors.append(f"{cid}: subvolume kept: the runc container is still there")
-        self._remove_restore_dirs(cid)
+        errors += self._remove_restore_dirs(cid)
         with self._lock:
             self._facts.pop(cid, None)
         if errors:
