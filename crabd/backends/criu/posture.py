@@ -1,0 +1,357 @@
+"""The posture check: a process image may not restore processes holding more than their sandbox grants.
+
+CRIU restores whatever credentials, seccomp state, namespaces and mounts
+its images describe, and it runs as host root.  An image is a file: one
+edited by hand (an archive, a bucket object, a forged dump) could bring
+back processes with every capability, without no_new_privs or seccomp, in
+the host's namespaces or with a host directory mounted in.  So before CRIU
+sees a restore's or fork's images (trusted or not), crab reads them itself
+(:mod:`.pbimage`) and compares them with the new container's
+:class:`~crabd.backends.procdump.Posture`.
+
+Images and fields read (CRIU ``images/*.proto``; magics in pbimage):
+
+* ``inventory.img`` (single magic): ``InventoryEntry{3: root_ids}``, the
+  task ids of CRIU itself at dump time: a namespace of the root task whose
+  id differs from it is one CRIU creates at restore (criu/pstree.c,
+  ``get_clone_mask``);
+* ``pstree.img``: ``PstreeEntry{1: pid, 5: threads}``, the first record
+  being the root task;
+* ``ids-<pid>.img``: ``TaskKobjIdsEntry{5 pid, 6 net, 7 ipc, 8 uts, 9 mnt,
+  10 user, 11 cgroup, 12 time}_ns_id``, what CRIU's restore uses for
+  namespaces (``core.ids``, when present, must say the same);
+* ``core-<tid>.img``: ``CoreEntry{3: tc TaskCoreEntry{1 task_state,
+  11/12 old per-task seccomp}, 5: thread_core ThreadCoreEntry{10 creds,
+  11 seccomp_mode, 12 seccomp_filter}}``; ``CredsEntry{9 cap_inh, 10 cap_prm,
+  11 cap_eff, 12 cap_bnd, 19 cap_amb (32-bit words, low first), 18 no_new_privs}``;
+* ``seccomp.img``: ``SeccompEntry{1: filters SeccompFilter{1 filter, 2 prev}}``;
+* ``mountpoints-<mnt ns id>.img``: ``MntEntry{1 fstype, 2 mnt_id, 4 parent,
+  5 flags, 6 root, 7 mountpoint, 13 ext_mount, 18 ext_key}``;
+* ``userns-<id>.img``: ``UsernsEntry{1 uid_map, 2 gid_map: {1 first,
+  2 lower_first, 3 count}}``.
+
+What is checked, per thread of every live task:
+
+* each capability set (inheritable, permitted, effective, bounding,
+  ambient) within the posture's bounding set;
+* no_new_privs set, seccomp in filter mode with a filter chain that
+  exists in ``seccomp.img`` (its program is not compared: see docs);
+  old per-task seccomp fields (which override per-thread ones in CRIU) and
+  missing per-thread credentials (CRIU then reads an old ``creds`` image)
+  are refused;
+* namespaces: the root task owns exactly the posture's kinds, and every
+  task is in the root task's namespaces (no nested ones: the sandbox's
+  seccomp filter refuses unshare/setns/clone with CLONE_NEW*);
+* with a user namespace, its uid and gid maps are the posture's;
+* mounts: the root mount, mounts of kernel-made file systems (proc,
+  sysfs, tmpfs, devpts, mqueue, cgroup), and the runtime's external bind
+  mounts whose key is one of the posture's bind destinations (the runtime,
+  not the image, names their host source); anything else (a bind of a host
+  path CRIU would mount itself) is refused; read-only points stay read-only.
+
+uids and gids are not checked: the sandbox holds CAP_SETUID/CAP_SETGID
+within its own posture, so any id an image could name is one its processes
+can take by themselves; what bounds what an id is worth on the host is the
+user namespace's map, which is checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from crabd.backends.criu import pbimage
+from crabd.backends.criu.pbimage import Malformed, Message
+from crabd.backends.procdump import CAPABILITY_BITS, NAMESPACE_KINDS, IdMap, Posture
+from crabd.errors import CriuImageInvalid, PostureViolation
+
+#: TaskKobjIdsEntry field of each namespace kind.
+_NS_FIELD = {"pid": 5, "net": 6, "ipc": 7, "uts": 8, "mnt": 9, "user": 10, "cgroup": 11, "time": 12}
+assert tuple(_NS_FIELD) == NAMESPACE_KINDS
+IDS_MAGIC = 0x54432030
+TASK_DEAD = 2
+SECCOMP_MODE_FILTER = 2
+#: CredsEntry fields of the capability sets.
+_CAP_SETS = {"inheritable": 9, "permitted": 10, "effective": 11, "bounding": 12, "ambient": 19}
+#: MntEntry fstypes made by the kernel from nothing on the host (mnt.proto's enum).
+_VIRTUAL_FS = {1: "proc", 2: "sysfs", 5: "tmpfs", 6: "devpts", 12: "cgroup", 14: "mqueue", 23: "cgroup2"}
+MS_RDONLY = 1
+#: Tasks, threads and seccomp filters one image may hold (a sandbox's pids limit is 4096 by default).
+MAX_TASKS = 16384
+MAX_FILTERS = 4096
+
+
+@dataclass
+class _Checker:
+    dirfd: int
+    images_dir: Path
+    posture: Posture
+    checkpoint: str
+
+    def refuse(self, pid: int, what: str, found: str, expected: str) -> PostureViolation:
+        return PostureViolation(
+            f"checkpoint {self.checkpoint}: process {pid}'s {what} is {found}, but the sandbox grants {expected}; "
+            "nothing was restored",
+            checkpoint=self.checkpoint,
+            pid=pid,
+            what=what,
+            found=found,
+            expected=expected,
+        )
+
+    def one(self, name: str, magic: int, *, common: bool = True) -> Message:
+        msgs = pbimage.messages(self.dirfd, name, magic, common=common)
+        if len(msgs) != 1:
+            raise Malformed(f"{len(msgs)} records where CRIU reads one")
+        return msgs[0]
+
+    # --- namespaces -------------------------------------------------------------
+
+    def ids(self, pid: int) -> dict[str, int | None]:
+        try:
+            msg = self.one(f"ids-{pid}.img", IDS_MAGIC)
+        except Malformed as exc:
+            raise _Bad(f"ids-{pid}.img", str(exc)) from exc
+        return {kind: msg.uint32(num) for kind, num in _NS_FIELD.items()}
+
+    def check_namespaces(self, root_ids: dict[str, int | None], tasks: list[tuple[int, list[int]]]) -> int | None:
+        """The root task's own kinds equal the posture's; every task shares them.  Returns the mnt ns id."""
+        root_pid = tasks[0][0]
+        root = self.ids(root_pid)
+        own = frozenset(k for k in NAMESPACE_KINDS if root[k] != root_ids[k])
+        if own != self.posture.namespaces:
+            raise self.refuse(
+                root_pid, "set of own namespaces", ",".join(sorted(own)) or "none",
+                ",".join(sorted(self.posture.namespaces)) or "none",
+            )  # fmt: skip
+        for pid, _threads in tasks[1:]:
+            mine = self.ids(pid)
+            differ = sorted(k for k in NAMESPACE_KINDS if mine[k] != root[k])
+            if differ:
+                raise self.refuse(pid, "namespaces", "own " + ",".join(differ), "the sandbox's own")
+        if "user" in own:
+            self.check_userns(root_pid, root["user"])
+        return root["mnt"]
+
+    def check_userns(self, pid: int, ns_id: int | None) -> None:
+        name = f"userns-{ns_id}.img"
+        try:
+            msg = self.one(name, pbimage.USERNS_MAGIC)
+            maps = [
+                tuple(IdMap(e.uint32(1) or 0, e.uint32(2) or 0, e.uint32(3) or 0) for e in msg.messages(num))
+                for num in (1, 2)
+            ]
+        except Malformed as exc:
+            raise _Bad(name, str(exc)) from exc
+        for label, got, want in (
+            ("uid map", maps[0], self.posture.uid_map),
+            ("gid map", maps[1], self.posture.gid_map),
+        ):
+            if got != want:
+                raise self.refuse(pid, f"user namespace {label}", _maps(got), _maps(want))
+
+    # --- credentials and seccomp ----------------------------------------------------
+
+    def seccomp_filters(self) -> list[int | None]:
+        """Each filter's ``prev`` (None: the chain's end), by index; [] without seccomp.img."""
+        try:
+            entry = self.one("seccomp.img", pbimage.SECCOMP_MAGIC)
+        except Malformed as exc:
+            if not _exists(self.dirfd, "seccomp.img"):
+                return []
+            raise _Bad("seccomp.img", str(exc)) from exc
+        filters = entry.messages(1)
+        if len(filters) > MAX_FILTERS:
+            raise _Bad("seccomp.img", f"{len(filters)} filters")
+        out: list[int | None] = []
+        for f in filters:
+            if not f.has(1):
+                raise _Bad("seccomp.img", "a filter without its program")
+            out.append(f.uint32(2))
+        return out
+
+    def check_core(self, pid: int, tid: int, filters: list[int | None]) -> None:
+        name = f"core-{tid}.img"
+        try:
+            core = self.one(name, pbimage.CORE_MAGIC)
+            tc = core.message(3)
+            if tc is not None and tc.uint32(1) == TASK_DEAD:
+                return  # a zombie: nothing of it runs again
+            if tc is not None and (tc.has(11) or tc.has(12)):
+                # CRIU copies these over the per-thread fields: one place to judge, not two.
+                raise Malformed("old per-task seccomp fields")
+            thread = core.message(5)
+            creds = thread.message(10) if thread is not None else None
+            if thread is None or creds is None:
+                raise Malformed("no per-thread credentials")
+            caps = {label: _mask(creds.uint32s(num)) for label, num in _CAP_SETS.items()}
+            nnp = creds.uint32(18)
+            mode = thread.uint32(11)
+            index = thread.uint32(12)
+        except Malformed as exc:
+            raise _Bad(name, str(exc)) from exc
+        allowed = self.posture.capabilities
+        for label, mask in caps.items():
+            if mask & ~allowed:
+                raise self.refuse(tid, f"{label} capability set", _caps(mask), f"at most {_caps(allowed)}")
+        if self.posture.no_new_privs and not nnp:
+            raise self.refuse(tid, "no_new_privs", "cleared", "set")
+        if self.posture.seccomp_filter:
+            if mode != SECCOMP_MODE_FILTER:
+                raise self.refuse(tid, "seccomp mode", str(mode or 0), f"{SECCOMP_MODE_FILTER} (filter)")
+            if index is None or not _chain_ok(filters, index):
+                raise self.refuse(tid, "seccomp filter", "missing or broken", "the sandbox's filter chain")
+
+    # --- mounts -----------------------------------------------------------------
+
+    def check_mounts(self, pid: int, mnt_ns: int | None) -> None:
+        name = f"mountpoints-{mnt_ns}.img"
+        try:
+            entries = pbimage.messages(self.dirfd, name, pbimage.MNTS_MAGIC)
+            mounts = [
+                (
+                    e.uint32(1), e.uint32(2), e.uint32(4), e.uint32(5) or 0, e.text(6) or "", e.text(7) or "",
+                    bool(e.uint32(13)) or e.has(18), e.text(18),
+                )
+                for e in entries
+            ]  # fmt: skip
+        except Malformed as exc:
+            raise _Bad(name, str(exc)) from exc
+        ids = {m[1] for m in mounts}
+        roots = [m for m in mounts if m[2] not in ids]
+        if len(roots) != 1:
+            raise _Bad(name, f"{len(roots)} root mounts")
+        root_point = roots[0][5]
+        for fstype, mnt_id, _parent, flags, fsroot, point, external, key in mounts:
+            inside = _inside(point, root_point)
+            if mnt_id == roots[0][1]:
+                if fsroot != "/":
+                    raise self.refuse(pid, "root mount", f"a bind of {fsroot!r}", "the container's root")
+            elif external:
+                if key not in self.posture.binds:
+                    raise self.refuse(
+                        pid, f"mount at {inside}", f"a host bind keyed {key!r}", "only the spec's own bind mounts"
+                    )
+            elif fstype not in _VIRTUAL_FS:
+                raise self.refuse(
+                    pid, f"mount at {inside}", f"a {fstype} mount of {fsroot!r}", "no mounts beyond the spec's"
+                )
+            if inside in self.posture.readonly and not flags & MS_RDONLY:
+                raise self.refuse(pid, f"mount at {inside}", "writable", "read-only")
+
+
+class _Bad(Exception):
+    """A malformed image: (file name, why)."""
+
+
+def _exists(dirfd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
+
+
+def _inside(point: str, root_point: str) -> str:
+    """A mount point as the sandbox sees it (CRIU records them under the dump's root mount point)."""
+    if root_point not in ("", "/") and (point == root_point or point.startswith(root_point.rstrip("/") + "/")):
+        point = point[len(root_point.rstrip("/")) :]
+    point = point.removeprefix(".")
+    return point if point.startswith("/") else "/" + point
+
+
+def _mask(words: list[int]) -> int:
+    if len(words) > 4:
+        raise Malformed(f"a capability set of {len(words)} words")
+    return sum(w << (32 * i) for i, w in enumerate(words))
+
+
+_CAP_NAMES = {bit: name for name, bit in CAPABILITY_BITS.items()}
+
+
+def _caps(mask: int) -> str:
+    names = [_CAP_NAMES.get(b, str(b)) for b in range(mask.bit_length()) if mask >> b & 1]
+    return f"{mask:#x} ({','.join(names) or 'none'})"
+
+
+def _maps(m: tuple[IdMap, ...]) -> str:
+    return "; ".join(f"{e.inside} {e.outside} {e.count}" for e in m) or "none"
+
+
+def _chain_ok(filters: list[int | None], index: int) -> bool:
+    """The chain from ``index`` exists and ends (no loop: it visits each filter at most once)."""
+    seen: set[int] = set()
+    at: int | None = index
+    while at is not None:
+        if at >= len(filters) or at in seen:
+            return False
+        seen.add(at)
+        at = filters[at]
+    return True
+
+
+def check(images_dir: Path, posture: Posture, checkpoint: str) -> None:
+    """Refuse the images in ``images_dir`` unless every process fits ``posture``.
+
+    Steps: open the dir once (no link followed); read inventory and pstree;
+    check namespaces (and the user namespace's maps); check every thread's
+    core (credentials, no_new_privs, seccomp); check the root task's mounts.
+    Raises PostureViolation for a process holding more than the posture,
+    CriuImageInvalid for an image that does not parse.
+    """
+    try:
+        dirfd = pbimage.open_dir(images_dir)
+    except Malformed as exc:
+        raise _invalid(images_dir, images_dir.name, str(exc)) from exc
+    try:
+        c = _Checker(dirfd, images_dir, posture, checkpoint)
+        try:
+            inventory = c.one("inventory.img", pbimage.INVENTORY_MAGIC, common=False)
+            root_msg = inventory.message(3)
+            if root_msg is None:
+                raise _Bad("inventory.img", "no root task ids")
+            root_ids = {kind: root_msg.uint32(num) for kind, num in _NS_FIELD.items()}
+            tasks = _pstree(dirfd)
+            mnt_ns = c.check_namespaces(root_ids, tasks)
+            filters = c.seccomp_filters()
+            for pid, threads in tasks:
+                for tid in threads or [pid]:
+                    c.check_core(pid, tid, filters)
+            c.check_mounts(tasks[0][0], mnt_ns)
+        except Malformed as exc:
+            raise _invalid(images_dir, "inventory.img or pstree.img", str(exc)) from exc
+        except _Bad as exc:
+            name, why = exc.args
+            raise _invalid(images_dir, name, why) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(dirfd)
+
+
+def _pstree(dirfd: int) -> list[tuple[int, list[int]]]:
+    tasks: list[tuple[int, list[int]]] = []
+    for rec in pbimage.records(pbimage.read_file(dirfd, "pstree.img"), pbimage.PSTREE_MAGIC):
+        if len(tasks) >= MAX_TASKS:
+            raise Malformed(f"more than {MAX_TASKS} tasks")
+        msg = Message(rec)
+        pid = msg.uint32(1)
+        if pid is None:
+            raise Malformed("a task without its pid")
+        threads = msg.uint32s(5)
+        if len(threads) > MAX_TASKS:
+            raise Malformed(f"a task of {len(threads)} threads")
+        tasks.append((pid, threads))
+    if not tasks:
+        raise Malformed("no tasks")
+    return tasks
+
+
+def _invalid(images_dir: Path, name: str, why: str) -> CriuImageInvalid:
+    return CriuImageInvalid(
+        f"process image {name} is malformed ({why}); nothing was restored",
+        path=str(images_dir / name),
+        hint="The checkpoint's process image is damaged or forged: restore another checkpoint, "
+        "or fork it as files only (kind fs).",
+    )

@@ -1,0 +1,262 @@
+"""The posture check refuses forged process images before CRIU sees them (backends/criu/posture.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from crabd.backends.criu import pbimage
+from crabd.backends.criu.posture import IDS_MAGIC, check
+from crabd.backends.procdump import IdMap, capability_mask
+from crabd.backends.runc import bundle
+from crabd.backends.runc.posture import posture_of
+from crabd.errors import CriuImageInvalid, PostureViolation
+from tests.criu_forge import (
+    HOST_IDS,
+    NORMAL_MOUNTS,
+    NORMAL_POSTURE,
+    SANDBOX_IDS,
+    TASK_1,
+    core,
+    creds,
+    ids,
+    image,
+    mount,
+    msg,
+    varint,
+    write_images,
+)
+
+ALL_CAPS = (1 << 41) - 1
+CAPS = NORMAL_POSTURE.capabilities
+
+
+def refused(d: Path, posture: object = NORMAL_POSTURE) -> PostureViolation:
+    with pytest.raises(PostureViolation) as info:
+        check(d, posture, "ck-1")  # type: ignore[arg-type]
+    err = info.value
+    assert err.checkpoint == "ck-1" and err.found and err.expected
+    return err
+
+
+def test_a_normal_image_is_accepted(tmp_path: Path) -> None:
+    check(write_images(tmp_path / "i"), NORMAL_POSTURE, "ck-1")
+
+
+@pytest.mark.parametrize("capset", [9, 10, 11, 12, 19], ids=["inh", "prm", "eff", "bnd", "amb"])
+def test_a_capability_beyond_the_bounding_set_is_refused(tmp_path: Path, capset: int) -> None:
+    forged = image(pbimage.CORE_MAGIC, core(creds(CAPS, sets={capset: ALL_CAPS}), index=1))
+    err = refused(write_images(tmp_path / "i", **{"core-9.img": forged}))
+    assert err.pid == 9 and "capability" in err.what and "0x1ffffffffff" in err.found
+    assert "0x80004fb" in err.expected  # the sandbox's own set, as /proc/PID/status shows it
+
+
+def test_one_extra_capability_is_enough_to_refuse(tmp_path: Path) -> None:
+    more = CAPS | capability_mask(["DAC_READ_SEARCH"])
+    forged = image(pbimage.CORE_MAGIC, core(creds(CAPS, sets={11: more}), index=0))
+    err = refused(write_images(tmp_path / "i", **{"core-1.img": forged}))
+    assert err.pid == 1 and "DAC_READ_SEARCH" in err.found
+
+
+def test_cleared_no_new_privs_is_refused(tmp_path: Path) -> None:
+    forged = image(pbimage.CORE_MAGIC, core(creds(CAPS, nnp=0), index=1))
+    err = refused(write_images(tmp_path / "i", **{"core-9.img": forged}))
+    assert err.what == "no_new_privs" and err.found == "cleared"
+
+
+@pytest.mark.parametrize("mode", [0, 1, None])
+def test_seccomp_other_than_the_filter_is_refused(tmp_path: Path, mode: int | None) -> None:
+    forged = image(pbimage.CORE_MAGIC, core(creds(CAPS), seccomp=mode, index=1))
+    assert refused(write_images(tmp_path / "i", **{"core-9.img": forged})).what == "seccomp mode"
+
+
+@pytest.mark.parametrize("index", [None, 2, 99])
+def test_a_missing_seccomp_filter_is_refused(tmp_path: Path, index: int | None) -> None:
+    forged = image(pbimage.CORE_MAGIC, core(creds(CAPS), index=index))
+    assert refused(write_images(tmp_path / "i", **{"core-9.img": forged})).what == "seccomp filter"
+
+
+def test_a_filter_chain_that_loops_is_refused(tmp_path: Path) -> None:
+    loop = image(pbimage.SECCOMP_MAGIC, msg((1, [msg((1, b"x"), (2, 1)), msg((1, b"x"), (2, 0))])))
+    assert refused(write_images(tmp_path / "i", **{"seccomp.img": loop})).what == "seccomp filter"
+
+
+def test_old_per_task_seccomp_fields_are_refused(tmp_path: Path) -> None:
+    # CRIU copies them over the per-thread mode: a disabled one there would win.
+    forged = image(pbimage.CORE_MAGIC, core(creds(CAPS), index=1, tc_extra=msg((11, 0))))
+    with pytest.raises(CriuImageInvalid, match="old per-task seccomp"):
+        check(write_images(tmp_path / "i", **{"core-9.img": forged}), NORMAL_POSTURE, "ck-1")
+
+
+def test_missing_thread_credentials_are_refused(tmp_path: Path) -> None:
+    # CRIU would then read creds-PID.img, an old format crab does not judge.
+    forged = image(pbimage.CORE_MAGIC, core(None, index=1))
+    with pytest.raises(CriuImageInvalid, match="credentials"):
+        check(write_images(tmp_path / "i", **{"core-9.img": forged}), NORMAL_POSTURE, "ck-1")
+
+
+def test_a_root_task_in_the_hosts_namespaces_is_refused(tmp_path: Path) -> None:
+    host_pid = image(IDS_MAGIC, ids(SANDBOX_IDS | {"pid": HOST_IDS["pid"]}))
+    err = refused(write_images(tmp_path / "i", **{"ids-1.img": host_pid, "ids-9.img": host_pid}))
+    assert err.what == "set of own namespaces" and "pid" not in err.found.split(",")
+
+
+def test_an_extra_user_namespace_is_refused(tmp_path: Path) -> None:
+    own_user = image(IDS_MAGIC, ids(SANDBOX_IDS | {"user": 77}))
+    err = refused(write_images(tmp_path / "i", **{"ids-1.img": own_user, "ids-9.img": own_user}))
+    assert "user" in err.found and "user" not in err.expected
+
+
+def test_a_task_in_a_namespace_of_its_own_is_refused(tmp_path: Path) -> None:
+    nested = image(IDS_MAGIC, ids(SANDBOX_IDS | {"net": 40}))
+    err = refused(write_images(tmp_path / "i", **{"ids-9.img": nested}))
+    assert err.pid == 9 and "net" in err.found
+
+
+def test_a_user_namespace_map_other_than_the_postures_is_refused(tmp_path: Path) -> None:
+    posture = dataclasses.replace(
+        NORMAL_POSTURE,
+        namespaces=NORMAL_POSTURE.namespaces | {"user"},
+        uid_map=(IdMap(0, 100000, 65536),),
+        gid_map=(IdMap(0, 100000, 65536),),
+    )
+    own_user = image(IDS_MAGIC, ids(SANDBOX_IDS | {"user": 77}))
+
+    def userns(first_host: int) -> bytes:
+        extent = msg((1, 0), (2, first_host), (3, 65536))
+        return image(pbimage.USERNS_MAGIC, msg((1, [extent]), (2, [extent])))
+
+    images = {"ids-1.img": own_user, "ids-9.img": own_user}
+    check(write_images(tmp_path / "ok", **images, **{"userns-77.img": userns(100000)}), posture, "ck-1")
+    err = refused(write_images(tmp_path / "root", **images, **{"userns-77.img": userns(0)}), posture)
+    assert err.what == "user namespace uid map" and err.found == "0 0 65536"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        mount(300, 145, "/mnt/host", 0, root="/etc", key="/mnt/host"),  # an external bind the spec lacks
+        mount(301, 145, "/mnt/host", 16, root="/"),  # a file system CRIU would mount itself
+        mount(302, 145, "/mnt/root", 17, root="/../.."),  # a bind of the root's file system
+    ],
+    ids=["external", "auto", "overlay"],
+)
+def test_a_mount_beyond_the_spec_is_refused(tmp_path: Path, extra: bytes) -> None:
+    forged = image(pbimage.MNTS_MAGIC, *NORMAL_MOUNTS, extra)
+    err = refused(write_images(tmp_path / "i", **{"mountpoints-13.img": forged}))
+    assert err.what.startswith("mount at /mnt/")
+
+
+def test_a_read_only_mount_made_writable_is_refused(tmp_path: Path) -> None:
+    mounts = [m for m in NORMAL_MOUNTS if m != NORMAL_MOUNTS[3]]
+    rw = mount(109, 147, "/proc/sys", 1, flags=0, root="/sys")
+    err = refused(write_images(tmp_path / "i", **{"mountpoints-13.img": image(pbimage.MNTS_MAGIC, *mounts, rw)}))
+    assert err.what == "mount at /proc/sys" and err.found == "writable"
+
+
+def test_a_root_mount_of_another_directory_is_refused(tmp_path: Path) -> None:
+    mounts = [mount(145, 81, "/", 17, root="/etc"), *NORMAL_MOUNTS[1:]]
+    err = refused(write_images(tmp_path / "i", **{"mountpoints-13.img": image(pbimage.MNTS_MAGIC, *mounts)}))
+    assert err.what == "root mount"
+
+
+def test_a_zombie_is_not_judged_by_credentials(tmp_path: Path) -> None:
+    dead = msg((1, 1), (3, msg((1, 2), (2, 0), (3, 0), (4, 0), (5, 0), (6, "z"))))
+    check(write_images(tmp_path / "i", **{"core-9.img": image(pbimage.CORE_MAGIC, dead)}), NORMAL_POSTURE, "ck-1")
+
+
+# --- hostile encodings --------------------------------------------------------------
+
+
+def _bad(d: Path) -> CriuImageInvalid:
+    with pytest.raises(CriuImageInvalid) as info:
+        check(d, NORMAL_POSTURE, "ck-1")
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "name,data",
+    [
+        ("core-9.img", b""),
+        ("core-9.img", struct.pack("<II", pbimage.IMG_COMMON_MAGIC, pbimage.PSTREE_MAGIC)),  # wrong magic
+        ("core-9.img", struct.pack("<III", pbimage.IMG_COMMON_MAGIC, pbimage.CORE_MAGIC, 1 << 30)),  # runs past
+        ("core-9.img", image(pbimage.CORE_MAGIC, b"\xff" * 11)),  # a varint of 11 bytes
+        ("core-9.img", image(pbimage.CORE_MAGIC, b"\x0b")),  # a group (wire type 3)
+        ("core-9.img", image(pbimage.CORE_MAGIC, core(creds(CAPS), index=1) * 2)),  # singular fields twice
+        ("core-9.img", image(pbimage.CORE_MAGIC, core(creds(CAPS), index=1), core(creds(CAPS), index=1))),
+        ("pstree.img", image(pbimage.PSTREE_MAGIC, TASK_1, b"\x08")),  # truncated varint
+        ("pstree.img", image(pbimage.PSTREE_MAGIC)),  # no tasks
+        ("inventory.img", image(pbimage.INVENTORY_MAGIC, msg((1, 2)), common=False)),  # no root ids
+        ("ids-9.img", None),  # missing
+    ],
+)
+def test_malformed_images_are_refused(tmp_path: Path, name: str, data: bytes | None) -> None:
+    d = write_images(tmp_path / "i")
+    if data is None:
+        (d / name).unlink()
+    else:
+        (d / name).write_bytes(data)
+    _bad(d)
+
+
+def test_a_uint32_above_32_bits_is_refused_not_truncated(tmp_path: Path) -> None:
+    # protobuf-c would keep the low 32 bits: 1 << 32 | 1 would read as no_new_privs = 1 there and
+    # as a large number here; refusing keeps the two readers from disagreeing.
+    forged = image(pbimage.CORE_MAGIC, core(creds(CAPS, nnp=(1 << 32) | 1), index=1))
+    _bad(write_images(tmp_path / "i", **{"core-9.img": forged}))
+
+
+def test_a_link_in_place_of_an_image_is_refused(tmp_path: Path) -> None:
+    d = write_images(tmp_path / "i")
+    (d / "core-9.img").unlink()
+    os.symlink("/etc/passwd", d / "core-9.img")
+    _bad(d)
+
+
+def test_huge_inputs_are_refused_without_big_allocations(tmp_path: Path) -> None:
+    d = write_images(tmp_path / "i")
+    with open(d / "core-9.img", "wb") as f:  # sparse: 1 GiB on paper
+        f.truncate(1 << 30)
+    # A pstree whose one record claims 4 GiB, and a task claiming 2**32 threads in a few bytes.
+    tracemalloc.start()
+    try:
+        _bad(d)
+        huge_len = struct.pack("<III", pbimage.IMG_COMMON_MAGIC, pbimage.PSTREE_MAGIC, 0xFFFFFFFF)
+        (d / "pstree.img").write_bytes(huge_len)
+        _bad(d)
+        many = msg((1, 1)) + varint(5 << 3 | 2) + varint(0xFFFFFFFF)
+        (d / "pstree.img").write_bytes(image(pbimage.PSTREE_MAGIC, many))
+        _bad(d)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
+
+
+def test_many_tiny_fields_are_bounded(tmp_path: Path) -> None:
+    d = write_images(tmp_path / "i")
+    (d / "pstree.img").write_bytes(image(pbimage.PSTREE_MAGIC, msg((1, 1)) + b"\x30\x00" * (pbimage.MAX_FIELDS + 1)))
+    assert "fields" in _bad(d).message
+
+
+# --- where the posture comes from ---------------------------------------------------------
+
+
+def test_the_runc_posture_is_read_from_the_bundles_own_config() -> None:
+    spec = bundle.ContainerSpec(id="c1", netns=Path("/run/netns/x"), init_binary=Path("/opt/crab-init"))
+    cfg = bundle.config(spec, Path("/b/c1"), {"/etc/hostname": Path("/dev/null")}, etc_writable=True)
+    p = posture_of(cfg)
+    assert p.capabilities == 0x80004FB  # what /proc/PID/status shows in a normal sandbox
+    assert p.no_new_privs and p.seccomp_filter
+    assert p.namespaces == {"pid", "ipc", "uts", "mnt", "cgroup", "net"}
+    assert {"/.crab/init", "/etc/hostname", "/dev/null"} <= p.binds
+    assert {"/sys", "/proc/sys", "/.crab/init"} <= p.readonly and "/etc/hostname" not in p.readonly
+    # A user namespace added to the config is expected in the images, with its maps.
+    cfg["linux"]["namespaces"].append({"type": "user"})
+    cfg["linux"]["uidMappings"] = [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    assert posture_of(cfg).namespaces >= {"user"} and posture_of(cfg).uid_map == (IdMap(0, 100000, 65536),)
