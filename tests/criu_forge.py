@@ -14,11 +14,14 @@ from typing import Any
 
 from crabd.backends.criu import pbimage
 from crabd.backends.criu.posture import IDS_MAGIC
+from crabd.backends.criu.seccomp_bpf import SYSCALLS_X86_64
 from crabd.backends.procdump import Posture, capability_mask
 
 SANDBOX_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "SETGID", "SETUID", "NET_BIND_SERVICE")
+REFUSED = frozenset({"unshare", "setns", "mount", "open_by_handle_at", "bpf"})
 NORMAL_POSTURE = Posture(
     capabilities=capability_mask(SANDBOX_CAPS),
+    refused_syscalls=REFUSED,
     namespaces=frozenset({"pid", "net", "ipc", "uts", "mnt"}),
     binds=frozenset({"/.crab/init", "/etc/hostname", "/dev/null"}),
     readonly=frozenset({"/sys", "/proc/sys", "/.crab/init"}),
@@ -109,6 +112,32 @@ TASK_1 = msg((1, 1), (2, 0), (3, 1), (4, 1), (5, [1]))
 TASK_9 = msg((1, 9), (2, 1), (3, 1), (4, 1), (5, [9]))
 
 
+def bpf(*insns: tuple[int, int, int, int]) -> bytes:
+    return b"".join(struct.pack("<HBBI", *i) for i in insns)
+
+
+ALLOW, ERRNO_EPERM = 0x7FFF0000, 0x00050001
+
+
+def deny_filter(names: frozenset[str] = REFUSED) -> bytes:
+    """A filter like libseccomp's: load the syscall number, one JEQ per refused call, else allow."""
+    prog = [(0x20, 0, 0, 0)]
+    for name in sorted(names):
+        prog += [(0x15, 0, 1, SYSCALLS_X86_64[name]), (0x06, 0, 0, ERRNO_EPERM)]
+    return bpf(*prog, (0x06, 0, 0, ALLOW))
+
+
+ALLOW_ALL = bpf((0x06, 0, 0, ALLOW))
+
+
+def filters(*programs: tuple[bytes, int | None]) -> bytes:
+    """seccomp.img with these (program, prev) filters."""
+    return image(
+        pbimage.SECCOMP_MAGIC,
+        msg((1, [msg((1, p), *([(2, prev)] if prev is not None else [])) for p, prev in programs])),
+    )
+
+
 def write_images(d: Path, **over: Any) -> Path:
     """A normal two-task dump of a NORMAL_POSTURE sandbox in ``d``; ``over`` replaces a file's bytes by name."""
     caps = NORMAL_POSTURE.capabilities
@@ -119,7 +148,7 @@ def write_images(d: Path, **over: Any) -> Path:
         "ids-9.img": image(IDS_MAGIC, ids(SANDBOX_IDS)),
         "core-1.img": image(pbimage.CORE_MAGIC, core(creds(caps), index=0)),
         "core-9.img": image(pbimage.CORE_MAGIC, core(creds(caps), index=1)),
-        "seccomp.img": image(pbimage.SECCOMP_MAGIC, msg((1, [msg((1, b"\x06" * 8)), msg((1, b"\x06" * 8))]))),
+        "seccomp.img": filters((deny_filter(), None), (deny_filter(), None)),
         "mountpoints-13.img": image(pbimage.MNTS_MAGIC, *NORMAL_MOUNTS),
     }
     d.mkdir(parents=True, exist_ok=True)

@@ -229,12 +229,19 @@ class DockerSandboxBackend:
         binds |= {"/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/dev/null"}
         if "cgroup" not in namespaces:
             binds |= {f"/sys/fs/cgroup/{p.name}" for p in _CGROUP_ROOT.iterdir() if p.is_dir()}
+        # Docker's default profile refuses these to a container without CAP_SYS_ADMIN; the runc
+        # backend's list was written to match it (imported here, not at the top: runc.security
+        # imports this module).  tests/integration/test_posture.py restores under both filters.
+        from crabd.backends.runc.security import DENIED_SYSCALLS
+
+        unconfined = any(o.replace("=", ":") == "seccomp:unconfined" for o in opts)
         readonly = {str(p) for p in host.get("ReadonlyPaths") or ()} | {"/sys"}
         readonly |= {str(m.get("Destination")) for m in mounts if not m.get("RW")}
         return Posture(
             capabilities=capability_mask(host.get("CapAdd") or ()),
             no_new_privs=any(o in ("no-new-privileges", "no-new-privileges:true") for o in opts),
-            seccomp_filter=not any(o.replace("=", ":") == "seccomp:unconfined" for o in opts),
+            seccomp_filter=not unconfined,
+            refused_syscalls=frozenset() if unconfined else frozenset((*DENIED_SYSCALLS, "clone3")),
             namespaces=frozenset(namespaces),
             binds=frozenset(binds),
             readonly=frozenset(readonly),

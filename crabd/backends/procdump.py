@@ -144,6 +144,8 @@ class Posture:
     no_new_privs: bool = True
     #: A seccomp filter (mode 2) on every thread.
     seccomp_filter: bool = True
+    #: Syscalls the sandbox's filter refuses (names): a restored thread's filter chain must refuse them too.
+    refused_syscalls: frozenset[str] = frozenset()
     #: The namespace kinds the sandbox has of its own (NAMESPACE_KINDS), the rest being the host's.
     namespaces: frozenset[str] = frozenset()
     #: Where host paths are bind-mounted in (the runtime's external mounts, by destination).

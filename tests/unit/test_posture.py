@@ -17,13 +17,19 @@ from crabd.backends.runc import bundle
 from crabd.backends.runc.posture import posture_of
 from crabd.errors import CriuImageInvalid, PostureViolation
 from tests.criu_forge import (
+    ALLOW,
+    ALLOW_ALL,
     HOST_IDS,
     NORMAL_MOUNTS,
     NORMAL_POSTURE,
+    REFUSED,
     SANDBOX_IDS,
     TASK_1,
+    bpf,
     core,
     creds,
+    deny_filter,
+    filters,
     ids,
     image,
     mount,
@@ -82,8 +88,33 @@ def test_a_missing_seccomp_filter_is_refused(tmp_path: Path, index: int | None) 
 
 
 def test_a_filter_chain_that_loops_is_refused(tmp_path: Path) -> None:
-    loop = image(pbimage.SECCOMP_MAGIC, msg((1, [msg((1, b"x"), (2, 1)), msg((1, b"x"), (2, 0))])))
+    loop = filters((deny_filter(), 1), (deny_filter(), 0))
     assert refused(write_images(tmp_path / "i", **{"seccomp.img": loop})).what == "seccomp filter"
+
+
+def test_a_filter_swapped_for_one_that_allows_everything_is_refused(tmp_path: Path) -> None:
+    err = refused(write_images(tmp_path / "i", **{"seccomp.img": filters((ALLOW_ALL, None), (deny_filter(), None))}))
+    assert err.pid == 1 and err.what == "seccomp filter" and err.found.startswith("one allowing ")
+
+
+def test_a_filter_refusing_less_than_the_sandboxs_is_refused(tmp_path: Path) -> None:
+    weaker = deny_filter(REFUSED - {"unshare"})
+    err = refused(write_images(tmp_path / "i", **{"seccomp.img": filters((weaker, None), (weaker, None))}))
+    assert err.found == "one allowing unshare"
+
+
+def test_filters_a_process_stacked_on_the_sandboxs_are_accepted(tmp_path: Path) -> None:
+    # seccomp() is allowed in a sandbox: a program may add filters; the chain still refuses what the base refuses.
+    own = bpf((0x20, 0, 0, 4), (0x15, 1, 0, 0xC000003E), (0x06, 0, 0, 0), (0x06, 0, 0, ALLOW))
+    stacked = filters((deny_filter(), None), (own, 0), (ALLOW_ALL, 1))
+    core9 = image(pbimage.CORE_MAGIC, core(creds(CAPS), index=2))
+    check(write_images(tmp_path / "i", **{"seccomp.img": stacked, "core-9.img": core9}), NORMAL_POSTURE, "ck-1")
+
+
+def test_a_filter_crab_cannot_interpret_does_not_count_as_refusing(tmp_path: Path) -> None:
+    odd = bpf((0x20, 0, 0, 0), (0xFF, 0, 0, 0), (0x06, 0, 0, 0))  # an unknown opcode before "kill"
+    err = refused(write_images(tmp_path / "i", **{"seccomp.img": filters((odd, None), (odd, None))}))
+    assert err.what == "seccomp filter"
 
 
 def test_old_per_task_seccomp_fields_are_refused(tmp_path: Path) -> None:
@@ -253,6 +284,7 @@ def test_the_runc_posture_is_read_from_the_bundles_own_config() -> None:
     p = posture_of(cfg)
     assert p.capabilities == 0x80004FB  # what /proc/PID/status shows in a normal sandbox
     assert p.no_new_privs and p.seccomp_filter
+    assert {"unshare", "setns", "mount", "open_by_handle_at", "clone3"} <= p.refused_syscalls
     assert p.namespaces == {"pid", "ipc", "uts", "mnt", "cgroup", "net"}
     assert {"/.crab/init", "/etc/hostname", "/dev/null"} <= p.binds
     assert {"/sys", "/proc/sys", "/.crab/init"} <= p.readonly and "/etc/hostname" not in p.readonly

@@ -148,6 +148,12 @@ class Message:
         except UnicodeDecodeError as exc:
             raise Malformed(f"field {num} is not UTF-8") from exc
 
+    def blob(self, num: int) -> bytes | None:
+        """A singular bytes field."""
+        value = self._one(num, LENGTH)
+        assert value is None or isinstance(value, bytes)
+        return value
+
     def message(self, num: int) -> Message | None:
         """A singular nested message, decoded now."""
         value = self._one(num, LENGTH)

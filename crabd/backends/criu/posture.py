@@ -35,7 +35,8 @@ What is checked, per thread of every live task:
 * each capability set (inheritable, permitted, effective, bounding,
   ambient) within the posture's bounding set;
 * no_new_privs set, seccomp in filter mode with a filter chain that
-  exists in ``seccomp.img`` (its program is not compared: see docs);
+  exists in ``seccomp.img`` and, run as the kernel would
+  (:mod:`.seccomp_bpf`), refuses every syscall the posture's filter refuses;
   old per-task seccomp fields (which override per-thread ones in CRIU) and
   missing per-thread credentials (CRIU then reads an old ``creds`` image)
   are refused;
@@ -59,11 +60,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from crabd.backends.criu import pbimage
 from crabd.backends.criu.pbimage import Malformed, Message
+from crabd.backends.criu.seccomp_bpf import SYSCALLS_X86_64, refuses
 from crabd.backends.procdump import CAPABILITY_BITS, NAMESPACE_KINDS, IdMap, Posture
 from crabd.errors import CriuImageInvalid, PostureViolation
 
@@ -89,6 +91,8 @@ class _Checker:
     images_dir: Path
     posture: Posture
     checkpoint: str
+    #: Per filter chain: a syscall it lets through that the posture refuses (None: it refuses them all).
+    verdicts: dict[tuple[bytes, ...], str | None] = field(default_factory=dict)
 
     def refuse(self, pid: int, what: str, found: str, expected: str) -> PostureViolation:
         return PostureViolation(
@@ -154,25 +158,39 @@ class _Checker:
 
     # --- credentials and seccomp ----------------------------------------------------
 
-    def seccomp_filters(self) -> list[int | None]:
-        """Each filter's ``prev`` (None: the chain's end), by index; [] without seccomp.img."""
+    def seccomp_filters(self) -> list[tuple[bytes, int | None]]:
+        """Each filter's program and ``prev`` (None: the chain's end), by index; [] without seccomp.img."""
         try:
             entry = self.one("seccomp.img", pbimage.SECCOMP_MAGIC)
+            filters = entry.messages(1)
+            if len(filters) > MAX_FILTERS:
+                raise Malformed(f"{len(filters)} filters")
+            out: list[tuple[bytes, int | None]] = []
+            for f in filters:
+                program = f.blob(1)
+                if program is None:
+                    raise Malformed("a filter without its program")
+                out.append((program, f.uint32(2)))
         except Malformed as exc:
             if not _exists(self.dirfd, "seccomp.img"):
                 return []
             raise _Bad("seccomp.img", str(exc)) from exc
-        filters = entry.messages(1)
-        if len(filters) > MAX_FILTERS:
-            raise _Bad("seccomp.img", f"{len(filters)} filters")
-        out: list[int | None] = []
-        for f in filters:
-            if not f.has(1):
-                raise _Bad("seccomp.img", "a filter without its program")
-            out.append(f.uint32(2))
         return out
 
-    def check_core(self, pid: int, tid: int, filters: list[int | None]) -> None:
+    def allowed_syscall(self, chain: tuple[bytes, ...]) -> str | None:
+        """A syscall the posture refuses that ``chain`` lets through, or None (cached per chain)."""
+        if chain not in self.verdicts:
+            self.verdicts[chain] = next(
+                (
+                    name
+                    for name in sorted(self.posture.refused_syscalls)
+                    if name in SYSCALLS_X86_64 and not refuses(list(chain), SYSCALLS_X86_64[name])
+                ),
+                None,
+            )
+        return self.verdicts[chain]
+
+    def check_core(self, pid: int, tid: int, filters: list[tuple[bytes, int | None]]) -> None:
         name = f"core-{tid}.img"
         try:
             core = self.one(name, pbimage.CORE_MAGIC)
@@ -201,8 +219,12 @@ class _Checker:
         if self.posture.seccomp_filter:
             if mode != SECCOMP_MODE_FILTER:
                 raise self.refuse(tid, "seccomp mode", str(mode or 0), f"{SECCOMP_MODE_FILTER} (filter)")
-            if index is None or not _chain_ok(filters, index):
+            chain = None if index is None else _chain(filters, index)
+            if chain is None:
                 raise self.refuse(tid, "seccomp filter", "missing or broken", "the sandbox's filter chain")
+            let_through = self.allowed_syscall(chain)
+            if let_through is not None:
+                raise self.refuse(tid, "seccomp filter", f"one allowing {let_through}", f"one refusing {let_through}")
 
     # --- mounts -----------------------------------------------------------------
 
@@ -280,16 +302,16 @@ def _maps(m: tuple[IdMap, ...]) -> str:
     return "; ".join(f"{e.inside} {e.outside} {e.count}" for e in m) or "none"
 
 
-def _chain_ok(filters: list[int | None], index: int) -> bool:
-    """The chain from ``index`` exists and ends (no loop: it visits each filter at most once)."""
-    seen: set[int] = set()
+def _chain(filters: list[tuple[bytes, int | None]], index: int) -> tuple[bytes, ...] | None:
+    """The programs of the chain from ``index``; None if it names a missing filter or loops."""
+    seen: list[int] = []
     at: int | None = index
     while at is not None:
         if at >= len(filters) or at in seen:
-            return False
-        seen.add(at)
-        at = filters[at]
-    return True
+            return None
+        seen.append(at)
+        at = filters[at][1]
+    return tuple(filters[i][0] for i in seen)
 
 
 def check(images_dir: Path, posture: Posture, checkpoint: str) -> None:
