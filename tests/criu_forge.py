@@ -23,7 +23,8 @@ NORMAL_POSTURE = Posture(
     capabilities=capability_mask(SANDBOX_CAPS),
     refused_syscalls=REFUSED,
     namespaces=frozenset({"pid", "net", "ipc", "uts", "mnt"}),
-    binds=frozenset({"/.crab/init", "/etc/hostname", "/dev/null"}),
+    binds=frozenset({"/.crab/init", "/etc/hostname"}),
+    mask_binds=frozenset({"/dev/null"}),
     readonly=frozenset({"/sys", "/proc/sys", "/.crab/init"}),
 )
 #: CRIU's own namespace ids at dump time (inventory root_ids) and the sandbox's.
@@ -88,8 +89,12 @@ def core(creds_msg: bytes | None, *, seccomp: int | None = 2, index: int | None 
     return msg((1, 1), (3, tc), (5, msg(*thread)))
 
 
-def mount(mnt: int, parent: int, point: str, fstype: int, *, flags: int = 0, root: str = "/", key: str = "") -> bytes:
-    fields: list[tuple[int, Any]] = [(1, fstype), (2, mnt), (3, 0), (4, parent), (5, flags), (6, root), (7, point)]
+def mount(
+    mnt: int, parent: int, point: str, fstype: int, *, flags: int = 0, root: str = "/", key: str = "", dev: int = 0
+) -> bytes:
+    """A MntEntry; ``dev`` (the device) defaults to one of its own (1000 + its id)."""
+    fields: list[tuple[int, Any]] = [(1, fstype), (2, mnt), (3, dev or 1000 + mnt), (4, parent), (5, flags)]
+    fields += [(6, root), (7, point)]
     fields += [(8, "none"), (9, "")]
     if key:
         fields.append((18, key))
@@ -100,7 +105,7 @@ NORMAL_MOUNTS = [
     mount(145, 81, "/", 17),
     mount(147, 145, "/proc", 1),
     mount(151, 145, "/sys", 2, flags=1),
-    mount(109, 147, "/proc/sys", 1, flags=1, root="/sys"),
+    mount(109, 147, "/proc/sys", 1, flags=1, root="/sys", dev=1147),
     mount(112, 147, "/proc/keys", 5, root="/null", key="/dev/null"),
     mount(192, 145, "/.crab/init", 0, flags=1, root="/host/crab-init", key="/.crab/init"),
     mount(196, 145, "/etc/hostname", 0, root="/var/lib/docker/x/hostname", key="/etc/hostname"),

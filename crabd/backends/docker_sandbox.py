@@ -226,7 +226,7 @@ class DockerSandboxBackend:
             namespaces.add("cgroup")
         mounts = attrs.get("Mounts") or []
         binds = {str(m.get("Destination")) for m in mounts}
-        binds |= {"/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/dev/null"}
+        binds |= {"/etc/hostname", "/etc/hosts", "/etc/resolv.conf"}
         if "cgroup" not in namespaces:
             binds |= {f"/sys/fs/cgroup/{p.name}" for p in _CGROUP_ROOT.iterdir() if p.is_dir()}
         # Docker's default profile refuses these to a container without CAP_SYS_ADMIN; the runc
@@ -244,6 +244,7 @@ class DockerSandboxBackend:
             refused_syscalls=frozenset() if unconfined else frozenset((*DENIED_SYSCALLS, "clone3")),
             namespaces=frozenset(namespaces),
             binds=frozenset(binds),
+            mask_binds=frozenset({"/dev/null"}),
             readonly=frozenset(readonly),
         )
 

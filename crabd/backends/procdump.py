@@ -150,6 +150,8 @@ class Posture:
     namespaces: frozenset[str] = frozenset()
     #: Where host paths are bind-mounted in (the runtime's external mounts, by destination).
     binds: frozenset[str] = frozenset()
+    #: External mounts allowed at any mount point (runc binds /dev/null over masked files).
+    mask_binds: frozenset[str] = frozenset()
     #: Mount points that must be read-only when present.
     readonly: frozenset[str] = frozenset()
     #: The user namespace's maps, when ``"user"`` is in ``namespaces``.

@@ -8,12 +8,15 @@ is).  Each backend's posture comes from its own container config.
 
 from __future__ import annotations
 
+import os
+import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from crabd.backends.criu import pbimage
 from crabd.backends.criu.posture import check
 from crabd.backends.docker_sandbox import DockerSandboxBackend
 from crabd.backends.procdump import Posture
@@ -54,6 +57,28 @@ FORGERIES: dict[str, Callable[[bytes], tuple[bytes, bytes, int | None]]] = {
 }
 
 
+def _forge_filters(d: EmbeddedDaemon) -> dict[Path, bytes]:
+    """Each filter program in the hot seccomp.img starts with "return ALLOW" (same size): a filter allowing all."""
+    out = {}
+    for path in (d.state_dir / "images-hot").glob("*/seccomp.img"):
+        data = path.read_bytes()
+        forged = data
+        dirfd = pbimage.open_dir(path.parent)
+        try:
+            (entry,) = pbimage.messages(dirfd, path.name, pbimage.SECCOMP_MAGIC)
+        finally:
+            os.close(dirfd)
+        for f in entry.messages(1):
+            program = f.blob(1)
+            assert program is not None
+            forged = forged.replace(program, struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000) + program[8:])
+        assert forged != data and len(forged) == len(data)
+        path.chmod(0o600)
+        path.write_bytes(forged)
+        out[path] = data
+    return out
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -86,7 +111,7 @@ def sandbox(daemon: EmbeddedDaemon) -> Iterator[tuple[Client, Sandbox]]:
             sb.remove(force=True)
 
 
-@pytest.mark.parametrize("what", list(FORGERIES))
+@pytest.mark.parametrize("what", [*FORGERIES, "seccomp_filter"])
 def test_a_forged_core_image_is_refused_and_changes_nothing(
     daemon: EmbeddedDaemon, sandbox: tuple[Client, Sandbox], what: str
 ) -> None:
@@ -95,8 +120,8 @@ def test_a_forged_core_image_is_refused_and_changes_nothing(
     ck = sb.checkpoint(kind="full")
     before = instance_containers(daemon.state_dir)
     source_cid = sb.refresh().container_id
-    originals = {}
-    for core in _cores(daemon):
+    originals = _forge_filters(daemon) if what == "seccomp_filter" else {}
+    for core in _cores(daemon) if what != "seccomp_filter" else []:
         old, new, count = FORGERIES[what](core.read_bytes())
         if what == "capabilities" or old in core.read_bytes():
             originals[core] = _forge(core, old, new, count)
@@ -111,7 +136,7 @@ def test_a_forged_core_image_is_refused_and_changes_nothing(
             core.write_bytes(data)
     for err in (fork_err.value, restore_err.value):
         assert err.checkpoint == ck.id and err.pid > 0, err
-        assert {"capabilities": "capability", "no_new_privs": "no_new_privs", "seccomp": "seccomp"}[what] in err.what
+        assert {"capabilities": "capability", "no_new_privs": "no_new_privs"}.get(what, "seccomp") in err.what
     if what == "capabilities":
         assert "SYS_ADMIN" in fork_err.value.found and "0x80004fb" in fork_err.value.expected
     # Nothing half-restored: no new container; the sandbox runs on in its own container, as before.
@@ -120,12 +145,14 @@ def test_a_forged_core_image_is_refused_and_changes_nothing(
     assert sb.run(["sh", "-c", "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/1/status"]).text.split() == [
         "CapEff:", f"{NORMAL_CAPS:016x}", "NoNewPrivs:", "1", "Seccomp:", "2",
     ]  # fmt: skip
-    # The same images, unforged, restore and fork as ever.
+    # The same images, unforged, fork and restore as ever.
     clone = client.fork(ck.id, 1)[0]
     try:
         assert "NoNewPrivs:\t1" in clone.run(["cat", "/proc/1/status"]).text
     finally:
         clone.remove(force=True)
+    sb.restore(ck.id)
+    assert sb.refresh().container_id != source_cid and "Seccomp:\t2" in sb.run(["cat", "/proc/1/status"]).text
 
 
 def test_the_check_costs_little_on_a_real_checkpoint(

@@ -173,21 +173,44 @@ def test_a_user_namespace_map_other_than_the_postures_is_refused(tmp_path: Path)
     [
         mount(300, 145, "/mnt/host", 0, root="/etc", key="/mnt/host"),  # an external bind the spec lacks
         mount(301, 145, "/mnt/host", 16, root="/"),  # a file system CRIU would mount itself
-        mount(302, 145, "/mnt/root", 17, root="/../.."),  # a bind of the root's file system
+        mount(302, 145, "/mnt/root", 17, root="/"),  # a second overlay
+        # crab-init's bind again, elsewhere and writable: the host's binary, writable from inside.
+        mount(303, 145, "/mnt/init", 0, root="/host/crab-init", key="/.crab/init"),
+        # A "tmpfs" on the root's device: CRIU would bind it from the root, ".." and all.
+        mount(304, 145, "/mnt/up", 5, root="/x", dev=1145),
+        mount(305, 145, "/mnt/up", 5, root="/../../etc"),  # not a plain path
+        mount(306, 145, "/mnt/init2", 5, root="/host/crab-init", dev=1192),  # on a host bind's device
+        mount(307, 145, "/mnt/sys", 2),  # a writable sysfs (uevent_helper)
+        mount(308, 145, "/mnt/proc", 1, flags=1),  # a second full proc
+        mount(309, 147, "/mnt/core", 1, root="/sys/kernel", dev=1147),  # a writable piece of proc
+        mount(310, 145, "/mnt/cg", 12),  # a writable cgroup (release_agent)
     ],
-    ids=["external", "auto", "overlay"],
-)
+    ids=["external", "auto", "overlay", "init-elsewhere", "root-dev", "dotdot", "host-dev", "sysfs", "proc2",
+         "proc-rw", "cgroup-rw"],
+)  # fmt: skip
 def test_a_mount_beyond_the_spec_is_refused(tmp_path: Path, extra: bytes) -> None:
     forged = image(pbimage.MNTS_MAGIC, *NORMAL_MOUNTS, extra)
     err = refused(write_images(tmp_path / "i", **{"mountpoints-13.img": forged}))
     assert err.what.startswith("mount at /mnt/")
 
 
+def test_a_dropped_read_only_proc_bind_is_refused(tmp_path: Path) -> None:
+    # Without its read-only bind, /proc/sys (core_pattern ...) would be writable through /proc.
+    mounts = [m for m in NORMAL_MOUNTS if m != NORMAL_MOUNTS[3]]
+    err = refused(write_images(tmp_path / "i", **{"mountpoints-13.img": image(pbimage.MNTS_MAGIC, *mounts)}))
+    assert err.what == "mount at /proc/sys" and err.found == "absent"
+
+
 def test_a_read_only_mount_made_writable_is_refused(tmp_path: Path) -> None:
     mounts = [m for m in NORMAL_MOUNTS if m != NORMAL_MOUNTS[3]]
-    rw = mount(109, 147, "/proc/sys", 1, flags=0, root="/sys")
+    rw = mount(109, 147, "/proc/sys", 1, flags=0, root="/sys", dev=1147)
     err = refused(write_images(tmp_path / "i", **{"mountpoints-13.img": image(pbimage.MNTS_MAGIC, *mounts, rw)}))
-    assert err.what == "mount at /proc/sys" and err.found == "writable"
+    assert err.what == "mount at /proc/sys" and "writable" in err.found
+    # crab-init's bind made writable (the host's binary, from inside): the posture's read-only point.
+    mounts = [m for m in NORMAL_MOUNTS if m != NORMAL_MOUNTS[5]]
+    rw = mount(192, 145, "/.crab/init", 0, root="/host/crab-init", key="/.crab/init")
+    err = refused(write_images(tmp_path / "j", **{"mountpoints-13.img": image(pbimage.MNTS_MAGIC, *mounts, rw)}))
+    assert err.what == "mount at /.crab/init" and err.found == "writable"
 
 
 def test_a_root_mount_of_another_directory_is_refused(tmp_path: Path) -> None:
@@ -286,7 +309,7 @@ def test_the_runc_posture_is_read_from_the_bundles_own_config() -> None:
     assert p.no_new_privs and p.seccomp_filter
     assert {"unshare", "setns", "mount", "open_by_handle_at", "clone3"} <= p.refused_syscalls
     assert p.namespaces == {"pid", "ipc", "uts", "mnt", "cgroup", "net"}
-    assert {"/.crab/init", "/etc/hostname", "/dev/null"} <= p.binds
+    assert {"/.crab/init", "/etc/hostname"} <= p.binds and p.mask_binds == {"/dev/null"}
     assert {"/sys", "/proc/sys", "/.crab/init"} <= p.readonly and "/etc/hostname" not in p.readonly
     # A user namespace added to the config is expected in the images, with its maps.
     cfg["linux"]["namespaces"].append({"type": "user"})

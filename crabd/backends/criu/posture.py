@@ -44,11 +44,15 @@ What is checked, per thread of every live task:
   task is in the root task's namespaces (no nested ones: the sandbox's
   seccomp filter refuses unshare/setns/clone with CLONE_NEW*);
 * with a user namespace, its uid and gid maps are the posture's;
-* mounts: the root mount, mounts of kernel-made file systems (proc,
-  sysfs, tmpfs, devpts, mqueue, cgroup), and the runtime's external bind
-  mounts whose key is one of the posture's bind destinations (the runtime,
-  not the image, names their host source); anything else (a bind of a host
-  path CRIU would mount itself) is refused; read-only points stay read-only.
+* mounts (root paths plain, no ``..``): the root mount; the runtime's
+  external bind mounts, each at its own destination, which the posture
+  names (runc, not the image, names their host source), and its
+  ``/dev/null`` over masked files; mounts of kernel-made file systems
+  (proc, sysfs, tmpfs, devpts, mqueue, cgroup) that share no device with
+  the root or a host bind (CRIU would bind those from it), sysfs and cgroup
+  read-only, one proc at /proc and its other binds read-only; anything else
+  is refused.  The posture's read-only points are read-only, and those
+  under /proc that this host has are present.
 
 uids and gids are not checked: the sandbox holds CAP_SETUID/CAP_SETGID
 within its own posture, so any id an image could name is one its processes
@@ -77,7 +81,8 @@ TASK_DEAD = 2
 SECCOMP_MODE_FILTER = 2
 #: CredsEntry fields of the capability sets.
 _CAP_SETS = {"inheritable": 9, "permitted": 10, "effective": 11, "bounding": 12, "ambient": 19}
-#: MntEntry fstypes made by the kernel from nothing on the host (mnt.proto's enum).
+#: MntEntry fstypes made by the kernel from nothing on the host (mnt.proto's enum).  proc, sysfs
+#: and cgroup reach the host's kernel settings: they must be read-only but for /proc itself.
 _VIRTUAL_FS = {1: "proc", 2: "sysfs", 5: "tmpfs", 6: "devpts", 12: "cgroup", 14: "mqueue", 23: "cgroup2"}
 MS_RDONLY = 1
 #: Tasks, threads and seccomp filters one image may hold (a sandbox's pids limit is 4096 by default).
@@ -229,39 +234,97 @@ class _Checker:
     # --- mounts -----------------------------------------------------------------
 
     def check_mounts(self, pid: int, mnt_ns: int | None) -> None:
+        """The root task's mount table: each entry is the root, a spec bind, or a kernel file system, safely.
+
+        Steps: decode every MntEntry; find the one root; judge each entry by
+        kind (see :func:`_judge_mount`); then check that the read-only points
+        under /proc that this host's runtimes mount (they skip absent ones)
+        are all there, so that dropping one cannot make /proc/sys writable.
+        """
         name = f"mountpoints-{mnt_ns}.img"
         try:
-            entries = pbimage.messages(self.dirfd, name, pbimage.MNTS_MAGIC)
-            mounts = [
-                (
-                    e.uint32(1), e.uint32(2), e.uint32(4), e.uint32(5) or 0, e.text(6) or "", e.text(7) or "",
-                    bool(e.uint32(13)) or e.has(18), e.text(18),
-                )
-                for e in entries
-            ]  # fmt: skip
+            mounts = [_Mount.of(e) for e in pbimage.messages(self.dirfd, name, pbimage.MNTS_MAGIC)]
+            ids = {m.mnt_id for m in mounts}
+            roots = [m for m in mounts if m.parent not in ids]
+            if len(roots) != 1:
+                raise Malformed(f"{len(roots)} root mounts")
         except Malformed as exc:
             raise _Bad(name, str(exc)) from exc
-        ids = {m[1] for m in mounts}
-        roots = [m for m in mounts if m[2] not in ids]
-        if len(roots) != 1:
-            raise _Bad(name, f"{len(roots)} root mounts")
-        root_point = roots[0][5]
-        for fstype, mnt_id, _parent, flags, fsroot, point, external, key in mounts:
-            inside = _inside(point, root_point)
-            if mnt_id == roots[0][1]:
-                if fsroot != "/":
-                    raise self.refuse(pid, "root mount", f"a bind of {fsroot!r}", "the container's root")
-            elif external:
-                if key not in self.posture.binds:
-                    raise self.refuse(
-                        pid, f"mount at {inside}", f"a host bind keyed {key!r}", "only the spec's own bind mounts"
-                    )
-            elif fstype not in _VIRTUAL_FS:
-                raise self.refuse(
-                    pid, f"mount at {inside}", f"a {fstype} mount of {fsroot!r}", "no mounts beyond the spec's"
-                )
-            if inside in self.posture.readonly and not flags & MS_RDONLY:
-                raise self.refuse(pid, f"mount at {inside}", "writable", "read-only")
+        root = roots[0]
+        # CRIU mounts an entry as a bind of any entry of the same device whose root holds its root:
+        # a kernel file system may not share a device with the container's root or a host bind.
+        host_devs = {root.dev} | {m.dev for m in mounts if m.external and m.key not in self.posture.mask_binds}
+        points = set()
+        for m in mounts:
+            inside = _inside(m.point, root.point)
+            points.add(inside)
+            problem = _judge_mount(m, inside, m is root, host_devs, self.posture)
+            if problem is not None:
+                found, expected = problem
+                raise self.refuse(pid, "root mount" if m is root else f"mount at {inside}", found, expected)
+        for path in sorted(self.posture.readonly):
+            if path.startswith("/proc/") and path not in points and os.path.exists(path):
+                raise self.refuse(pid, f"mount at {path}", "absent", "a read-only mount")
+
+
+@dataclass(frozen=True)
+class _Mount:
+    fstype: int
+    mnt_id: int
+    dev: int
+    parent: int
+    flags: int
+    root: str
+    point: str
+    external: bool
+    key: str | None
+
+    @classmethod
+    def of(cls, e: Message) -> _Mount:
+        fields = (e.uint32(1), e.uint32(2), e.uint32(3), e.uint32(4), e.text(6), e.text(7))
+        if any(f is None for f in fields):
+            raise Malformed("a mount entry without a required field")
+        fstype, mnt_id, dev, parent, root, point = fields
+        assert isinstance(root, str) and isinstance(point, str)
+        key = e.text(18)
+        return cls(
+            fstype or 0, mnt_id or 0, dev or 0, parent or 0, e.uint32(5) or 0, root, point,
+            bool(e.uint32(13)) or key is not None, key,
+        )  # fmt: skip
+
+
+def _judge_mount(
+    m: _Mount, inside: str, is_root: bool, host_devs: set[int], posture: Posture
+) -> tuple[str, str] | None:
+    """(found, expected) if mount ``m`` is beyond the posture, else None."""
+    if not _normal_path(m.root):
+        return f"a mount of {m.root!r}", "a plain absolute path"
+    if is_root:
+        return None if m.root == "/" else (f"a bind of {m.root!r}", "the container's root")
+    ro = bool(m.flags & MS_RDONLY)
+    if m.external:
+        # runc names a bind to CRIU by its destination; its host source comes from runc, not the image.
+        if m.key in posture.mask_binds:
+            return None
+        if m.key not in posture.binds or m.key != inside:
+            return f"a host bind keyed {m.key!r}", "only the spec's own bind mounts, each at its own place"
+    elif m.fstype not in _VIRTUAL_FS:
+        return f"a mount of file system type {m.fstype} at {m.root!r}", "no mounts beyond the spec's"
+    elif m.dev in host_devs:
+        return f"a bind of {m.root!r} from the root or a host bind", "no mounts beyond the spec's"
+    elif m.fstype in (2, 12, 23) and not ro:
+        return f"a writable {_VIRTUAL_FS[m.fstype]}", "read-only (it reaches the host's kernel settings)"
+    elif m.fstype == 1 and m.root == "/" and inside != "/proc":
+        return "a second proc", "one proc, at /proc"
+    elif m.fstype == 1 and m.root != "/" and not ro:
+        return f"a writable bind of proc's {m.root!r}", "read-only"
+    if inside in posture.readonly and not ro:
+        return "writable", "read-only"
+    return None
+
+
+def _normal_path(path: str) -> bool:
+    return path == "/" or (path.startswith("/") and all(p not in ("", ".", "..") for p in path[1:].split("/")))
 
 
 class _Bad(Exception):

@@ -10,7 +10,7 @@ hold is exactly what a freshly started one gets:
 * namespaces: ``linux.namespaces`` (OCI names mapped to CRIU's; one joined by
   path, like the network namespace, is still the sandbox's own);
 * binds (the external mounts runc names to CRIU by destination): the bind
-  mounts, and ``/dev/null``, which runc binds over each masked file;
+  mounts; and ``/dev/null``, which runc binds over each masked file;
 * read-only points: ``linux.readonlyPaths`` and every ``ro`` mount but
   runc's cgroup mount (a writable tmpfs holding read-only controller mounts,
   which the check requires read-only by type);
@@ -63,8 +63,6 @@ def posture_of(config: dict[str, Any]) -> Posture:
     linux = config.get("linux") or {}
     mounts = config.get("mounts") or []
     binds = {m["destination"] for m in mounts if m.get("type") == "bind" or "rbind" in (m.get("options") or ())}
-    if linux.get("maskedPaths"):
-        binds.add("/dev/null")
     readonly = set(linux.get("readonlyPaths") or ())
     readonly |= {m["destination"] for m in mounts if "ro" in (m.get("options") or ()) and m.get("type") != "cgroup"}
     return Posture(
@@ -74,6 +72,7 @@ def posture_of(config: dict[str, Any]) -> Posture:
         refused_syscalls=refused_syscalls(linux.get("seccomp")),
         namespaces=frozenset(_KINDS[n["type"]] for n in linux.get("namespaces") or ()),
         binds=frozenset(binds),
+        mask_binds=frozenset({"/dev/null"}) if linux.get("maskedPaths") else frozenset(),
         readonly=frozenset(readonly),
         uid_map=_maps(linux.get("uidMappings")),
         gid_map=_maps(linux.get("gidMappings")),
