@@ -219,9 +219,30 @@ def test_a_root_mount_of_another_directory_is_refused(tmp_path: Path) -> None:
     assert err.what == "root mount"
 
 
+def test_other_threads_without_a_mode_share_the_leaders_filter(tmp_path: Path) -> None:
+    # As CRIU dumps a multithreaded process: the leader has mode and filter, its other threads neither.
+    thread = msg((5, msg((1, 0), (2, 0), (10, creds(CAPS)))))
+    tree = image(pbimage.PSTREE_MAGIC, TASK_1, msg((1, 9), (2, 1), (3, 1), (4, 1), (5, [9, 10])))
+    images = {"pstree.img": tree, "core-10.img": image(pbimage.CORE_MAGIC, thread)}
+    check(write_images(tmp_path / "ok", **images), NORMAL_POSTURE, "ck-1")
+    # But not the leader, nor a thread whose own credentials overreach.
+    bad = msg((5, msg((1, 0), (2, 0), (10, creds(ALL_CAPS)))))
+    err = refused(write_images(tmp_path / "caps", **images | {"core-10.img": image(pbimage.CORE_MAGIC, bad)}))
+    assert err.pid == 10
+    leader = image(pbimage.CORE_MAGIC, core(creds(CAPS), seccomp=None, index=None))
+    assert refused(write_images(tmp_path / "leader", **images | {"core-9.img": leader})).what == "seccomp mode"
+
+
 def test_a_zombie_is_not_judged_by_credentials(tmp_path: Path) -> None:
     dead = msg((1, 1), (3, msg((1, 2), (2, 0), (3, 0), (4, 0), (5, 0), (6, "z"))))
     check(write_images(tmp_path / "i", **{"core-9.img": image(pbimage.CORE_MAGIC, dead)}), NORMAL_POSTURE, "ck-1")
+    # A zombie's thread list leaves it out; a live task that does so is refused.
+    tree = image(pbimage.PSTREE_MAGIC, TASK_1, msg((1, 9), (2, 1), (3, 1), (4, 1), (5, [0])))
+    zombie = {"core-9.img": image(pbimage.CORE_MAGIC, dead), "pstree.img": tree}
+    check(write_images(tmp_path / "j", **zombie), NORMAL_POSTURE, "ck-1")
+    (tmp_path / "j" / "ids-9.img").unlink()  # as CRIU dumps a zombie: no ids
+    check(tmp_path / "j", NORMAL_POSTURE, "ck-1")
+    _bad(write_images(tmp_path / "k", **{"pstree.img": tree}))
 
 
 # --- hostile encodings --------------------------------------------------------------
@@ -245,8 +266,11 @@ def _bad(d: Path) -> CriuImageInvalid:
         ("core-9.img", image(pbimage.CORE_MAGIC, core(creds(CAPS), index=1), core(creds(CAPS), index=1))),
         ("pstree.img", image(pbimage.PSTREE_MAGIC, TASK_1, b"\x08")),  # truncated varint
         ("pstree.img", image(pbimage.PSTREE_MAGIC)),  # no tasks
+        ("pstree.img", image(pbimage.PSTREE_MAGIC, TASK_1, msg((1, 9), (2, 1), (5, [10])))),  # leader not a thread
+        ("core-9.img", image(pbimage.CORE_MAGIC, msg((5, msg((1, 0), (2, 0), (10, creds(CAPS))))))),  # no task part
         ("inventory.img", image(pbimage.INVENTORY_MAGIC, msg((1, 2)), common=False)),  # no root ids
-        ("ids-9.img", None),  # missing
+        ("ids-9.img", None),  # missing for a live task
+        ("ids-1.img", None),  # missing for the root task
     ],
 )
 def test_malformed_images_are_refused(tmp_path: Path, name: str, data: bytes | None) -> None:

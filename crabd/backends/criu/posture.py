@@ -34,7 +34,8 @@ What is checked, per thread of every live task:
 
 * each capability set (inheritable, permitted, effective, bounding,
   ambient) within the posture's bounding set;
-* no_new_privs set, seccomp in filter mode with a filter chain that
+* no_new_privs set, seccomp in filter mode (a process's other threads
+  may carry no mode: they share the leader's filter) with a filter chain that
   exists in ``seccomp.img`` and, run as the kernel would
   (:mod:`.seccomp_bpf`), refuses every syscall the posture's filter refuses;
   old per-task seccomp fields (which override per-thread ones in CRIU) and
@@ -118,17 +119,28 @@ class _Checker:
 
     # --- namespaces -------------------------------------------------------------
 
-    def ids(self, pid: int) -> dict[str, int | None]:
+    def ids(self, pid: int) -> dict[str, int | None] | None:
+        """The task's namespace ids; None without an ids image (a zombie's: CRIU gives it its parent's)."""
+        if not _exists(self.dirfd, f"ids-{pid}.img"):
+            return None
         try:
             msg = self.one(f"ids-{pid}.img", IDS_MAGIC)
         except Malformed as exc:
             raise _Bad(f"ids-{pid}.img", str(exc)) from exc
         return {kind: msg.uint32(num) for kind, num in _NS_FIELD.items()}
 
-    def check_namespaces(self, root_ids: dict[str, int | None], tasks: list[tuple[int, list[int]]]) -> int | None:
-        """The root task's own kinds equal the posture's; every task shares them.  Returns the mnt ns id."""
+    def check_namespaces(
+        self, root_ids: dict[str, int | None], tasks: list[tuple[int, list[int]]]
+    ) -> tuple[int | None, set[int]]:
+        """The root task's own kinds equal the posture's; every task shares them.
+
+        Returns the mnt ns id, and the tasks without ids (which must be zombies).
+        """
         root_pid = tasks[0][0]
         root = self.ids(root_pid)
+        if root is None:
+            raise _Bad(f"ids-{root_pid}.img", "missing for the root task")
+        no_ids = set()
         own = frozenset(k for k in NAMESPACE_KINDS if root[k] != root_ids[k])
         if own != self.posture.namespaces:
             raise self.refuse(
@@ -137,12 +149,15 @@ class _Checker:
             )  # fmt: skip
         for pid, _threads in tasks[1:]:
             mine = self.ids(pid)
+            if mine is None:
+                no_ids.add(pid)
+                continue
             differ = sorted(k for k in NAMESPACE_KINDS if mine[k] != root[k])
             if differ:
                 raise self.refuse(pid, "namespaces", "own " + ",".join(differ), "the sandbox's own")
         if "user" in own:
             self.check_userns(root_pid, root["user"])
-        return root["mnt"]
+        return root["mnt"], no_ids
 
     def check_userns(self, pid: int, ns_id: int | None) -> None:
         name = f"userns-{ns_id}.img"
@@ -195,13 +210,18 @@ class _Checker:
             )
         return self.verdicts[chain]
 
-    def check_core(self, pid: int, tid: int, filters: list[tuple[bytes, int | None]]) -> None:
+    def check_core(self, pid: int, tid: int, filters: list[tuple[bytes, int | None]], *, zombie: bool = False) -> None:
         name = f"core-{tid}.img"
         try:
             core = self.one(name, pbimage.CORE_MAGIC)
             tc = core.message(3)
+            if (tc is None) == (tid == pid):
+                # CRIU reads the task part from the leader's core only, and refuses it in a thread's.
+                raise Malformed("the task part in a thread's core, or none in the leader's")
             if tc is not None and tc.uint32(1) == TASK_DEAD:
                 return  # a zombie: nothing of it runs again
+            if zombie:
+                raise Malformed(f"task {pid} lacks its ids or is not among its own threads, and is not dead")
             if tc is not None and (tc.has(11) or tc.has(12)):
                 # CRIU copies these over the per-thread fields: one place to judge, not two.
                 raise Malformed("old per-task seccomp fields")
@@ -221,7 +241,12 @@ class _Checker:
                 raise self.refuse(tid, f"{label} capability set", _caps(mask), f"at most {_caps(allowed)}")
         if self.posture.no_new_privs and not nnp:
             raise self.refuse(tid, "no_new_privs", "cleared", "set")
-        if self.posture.seccomp_filter:
+        if self.posture.seccomp_filter and tid != pid and mode is None and index is None:
+            # CRIU dumps a process's other threads without a mode when they share the leader's
+            # filter (seen: threads at Seccomp 2 dumped so, restored at Seccomp 2): the leader's
+            # core, judged on its own, carries it.
+            pass
+        elif self.posture.seccomp_filter:
             if mode != SECCOMP_MODE_FILTER:
                 raise self.refuse(tid, "seccomp mode", str(mode or 0), f"{SECCOMP_MODE_FILTER} (filter)")
             chain = None if index is None else _chain(filters, index)
@@ -399,11 +424,13 @@ def check(images_dir: Path, posture: Posture, checkpoint: str) -> None:
                 raise _Bad("inventory.img", "no root task ids")
             root_ids = {kind: root_msg.uint32(num) for kind, num in _NS_FIELD.items()}
             tasks = _pstree(dirfd)
-            mnt_ns = c.check_namespaces(root_ids, tasks)
+            mnt_ns, no_ids = c.check_namespaces(root_ids, tasks)
             filters = c.seccomp_filters()
             for pid, threads in tasks:
-                for tid in threads or [pid]:
-                    c.check_core(pid, tid, filters)
+                # A zombie has no ids image and its thread list does not name it (CRIU keeps
+                # neither for a dead task): a task like that must be dead by its own core.
+                for tid in threads if pid in threads else [pid]:
+                    c.check_core(pid, tid, filters, zombie=pid not in threads or pid in no_ids)
             c.check_mounts(tasks[0][0], mnt_ns)
         except Malformed as exc:
             raise _invalid(images_dir, "inventory.img or pstree.img", str(exc)) from exc
