@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import struct
@@ -339,3 +340,30 @@ def test_the_runc_posture_is_read_from_the_bundles_own_config() -> None:
     cfg["linux"]["namespaces"].append({"type": "user"})
     cfg["linux"]["uidMappings"] = [{"containerID": 0, "hostID": 100000, "size": 65536}]
     assert posture_of(cfg).namespaces >= {"user"} and posture_of(cfg).uid_map == (IdMap(0, 100000, 65536),)
+
+
+def test_random_damage_gives_a_crab_error_or_a_pass_never_a_crash(tmp_path: Path) -> None:
+    """Flip, cut and splice bytes of each image: the check either passes or raises one of its two errors."""
+    import random
+
+    rng = random.Random(33)
+    base = write_images(tmp_path / "base")
+    names = sorted(p.name for p in base.iterdir())
+    for i in range(400):
+        d = write_images(tmp_path / f"m{i}")
+        name = rng.choice(names)
+        data = bytearray((d / name).read_bytes())
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(data))
+            how = rng.randrange(3)
+            if how == 0:
+                data[at] ^= 1 << rng.randrange(8)
+            elif how == 1:
+                del data[at:]
+            else:
+                data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 6)))
+            if not data:
+                break
+        (d / name).write_bytes(bytes(data))
+        with contextlib.suppress(PostureViolation, CriuImageInvalid):
+            check(d, NORMAL_POSTURE, "ck-1")
