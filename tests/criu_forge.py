@@ -14,7 +14,9 @@ from typing import Any
 
 from crabd.backends.criu import pbimage
 from crabd.backends.criu.posture import IDS_MAGIC
-from crabd.backends.criu.seccomp_bpf import SYSCALLS_X86_64
+from crabd.backends.criu.seccomp_bpf import AUDIT_ARCH_I386 as I386
+from crabd.backends.criu.seccomp_bpf import AUDIT_ARCH_X86_64 as X86_64
+from crabd.backends.criu.seccomp_bpf import SYSCALLS
 from crabd.backends.procdump import Posture, capability_mask
 
 SANDBOX_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "SETGID", "SETUID", "NET_BIND_SERVICE")
@@ -124,11 +126,15 @@ def bpf(*insns: tuple[int, int, int, int]) -> bytes:
 ALLOW, ERRNO_EPERM = 0x7FFF0000, 0x00050001
 
 
-def deny_filter(names: frozenset[str] = REFUSED) -> bytes:
-    """A filter like libseccomp's: load the syscall number, one JEQ per refused call, else allow."""
-    prog = [(0x20, 0, 0, 0)]
-    for name in sorted(names):
-        prog += [(0x15, 0, 1, SYSCALLS_X86_64[name]), (0x06, 0, 0, ERRNO_EPERM)]
+def deny_filter(names: frozenset[str] = REFUSED, archs: tuple[int, ...] = (X86_64, I386)) -> bytes:
+    """A filter like libseccomp's: per architecture, load the syscall number, one JEQ per refused call; else allow."""
+    prog: list[tuple[int, int, int, int]] = []
+    for arch in archs:
+        body = [(0x20, 0, 0, 0)]
+        for name in sorted(names):
+            body += [(0x15, 0, 1, SYSCALLS[arch][name]), (0x06, 0, 0, ERRNO_EPERM)]
+        # Load the arch; if it is not this one, jump past this arch's block.
+        prog += [(0x20, 0, 0, 4), (0x15, 0, len(body), arch), *body]
     return bpf(*prog, (0x06, 0, 0, ALLOW))
 
 

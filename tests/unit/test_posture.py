@@ -13,6 +13,7 @@ import pytest
 
 from crabd.backends.criu import pbimage
 from crabd.backends.criu.posture import IDS_MAGIC, check
+from crabd.backends.criu.seccomp_bpf import AUDIT_ARCH_X86_64 as X86_64
 from crabd.backends.procdump import IdMap, capability_mask
 from crabd.backends.runc import bundle
 from crabd.backends.runc.posture import posture_of
@@ -101,7 +102,14 @@ def test_a_filter_swapped_for_one_that_allows_everything_is_refused(tmp_path: Pa
 def test_a_filter_refusing_less_than_the_sandboxs_is_refused(tmp_path: Path) -> None:
     weaker = deny_filter(REFUSED - {"unshare"})
     err = refused(write_images(tmp_path / "i", **{"seccomp.img": filters((weaker, None), (weaker, None))}))
-    assert err.found == "one allowing unshare"
+    assert err.found == "one allowing unshare (x86_64)"
+
+
+def test_a_filter_that_forgets_the_i386_entry_is_refused(tmp_path: Path) -> None:
+    # int 0x80 reaches the kernel as i386 (IA32 emulation): unshare is 310 there.
+    x86_only = deny_filter(archs=(X86_64,))
+    err = refused(write_images(tmp_path / "i", **{"seccomp.img": filters((x86_only, None), (x86_only, None))}))
+    assert err.found.endswith("(i386)")
 
 
 def test_filters_a_process_stacked_on_the_sandboxs_are_accepted(tmp_path: Path) -> None:

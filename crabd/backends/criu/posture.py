@@ -70,7 +70,7 @@ from pathlib import Path
 
 from crabd.backends.criu import pbimage
 from crabd.backends.criu.pbimage import Malformed, Message
-from crabd.backends.criu.seccomp_bpf import SYSCALLS_X86_64, refuses
+from crabd.backends.criu.seccomp_bpf import ARCH_NAMES, SYSCALLS, refuses
 from crabd.backends.procdump import CAPABILITY_BITS, NAMESPACE_KINDS, IdMap, Posture
 from crabd.errors import CriuImageInvalid, PostureViolation
 
@@ -198,13 +198,14 @@ class _Checker:
         return out
 
     def allowed_syscall(self, chain: tuple[bytes, ...]) -> str | None:
-        """A syscall the posture refuses that ``chain`` lets through, or None (cached per chain)."""
+        """A syscall the posture refuses that ``chain`` lets through (with its entry point), or None; cached."""
         if chain not in self.verdicts:
             self.verdicts[chain] = next(
                 (
-                    name
+                    f"{name} ({ARCH_NAMES[arch]})"
+                    for arch, numbers in SYSCALLS.items()
                     for name in sorted(self.posture.refused_syscalls)
-                    if name in SYSCALLS_X86_64 and not refuses(list(chain), SYSCALLS_X86_64[name])
+                    if name in numbers and not refuses(list(chain), numbers[name], arch)
                 ),
                 None,
             )

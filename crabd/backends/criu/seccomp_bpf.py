@@ -25,8 +25,11 @@ from __future__ import annotations
 import functools
 import struct
 
-#: AUDIT_ARCH_X86_64: the architecture the checks run for.
+#: AUDIT_ARCH_X86_64 and AUDIT_ARCH_I386: the entry points checked.  An x86_64 process can enter
+#: the kernel the i386 way (int 0x80) where IA32 emulation is on (it is on this host kind);
+#: x32 (X86_64 numbers | 0x40000000) is off in this kernel (CONFIG_X86_X32_ABI unset), not checked.
 AUDIT_ARCH_X86_64 = 0xC000003E
+AUDIT_ARCH_I386 = 0x40000003
 #: SECCOMP_RET_ACTION_FULL mask, and the actions that refuse a syscall.
 _ACTION_MASK = 0xFFFF0000
 _REFUSING = {0x80000000, 0x00000000, 0x00030000, 0x00050000}  # KILL_PROCESS, KILL_THREAD, TRAP, ERRNO
@@ -35,26 +38,39 @@ MAX_INSNS = 4096
 _M32 = 0xFFFFFFFF
 
 
-#: x86_64 numbers of the syscalls a sandbox's posture refuses (asm/unistd_64.h); a name missing here
-#: (vm86, an i386 call) is not checked.
-SYSCALLS_X86_64 = {
-    "syslog": 103, "uselib": 134, "pivot_root": 155, "acct": 163, "mount": 165, "umount2": 166,
-    "swapon": 167, "swapoff": 168, "reboot": 169, "iopl": 172, "ioperm": 173, "init_module": 175,
-    "delete_module": 176, "quotactl": 179, "lookup_dcookie": 212, "kexec_load": 246, "add_key": 248,
-    "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298, "fanotify_init": 300,
-    "name_to_handle_at": 303, "open_by_handle_at": 304, "setns": 308, "process_vm_readv": 310,
-    "process_vm_writev": 311, "finit_module": 313, "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323,
-    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "clone3": 435, "mount_setattr": 442,
+#: Numbers of the syscalls a sandbox's posture refuses, per entry point (asm/unistd_64.h, unistd_32.h);
+#: a name missing from one (kexec_file_load on i386, vm86 on x86_64) is not checked there.
+SYSCALLS = {
+    AUDIT_ARCH_X86_64: {
+        "syslog": 103, "uselib": 134, "pivot_root": 155, "acct": 163, "mount": 165, "umount2": 166,
+        "swapon": 167, "swapoff": 168, "reboot": 169, "iopl": 172, "ioperm": 173, "init_module": 175,
+        "delete_module": 176, "quotactl": 179, "lookup_dcookie": 212, "kexec_load": 246, "add_key": 248,
+        "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298, "fanotify_init": 300,
+        "name_to_handle_at": 303, "open_by_handle_at": 304, "setns": 308, "process_vm_readv": 310,
+        "process_vm_writev": 311, "finit_module": 313, "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323,
+        "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+        "clone3": 435, "mount_setattr": 442,
+    },
+    AUDIT_ARCH_I386: {
+        "mount": 21, "acct": 51, "umount2": 52, "uselib": 86, "swapon": 87, "reboot": 88, "ioperm": 101,
+        "syslog": 103, "iopl": 110, "vm86old": 113, "swapoff": 115, "init_module": 128, "delete_module": 129,
+        "quotactl": 131, "vm86": 166, "pivot_root": 217, "lookup_dcookie": 253, "kexec_load": 283,
+        "add_key": 286, "request_key": 287, "keyctl": 288, "unshare": 310, "perf_event_open": 336,
+        "fanotify_init": 338, "name_to_handle_at": 341, "open_by_handle_at": 342, "setns": 346,
+        "process_vm_readv": 347, "process_vm_writev": 348, "finit_module": 350, "bpf": 357, "userfaultfd": 374,
+        "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+        "clone3": 435, "mount_setattr": 442,
+    },
 }  # fmt: skip
+ARCH_NAMES = {AUDIT_ARCH_X86_64: "x86_64", AUDIT_ARCH_I386: "i386"}
 
 
 class Unjudged(Exception):
     """The program uses what this interpreter does not model."""
 
 
-def _data(nr: int) -> bytes:
-    return struct.pack("<iIQ6Q", nr, AUDIT_ARCH_X86_64, 0, *([0] * 6))
+def _data(nr: int, arch: int) -> bytes:
+    return struct.pack("<iIQ6Q", nr, arch, 0, *([0] * 6))
 
 
 def _alu(op: int, a: int, k: int) -> int:
@@ -87,9 +103,9 @@ def _decode(program: bytes) -> tuple[tuple[int, int, int, int], ...]:
     return tuple(struct.iter_unpack("<HBBI", program))
 
 
-def run(program: bytes, nr: int) -> int:
-    """The action ``program`` returns for syscall ``nr`` (x86_64, all arguments 0)."""
-    data = _data(nr)
+def run(program: bytes, nr: int, arch: int = AUDIT_ARCH_X86_64) -> int:
+    """The action ``program`` returns for syscall ``nr`` entered as ``arch``, all arguments 0."""
+    data = _data(nr, arch)
     insns = _decode(program)
     a = x = 0
     mem = [0] * 16
@@ -146,11 +162,11 @@ def run(program: bytes, nr: int) -> int:
     raise Unjudged("ran off the end")
 
 
-def refuses(chain: list[bytes], nr: int) -> bool:
-    """Whether a thread whose filters are ``chain`` has syscall ``nr`` refused (by any filter crab can judge)."""
+def refuses(chain: list[bytes], nr: int, arch: int = AUDIT_ARCH_X86_64) -> bool:
+    """Whether any filter of ``chain`` that crab can judge refuses syscall ``nr`` entered as ``arch``."""
     for program in chain:
         try:
-            action = run(program, nr)
+            action = run(program, nr, arch)
         except Unjudged:
             continue
         if action & _ACTION_MASK in _REFUSING:
