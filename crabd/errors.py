@@ -62,6 +62,7 @@ each under its parent)::
             CriuError: CRIU ran and refused; carries its log's path and tail
             CriuImageInvalid: a CRIU image file does not parse as crab expects
             IncompleteDump: a dump would leave out processes of the sandbox
+            PostureViolation: a process image would restore processes holding more than their sandbox grants
         BpfError: bcc could not compile, load or attach a probe
         StalePairing: a filesystem checkpoint's process image went stale (internal)
         EngineStopped: crabd stopped before a queued checkpoint was taken
@@ -672,6 +673,30 @@ class IncompleteDump(DumpError):
     def __init__(self, message: str, *, pids: list[int], hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.pids = pids
+
+
+class PostureViolation(DumpError):
+    """A process image would restore a process holding more than its sandbox grants; nothing was restored.
+
+    Attributes: ``checkpoint``, ``pid`` (inside the sandbox), ``what`` (the
+    credential, namespace or mount judged), ``found`` and ``expected``.
+    """
+
+    grpc_code = "PERMISSION_DENIED"
+    default_hint = (
+        "The checkpoint's process image was altered (or made elsewhere): restore another checkpoint, "
+        "or fork this one as files only (kind fs). The sandbox keeps running as it was."
+    )
+
+    def __init__(
+        self, message: str, *, checkpoint: str, pid: int, what: str, found: str, expected: str, hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.checkpoint = checkpoint
+        self.pid = pid
+        self.what = what
+        self.found = found
+        self.expected = expected
 
 
 # --- eBPF and the checkpoint engine ----------------------------------------------

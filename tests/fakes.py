@@ -51,7 +51,7 @@ from crabd.backends.fsdelta import (
 )
 
 # The one overlay type the tests name (it may move beside the FsDelta protocol).
-from crabd.backends.procdump import DumpResult
+from crabd.backends.procdump import DumpResult, Posture
 from crabd.backends.sandbox import ContainerStatus
 from crabd.config import CrabConfig
 from crabd.coordinator.archives import Archives
@@ -87,6 +87,7 @@ from crabd.trust.keys import open_keyring
 from crabd.trust.provenance import Provenance
 from crabd.trust.references import ReferenceChecker
 from crabd.util.aiolock import RWLock
+from tests.criu_forge import NORMAL_POSTURE, write_images
 
 T = TypeVar("T")
 
@@ -246,6 +247,10 @@ class FakeSandboxBackend:
         c = self._get(container_id)
         c.running, c.restored_from = True, checkpoint
 
+    def posture(self, container_id: str) -> Posture:
+        self._get(container_id)
+        return NORMAL_POSTURE
+
     def checkpoint_dir(self, container_id: str, name: str) -> Path:
         d = self.root / container_id / "checkpoints" / name
         d.mkdir(parents=True, exist_ok=True)
@@ -303,7 +308,9 @@ class FakeDumper:
 
     def dump(self, container_id: str, images_dir: Path, work_dir: Path) -> DumpResult:
         self.faults.hit("dump", CriuError)
-        (images_dir / "core-1.img").write_bytes(f"processes of {container_id}\n".encode())
+        # A normal sandbox's images, so a restore's posture check (backends/criu/posture.py) runs on them.
+        write_images(images_dir)
+        (images_dir / "fake.txt").write_bytes(f"processes of {container_id}\n".encode())
         return DumpResult(images_dir, 0.001, (1,))
 
     def version(self) -> str:

@@ -22,6 +22,7 @@ from crabd.backends import cgroup_freezer
 from crabd.backends.criu.runc import log_excerpt
 from crabd.backends.docker_errors import docker_errors
 from crabd.backends.network import SANDBOX_SYSCTLS, SandboxNetwork
+from crabd.backends.procdump import Posture, capability_mask
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus, sandbox_hostname
 from crabd.config import NetworkConfig
 from crabd.errors import CriuError, DockerError, HostError
@@ -31,6 +32,9 @@ from crabd.util import netns
 #: Default pids limit when the spec leaves it at 0: a fork bomb in a sandbox
 #: must not exhaust the host's pid space.
 DEFAULT_PIDS_LIMIT = 4096
+
+#: Where the host's cgroup v1 controllers are (the layout Docker's runc mirrors in a container).
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 #: The capabilities a sandbox keeps (everything else is dropped; see
 #: docs/security.md, "Isolation", for why each one stays).  Docker's default
@@ -200,6 +204,49 @@ class DockerSandboxBackend:
                 info = self._api.info()
             self._root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
         return self._root
+
+    def posture(self, container_id: str) -> Posture:
+        """From what dockerd was told at create (its inspect of the container), and Docker's own mounts.
+
+        runc under Docker names to CRIU, as external mounts, every bind in its
+        config: the container's /etc files, crab's init, /dev/null over masked
+        files and (without a cgroup namespace) each cgroup controller's mount.
+        """
+        with docker_errors("inspect container"):
+            attrs = self._api.inspect_container(container_id)
+        host = attrs.get("HostConfig") or {}
+        drop = {c.upper().removeprefix("CAP_") for c in host.get("CapDrop") or ()}
+        if "ALL" not in drop or host.get("Privileged"):
+            raise DockerError(f"container {container_id[:12]} was not created by crab (its capabilities are Docker's)")
+        opts = [str(o) for o in host.get("SecurityOpt") or ()]
+        namespaces = {"pid", "ipc", "uts", "mnt"}
+        if host.get("NetworkMode") != "host":
+            namespaces.add("net")
+        if host.get("CgroupnsMode") == "private":
+            namespaces.add("cgroup")
+        mounts = attrs.get("Mounts") or []
+        binds = {str(m.get("Destination")) for m in mounts}
+        binds |= {"/etc/hostname", "/etc/hosts", "/etc/resolv.conf"}
+        if "cgroup" not in namespaces:
+            binds |= {f"/sys/fs/cgroup/{p.name}" for p in _CGROUP_ROOT.iterdir() if p.is_dir()}
+        # Docker's default profile refuses these to a container without CAP_SYS_ADMIN; the runc
+        # backend's list was written to match it (imported here, not at the top: runc.security
+        # imports this module).  tests/integration/test_posture.py restores under both filters.
+        from crabd.backends.runc.security import DENIED_SYSCALLS
+
+        unconfined = any(o.replace("=", ":") == "seccomp:unconfined" for o in opts)
+        readonly = {str(p) for p in host.get("ReadonlyPaths") or ()} | {"/sys"}
+        readonly |= {str(m.get("Destination")) for m in mounts if not m.get("RW")}
+        return Posture(
+            capabilities=capability_mask(host.get("CapAdd") or ()),
+            no_new_privs=any(o in ("no-new-privileges", "no-new-privileges:true") for o in opts),
+            seccomp_filter=not unconfined,
+            refused_syscalls=frozenset() if unconfined else frozenset((*DENIED_SYSCALLS, "clone3")),
+            namespaces=frozenset(namespaces),
+            binds=frozenset(binds),
+            mask_binds=frozenset({"/dev/null"}),
+            readonly=frozenset(readonly),
+        )
 
     def checkpoint_dir(self, container_id: str, name: str) -> Path:
         # Docker 20.10 refuses `start --checkpoint-dir` ("custom checkpointdir is

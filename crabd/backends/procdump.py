@@ -7,6 +7,7 @@ checkpoint), because the container engine must own the restored container;
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -58,6 +59,107 @@ class WrittenImage:
     source: ImageSource
 
 
+#: Linux capability numbers by name (include/uapi/linux/capability.h), to turn names into masks.
+CAPABILITY_BITS = {
+    name: bit
+    for bit, name in enumerate(
+        [
+            "CHOWN",
+            "DAC_OVERRIDE",
+            "DAC_READ_SEARCH",
+            "FOWNER",
+            "FSETID",
+            "KILL",
+            "SETGID",
+            "SETUID",
+            "SETPCAP",
+            "LINUX_IMMUTABLE",
+            "NET_BIND_SERVICE",
+            "NET_BROADCAST",
+            "NET_ADMIN",
+            "NET_RAW",
+            "IPC_LOCK",
+            "IPC_OWNER",
+            "SYS_MODULE",
+            "SYS_RAWIO",
+            "SYS_CHROOT",
+            "SYS_PTRACE",
+            "SYS_PACCT",
+            "SYS_ADMIN",
+            "SYS_BOOT",
+            "SYS_NICE",
+            "SYS_RESOURCE",
+            "SYS_TIME",
+            "SYS_TTY_CONFIG",
+            "MKNOD",
+            "LEASE",
+            "AUDIT_WRITE",
+            "AUDIT_CONTROL",
+            "SETFCAP",
+            "MAC_OVERRIDE",
+            "MAC_ADMIN",
+            "SYSLOG",
+            "WAKE_ALARM",
+            "BLOCK_SUSPEND",
+            "AUDIT_READ",
+            "PERFMON",
+            "BPF",
+            "CHECKPOINT_RESTORE",
+        ]
+    )
+}
+
+#: Namespace kinds, as CRIU's task ids name them (``<kind>_ns_id``).
+NAMESPACE_KINDS = ("pid", "net", "ipc", "uts", "mnt", "user", "cgroup", "time")
+
+
+def capability_mask(names: Iterable[str]) -> int:
+    """The bit mask of capability names (``CHOWN`` or ``CAP_CHOWN``); an unknown name is a bug here."""
+    mask = 0
+    for name in names:
+        mask |= 1 << CAPABILITY_BITS[name.upper().removeprefix("CAP_")]
+    return mask
+
+
+@dataclass(frozen=True)
+class IdMap:
+    """One line of a user namespace's uid or gid map: ``count`` ids from ``inside`` map to ``outside`` on."""
+
+    inside: int
+    outside: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Posture:
+    """What a sandbox's processes may hold, as its backend created it; every restored image is checked against it.
+
+    The backend derives it from the same source it creates the container
+    from (runc: the bundle's config.json; Docker: the create call's
+    settings), never from a second list.
+    """
+
+    #: The bounding set: no capability set of any restored thread may hold more.
+    capabilities: int
+    #: no_new_privs set on every thread.
+    no_new_privs: bool = True
+    #: A seccomp filter (mode 2) on every thread.
+    seccomp_filter: bool = True
+    #: Syscalls the sandbox's filter refuses (names): a restored thread's filter chain must refuse them too.
+    refused_syscalls: frozenset[str] = frozenset()
+    #: The namespace kinds the sandbox has of its own (NAMESPACE_KINDS), the rest being the host's.
+    namespaces: frozenset[str] = frozenset()
+    #: Where host paths are bind-mounted in (the runtime's external mounts, by destination).
+    binds: frozenset[str] = frozenset()
+    #: External mounts allowed at any mount point (runc binds /dev/null over masked files).
+    mask_binds: frozenset[str] = frozenset()
+    #: Mount points that must be read-only when present.
+    readonly: frozenset[str] = frozenset()
+    #: The user namespace's maps, when ``"user"`` is in ``namespaces``.
+    uid_map: tuple[IdMap, ...] = ()
+    gid_map: tuple[IdMap, ...] = ()
+
+
 class ProcessImages(Protocol):
     """Process images in the blob store: de-duplicated by page, written back for a restore."""
 
@@ -88,4 +190,11 @@ class ProcessImages(Protocol):
 
     def close_external_connections(self, images_dir: Path) -> dict[str, int]:
         """Rewrite the images so restored processes find their outside connections closed; counts by outcome."""
+        ...
+
+    def check_posture(self, images_dir: Path, posture: Posture, checkpoint: str) -> None:
+        """Refuse (PostureViolation, CriuImageInvalid) images whose processes would hold more than ``posture``.
+
+        Run on every restore and fork, before CRIU reads ``images_dir``.
+        """
         ...

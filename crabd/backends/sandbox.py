@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from crabd.backends.procdump import Posture
 from crabd.models import SandboxSpec
 
 #: Label keys every crab container carries.
@@ -83,6 +84,10 @@ class SandboxBackend(Protocol):
 
     def checkpoint_dir(self, container_id: str, name: str) -> Path:
         """Where process images must be for ``start(container_id, checkpoint=name)``; created empty."""
+        ...
+
+    def posture(self, container_id: str) -> Posture:
+        """What the created container grants its processes, from what created it (restores are checked against it)."""
         ...
 
     def status(self, container_id: str) -> ContainerStatus: ...

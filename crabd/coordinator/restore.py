@@ -275,6 +275,8 @@ class Restorer:
                 target = backend.checkpoint_dir(container_id, PROCESS_CHECKPOINT)
                 written = self.images.write(ckpt.process_blob, target)
                 stats["image_bytes"], stats["images_from"] = written.nbytes, written.source
+                # Before CRIU reads a byte of them, trusted or not (backends/criu/posture.py).
+                self.images.check_posture(target, backend.posture(container_id), ckpt.id)
                 # Its files may be links to a hot copy: this replaces files.img, never writes into it.
                 stats.update(self.images.close_external_connections(target))
                 # Docker uploads the directory to containerd as a tarball named by

@@ -41,8 +41,9 @@ from pathlib import Path
 
 from crabd.backends.criu import sockets
 from crabd.backends.criu.hotimages import HotImages
+from crabd.backends.criu.posture import check as posture_check
 from crabd.backends.fsdelta import Outline, ReadBlob
-from crabd.backends.procdump import StoredImage, WrittenImage
+from crabd.backends.procdump import Posture, StoredImage, WrittenImage
 from crabd.errors import StoreError, StoreFull, UnsafeEntry
 from crabd.store.blobs import BlobStore
 
@@ -364,6 +365,9 @@ class ImageStore:
     def children_of(self, manifest: str) -> set[str]:
         files = _decode(self._read(manifest))
         return {f.blob for f in files} | {p for f in files for p, _, _ in f.runs}
+
+    def check_posture(self, images_dir: Path, posture: Posture, checkpoint: str) -> None:
+        posture_check(images_dir, posture, checkpoint)
 
     def close_external_connections(self, images_dir: Path) -> dict[str, int]:
         return sockets.close_external_connections(images_dir)

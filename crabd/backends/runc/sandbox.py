@@ -54,10 +54,12 @@ from pathlib import Path
 from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs.layout import SubvolKind, SubvolRef
 from crabd.backends.btrfs.pool import Pool
+from crabd.backends.procdump import Posture
 from crabd.backends.runc import bundle, cleanup, named_netns, reaper, rootfs
 from crabd.backends.runc.cli import Runc, RuncState, RuncStatus
 from crabd.backends.runc.cni import CniNetwork
 from crabd.backends.runc.launch import Launcher, Restore, Storage
+from crabd.backends.runc.posture import posture_of
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_SANDBOX, ContainerStatus, sandbox_hostname
 from crabd.errors import ContainerRuntimeError, CrabError, ImageError
 from crabd.models import SandboxSpec
@@ -352,6 +354,17 @@ class RuncSandboxBackend:
         for d in self._restore_dirs(cid):
             errors += rootfs.remove_unmounted(d)
         return errors
+
+    def posture(self, container_id: str) -> Posture:
+        """From the config.json its bundle will be written with (the /etc files named, not yet written)."""
+        cid = self._own(container_id)
+        with self._lock:
+            created = self._created.get(cid)
+        if created is None:
+            raise ContainerRuntimeError(f"container {cid} was not created by this crabd", container=cid)
+        etc = {dest: Path("/dev/null") for dest in ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf")}
+        # Writable: every container's /etc files live beside its upper dir (_storage's ETC).
+        return posture_of(bundle.config(created.spec, self.layout.bundles / cid, etc, etc_writable=True))
 
     def checkpoint_dir(self, container_id: str, name: str) -> Path:
         cid = self._own(container_id)
