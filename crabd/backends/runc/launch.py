@@ -8,21 +8,50 @@ restore -d``.  If any step fails, everything made so far is removed
 (:func:`~.cleanup.teardown`) before the error goes up, so a failed launch
 never leaves a half-made sandbox for the next start's clean-up.  A taken
 id is refused at the first step (its netns exists) and nothing of it is touched.
+
+With a user namespace (``spec.userns``, the default: docs/runc.md "User
+namespaces") the order differs where the kernel and CRIU want it to: the
+netns file is only reserved first; the overlay is mounted over idmapped
+layers (:func:`~.idmap.mount_overlay`); a fresh container is ``runc
+create``-d, its network namespace (runc's own, inside the user namespace)
+pinned at the reserved file, ``lo`` brought up, the sysctls set and the
+CNI attachment added, and only then ``runc start``-ed, so the sandbox's
+first instruction already sees its network.  A restore is ``runc restore``
+with ``--empty-ns network`` (CRIU makes the namespace; its contents were not
+dumped) and the same pin/configure/CNI steps right after it: restored
+processes run for those few milliseconds without an address (a socket
+bound to one is restored; nothing can connect until the address is there).
+The real lower dirs are written to ``<bundle>/lowers.json``: the overlay's
+own options name the (detached) idmapped staging mounts instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from crabd.backends.network import SANDBOX_SYSCTLS
-from crabd.backends.runc import bundle, cleanup, named_netns, rootfs
+from crabd.backends.runc import bundle, cleanup, idmap, named_netns, rootfs, userns_image
 from crabd.backends.runc.cli import CheckpointOptions, Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniResult
-from crabd.errors import ContainerRuntimeError
+from crabd.errors import ContainerRuntimeError, CriuImageInvalid
+
+#: In a bundle of a user-namespaced container: {"lowers": [the real lower dirs, topmost first]}.
+LOWERS_FILE = "lowers.json"
+
+
+def real_lowers(b: bundle.Bundle) -> tuple[str, ...] | None:
+    """The lower dirs recorded in the bundle (user-namespaced containers); None if it records none."""
+    try:
+        data = json.loads((b.path / LOWERS_FILE).read_text())
+        return tuple(str(p) for p in data["lowers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -80,6 +109,15 @@ class Launcher:
 
     def launch(self, spec: bundle.ContainerSpec, storage: Storage, restore: Restore | None = None) -> Launched:
         """Run ``spec`` (``spec.netns`` is replaced by the layout's path for its id), fresh or from ``restore``."""
+        if spec.userns is not None:
+            return self._launch_userns(spec, storage, restore)
+        if restore is not None and userns_image.find(restore.images_dir):
+            # CRIU would make the dumped user namespace, over files that are not idmapped for it.
+            raise CriuImageInvalid(
+                f"{spec.id}: the checkpoint was taken in a user namespace and this sandbox runs without one",
+                path=str(restore.images_dir),
+                hint="Restore it with `[runtime] userns = true` (the default), or restore its files only.",
+            )
         # First, outside the rollback: if the id is taken, its netns exists and
         # this refuses, and the rollback must not tear down the owner's pieces.
         clock = _Clock()
@@ -104,6 +142,75 @@ class Launcher:
             cleanup.teardown(self.layout, self.runc, spec.id)
             raise
         return Launched(state, b, ns, result, clock.laps)
+
+    def _launch_userns(self, spec: bundle.ContainerSpec, storage: Storage, restore: Restore | None) -> Launched:
+        """:meth:`launch` of a user-namespaced container (the module's docstring says what differs)."""
+        ids = spec.userns
+        assert ids is not None
+        clock = _Clock()
+        ns = named_netns.reserve(spec.id, self.layout.netns)  # outside the rollback, as in launch()
+        clock.lap("netns")
+        try:
+            target = self._userns_mount_point(spec.id, ids)
+            etc_view = self.layout.userns_etc(spec.id) if storage.etc is not None else None
+            b = bundle.write(
+                dataclasses.replace(spec, netns=ns, rootfs=target),
+                self.layout.bundles,
+                etc_dir=storage.etc,
+                etc_seen_at=etc_view,
+            )
+            bundle.write_atomic(b.path / LOWERS_FILE, json.dumps({"lowers": [str(p) for p in storage.lowers]}).encode())
+            clock.lap("bundle")
+            staging = self.layout.idmap / spec.id
+            also = ((storage.etc, etc_view),) if storage.etc is not None and etc_view is not None else ()
+            idmap.mount_overlay(storage.lowers, storage.upper, storage.work, target, ids, staging, also)
+            clock.lap("mount")
+            sysctls = SANDBOX_SYSCTLS if spec.networked else None
+            if restore is None:
+                self.runc.create(spec.id, b)
+                made = self.runc.state(spec.id)
+                if made is None:
+                    raise ContainerRuntimeError(f"{spec.id} vanished after runc create", container=spec.id)
+                clock.lap("runc")
+                named_netns.pin(spec.id, made.pid, self.layout.netns, sysctls)
+                result = self.network.add(spec.id, ns) if spec.networked else None
+                clock.lap("cni")
+                self.runc.start(spec.id)
+                state = self.runc.state(spec.id)
+            else:
+                if not userns_image.find(restore.images_dir):
+                    raise CriuImageInvalid(
+                        f"{spec.id}: the checkpoint was taken without a user namespace and this sandbox runs in one",
+                        path=str(restore.images_dir),
+                        hint="Restore its files only, or run crabd with `[runtime] userns = false`.",
+                    )
+                # The dumped mapping never decides host ids: this container's range does.
+                userns_image.retarget(restore.images_dir, ids.base, ids.count)
+                # CRIU's restored root task opens some images (timens-0.img) from inside the user namespace,
+                # relative to the images dir's fd: the dir must be searchable by the range's root.
+                os.chown(restore.images_dir, ids.base, ids.base)
+                opts = dataclasses.replace(restore.options or CheckpointOptions(), empty_ns_network=True)
+                state = self.runc.restore(spec.id, b, restore.images_dir, restore.work_dir, opts)
+                clock.lap("runc")
+                named_netns.pin(spec.id, state.pid, self.layout.netns, sysctls)
+                result = self.network.add(spec.id, ns) if spec.networked else None
+                clock.lap("cni")
+            if state is None:
+                raise ContainerRuntimeError(f"{spec.id} vanished after start", container=spec.id)
+        except BaseException:
+            cleanup.teardown(self.layout, self.runc, spec.id)
+            raise
+        return Launched(state, b, ns, result, clock.laps)
+
+    def _userns_mount_point(self, container_id: str, ids: idmap.IdRange) -> Path:
+        """The (empty) directory ``layout.userns_rootfs(id)``, its parent the range root's own (cleanup.Layout)."""
+        target = self.layout.userns_rootfs(container_id)
+        self.layout.mounts.mkdir(parents=True, exist_ok=True, mode=0o711)
+        os.chmod(self.layout.mounts, 0o711)  # noqa: S103 - search only, for the range roots (Layout.userns_rootfs)
+        target.parent.mkdir(mode=0o700)
+        os.chown(target.parent, ids.base, ids.base)
+        target.mkdir(mode=0o755)
+        return target
 
     def remove(self, container_id: str) -> list[str]:
         """Tear ``container_id`` down (container, CNI, netns, bundle); returns what could not be removed."""
