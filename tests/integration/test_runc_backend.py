@@ -387,7 +387,9 @@ def test_exit_codes_oom_and_stop(boxes: Sandboxes, backend: RuncSandboxBackend, 
     reaper.record(key, init.pid)  # (the zombie is still this process's: let remove reap it)
 
     stubborn = boxes.make(sandbox="kill")
-    spawn_in(backend, stubborn, "sh", "-c", "trap '' TERM; while true; do sleep 1; done")
+    spawn_in(backend, stubborn, "sh", "-c", "trap '' TERM; touch /ready; while true; do sleep 1; done")
+    # Only once the trap is set (else SIGTERM may come first, and crab-init exits 0 when its child dies).
+    run_in(backend, stubborn, "sh", "-c", "while [ ! -e /ready ]; do sleep 0.05; done")
     t0 = time.monotonic()
     backend.stop(stubborn, 0.5)  # crab-init would wait 3 s for its children: SIGKILL comes first
     assert time.monotonic() - t0 < 2.5

@@ -37,6 +37,7 @@ import contextlib
 import ctypes
 import os
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,24 +217,12 @@ def _mount_as(ids: IdRange, options: str, target: Path) -> None:
     setfsuid is a plain syscall), so a throwaway thread changes them and
     nothing else of crabd runs with them.
     """
-    box: dict[str, BaseException] = {}
 
     def work() -> None:
-        try:
-            if _libc.prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP, 0, 0, 0) != 0:
-                _raise("prctl(PR_SET_SECUREBITS)")
-            _libc.setfsgid(ids.base)
-            _libc.setfsuid(ids.base)
-            if _libc.mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode()) != 0:
-                _raise(f"mount overlay at {target}")
-        except BaseException as exc:  # handed to the caller
-            box["error"] = exc
+        if _libc.mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode()) != 0:
+            _raise(f"mount overlay at {target}")
 
-    t = threading.Thread(target=work, name="crab-idmap-mount", daemon=True)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
+    _as_range_root(ids, work)
 
 
 def mount_overlay(
@@ -298,3 +287,68 @@ def remove_staging(staging: Path) -> None:
             child.rmdir()
     with contextlib.suppress(OSError):
         staging.rmdir()
+
+
+def _as_range_root(ids: IdRange, work: Callable[[], None]) -> None:
+    """Run ``work`` on a throwaway thread whose fs ids are the range's root (see :func:`_mount_as`)."""
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            if _libc.prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP, 0, 0, 0) != 0:
+                _raise("prctl(PR_SET_SECUREBITS)")
+            _libc.setfsgid(ids.base)
+            _libc.setfsuid(ids.base)
+            work()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name="crab-idmap-fsuid", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+
+
+def make_mount_points(root: Path, points: Iterable[tuple[str, bool]], ids: IdRange) -> None:
+    """Create the mount points ``points`` ((absolute path, is a file)) under ``root``, as the range's root.
+
+    Why: ``runc restore`` creates the bundle's mount points in the rootfs
+    itself, as host root, before CRIU runs; overlay gives a new file the
+    caller's fsuid, and host uid 0 maps to nothing through the idmapped
+    upper layer (EOVERFLOW: "value too large for defined data type").  As
+    the range's root they become the sandbox root's (on-disk 0).
+
+    The rootfs is the sandbox's: any component may be a symlink it planted.
+    So each component is opened on its own, relative to its parent's fd,
+    with O_NOFOLLOW|O_DIRECTORY (a symlink fails, ELOOP or ENOTDIR) and the
+    mount point is left to runc, whose own path resolution refuses it.
+    """
+
+    def work() -> None:
+        for path, is_file in points:
+            parts = [p for p in path.split("/") if p]
+            if not parts or any(p in (".", "..") for p in parts):
+                continue
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                for i, name in enumerate(parts):
+                    last = i == len(parts) - 1
+                    if last and is_file:
+                        with contextlib.suppress(FileExistsError):
+                            os.close(
+                                os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+                            )
+                        break
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, 0o755, dir_fd=fd)
+                    try:
+                        nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    except OSError:
+                        break  # a symlink or a file where a directory should be: runc decides
+                    os.close(fd)
+                    fd = nxt
+            finally:
+                os.close(fd)
+
+    _as_range_root(ids, work)

@@ -31,6 +31,7 @@ import dataclasses
 import ipaddress
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,37 @@ class Launched:
     @property
     def ip(self) -> ipaddress.IPv4Address | None:
         return self.network.ip if self.network else None
+
+
+#: Images CRIU's restored root task opens from INSIDE the user namespace (seen: "Unable to open
+#: timens-0.img: Permission denied"); the rest it opens before, as host root.
+IMAGES_OPENED_INSIDE = ("timens-",)
+
+
+def _share_with_range(images_dir: Path, ids: idmap.IdRange) -> None:
+    """Let the range's root open what CRIU opens inside the user namespace, and nothing else.
+
+    The directory becomes the range root's (0700: searchable by it only);
+    each image of :data:`IMAGES_OPENED_INSIDE` is replaced by a copy that is
+    the range root's (a copy: the file may be a hard link into the hot image
+    cache, shared with restores into other ranges).
+    """
+    os.chown(images_dir, ids.base, ids.base)
+    for f in images_dir.iterdir():
+        if f.name.startswith(IMAGES_OPENED_INSIDE) and f.is_file() and not f.is_symlink():
+            tmp = f.with_name(f".{f.name}.tmp")
+            shutil.copyfile(f, tmp)
+            os.chown(tmp, ids.base, ids.base)
+            os.replace(tmp, f)
+
+
+def _mount_points(b: bundle.Bundle) -> list[tuple[str, bool]]:
+    """(destination, is a file) of every mount in the bundle's config (see idmap.make_mount_points)."""
+    out = []
+    for m in b.config().get("mounts") or ():
+        dest, source = str(m.get("destination", "")), str(m.get("source", ""))
+        out.append((dest, m.get("type") == "bind" and os.path.isfile(source)))
+    return out
 
 
 class _Clock:
@@ -186,9 +218,8 @@ class Launcher:
                     )
                 # The dumped mapping never decides host ids: this container's range does.
                 userns_image.retarget(restore.images_dir, ids.base, ids.count)
-                # CRIU's restored root task opens some images (timens-0.img) from inside the user namespace,
-                # relative to the images dir's fd: the dir must be searchable by the range's root.
-                os.chown(restore.images_dir, ids.base, ids.base)
+                _share_with_range(restore.images_dir, ids)
+                idmap.make_mount_points(target, _mount_points(b), ids)
                 opts = dataclasses.replace(restore.options or CheckpointOptions(), empty_ns_network=True)
                 state = self.runc.restore(spec.id, b, restore.images_dir, restore.work_dir, opts)
                 clock.lap("runc")
