@@ -21,12 +21,11 @@ The overlay is then mounted over such mounts (overlayfs accepts idmapped
 layers since 5.19; this host has 6.18); after the overlay is mounted the
 staging mounts can go: overlay holds private clones of its layers.
 
-The user namespace fd of a mapping comes from :func:`userns_fd`: a forked
-child unshares a user namespace (unshare(CLONE_NEWUSER) needs a
-single-threaded caller, and crabd has threads: the child is), the parent
-writes its uid_map and gid_map (root in the initial namespace may write any
-mapping; no newuidmap), opens ``/proc/<child>/ns/user``, and the child exits.
-The fd keeps the namespace alive; :class:`UsernsCache` keeps one per mapping.
+The user namespace fd of a mapping comes from :func:`userns_fd`: a child
+cloned into a new user namespace, whose uid_map and gid_map the parent
+writes (root in the initial namespace may write any mapping; no newuidmap),
+then opens ``/proc/<child>/ns/user``; the child exits.  The fd keeps the
+namespace alive only as long as it is open: a mount made with it holds its own reference.
 
 Syscall numbers are x86_64's (the only architecture crab runs on).
 """
@@ -61,9 +60,15 @@ MOUNT_ATTR_NODEV = 0x4
 MOUNT_ATTR_IDMAP = 0x100000
 
 CLONE_NEWUSER = 0x10000000
+SIGCHLD = 17
+SYS_CLONE = 56
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+#: Foreign calls that keep the GIL (see userns_fd).
+_pylibc = ctypes.PyDLL(None, use_errno=True)
+_pylibc.syscall.restype = ctypes.c_long
+_CHILD_BUF = ctypes.create_string_buffer(1)
 
 
 class _MountAttr(ctypes.Structure):
@@ -105,61 +110,47 @@ def _raise(what: str) -> None:
 def userns_fd(ids: IdRange) -> int:
     """A new user namespace mapping 0..count-1 to ``ids``; an O_RDONLY fd of it (caller closes).
 
-    Steps: pipes; fork; child: unshare(CLONE_NEWUSER), say so, wait; parent:
-    write gid_map and uid_map of the child, open its ns/user, let it exit, reap.
-    The child only makes raw calls (no locks, no logging): safe after a fork
-    of a threaded process.
+    Steps: a pipe; a raw ``clone(CLONE_NEWUSER)`` child that blocks reading
+    the pipe; the parent writes the child's gid_map and uid_map, opens its
+    ns/user and closes the pipe, so the child exits; the parent reaps it.
+
+    Why a raw clone and not ``os.fork()`` + ``unshare``: unshare(CLONE_NEWUSER)
+    needs a single-threaded caller, and a forked child of crabd is not one:
+    gRPC's at-fork handlers start threads in it (seen: EINVAL in the daemon,
+    not in a bare interpreter).  The raw syscall runs no at-fork handler, and
+    the child is born in its namespace.  It runs no Python of its own beyond
+    two foreign calls made through ``PyDLL`` (which keeps the GIL: the child
+    must never wait for a GIL some thread of the parent held at the clone).
     """
-    ready_r, ready_w = os.pipe()
-    go_r, go_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(ready_r)
-            os.close(go_w)
-            ok = _libc.unshare(CLONE_NEWUSER) == 0
-            os.write(ready_w, b"1" if ok else b"0")
-            os.read(go_r, 1)
-        finally:
-            os._exit(0)
-    os.close(ready_w)
-    os.close(go_r)
+    r, w = os.pipe()
     try:
-        if os.read(ready_r, 1) != b"1":
-            raise ContainerRuntimeError("cannot make a user namespace (unshare(CLONE_NEWUSER) failed)", container="")
-        for name in ("gid_map", "uid_map"):
-            with open(f"/proc/{pid}/{name}", "w", encoding="ascii") as f:
-                f.write(ids.map_line())
-        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ContainerRuntimeError(f"cannot make a user namespace for ids {ids}: {exc}", container="") from exc
+        pid = int(_pylibc.syscall(SYS_CLONE, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0))
+        if pid == 0:  # pragma: no cover - the child: block until the parent closes the pipe, then exit
+            _pylibc.close(w)  # its own copy of the write end would keep the read from ever ending
+            _pylibc.read(r, _CHILD_BUF, 1)
+            _pylibc._exit(0)
+        if pid < 0:
+            raise ContainerRuntimeError(
+                f"cannot make a user namespace: clone(CLONE_NEWUSER): {os.strerror(ctypes.get_errno())}",
+                container="",
+            )
+        try:
+            for name in ("gid_map", "uid_map"):
+                with open(f"/proc/{pid}/{name}", "w", encoding="ascii") as f:
+                    f.write(ids.map_line())
+            return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ContainerRuntimeError(f"cannot make a user namespace for ids {ids}: {exc}", container="") from exc
+        finally:
+            os.close(w)
+            w = -1
+            # ChildProcessError: reaped by crabd's subreaper loop already.
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
     finally:
-        os.close(ready_r)
-        os.close(go_w)  # the child reads EOF and exits
-        # ChildProcessError: reaped by crabd's subreaper loop already.
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-
-
-class UsernsCache:
-    """One user namespace fd per id range, made on first use and kept (a mount holds its own reference)."""
-
-    def __init__(self) -> None:
-        self._fds: dict[IdRange, int] = {}
-        self._lock = threading.Lock()
-
-    def fd(self, ids: IdRange) -> int:
-        with self._lock:
-            found = self._fds.get(ids)
-            if found is None:
-                found = self._fds[ids] = userns_fd(ids)
-            return found
-
-    def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+        os.close(r)
+        if w >= 0:
+            os.close(w)
 
 
 def idmapped_clone(source: Path, target: Path, ns_fd: int, *, recursive: bool = False, readonly: bool = False) -> None:
@@ -192,9 +183,6 @@ def detach(target: Path) -> None:
     """Lazily unmount ``target`` (MNT_DETACH); nothing if nothing is mounted there."""
     if _libc.umount2(os.fsencode(target), 2) != 0 and ctypes.get_errno() not in (22, 2):  # EINVAL, ENOENT
         _raise(f"umount {target}")
-
-
-__all__ = ["IdRange", "UsernsCache", "detach", "idmapped_clone", "userns_fd"]
 
 
 # --- an overlay over idmapped layers ----------------------------------------------------------

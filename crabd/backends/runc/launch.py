@@ -31,7 +31,7 @@ import dataclasses
 import ipaddress
 import json
 import os
-import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,26 +89,24 @@ class Launched:
         return self.network.ip if self.network else None
 
 
-#: Images CRIU's restored root task opens from INSIDE the user namespace (seen: "Unable to open
-#: timens-0.img: Permission denied"); the rest it opens before, as host root.
-IMAGES_OPENED_INSIDE = ("timens-",)
-
-
 def _share_with_range(images_dir: Path, ids: idmap.IdRange) -> None:
-    """Let the range's root open what CRIU opens inside the user namespace, and nothing else.
+    """Let the range's root read the images: CRIU opens many of them from INSIDE the user namespace.
 
-    The directory becomes the range root's (0700: searchable by it only);
-    each image of :data:`IMAGES_OPENED_INSIDE` is replaced by a copy that is
-    the range root's (a copy: the file may be a hard link into the hot image
-    cache, shared with restores into other ranges).
+    Seen: "Unable to open timens-0.img / utsns-12.img: Permission denied" (the
+    namespace images, opened by the restored root task once it is in its new
+    user namespace, relative to the images dir's fd).  The directory becomes
+    the range root's, 0700; its files get o+r.  That exposes nothing: no host
+    user but root can reach a path to them (``work_root`` and the hot cache
+    are 0700, root's; the range root only has CRIU's fd of this directory),
+    and the files may be hard links into the hot cache, so they are not
+    chowned (a restore into another range shares the same inodes).
     """
     os.chown(images_dir, ids.base, ids.base)
+    os.chmod(images_dir, 0o700)
     for f in images_dir.iterdir():
-        if f.name.startswith(IMAGES_OPENED_INSIDE) and f.is_file() and not f.is_symlink():
-            tmp = f.with_name(f".{f.name}.tmp")
-            shutil.copyfile(f, tmp)
-            os.chown(tmp, ids.base, ids.base)
-            os.replace(tmp, f)
+        st = f.lstat()
+        if stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IROTH:
+            os.chmod(f, (st.st_mode & 0o777) | stat.S_IROTH)
 
 
 def _mount_points(b: bundle.Bundle) -> list[tuple[str, bool]]:
