@@ -224,7 +224,7 @@ class RuncSandboxBackend:
         work_root: Path,
         rootfs_root: Path = rootfs.DEFAULT_ROOTFS_ROOT,
         id_ranges: IdRanges | None = None,
-        initfs_dir: Path = initfs.DEFAULT_DIR,
+        initfs_dir: Path | None = initfs.DEFAULT_DIR,
     ) -> None:
         self.instance = check_instance(instance)
         self.pool = pool
@@ -238,6 +238,7 @@ class RuncSandboxBackend:
         self.rootfs_root = rootfs_root
         #: None: no user namespaces (root in a sandbox is host root), the ``[runtime] userns = false`` switch.
         self.id_ranges = id_ranges
+        #: None: crab-init bind-mounted from where it is (unit tests without root; not for crabd).
         self.initfs_dir = initfs_dir
         #: crab-init's path on the host -> its copy on the init tmpfs.
         self._inits: dict[Path, Path] = {}
@@ -298,6 +299,8 @@ class RuncSandboxBackend:
 
     def _init_copy(self, init_binary: Path) -> Path:
         """crab-init on its own tmpfs (initfs.py: a bind mount of it is no handle into the host's files)."""
+        if self.initfs_dir is None:
+            return init_binary
         with self._lock:
             hit = self._inits.get(init_binary)
         if hit is not None and hit.is_file():
