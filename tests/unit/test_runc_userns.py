@@ -186,3 +186,20 @@ def test_idrange_and_dump_options() -> None:
 def test_userns_is_on_by_default_with_an_off_switch() -> None:
     assert CrabConfig().runtime.userns is True
     assert CrabConfig.model_validate({"runtime": {"userns": False}}).runtime.userns is False
+
+
+def test_doctor_reports_userns(tmp_path: Path) -> None:
+    from crabd.host.backend_check import check_userns
+
+    limit = tmp_path / "max"
+    limit.write_text("100\n")
+    on = CrabConfig.model_validate({"runtime": {"userns_dir": str(tmp_path / "u")}})
+    IdRanges(tmp_path / "u").claim("a-b-c")
+    got = check_userns(on, limit).as_dict()
+    assert got["status"] == "ok" and "1 ranges held" in got["summary"]
+    limit.write_text("0\n")
+    assert check_userns(on, limit).as_dict()["status"] == "fail"
+    off = CrabConfig.model_validate({"runtime": {"userns": False}})
+    assert check_userns(off, limit).as_dict()["status"] == "warn"
+    docker = CrabConfig.model_validate({"runtime": {"backend": "docker"}})
+    assert "not used" in check_userns(docker, limit).as_dict()["summary"]
