@@ -306,6 +306,7 @@ def write(
     *,
     etc_dir: Path | None = None,
     etc_seen_at: Path | None = None,
+    prestart: tuple[str, ...] = (),
 ) -> Bundle:
     """Make the bundle of ``spec`` under ``root`` (see the module's docstring); atomic.
 
@@ -334,6 +335,9 @@ def write(
                 # The config names them where the caller will mount etc_dir (an idmapped view: launch.py).
                 etc = {dest: etc_seen_at / host.name for dest, host in etc.items()}
         cfg = config(spec, final, etc, etc_writable=etc_dir is not None)
+        if prestart:
+            # runc runs prestart hooks on a restore too, at CRIU's setup-namespaces step (lo_up.py).
+            cfg["hooks"] = {"prestart": [{"path": prestart[0], "args": list(prestart), "timeout": 10}]}
         data = json.dumps(cfg, indent=1, sort_keys=True).encode()
         write_atomic(tmp / CONFIG, data)
         os.rename(tmp, final)

@@ -32,12 +32,13 @@ import ipaddress
 import json
 import os
 import stat
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from crabd.backends.network import SANDBOX_SYSCTLS
-from crabd.backends.runc import bundle, cleanup, idmap, named_netns, rootfs, userns_image
+from crabd.backends.runc import bundle, cleanup, idmap, lo_up, named_netns, rootfs, userns_image
 from crabd.backends.runc.cli import CheckpointOptions, Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniResult
 from crabd.errors import ContainerRuntimeError, CriuImageInvalid
@@ -89,20 +90,24 @@ class Launched:
         return self.network.ip if self.network else None
 
 
+#: The prestart hook of a user-namespaced restore (lo_up.py, by path: no crabd import in the hook).
+LO_UP_HOOK = (sys.executable, "-I", "-S", str(Path(lo_up.__file__).resolve()))
+
+
 def _share_with_range(images_dir: Path, ids: idmap.IdRange) -> None:
     """Let the range's root read the images: CRIU opens many of them from INSIDE the user namespace.
 
     Seen: "Unable to open timens-0.img / utsns-12.img: Permission denied" (the
     namespace images, opened by the restored root task once it is in its new
-    user namespace, relative to the images dir's fd).  The directory becomes
-    the range root's, 0700; its files get o+r.  That exposes nothing: no host
+    user namespace, relative to the images dir's fd; depending on timing the
+    task still has host uid 0 then, or already the range root's).  The
+    directory gets 0711 (searchable by both) and its files o+r.  That exposes nothing: no host
     user but root can reach a path to them (``work_root`` and the hot cache
     are 0700, root's; the range root only has CRIU's fd of this directory),
     and the files may be hard links into the hot cache, so they are not
     chowned (a restore into another range shares the same inodes).
     """
-    os.chown(images_dir, ids.base, ids.base)
-    os.chmod(images_dir, 0o700)
+    os.chmod(images_dir, 0o711)  # noqa: S103 - search only: see above
     for f in images_dir.iterdir():
         st = f.lstat()
         if stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IROTH:
@@ -188,6 +193,8 @@ class Launcher:
                 self.layout.bundles,
                 etc_dir=storage.etc,
                 etc_seen_at=etc_view,
+                # A restore's netns is CRIU's, lo down, until after `runc restore`: lo up before the sockets.
+                prestart=LO_UP_HOOK if restore is not None else (),
             )
             bundle.write_atomic(b.path / LOWERS_FILE, json.dumps({"lowers": [str(p) for p in storage.lowers]}).encode())
             clock.lap("bundle")
