@@ -67,7 +67,6 @@ def test_restore_fork_and_archive_carry_a_live_process_across_ranges(
     sb = make_sandbox("bookworm", checkpoints="fs")
     install(sb)
     secret, n = start_repl(sb)
-    base = uid_map(sb)[1]
     sb.run(["sh", "-c", "echo mine > /root/owned && chmod 600 /root/owned"])
     full = sb.checkpoint(kind="full")
     sb.session.run(ASK_REPL)  # a question after the checkpoint: the restore forgets it
@@ -76,11 +75,11 @@ def test_restore_fork_and_archive_carry_a_live_process_across_ranges(
     got_secret, m = sb.session.run(ASK_REPL).stdout.split()
     assert (got_secret, int(m)) == (secret, int(n) + 1)
     restored_base = uid_map(sb)[1]
-    assert in_range(restored_base)
+    assert in_range(restored_base)  # a new container: a range of its own (the old one's went back with it)
     # fork: another range; the files stay the sandbox root's, the process its memory.
     [clone] = client.fork(full.id, 1)
     try:
-        assert uid_map(clone)[1] not in (base, restored_base)
+        assert uid_map(clone)[1] != restored_base  # never the range of a container that runs
         assert clone.run(["stat", "-c", "%u %a", "/root/owned"]).stdout.split() == [b"0", b"600"]
         assert clone.run(["cat", "/root/owned"]).stdout == b"mine\n"
         got_secret, m = clone.session.run(ASK_REPL).stdout.split()
