@@ -109,7 +109,12 @@ def remove_userns_rootfs(layout: Layout, container_id: str) -> None:
     """Unmount ``layout.userns_rootfs(id)`` and the /etc view beside it; remove the dirs (rmdir only)."""
     target = layout.userns_rootfs(container_id)
     etc = layout.userns_etc(container_id)
-    rootfs.umount(target)
+    try:
+        rootfs.umount(target)
+    except ContainerRuntimeError:
+        # umount(8) may report failure for a mount that went meanwhile (seen at shutdown): only a mount left counts.
+        if rootfs.is_mounted(target):
+            raise
     idmap.detach(etc)
     for d in (target, etc, target.parent):
         with contextlib.suppress(FileNotFoundError):

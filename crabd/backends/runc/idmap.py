@@ -69,6 +69,7 @@ _libc.syscall.restype = ctypes.c_long
 _pylibc = ctypes.PyDLL(None, use_errno=True)
 _pylibc.syscall.restype = ctypes.c_long
 _CHILD_BUF = ctypes.create_string_buffer(1)
+_clone_lock = threading.Lock()
 
 
 class _MountAttr(ctypes.Structure):
@@ -121,7 +122,17 @@ def userns_fd(ids: IdRange) -> int:
     the child is born in its namespace.  It runs no Python of its own beyond
     two foreign calls made through ``PyDLL`` (which keeps the GIL: the child
     must never wait for a GIL some thread of the parent held at the clone).
+
+    One at a time (a lock), and the parent WRITES the byte the child waits
+    for rather than relying on EOF: a child inherits every fd of crabd, so
+    two children made at once held each other's pipe open and both waited
+    forever (seen with 4 parallel forks).
     """
+    with _clone_lock:
+        return _userns_fd(ids)
+
+
+def _userns_fd(ids: IdRange) -> int:
     r, w = os.pipe()
     try:
         pid = int(_pylibc.syscall(SYS_CLONE, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0))
@@ -142,6 +153,7 @@ def userns_fd(ids: IdRange) -> int:
         except OSError as exc:
             raise ContainerRuntimeError(f"cannot make a user namespace for ids {ids}: {exc}", container="") from exc
         finally:
+            os.write(w, b"x")  # the child's read returns now, whoever else holds the pipe
             os.close(w)
             w = -1
             # ChildProcessError: reaped by crabd's subreaper loop already.

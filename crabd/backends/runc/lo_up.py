@@ -12,6 +12,7 @@ and sets ``lo`` up.  crabd configures the rest (address, sysctls) after
 
 Run as ``python -I -S <this file>``: no site, no crabd import, a few ms.
 """
+
 from __future__ import annotations
 
 import ctypes
