@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import signal
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -61,14 +62,15 @@ MOUNT_ATTR_IDMAP = 0x100000
 
 CLONE_NEWUSER = 0x10000000
 SIGCHLD = 17
-SYS_CLONE = 56
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-#: Foreign calls that keep the GIL (see userns_fd).
-_pylibc = ctypes.PyDLL(None, use_errno=True)
-_pylibc.syscall.restype = ctypes.c_long
-_CHILD_BUF = ctypes.create_string_buffer(1)
+_libc.clone.restype = ctypes.c_int
+_libc.clone.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+#: The cloned child's whole program (userns_fd): libc's pause(), on a stack of its own.
+_PAUSE = ctypes.cast(_libc.pause, ctypes.c_void_p)
+_STACK = ctypes.create_string_buffer(64 << 10)
+_STACK_TOP = ctypes.c_void_p((ctypes.addressof(_STACK) + (64 << 10)) & ~0xF)
 _clone_lock = threading.Lock()
 
 
@@ -111,35 +113,20 @@ def _raise(what: str) -> None:
 def userns_fd(ids: IdRange) -> int:
     """A new user namespace mapping 0..count-1 to ``ids``; an O_RDONLY fd of it (caller closes).
 
-    Steps: a pipe; a raw ``clone(CLONE_NEWUSER)`` child that blocks reading
-    the pipe; the parent writes the child's gid_map and uid_map, opens its
-    ns/user and closes the pipe, so the child exits; the parent reaps it.
+    Steps: glibc's ``clone(pause, stack, CLONE_NEWUSER | SIGCHLD)``: a child
+    born in a new user namespace that runs ``pause()`` in C on a stack of
+    its own; the parent writes its gid_map and uid_map, opens its ns/user,
+    SIGKILLs it and reaps it.
 
-    Why a raw clone and not ``os.fork()`` + ``unshare``: unshare(CLONE_NEWUSER)
-    needs a single-threaded caller, and a forked child of crabd is not one:
-    gRPC's at-fork handlers start threads in it (seen: EINVAL in the daemon,
-    not in a bare interpreter).  The raw syscall runs no at-fork handler, and
-    the child is born in its namespace.  It runs no Python of its own beyond
-    two foreign calls made through ``PyDLL`` (which keeps the GIL: the child
-    must never wait for a GIL some thread of the parent held at the clone).
-
-    One at a time (a lock), and the parent WRITES the byte the child waits
-    for rather than relying on EOF: a child inherits every fd of crabd, so
-    two children made at once held each other's pipe open and both waited
-    forever (seen with 4 parallel forks).
+    Why so: unshare(CLONE_NEWUSER) needs a single-threaded caller, and an
+    ``os.fork()`` child of crabd is not one (gRPC's at-fork handlers start
+    threads in it: EINVAL in the daemon, not in a bare interpreter); a child
+    that ran any Python after a raw fork could wait forever for a GIL that a
+    thread of the parent held at that instant (seen: parallel forks hung).
+    This child runs no Python and no at-fork handler at all.
     """
     with _clone_lock:
-        return _userns_fd(ids)
-
-
-def _userns_fd(ids: IdRange) -> int:
-    r, w = os.pipe()
-    try:
-        pid = int(_pylibc.syscall(SYS_CLONE, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0))
-        if pid == 0:  # pragma: no cover - the child: block until the parent closes the pipe, then exit
-            _pylibc.close(w)  # its own copy of the write end would keep the read from ever ending
-            _pylibc.read(r, _CHILD_BUF, 1)
-            _pylibc._exit(0)
+        pid = int(_libc.clone(_PAUSE, _STACK_TOP, CLONE_NEWUSER | SIGCHLD, None))
         if pid < 0:
             raise ContainerRuntimeError(
                 f"cannot make a user namespace: clone(CLONE_NEWUSER): {os.strerror(ctypes.get_errno())}",
@@ -153,16 +140,11 @@ def _userns_fd(ids: IdRange) -> int:
         except OSError as exc:
             raise ContainerRuntimeError(f"cannot make a user namespace for ids {ids}: {exc}", container="") from exc
         finally:
-            os.write(w, b"x")  # the child's read returns now, whoever else holds the pipe
-            os.close(w)
-            w = -1
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
             # ChildProcessError: reaped by crabd's subreaper loop already.
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-    finally:
-        os.close(r)
-        if w >= 0:
-            os.close(w)
 
 
 def idmapped_clone(source: Path, target: Path, ns_fd: int, *, recursive: bool = False, readonly: bool = False) -> None:
