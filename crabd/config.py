@@ -413,6 +413,16 @@ class RuntimeConfig(_Model):
         description="IPv4 subnet of the runc backend's CNI bridge; empty: 10.213.0.0/16 for [network] name "
         '"crab", else a /24 derived from the name (two crabd instances with different names never share one)',
     )
+    userns: bool = Field(
+        True,
+        description="runc+btrfs: run each sandbox in a user namespace of its own, root inside mapped to an "
+        'unprivileged host id range (docs/runc.md, "User namespaces"); false: root in a sandbox is host root, '
+        "as on the Docker backend",
+    )
+    userns_dir: Path = Field(
+        Path("/var/lib/crab/userns"),
+        description="host-wide claims of user-namespace id ranges, shared by every crabd instance on the host",
+    )
 
     @field_validator("subnet")
     @classmethod

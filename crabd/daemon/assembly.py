@@ -44,6 +44,7 @@ from crabd.host.backend_check import backend_for, gather_facts
 from crabd.store.blobs import BlobStore
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
+from crabd.store.idranges import IdRanges
 from crabd.store.remote.s3 import S3ObjectStore
 from crabd.store.remote.state import RemoteState
 from crabd.store.remote.tier import RemoteTier
@@ -112,6 +113,8 @@ def open_sandbox_side(cfg: CrabConfig, instance: str) -> SandboxSide:
             # shared default bridge) has no runc counterpart.
             network=CniNetwork(layout.cni),
             work_root=work,
+            # [runtime] userns (default on): a host id range per container (docs/runc.md, "User namespaces").
+            id_ranges=IdRanges(cfg.runtime.userns_dir) if cfg.runtime.userns else None,
         )
     except BaseException:
         pool.close()
@@ -136,6 +139,7 @@ def open_dumper(cfg: CrabConfig, side: SandboxSide) -> ProcessDumper:
         runc_root=side.runc_root,
         timeout_s=cfg.criu.timeout_s,
         log_dir=cfg.paths.state_dir / "logs" / "criu",
+        options_for=side.sandbox.dump_options if isinstance(side.sandbox, RuncSandboxBackend) else None,
     )
 
 

@@ -145,3 +145,36 @@ def check_backend(cfg: CrabConfig, facts: BackendFacts | None = None) -> Check:
         f"{in_use} ({how}); {SandboxBackend.RUNC_BTRFS} is unavailable ({'; '.join(why_not)})",
         f"{SETUP_FIX} for inode-exact O(1) snapshots and fast restores (runc+btrfs)",
     )
+
+
+def check_userns(cfg: CrabConfig, max_namespaces: Path = Path("/proc/sys/user/max_user_namespaces")) -> Check:
+    """Whether runc sandboxes run in user namespaces (``[runtime] userns``), and whether this kernel allows them."""
+    from crabd.store.idranges import FIRST_BASE, RANGE_SIZE, IdRanges  # the store's, only for its numbers
+
+    if cfg.runtime.backend == "docker":
+        return _ok("userns", "not used: the Docker backend runs sandboxes without user namespaces (docs/runc.md)")
+    if not cfg.runtime.userns:
+        return _warn(
+            "userns",
+            "off ([runtime] userns = false): root in a runc sandbox is root on the host",
+            "set [runtime] userns = true (the default) and restart crabd",
+        )
+    try:
+        limit = int(max_namespaces.read_text())
+    except (OSError, ValueError):
+        limit = 0
+    if limit <= 0:
+        return _fail(
+            "userns",
+            f"on, but the kernel allows no user namespaces ({max_namespaces} is {limit})",
+            "sysctl -w user.max_user_namespaces=10000, or set [runtime] userns = false",
+        )
+    try:
+        held = len(IdRanges(cfg.runtime.userns_dir).owners()) if cfg.runtime.userns_dir.is_dir() else 0
+    except OSError:
+        held = 0
+    return _ok(
+        "userns",
+        f"on: root in a sandbox is an unprivileged host id ({RANGE_SIZE} ids per container from {FIRST_BASE}; "
+        f"{held} ranges held in {cfg.runtime.userns_dir}); kernel allows {limit} user namespaces",
+    )

@@ -451,7 +451,7 @@ def check_disk(cfg: CrabConfig) -> Check:
 
 
 def run_checks(cfg: CrabConfig) -> list[Check]:
-    from crabd.host.backend_check import check_backend, check_btrfs_pool  # they build on this module
+    from crabd.host.backend_check import check_backend, check_btrfs_pool, check_userns  # they build on this module
     from crabd.host.inspector_check import check_inspector  # it builds on this module
     from crabd.host.remote_check import check_remote  # it builds on this module
 
@@ -472,6 +472,7 @@ def run_checks(cfg: CrabConfig) -> list[Check]:
         lambda: check_inspector(cfg),
         lambda: check_btrfs_pool(cfg),
         lambda: check_backend(cfg),
+        lambda: check_userns(cfg),
         lambda: check_remote(cfg),
     ]
     return [c() for c in checks]

@@ -29,7 +29,14 @@ def private_layout(base: Path, net: NetworkConfig, subnet: ipaddress.IPv4Network
     """Every path of the runc layer under ``base``, and a CNI network of the test's own."""
     settings = cni.CniSettings(net=net, subnet=str(subnet), cache_dir=base / "cni")
     return cleanup.Layout(
-        runc_root=base / "runc", bundles=base / "bundles", netns=base / "netns", rootfs=base / "rootfs", cni=settings
+        runc_root=base / "runc",
+        bundles=base / "bundles",
+        netns=base / "netns",
+        rootfs=base / "rootfs",
+        cni=settings,
+        idmap=base / "idmap",
+        # Not under base (0700): runc needs its ancestors searchable from inside the user namespace.
+        mounts=Path("/run/crab-rootfs"),
     )
 
 

@@ -27,7 +27,7 @@ import pytest
 from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs import Pool, SubvolKind, SubvolRef
 from crabd.backends.criu.runc import RuncDumper
-from crabd.backends.runc import cleanup, cni, named_netns, reaper, rootfs
+from crabd.backends.runc import cleanup, cni, named_netns, reaper, rootfs, userns_image
 from crabd.backends.runc.cli import Runc, RuncStatus
 from crabd.backends.runc.sandbox import RuncSandboxBackend
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus
@@ -37,6 +37,7 @@ from crabd.host import images
 from crabd.models import SandboxSpec
 from crabd.runtime import initbin
 from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
+from crabd.store.idranges import IdRanges
 from crabd.util import cgroups, proc
 from crabd.util.netns import Netns
 from tests.integration.runc_layer import assert_no_rules_left, private_base, private_layout
@@ -97,7 +98,10 @@ def backends(
     pool: Pool, layout: cleanup.Layout, runc: Runc, network: cni.CniNetwork, base: Path
 ) -> Iterator[dict[str, RuncSandboxBackend]]:
     made = {
-        i: RuncSandboxBackend(pool, instance=i, layout=layout, runc=runc, network=network, work_root=base / "work")
+        # User namespaces, as crabd runs them by default; ranges from the host-wide claims (unique on the host).
+        i: RuncSandboxBackend(
+            pool, instance=i, layout=layout, runc=runc, network=network, work_root=base / "work", id_ranges=IdRanges()
+        )
         for i in (INSTANCE, OTHER)
     }
     yield made
@@ -115,6 +119,7 @@ def backends(
     assert not left.orphans and not left.partial_bundles, left
     assert not [n for n in pool.list(SubvolKind.SANDBOX) if _mine(n)]
     assert not [n for n in pool.list(SubvolKind.SNAPSHOT) if _mine(n)]
+    assert not [o for o in IdRanges().owners() if _mine(o)]  # every id range given back
 
 
 @pytest.fixture
@@ -213,6 +218,7 @@ def pieces_left(backend: RuncSandboxBackend, cid: str) -> list[str]:
         "restore dirs": any((backend.work_root / d / cid).exists() for d in ("restore", "criu")),
         "freezer cgroup": (CGROUP / "freezer" / "crab" / cid).exists(),
         "v2 cgroup": (CGROUP / "unified" / "crab" / cid).exists(),
+        "id range": backend.id_ranges is not None and backend.id_ranges.find(cid) is not None,
     }
     return [name for name, there in checks.items() if there]
 
@@ -287,15 +293,15 @@ def boxes(backends: dict[str, RuncSandboxBackend], init_binary: Path) -> Iterato
 def test_create_start_status_remove(boxes: Sandboxes, backend: RuncSandboxBackend, pool: Pool) -> None:
     cid = boxes.create("bookworm", name="My Box!", network=True, env_vars={"CRAB_X": "1"}, workdir="/tmp")
     assert cid.startswith(f"{INSTANCE}-sb1-")
-    # After create: the subvolume and nothing else.
+    # After create: the subvolume and the id range, nothing else.
     upper = backend.upper_dir(cid)
     assert upper == pool.path(SubvolRef.sandbox(cid)) / "upper" and upper.is_dir()
-    assert pieces_left(backend, cid) == ["subvolume"]
+    assert pieces_left(backend, cid) == ["subvolume", "id range"]
     st = backend.status(cid)
     assert st.exists and not st.running and st.upper_dir == str(upper)
     assert backend.list_instance(INSTANCE)[cid].labels[LABEL_SANDBOX] == "sb1"
     assert cid not in backend.list_exited(INSTANCE)  # created, not exited
-    (upper / "hello.txt").write_text("from the host")  # what a restore's materialize does
+    (upper / "hello.txt").write_text("from the host")  # what a restore's materialize does (owned by 0 on disk)
 
     backend.start(cid)
     st = wait_init(backend, cid)
@@ -312,6 +318,10 @@ def test_create_start_status_remove(boxes: Sandboxes, backend: RuncSandboxBacken
     assert run_in(backend, cid, "cat", "/hello.txt") == "from the host"
     run_in(backend, cid, "sh", "-c", "echo made inside > /inside.txt")
     assert (upper / "inside.txt").read_text() == "made inside\n"
+    # Root inside is an unprivileged host id; on disk the file is the sandbox root's in in-sandbox ids (idmapped).
+    base = backend.id_ranges.find(cid).base  # type: ignore[union-attr]
+    assert Path(f"/proc/{st.pid}/uid_map").read_text().split() == ["0", str(base), "65536"]
+    assert os.stat(upper / "inside.txt").st_uid == 0 and run_in(backend, cid, "stat", "-c", "%u", "/hello.txt") == "0\n"
     # Its cgroup in the v2 tree (what BPF attributes events by) and in v1.
     v2 = CGROUP / "unified" / "crab" / cid
     assert cgroups.cgroup_id(cid) == v2.stat().st_ino
@@ -377,7 +387,9 @@ def test_exit_codes_oom_and_stop(boxes: Sandboxes, backend: RuncSandboxBackend, 
     reaper.record(key, init.pid)  # (the zombie is still this process's: let remove reap it)
 
     stubborn = boxes.make(sandbox="kill")
-    spawn_in(backend, stubborn, "sh", "-c", "trap '' TERM; while true; do sleep 1; done")
+    spawn_in(backend, stubborn, "sh", "-c", "trap '' TERM; touch /ready; while true; do sleep 1; done")
+    # Only once the trap is set (else SIGTERM may come first, and crab-init exits 0 when its child dies).
+    run_in(backend, stubborn, "sh", "-c", "while [ ! -e /ready ]; do sleep 0.05; done")
     t0 = time.monotonic()
     backend.stop(stubborn, 0.5)  # crab-init would wait 3 s for its children: SIGKILL comes first
     assert time.monotonic() - t0 < 2.5
@@ -408,7 +420,13 @@ def test_list_instance_reports_leftovers_and_only_its_own(
         named_netns.create(name, layout.netns)
     try:
         fresh = RuncSandboxBackend(
-            pool, instance=INSTANCE, layout=layout, runc=runc, network=network, work_root=base / "work"
+            pool,
+            instance=INSTANCE,
+            layout=layout,
+            runc=runc,
+            network=network,
+            work_root=base / "work",
+            id_ranges=IdRanges(),
         )
         found = fresh.list_instance(INSTANCE)
         assert set(found) == {live, orphan, netns_only, half, images_only}
@@ -458,7 +476,7 @@ def test_restore_from_a_snapshot_continues_process_state(
     assert ask(ip) == "1"
     run_in(backend, orig, "sh", "-c", "echo before > /data.txt")
     images_dir, ck = base / "images" / orig, SubvolRef.snapshot(f"{INSTANCE}-ck1")
-    dumper = RuncDumper(runc_root=layout.runc_root, log_dir=base / "criu-logs")
+    dumper = RuncDumper(runc_root=layout.runc_root, log_dir=base / "criu-logs", options_for=backend.dump_options)
     # As the checkpointer does: processes and files at one instant, inside one freeze.
     work = base / "dump-work" / orig
     work.mkdir(parents=True)
@@ -501,7 +519,7 @@ def test_runc_dumper_refuses_a_process_outside_init_tree(
     init = backend.status(cid).pid
     proc.run(["runc", "--root", str(layout.runc_root), "exec", "-d", cid, "sleep", "1000"], timeout=30, capture=False)
     outsider = next(p for p in cgroups.container_host_pids(cid) if p != init)
-    dumper = RuncDumper(runc_root=layout.runc_root, log_dir=base / "criu-logs")
+    dumper = RuncDumper(runc_root=layout.runc_root, log_dir=base / "criu-logs", options_for=backend.dump_options)
     work = base / "dump-work" / cid
     work.mkdir(parents=True)
     try:
@@ -522,12 +540,15 @@ def test_failed_restore_is_a_criu_error_and_leaves_only_the_subvolume(
 ) -> None:
     cid = boxes.create(sandbox="bad")
     images_dir = backend.checkpoint_dir(cid, "crab")
-    # runc's own part of the image is there, CRIU's is not: CRIU runs and refuses.
+    # runc's own part of the image is there (and a user namespace), CRIU's is not: CRIU runs and refuses.
     (images_dir / "descriptors.json").write_text('["/dev/null", "/dev/null", "/dev/null"]')
+    ours = (userns_image.Extent(0, 1 << 24, 1 << 16),)
+    (images_dir / "userns-14.img").write_bytes(userns_image.encode(userns_image.UsernsEntry(ours, ours)))
     with pytest.raises(CriuError) as caught:
         backend.start(cid, "crab")
     assert caught.value.log_path and Path(caught.value.log_path).is_file()
-    assert pieces_left(backend, cid) == ["subvolume"]  # the launch rolled back; the restore dirs went
+    # The launch rolled back; the restore dirs went; the id range stays the container's until remove.
+    assert pieces_left(backend, cid) == ["subvolume", "id range"]
     st = backend.status(cid)
     assert st.exists and not st.running
     with pytest.raises(ContainerRuntimeError):

@@ -167,14 +167,19 @@ def test_a_user_namespace_map_other_than_the_postures_is_refused(tmp_path: Path)
     )
     own_user = image(IDS_MAGIC, ids(SANDBOX_IDS | {"user": 77}))
 
-    def userns(first_host: int) -> bytes:
-        extent = msg((1, 0), (2, first_host), (3, 65536))
+    def userns(first_host: int, count: int = 65536) -> bytes:
+        extent = msg((1, 0), (2, first_host), (3, count))
         return image(pbimage.USERNS_MAGIC, msg((1, [extent]), (2, [extent])))
 
     images = {"ids-1.img": own_user, "ids-9.img": own_user}
     check(write_images(tmp_path / "ok", **images, **{"userns-77.img": userns(100000)}), posture, "ck-1")
     err = refused(write_images(tmp_path / "root", **images, **{"userns-77.img": userns(0)}), posture)
     assert err.what == "user namespace uid map" and err.found == "0 0 65536"
+    # Another host range is the image's old container's: the runtime rewrites it to the new one's.
+    check(write_images(tmp_path / "moved", **images, **{"userns-77.img": userns(3 << 24)}), posture, "ck-1")
+    # Not its shape: more ids inside than the sandbox was given.
+    err = refused(write_images(tmp_path / "wide", **images, **{"userns-77.img": userns(3 << 24, 1 << 31)}), posture)
+    assert err.what == "user namespace uid map"
 
 
 @pytest.mark.parametrize(

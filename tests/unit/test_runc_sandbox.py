@@ -351,6 +351,7 @@ def _backend(root: Path, layout: cleanup.Layout, instance: str = "inst", runc: F
         runc=cast(Runc, fake),
         work_root=root / "work",
         rootfs_root=root / "rootfs",
+        initfs_dir=None,  # no tmpfs without root: crab-init is named where it is
     )
     return backend, fake
 

@@ -173,7 +173,11 @@ class _Checker:
             ("uid map", maps[0], self.posture.uid_map),
             ("gid map", maps[1], self.posture.gid_map),
         ):
-            if got != want:
+            # The host side is not the image's to choose: the runc backend rewrites it to the new container's
+            # own range before CRIU runs (backends/runc/userns_image.py), so a restore into another range is
+            # normal.  What the image may not change is the shape: which ids exist inside, and how many.
+            # And never host root, whatever rewrites it later: a second wall if that rewrite were skipped.
+            if _shape(got) != _shape(want) or any(e.outside == 0 for e in got):
                 raise self.refuse(pid, f"user namespace {label}", _maps(got), _maps(want))
 
     # --- credentials and seccomp ----------------------------------------------------
@@ -385,6 +389,11 @@ _CAP_NAMES = {bit: name for name, bit in CAPABILITY_BITS.items()}
 def _caps(mask: int) -> str:
     names = [_CAP_NAMES.get(b, str(b)) for b in range(mask.bit_length()) if mask >> b & 1]
     return f"{mask:#x} ({','.join(names) or 'none'})"
+
+
+def _shape(m: tuple[IdMap, ...]) -> tuple[tuple[int, int], ...]:
+    """A map without its host side: (first id inside, how many), line by line."""
+    return tuple((e.inside, e.count) for e in m)
 
 
 def _maps(m: tuple[IdMap, ...]) -> str:

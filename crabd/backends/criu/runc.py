@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from crabd.backends.criu.images import dumped_tasks
@@ -127,8 +128,17 @@ class RuncDumper:
     """:class:`~crabd.backends.procdump.ProcessDumper` through runc."""
 
     def __init__(
-        self, *, runc: str = "runc", runc_root: Path = DEFAULT_RUNC_ROOT, timeout_s: float = 300.0, log_dir: Path
+        self,
+        *,
+        runc: str = "runc",
+        runc_root: Path = DEFAULT_RUNC_ROOT,
+        timeout_s: float = 300.0,
+        log_dir: Path,
+        options_for: Callable[[str], tuple[str, ...]] | None = None,
     ) -> None:
+        """``options_for(container id)``: runc options a dump of that container adds (the runc backend's
+        ``--empty-ns network`` for a user-namespaced container); None: none."""
+        self.options_for = options_for
         self.runc = runc
         self.runc_root = runc_root
         self.timeout_s = timeout_s
@@ -143,7 +153,10 @@ class RuncDumper:
 
     def dump(self, container_id: str, images_dir: Path, work_dir: Path) -> DumpResult:
         t0 = time.monotonic()
-        argv = checkpoint_argv(self.runc, self.runc_root, container_id, images_dir, work_dir)
+        extra = self.options_for(container_id) if self.options_for is not None else ()
+        argv = checkpoint_argv(
+            self.runc, self.runc_root, container_id, images_dir, work_dir, options=(*DUMP_OPTIONS, *extra)
+        )
         try:
             proc.run(argv, timeout=self.timeout_s, kill_tree=True)
         except CommandError as exc:

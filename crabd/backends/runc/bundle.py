@@ -17,12 +17,24 @@ status) under the driver's state root (:mod:`.cli`), not here.
 
 What a container gets (the Docker backend's sandbox, in OCI terms; the
 security parts live in :mod:`.security`): crab-init bind-mounted read-only
-at ``/.crab/init`` as PID 1, root, no terminal; stdio is the caller's
+at ``/.crab/init`` as PID 1 (from its own tmpfs, :mod:`.initfs`), root, no terminal; stdio is the caller's
 ``/dev/null`` (CRIU refuses to dump a host file on fds 0-2, but runc passes
 ``/dev/null`` through); its own pid, mount, ipc, uts and cgroup
 namespaces; the network namespace at ``spec.netns`` (made by crabd, so
 that a restore can land in another one with its own address); cgroup
 limits for CPU, memory (no swap beyond it) and pids under ``/crab/<id>``.
+
+With ``spec.userns`` (the default, docs/runc.md "User namespaces") the
+container also gets its own user namespace, root inside mapped to the
+host range ``spec.userns``, and then its network namespace is runc's own,
+made inside that user namespace (CRIU refuses to dump a container whose
+namespaces belong to another user namespace, as a crabd-made one would):
+crabd pins and configures it after ``runc create`` / ``runc restore``
+(:mod:`.launch`), so ``spec.netns`` is where it WILL be pinned, and the
+``linux.sysctl`` entries are set there by crabd (runc cannot write net
+sysctls of a namespace it joins from inside a user namespace).  The /etc
+files are then bind-mounted from an idmapped view of ``etc_dir``
+(``etc_seen_at``), so that they are the sandbox root's, as without one.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from typing import Any
 from crabd.backends.docker_sandbox import DEFAULT_PIDS_LIMIT
 from crabd.backends.network import SANDBOX_SYSCTLS
 from crabd.backends.runc import rootfs, security
+from crabd.backends.runc.idmap import IdRange
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX
 from crabd.errors import ContainerRuntimeError
 from crabd.util.private_dirs import private_dir
@@ -88,10 +101,18 @@ class ContainerSpec:
     binds: tuple[BindMount, ...] = ()
     #: OCI annotations; `runc state` reports them (labels for re-adoption).
     annotations: dict[str, str] = field(default_factory=dict)
+    #: The host ids of the container's own user namespace; None: no user namespace (root is host root).
+    userns: IdRange | None = None
 
     @property
     def cgroups_path(self) -> str:
         return f"{CGROUP_PARENT}/{self.id}"
+
+    @property
+    def namespaces(self) -> tuple[str, ...]:
+        """The namespaces the container gets, in OCI names (what a posture check expects of a dump)."""
+        own = ("pid", "ipc", "uts", "mount", "cgroup", "network")
+        return (*own, "user") if self.userns is not None else own
 
 
 def _standard_mounts() -> list[dict[str, Any]]:
@@ -166,7 +187,16 @@ def config(
     mounts += [_bind(src, dest, writable=etc_writable) for dest, src in sorted(etc_files.items())]
     mounts += [_bind(b.source, b.destination, writable=b.writable) for b in spec.binds]
     namespaces: list[dict[str, str]] = [{"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")]
-    namespaces.append({"type": "network", "path": str(spec.netns)})
+    linux: dict[str, Any] = {}
+    if spec.userns is None:
+        namespaces.append({"type": "network", "path": str(spec.netns)})
+        sysctl = dict(SANDBOX_SYSCTLS) if spec.networked else {}
+    else:
+        # Made by runc inside the user namespace; crabd pins it at spec.netns and sets the sysctls.
+        namespaces += [{"type": "network"}, {"type": "user"}]
+        linux["uidMappings"] = spec.userns.oci()
+        linux["gidMappings"] = spec.userns.oci()
+        sysctl = {}
     return {
         "ociVersion": OCI_VERSION,
         "process": {
@@ -187,11 +217,12 @@ def config(
             "cgroupsPath": spec.cgroups_path,
             "resources": _resources(spec),
             "namespaces": namespaces,
-            "sysctl": dict(SANDBOX_SYSCTLS) if spec.networked else {},
+            "sysctl": sysctl,
             "maskedPaths": list(security.MASKED_PATHS),
             "readonlyPaths": list(security.READONLY_PATHS),
             "seccomp": security.seccomp(),
             "rootfsPropagation": "rprivate",
+            **linux,
         },
     }
 
@@ -270,7 +301,14 @@ def _resolv_conf(path: Path = Path("/etc/resolv.conf")) -> str:
     return "\n".join(kept) + "\n"
 
 
-def write(spec: ContainerSpec, root: Path = DEFAULT_BUNDLES_ROOT, *, etc_dir: Path | None = None) -> Bundle:
+def write(
+    spec: ContainerSpec,
+    root: Path = DEFAULT_BUNDLES_ROOT,
+    *,
+    etc_dir: Path | None = None,
+    etc_seen_at: Path | None = None,
+    prestart: tuple[str, ...] = (),
+) -> Bundle:
     """Make the bundle of ``spec`` under ``root`` (see the module's docstring); atomic.
 
     ``etc_dir``: where the container's /etc files live, bind-mounted writable
@@ -294,7 +332,13 @@ def write(spec: ContainerSpec, root: Path = DEFAULT_BUNDLES_ROOT, *, etc_dir: Pa
             etc = {dest: final / "etc" / host.name for dest, host in etc.items()}
         else:
             etc = _etc_files(spec, etc_dir)
+            if etc_seen_at is not None:
+                # The config names them where the caller will mount etc_dir (an idmapped view: launch.py).
+                etc = {dest: etc_seen_at / host.name for dest, host in etc.items()}
         cfg = config(spec, final, etc, etc_writable=etc_dir is not None)
+        if prestart:
+            # runc runs prestart hooks on a restore too, at CRIU's setup-namespaces step (lo_up.py).
+            cfg["hooks"] = {"prestart": [{"path": prestart[0], "args": list(prestart), "timeout": 10}]}
         data = json.dumps(cfg, indent=1, sort_keys=True).encode()
         write_atomic(tmp / CONFIG, data)
         os.rename(tmp, final)

@@ -17,10 +17,11 @@ A live id's pieces are never touched; re-adoption of those is the caller's
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crabd.backends.runc import bundle, named_netns, rootfs
+from crabd.backends.runc import bundle, idmap, named_netns, rootfs
 from crabd.backends.runc.cli import Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniSettings
 from crabd.errors import ContainerRuntimeError
@@ -37,6 +38,25 @@ class Layout:
     netns: Path = named_netns.DEFAULT_NETNS_DIR
     rootfs: Path = rootfs.DEFAULT_ROOTFS_ROOT
     cni: CniSettings = field(default_factory=CniSettings)
+    #: ``<idmap>/<id>/``: idmapped layer mounts while an overlay is being mounted (idmap.py); gone after.
+    idmap: Path = Path("/run/crab/idmap")
+    #: ``<mounts>/<id>/rootfs``: the overlay of a user-namespaced container (see :func:`userns_rootfs`).
+    mounts: Path = Path("/run/crab-rootfs")
+
+    def userns_rootfs(self, container_id: str) -> Path:
+        """Where a user-namespaced container's overlay is mounted (not in its bundle).
+
+        runc bind-mounts the rootfs onto itself from INSIDE the user
+        namespace, as the range's root: every directory above it must be
+        searchable by that host id.  The bundles (``/run/crab``, 0750) are
+        not; ``<mounts>`` is 0711 (search, no listing) and ``<mounts>/<id>``
+        is 0700 and the range root's own, so no other host user gets in.
+        """
+        return self.mounts / container_id / "rootfs"
+
+    def userns_etc(self, container_id: str) -> Path:
+        """The idmapped view of a user-namespaced container's /etc files' directory (bind sources)."""
+        return self.mounts / container_id / "etc"
 
 
 @dataclass(frozen=True)
@@ -113,6 +133,22 @@ def _remove_runc_leftovers(layout: Layout, runc: Runc, container_id: str) -> Non
         raise ContainerRuntimeError("; ".join(left), container=container_id)
 
 
+def remove_userns_rootfs(layout: Layout, container_id: str) -> None:
+    """Unmount ``layout.userns_rootfs(id)`` and the /etc view beside it; remove the dirs (rmdir only)."""
+    target = layout.userns_rootfs(container_id)
+    etc = layout.userns_etc(container_id)
+    try:
+        rootfs.umount(target)
+    except ContainerRuntimeError:
+        # umount(8) may report failure for a mount that went meanwhile (seen at shutdown): only a mount left counts.
+        if rootfs.is_mounted(target):
+            raise
+    idmap.detach(etc)
+    for d in (target, etc, target.parent):
+        with contextlib.suppress(FileNotFoundError):
+            d.rmdir()
+
+
 def teardown(layout: Layout, runc: Runc, container_id: str) -> list[str]:
     """Remove every piece of ``container_id`` (each step tolerates a missing piece); returns the errors.
 
@@ -133,6 +169,8 @@ def teardown(layout: Layout, runc: Runc, container_id: str) -> list[str]:
         lambda: _remove_runc_leftovers(layout, runc, container_id),
         lambda: CniNetwork(layout.cni).delete(container_id, netns_path),
         lambda: named_netns.remove(container_id, layout.netns),
+        lambda: idmap.remove_staging(layout.idmap / container_id),
+        lambda: remove_userns_rootfs(layout, container_id),
         lambda: remove_bundle(bundle.Bundle(layout.bundles / container_id)),
     )
     for step in steps:

@@ -76,6 +76,9 @@ GIB = 1 << 30
 DEFAULT_STATE_ROOT = Path("/run/crab/runc")
 DEFAULT_LOG_DIR = Path("/var/log/crab/criu")
 
+#: runc's option for a network namespace that CRIU makes empty (docs/runc.md, "User namespaces").
+EMPTY_NETNS = ("--empty-ns", "network")
+
 _ID_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -127,6 +130,9 @@ class CheckpointOptions:
     ext_unix_sk: bool = False
     #: "soft", "full", "strict" or "ignore" (runc's default when None: soft).
     manage_cgroups_mode: str | None = None
+    #: ``--empty-ns network``: the network namespace is made empty, its contents neither dumped nor restored.
+    #: A user-namespaced container's netns is runc's own; crabd configures the new one after a restore.
+    empty_ns_network: bool = False
 
     def argv(self) -> tuple[str, ...]:
         extra = list(self.criu_options)
@@ -134,6 +140,8 @@ class CheckpointOptions:
             extra.append("--ext-unix-sk")
         if self.manage_cgroups_mode:
             extra += ["--manage-cgroups-mode", self.manage_cgroups_mode]
+        if self.empty_ns_network:
+            extra += list(EMPTY_NETNS)
         return tuple(extra)
 
 

@@ -8,21 +8,52 @@ restore -d``.  If any step fails, everything made so far is removed
 (:func:`~.cleanup.teardown`) before the error goes up, so a failed launch
 never leaves a half-made sandbox for the next start's clean-up.  A taken
 id is refused at the first step (its netns exists) and nothing of it is touched.
+
+With a user namespace (``spec.userns``, the default: docs/runc.md "User
+namespaces") the order differs where the kernel and CRIU want it to: the
+netns file is only reserved first; the overlay is mounted over idmapped
+layers (:func:`~.idmap.mount_overlay`); a fresh container is ``runc
+create``-d, its network namespace (runc's own, inside the user namespace)
+pinned at the reserved file, ``lo`` brought up, the sysctls set and the
+CNI attachment added, and only then ``runc start``-ed, so the sandbox's
+first instruction already sees its network.  A restore is ``runc restore``
+with ``--empty-ns network`` (CRIU makes the namespace; its contents were not
+dumped) and the same pin/configure/CNI steps right after it: restored
+processes run for those few milliseconds without an address (a socket
+bound to one is restored; nothing can connect until the address is there).
+The real lower dirs are written to ``<bundle>/lowers.json``: the overlay's
+own options name the (detached) idmapped staging mounts instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
+import os
+import stat
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from crabd.backends.network import SANDBOX_SYSCTLS
-from crabd.backends.runc import bundle, cleanup, named_netns, rootfs
+from crabd.backends.runc import bundle, cleanup, idmap, lo_up, named_netns, rootfs, userns_image
 from crabd.backends.runc.cli import CheckpointOptions, Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniResult
-from crabd.errors import ContainerRuntimeError
+from crabd.errors import ContainerRuntimeError, CriuImageInvalid
+
+#: In a bundle of a user-namespaced container: {"lowers": [the real lower dirs, topmost first]}.
+LOWERS_FILE = "lowers.json"
+
+
+def real_lowers(b: bundle.Bundle) -> tuple[str, ...] | None:
+    """The lower dirs recorded in the bundle (user-namespaced containers); None if it records none."""
+    try:
+        data = json.loads((b.path / LOWERS_FILE).read_text())
+        return tuple(str(p) for p in data["lowers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -59,6 +90,39 @@ class Launched:
         return self.network.ip if self.network else None
 
 
+#: The prestart hook of a user-namespaced restore (lo_up.py, by path: no crabd import in the hook).
+LO_UP_HOOK = (sys.executable, "-I", "-S", str(Path(lo_up.__file__).resolve()))
+
+
+def _share_with_range(images_dir: Path, ids: idmap.IdRange) -> None:
+    """Let the range's root read the images: CRIU opens many of them from INSIDE the user namespace.
+
+    Seen: "Unable to open timens-0.img / utsns-12.img: Permission denied" (the
+    namespace images, opened by the restored root task once it is in its new
+    user namespace, relative to the images dir's fd; depending on timing the
+    task still has host uid 0 then, or already the range root's).  The
+    directory gets 0711 (searchable by both) and its files o+r.  That exposes nothing: no host
+    user but root can reach a path to them (``work_root`` and the hot cache
+    are 0700, root's; the range root only has CRIU's fd of this directory),
+    and the files may be hard links into the hot cache, so they are not
+    chowned (a restore into another range shares the same inodes).
+    """
+    os.chmod(images_dir, 0o711)  # noqa: S103 - search only: see above
+    for f in images_dir.iterdir():
+        st = f.lstat()
+        if stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IROTH:
+            os.chmod(f, (st.st_mode & 0o777) | stat.S_IROTH)
+
+
+def _mount_points(b: bundle.Bundle) -> list[tuple[str, bool]]:
+    """(destination, is a file) of every mount in the bundle's config (see idmap.make_mount_points)."""
+    out = []
+    for m in b.config().get("mounts") or ():
+        dest, source = str(m.get("destination", "")), str(m.get("source", ""))
+        out.append((dest, m.get("type") == "bind" and os.path.isfile(source)))
+    return out
+
+
 class _Clock:
     def __init__(self) -> None:
         self.laps: dict[str, float] = {}
@@ -80,6 +144,15 @@ class Launcher:
 
     def launch(self, spec: bundle.ContainerSpec, storage: Storage, restore: Restore | None = None) -> Launched:
         """Run ``spec`` (``spec.netns`` is replaced by the layout's path for its id), fresh or from ``restore``."""
+        if spec.userns is not None:
+            return self._launch_userns(spec, storage, restore)
+        if restore is not None and userns_image.find(restore.images_dir):
+            # CRIU would make the dumped user namespace, over files that are not idmapped for it.
+            raise CriuImageInvalid(
+                f"{spec.id}: the checkpoint was taken in a user namespace and this sandbox runs without one",
+                path=str(restore.images_dir),
+                hint="Restore it with `[runtime] userns = true` (the default), or restore its files only.",
+            )
         # First, outside the rollback: if the id is taken, its netns exists and
         # this refuses, and the rollback must not tear down the owner's pieces.
         clock = _Clock()
@@ -104,6 +177,76 @@ class Launcher:
             cleanup.teardown(self.layout, self.runc, spec.id)
             raise
         return Launched(state, b, ns, result, clock.laps)
+
+    def _launch_userns(self, spec: bundle.ContainerSpec, storage: Storage, restore: Restore | None) -> Launched:
+        """:meth:`launch` of a user-namespaced container (the module's docstring says what differs)."""
+        ids = spec.userns
+        assert ids is not None
+        clock = _Clock()
+        ns = named_netns.reserve(spec.id, self.layout.netns)  # outside the rollback, as in launch()
+        clock.lap("netns")
+        try:
+            target = self._userns_mount_point(spec.id, ids)
+            etc_view = self.layout.userns_etc(spec.id) if storage.etc is not None else None
+            b = bundle.write(
+                dataclasses.replace(spec, netns=ns, rootfs=target),
+                self.layout.bundles,
+                etc_dir=storage.etc,
+                etc_seen_at=etc_view,
+                # A restore's netns is CRIU's, lo down, until after `runc restore`: lo up before the sockets.
+                prestart=LO_UP_HOOK if restore is not None else (),
+            )
+            bundle.write_atomic(b.path / LOWERS_FILE, json.dumps({"lowers": [str(p) for p in storage.lowers]}).encode())
+            clock.lap("bundle")
+            staging = self.layout.idmap / spec.id
+            also = ((storage.etc, etc_view),) if storage.etc is not None and etc_view is not None else ()
+            idmap.mount_overlay(storage.lowers, storage.upper, storage.work, target, ids, staging, also)
+            clock.lap("mount")
+            sysctls = SANDBOX_SYSCTLS if spec.networked else None
+            if restore is None:
+                self.runc.create(spec.id, b)
+                made = self.runc.state(spec.id)
+                if made is None:
+                    raise ContainerRuntimeError(f"{spec.id} vanished after runc create", container=spec.id)
+                clock.lap("runc")
+                named_netns.pin(spec.id, made.pid, self.layout.netns, sysctls)
+                result = self.network.add(spec.id, ns) if spec.networked else None
+                clock.lap("cni")
+                self.runc.start(spec.id)
+                state = self.runc.state(spec.id)
+            else:
+                if not userns_image.find(restore.images_dir):
+                    raise CriuImageInvalid(
+                        f"{spec.id}: the checkpoint was taken without a user namespace and this sandbox runs in one",
+                        path=str(restore.images_dir),
+                        hint="Restore its files only, or run crabd with `[runtime] userns = false`.",
+                    )
+                # The dumped mapping never decides host ids: this container's range does.
+                userns_image.retarget(restore.images_dir, ids.base, ids.count)
+                _share_with_range(restore.images_dir, ids)
+                idmap.make_mount_points(target, _mount_points(b), ids)
+                opts = dataclasses.replace(restore.options or CheckpointOptions(), empty_ns_network=True)
+                state = self.runc.restore(spec.id, b, restore.images_dir, restore.work_dir, opts)
+                clock.lap("runc")
+                named_netns.pin(spec.id, state.pid, self.layout.netns, sysctls)
+                result = self.network.add(spec.id, ns) if spec.networked else None
+                clock.lap("cni")
+            if state is None:
+                raise ContainerRuntimeError(f"{spec.id} vanished after start", container=spec.id)
+        except BaseException:
+            cleanup.teardown(self.layout, self.runc, spec.id)
+            raise
+        return Launched(state, b, ns, result, clock.laps)
+
+    def _userns_mount_point(self, container_id: str, ids: idmap.IdRange) -> Path:
+        """The (empty) directory ``layout.userns_rootfs(id)``, its parent the range root's own (cleanup.Layout)."""
+        target = self.layout.userns_rootfs(container_id)
+        self.layout.mounts.mkdir(parents=True, exist_ok=True, mode=0o711)
+        os.chmod(self.layout.mounts, 0o711)  # noqa: S103 - search only, for the range roots (Layout.userns_rootfs)
+        target.parent.mkdir(mode=0o700)
+        os.chown(target.parent, ids.base, ids.base)
+        target.mkdir(mode=0o755)
+        return target
 
     def remove(self, container_id: str) -> list[str]:
         """Tear ``container_id`` down (container, CNI, netns, bundle); returns what could not be removed."""

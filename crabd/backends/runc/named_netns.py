@@ -24,7 +24,7 @@ import ctypes
 import errno
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from crabd.backends.runc import rootfs
@@ -70,6 +70,45 @@ def path_of(netns_id: str, directory: Path = DEFAULT_NETNS_DIR) -> Path:
     return directory / netns_id
 
 
+def reserve(netns_id: str, directory: Path = DEFAULT_NETNS_DIR) -> Path:
+    """The empty mount-point file ``<directory>/<netns_id>``, made with O_EXCL: the id is taken (else refused)."""
+    if "/" in netns_id or netns_id in ("", ".", ".."):
+        raise ContainerRuntimeError(f"not a valid netns name: {netns_id!r}", container=netns_id)
+    ensure_dir(directory)
+    target = path_of(netns_id, directory)
+    # O_EXCL: two creates of one id must not share a namespace.
+    try:
+        os.close(os.open(target, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444))
+    except FileExistsError as exc:
+        raise ContainerRuntimeError(f"netns {target} exists already", container=netns_id) from exc
+    return target
+
+
+def _in_thread(target: Path, netns_id: str, work: Callable[[], None]) -> None:
+    """Run ``work`` on a throwaway thread (setns/unshare of a netns change only the calling thread)."""
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name="crab-netns", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        cause = box["error"]
+        raise ContainerRuntimeError(f"cannot set up netns {target}: {cause}", container=netns_id) from cause
+
+
+def _configure_here(sysctls: Mapping[str, str] | None) -> None:
+    netns.loopback_up_here()
+    for key, value in (sysctls or {}).items():
+        # /proc/sys/net/* resolves to the opening task's netns: this thread's.
+        Path("/proc/sys", *key.split(".")).write_text(value)
+
+
 def create(netns_id: str, directory: Path = DEFAULT_NETNS_DIR, sysctls: Mapping[str, str] | None = None) -> Path:
     """A new network namespace with only ``lo``, up, pinned at ``<directory>/<netns_id>``; its path.
 
@@ -77,35 +116,39 @@ def create(netns_id: str, directory: Path = DEFAULT_NETNS_DIR, sysctls: Mapping[
     only in the bundle's ``linux.sysctl``: runc applies those when it starts
     a fresh container, not on a restore into a namespace it was given.
     """
-    if "/" in netns_id or netns_id in ("", ".", ".."):
-        raise ContainerRuntimeError(f"not a valid netns name: {netns_id!r}", container=netns_id)
-    ensure_dir(directory)
-    target = path_of(netns_id, directory)
-    # The mount point: an empty file (O_EXCL: two creates of one id must not share a namespace).
-    try:
-        os.close(os.open(target, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444))
-    except FileExistsError as exc:
-        raise ContainerRuntimeError(f"netns {target} exists already", container=netns_id) from exc
-    box: dict[str, BaseException] = {}
+    target = reserve(netns_id, directory)
 
     def work() -> None:
-        try:
-            _check(_libc.unshare(netns.CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-            netns.loopback_up_here()
-            for key, value in (sysctls or {}).items():
-                # /proc/sys/net/* resolves to the opening task's netns: this thread's new one.
-                Path("/proc/sys", *key.split(".")).write_text(value)
-            _mount("/proc/thread-self/ns/net", str(target), None, MS_BIND)
-        except BaseException as exc:  # handed to the caller
-            box["error"] = exc
+        _check(_libc.unshare(netns.CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        _configure_here(sysctls)
+        _mount("/proc/thread-self/ns/net", str(target), None, MS_BIND)
 
-    t = threading.Thread(target=work, name="crab-netns-create", daemon=True)
-    t.start()
-    t.join()
-    if "error" in box:
+    try:
+        _in_thread(target, netns_id, work)
+    except BaseException:
         target.unlink(missing_ok=True)
-        cause = box["error"]
-        raise ContainerRuntimeError(f"cannot create netns {target}: {cause}", container=netns_id) from cause
+        raise
+    return target
+
+
+def pin(netns_id: str, pid: int, directory: Path = DEFAULT_NETNS_DIR, sysctls: Mapping[str, str] | None = None) -> Path:
+    """Pin the network namespace of ``pid`` at the :func:`reserve`-d ``<directory>/<netns_id>``; ``lo`` up, sysctls set.
+
+    For a user-namespaced container, whose network namespace runc (or CRIU,
+    on a restore) makes inside the container's user namespace.  crabd, root
+    in the initial user namespace, may enter and configure it all the same.
+    The pin keeps the namespace, and so the CNI attachment's DEL, working
+    after the container is gone.  Steps: bind-mount ``/proc/<pid>/ns/net``
+    onto the reserved file; on a throwaway thread, enter it, ``lo`` up, sysctls.
+    """
+    target = path_of(netns_id, directory)
+    _mount(f"/proc/{pid}/ns/net", str(target), None, MS_BIND)
+
+    def work() -> None:
+        enter(target)
+        _configure_here(sysctls)
+
+    _in_thread(target, netns_id, work)
     return target
 
 

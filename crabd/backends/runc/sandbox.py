@@ -33,6 +33,12 @@ Freezing goes through the cgroup freezer at the container's cgroup
 container ``paused``, and :attr:`ContainerStatus.paused` says so (it is
 still ``running``, as Docker reports a frozen container).
 
+User namespaces (docs/runc.md): with ``id_ranges`` (the default in
+crabd: ``[runtime] userns``), :meth:`create` claims a host id range for the
+container (:mod:`crabd.store.idranges`) and the container runs in its own
+user namespace over idmapped layers; :meth:`remove` gives the range back.
+crab-init is bind-mounted from its own tmpfs (:mod:`.initfs`) in every case.
+
 All calls block; they are thread-safe for distinct ids (the coordinator
 calls from worker threads, several forks at once).
 """
@@ -55,14 +61,16 @@ from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs.layout import SubvolKind, SubvolRef
 from crabd.backends.btrfs.pool import Pool
 from crabd.backends.procdump import Posture
-from crabd.backends.runc import bundle, cleanup, named_netns, reaper, rootfs
-from crabd.backends.runc.cli import Runc, RuncState, RuncStatus
+from crabd.backends.runc import bundle, cleanup, initfs, named_netns, reaper, rootfs
+from crabd.backends.runc.cli import EMPTY_NETNS, Runc, RuncState, RuncStatus
 from crabd.backends.runc.cni import CniNetwork
-from crabd.backends.runc.launch import Launcher, Restore, Storage
+from crabd.backends.runc.idmap import IdRange
+from crabd.backends.runc.launch import Launcher, Restore, Storage, real_lowers
 from crabd.backends.runc.posture import posture_of
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_SANDBOX, ContainerStatus, sandbox_hostname
 from crabd.errors import ContainerRuntimeError, CrabError, ImageError
 from crabd.models import SandboxSpec
+from crabd.store.idranges import IdRanges
 from crabd.util import cgroups
 
 log = logging.getLogger("crabd.runc")
@@ -154,6 +162,7 @@ def container_spec(
     init_binary: Path,
     labels: Mapping[str, str],
     netns: Path,
+    userns: IdRange | None = None,
 ) -> bundle.ContainerSpec:
     """What the bundle of sandbox ``sandbox_id``'s container ``cid`` says (the Docker backend's sandbox)."""
     return bundle.ContainerSpec(
@@ -168,6 +177,7 @@ def container_spec(
         memory_bytes=spec.memory_bytes,
         pids=spec.pids,
         annotations=dict(labels),
+        userns=userns,
     )
 
 
@@ -217,6 +227,8 @@ class RuncSandboxBackend:
         network: CniNetwork | None = None,
         work_root: Path,
         rootfs_root: Path = rootfs.DEFAULT_ROOTFS_ROOT,
+        id_ranges: IdRanges | None = None,
+        initfs_dir: Path | None = initfs.DEFAULT_DIR,
     ) -> None:
         self.instance = check_instance(instance)
         self.pool = pool
@@ -228,6 +240,12 @@ class RuncSandboxBackend:
         self.network = network if network is not None else CniNetwork(layout.cni)
         self.work_root = work_root
         self.rootfs_root = rootfs_root
+        #: None: no user namespaces (root in a sandbox is host root), the ``[runtime] userns = false`` switch.
+        self.id_ranges = id_ranges
+        #: None: crab-init bind-mounted from where it is (unit tests without root; not for crabd).
+        self.initfs_dir = initfs_dir
+        #: crab-init's path on the host -> its copy on the init tmpfs.
+        self._inits: dict[Path, Path] = {}
         self._launcher = Launcher(layout, runc, self.network)
         self._lock = threading.Lock()
         self._created: dict[str, _Created] = {}
@@ -261,7 +279,40 @@ class RuncSandboxBackend:
             self._images.clear()
 
     def server_version(self) -> str:
-        return f"runc {self.runc.version()}"
+        return f"runc {self.runc.version()}" + (", user namespaces" if self.id_ranges is not None else "")
+
+    @property
+    def userns(self) -> bool:
+        """Whether this backend's containers run in user namespaces of their own."""
+        return self.id_ranges is not None
+
+    def dump_options(self, container_id: str) -> tuple[str, ...]:
+        """What a dump of ``container_id`` passes to runc beyond the usual (RuncDumper asks).
+
+        A user-namespaced container's netns is runc's own: CRIU leaves its
+        contents out (``--empty-ns network``) and crabd sets a new one up
+        after each restore.  Read from the container's bundle, so containers
+        started before ``[runtime] userns`` was switched keep their kind.
+        """
+        try:
+            cfg = bundle.Bundle(self.layout.bundles / self._own(container_id)).config()
+            kinds = {str(n.get("type")) for n in (cfg.get("linux") or {}).get("namespaces") or ()}
+        except (OSError, ValueError, AttributeError):
+            return ()
+        return EMPTY_NETNS if "user" in kinds else ()
+
+    def _init_copy(self, init_binary: Path) -> Path:
+        """crab-init on its own tmpfs (initfs.py: a bind mount of it is no handle into the host's files)."""
+        if self.initfs_dir is None:
+            return init_binary
+        with self._lock:
+            hit = self._inits.get(init_binary)
+        if hit is not None and hit.is_file():
+            return hit
+        copy = initfs.install(init_binary, self.initfs_dir)
+        with self._lock:
+            self._inits[init_binary] = copy
+        return copy
 
     def image_exists(self, image: str) -> bool:
         # Docker stays the image builder: an env image is a Docker image exported on first use.
@@ -303,25 +354,39 @@ class RuncSandboxBackend:
         if spec.network:
             # Re-checked at every create, as the Docker backend does: cheap, and it repairs lost rules.
             self.network.ensure()
-        made = container_spec(
-            cid,
-            sandbox_id,
-            spec,
-            image_env=env,
-            init_binary=init_binary,
-            labels=labels,
-            netns=named_netns.path_of(cid, self.layout.netns),
-        )
+        init = self._init_copy(init_binary)
         with self._lock:
             if cid in self._created:
                 raise ContainerRuntimeError(f"container {cid} is being created already", container=cid)
             # Before the subvolume exists: list_exited must not take a create in progress for a leftover.
-            self._created[cid] = _Created(made, (lower,), spec.disk_bytes)
+            self._created[cid] = _Created(
+                container_spec(cid, sandbox_id, spec, image_env=env, init_binary=init, labels=labels, netns=Path()),
+                (lower,),
+                spec.disk_bytes,
+            )
         try:
+            ids = None
+            if self.id_ranges is not None:
+                claim = self.id_ranges.claim(cid)
+                ids = IdRange(claim.base, claim.size)
+            made = container_spec(
+                cid,
+                sandbox_id,
+                spec,
+                image_env=env,
+                init_binary=init,
+                labels=labels,
+                netns=named_netns.path_of(cid, self.layout.netns),
+                userns=ids,
+            )
+            with self._lock:
+                self._created[cid] = _Created(made, (lower,), spec.disk_bytes)
             self.pool.create_subvolume(SubvolRef.sandbox(cid), dirs=(UPPER, WORK))
         except BaseException:
             with self._lock:
                 self._created.pop(cid, None)
+            if self.id_ranges is not None:
+                self.id_ranges.release(cid)
             raise
         return cid
 
@@ -507,13 +572,18 @@ class RuncSandboxBackend:
             # Never while the sandbox may still run on it.
             errors.append(f"{cid}: subvolume kept: the runc container is still there")
         errors += self._remove_restore_dirs(cid)
+        if gone and self.id_ranges is not None:
+            # Nothing of the container runs any more: its host ids may serve another.
+            self.id_ranges.release(cid)
         with self._lock:
             self._facts.pop(cid, None)
         if errors:
             raise ContainerRuntimeError(f"container {cid} not fully removed: {'; '.join(errors)}", container=cid)
 
     def _delete_subvolume(self, cid: str) -> list[str]:
-        if rootfs.is_mounted(self.layout.bundles / cid / bundle.ROOTFS):
+        if rootfs.is_mounted(self.layout.bundles / cid / bundle.ROOTFS) or rootfs.is_mounted(
+            self.layout.userns_rootfs(cid)
+        ):
             return [f"{cid}: subvolume kept: the overlay over it is still mounted"]
         try:
             self.pool.delete(SubvolRef.sandbox(cid))
@@ -561,9 +631,13 @@ class RuncSandboxBackend:
             annotations = {str(k): str(v) for k, v in (cfg.get("annotations") or {}).items()}
         except (OSError, ValueError, AttributeError):
             complete = False
-        overlay = rootfs.overlay_at(b.rootfs)
+        overlay = rootfs.overlay_at(b.rootfs) or rootfs.overlay_at(self.layout.userns_rootfs(cid))
         if overlay is None:
             complete = False
+        # A user-namespaced overlay names its (detached) idmapped staging mounts: the bundle has the real dirs.
+        lowers = real_lowers(b) if overlay is not None else None
+        if lowers is None:
+            lowers = tuple(str(p) for p in overlay.lowers) if overlay else ()
         try:
             cached = CniNetwork(self.layout.cni).cached(cid)
         except ContainerRuntimeError:
@@ -572,7 +646,7 @@ class RuncSandboxBackend:
             _Facts(
                 env=env,
                 labels=self._labels(cid, annotations),
-                lowers=tuple(str(p) for p in overlay.lowers) if overlay else (),
+                lowers=lowers,
                 ip=str(cached.ip) if cached else "",
             ),
             complete,
@@ -613,6 +687,8 @@ class RuncSandboxBackend:
             found.append("CNI result")
         if any(d.exists() for d in self._restore_dirs(cid)):
             found.append("restore images")
+        if self.id_ranges is not None and self.id_ranges.find(cid) is not None:
+            found.append("user-namespace id range")
         return found
 
     def _status(self, cid: str, state: RuncState | None) -> ContainerStatus:
@@ -690,6 +766,8 @@ class RuncSandboxBackend:
         names += named_netns.list_ids(self.layout.netns)
         names += CniNetwork(self.layout.cni).attached()
         names += self.pool.list(SubvolKind.SANDBOX)
+        if self.id_ranges is not None:
+            names += self.id_ranges.owners(f"{self.instance}-")
         for d in (self.work_root / RESTORE_DIR, self.work_root / CRIU_WORK_DIR):
             if d.is_dir():
                 names += [p.name for p in d.iterdir()]

@@ -1,0 +1,101 @@
+"""runc sandboxes in user namespaces (issue 33, item 3), on the real daemon with its default configuration.
+
+Root in a sandbox is an unprivileged host id, its range is the container's own
+(a fork or restore gets another), crab-init comes from a tmpfs of its own (no
+handle into the host's root file system), and checkpoint -> restore, fork, and
+archive export -> import -> fork carry a live process's memory across ranges.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from crabd.sdk import Client, Sandbox
+from crabd.store.idranges import FIRST_BASE, RANGE_SIZE
+from tests.integration.test_processes import ASK_REPL, install, start_repl
+
+pytestmark = pytest.mark.criu
+
+
+def uid_map(sb: Sandbox) -> tuple[int, int, int]:
+    """The sandbox's own uid_map, read from inside: (first inside, first on the host, count)."""
+    r = sb.run(["cat", "/proc/self/uid_map"])
+    assert r.exit_code == 0, r.stderr
+    first, lower, count = (int(x) for x in r.stdout.split())
+    return first, lower, count
+
+
+def in_range(base: int) -> bool:
+    return base >= FIRST_BASE and (base - FIRST_BASE) % RANGE_SIZE == 0
+
+
+def test_root_in_a_sandbox_is_an_unprivileged_host_id(client: Client, make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("busybox")
+    first, base, count = uid_map(sb)
+    assert (first, count) == (0, RANGE_SIZE) and in_range(base)  # on today's main: "0 0 4294967295"
+    assert sb.run(["id", "-u"]).stdout.strip() == b"0"  # still root inside
+    other = make_sandbox("busybox")
+    assert uid_map(other)[1] != base  # a range per container: no host id shared between sandboxes
+    # crab-init is on a tmpfs of its own, not a bind mount from the host's root file system
+    # (a handle through it could only name crab-init's own copies).
+    assert sb.run(["stat", "-f", "-c", "%T", "/.crab/init"]).stdout.strip() == b"tmpfs"
+    # Host root's files the sandbox may see are not its own: /proc/1/root is host root's only in the host's view.
+    probe = sb.run(["sh", "-c", "cat /proc/sys/kernel/overflowuid; stat -c %u /proc/sys/kernel"])
+    assert probe.stdout.split()[0] == probe.stdout.split()[1]  # host root shows as the overflow uid
+    assert "user namespaces" in client.status().docker_version
+
+
+@pytest.fixture
+def archive_dir() -> Iterator[Path]:
+    d = Path(f"/tmp/crab-userns-archives-{os.getpid()}")
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(mode=0o700)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_restore_fork_and_archive_carry_a_live_process_across_ranges(
+    client: Client, make_sandbox: Callable[..., Sandbox], archive_dir: Path
+) -> None:
+    sb = make_sandbox("bookworm", checkpoints="fs")
+    install(sb)
+    secret, n = start_repl(sb)
+    sb.run(["sh", "-c", "echo mine > /root/owned && chmod 600 /root/owned"])
+    full = sb.checkpoint(kind="full")
+    sb.session.run(ASK_REPL)  # a question after the checkpoint: the restore forgets it
+    # checkpoint -> restore: a new container, the REPL's memory as at the checkpoint.
+    sb.restore(full)
+    got_secret, m = sb.session.run(ASK_REPL).stdout.split()
+    assert (got_secret, int(m)) == (secret, int(n) + 1)
+    restored_base = uid_map(sb)[1]
+    assert in_range(restored_base)  # a new container: a range of its own (the old one's went back with it)
+    # fork: another range; the files stay the sandbox root's, the process its memory.
+    [clone] = client.fork(full.id, 1)
+    try:
+        assert uid_map(clone)[1] != restored_base  # never the range of a container that runs
+        assert clone.run(["stat", "-c", "%u %a", "/root/owned"]).stdout.split() == [b"0", b"600"]
+        assert clone.run(["cat", "/root/owned"]).stdout == b"mine\n"
+        got_secret, m = clone.session.run(ASK_REPL).stdout.split()
+        assert (got_secret, int(m)) == (secret, int(n) + 1)
+    finally:
+        clone.remove(force=True)
+    # archive: export, forget, import, fork.
+    path = archive_dir / "full.crab"
+    client.export_checkpoint(full, path)
+    client.delete_checkpoint(full.id)
+    got = client.import_checkpoint(path)
+    assert got.checkpoint.id == full.id and not got.dropped
+    [again] = client.fork(full.id, 1)
+    try:
+        assert in_range(uid_map(again)[1])
+        got_secret, m = again.session.run(ASK_REPL).stdout.split()
+        assert (got_secret, int(m)) == (secret, int(n) + 1)
+    finally:
+        again.remove(force=True)
