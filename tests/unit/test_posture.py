@@ -21,6 +21,7 @@ from crabd.errors import CriuImageInvalid, PostureViolation
 from tests.criu_forge import (
     ALLOW,
     ALLOW_ALL,
+    ERRNO_EPERM,
     HOST_IDS,
     NORMAL_MOUNTS,
     NORMAL_POSTURE,
@@ -380,3 +381,21 @@ def test_random_damage_gives_a_crab_error_or_a_pass_never_a_crash(tmp_path: Path
         (d / name).write_bytes(bytes(data))
         with contextlib.suppress(PostureViolation, CriuImageInvalid):
             check(d, NORMAL_POSTURE, "ck-1")
+
+
+@pytest.mark.parametrize("offset", [8, 16, 56], ids=["instruction-pointer", "args0", "args5"])
+def test_a_filter_that_refuses_only_for_some_arguments_does_not_count_as_refusing(tmp_path: Path, offset: int) -> None:
+    """The caller picks the instruction pointer and the arguments: 'refuse when args[0] == 0' lets mount(x, ...) by."""
+    # Load the caller-chosen word; refuse if it is 0, else allow: run with zeros, it would look like a refusal.
+    tricky = bpf((0x20, 0, 0, offset), (0x15, 0, 1, 0), (0x06, 0, 0, ERRNO_EPERM), (0x06, 0, 0, ALLOW))
+    err = refused(write_images(tmp_path / "i", **{"seccomp.img": filters((tricky, None), (tricky, None))}))
+    assert err.what == "seccomp filter" and err.found.startswith("one allowing ")
+
+
+def test_a_filter_testing_arguments_only_of_calls_it_allows_still_refuses_the_others(tmp_path: Path) -> None:
+    """As runc's and Docker's do (clone's flags): the refused calls never reach an argument test."""
+    nr_clone, clone_newuser = 56, 0x10000000
+    # clone with CLONE_NEWUSER refused here; everything else goes on to the usual deny list.
+    head = bpf((0x20, 0, 0, 0), (0x15, 0, 3, nr_clone), (0x20, 0, 0, 16), (0x45, 0, 1, clone_newuser))
+    one = head + bpf((0x06, 0, 0, ERRNO_EPERM)) + deny_filter()
+    check(write_images(tmp_path / "i", **{"seccomp.img": filters((one, None), (one, None))}), NORMAL_POSTURE, "ck-1")

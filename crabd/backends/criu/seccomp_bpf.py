@@ -14,8 +14,9 @@ TRAP or ERRNO for it.
 
 Only the opcodes libseccomp and runc emit are interpreted (loads from the
 data, immediate loads, scratch memory, ALU with a constant, jumps, returns).
-A filter with any other opcode, or one that runs off its end, cannot be
-judged and counts as allowing everything: a chain passes only if a filter
+A filter with any other opcode, one that runs off its end, or one with more
+than MAX_PATHS ways through it cannot be judged and counts as allowing
+everything: a chain passes only if a filter
 crab can read refuses.  Programs only jump forward (the kernel's checker
 refuses the rest), so a run takes at most one step per instruction.
 """
@@ -69,8 +70,12 @@ class Unjudged(Exception):
     """The program uses what this interpreter does not model."""
 
 
-def _data(nr: int, arch: int) -> bytes:
-    return struct.pack("<iIQ6Q", nr, arch, 0, *([0] * 6))
+#: Paths a run may follow (each jump on a value the caller chooses forks one): beyond, the filter is unjudged.
+MAX_PATHS = 4096
+#: Offset in ``struct seccomp_data`` where what the caller chooses begins (instruction pointer, arguments).
+_CALLER_CHOSEN = 8
+#: What a return of an unknown accumulator counts as: allowing.
+_ALLOW = 0x7FFF0000
 
 
 def _alu(op: int, a: int, k: int) -> int:
@@ -103,72 +108,85 @@ def _decode(program: bytes) -> tuple[tuple[int, int, int, int], ...]:
     return tuple(struct.iter_unpack("<HBBI", program))
 
 
-def run(program: bytes, nr: int, arch: int = AUDIT_ARCH_X86_64) -> int:
-    """The action ``program`` returns for syscall ``nr`` entered as ``arch``, all arguments 0."""
-    data = _data(nr, arch)
+def actions(program: bytes, nr: int, arch: int = AUDIT_ARCH_X86_64) -> set[int]:
+    """Every action ``program`` can return for syscall ``nr`` entered as ``arch``, whatever the arguments.
+
+    The syscall number and architecture are known; the instruction pointer and the
+    six arguments are the caller's to choose, so a load of them gives an unknown
+    value (None) and a jump that tests one follows both ways.  A filter that
+    refuses ``mount`` only when its first argument is 0 therefore does not count
+    as refusing it.  A return of an unknown value counts as allowing.
+    """
     insns = _decode(program)
-    a = x = 0
-    mem = [0] * 16
-    pc = 0
-    while pc < len(insns):
-        code, jt, jf, k = insns[pc]
-        pc += 1
-        cls = code & 0x07
-        if code == 0x20:  # LD W ABS
-            if k % 4 or k + 4 > len(data):
-                raise Unjudged(f"load at {k}")
-            (a,) = struct.unpack_from("<I", data, k)
-        elif code == 0x00:  # LD IMM
-            a = k
-        elif code == 0x01:  # LDX IMM
-            x = k
-        elif code in (0x60, 0x61, 0x02, 0x03):  # LD MEM, LDX MEM, ST, STX
-            if k >= 16:
-                raise Unjudged("scratch memory index")
-            if code == 0x60:
-                a = mem[k]
-            elif code == 0x61:
-                x = mem[k]
+    todo: list[tuple[int, int | None, int | None, tuple[int | None, ...]]] = [(0, 0, 0, (0,) * 16)]
+    out: set[int] = set()
+    paths = 0
+    while todo:
+        paths += 1
+        if paths > MAX_PATHS:
+            raise Unjudged("too many paths")
+        pc, a, x, mem = todo.pop()
+        while True:
+            if pc >= len(insns):
+                raise Unjudged("ran off the end")
+            code, jt, jf, k = insns[pc]
+            pc += 1
+            cls = code & 0x07
+            if code == 0x20:  # LD W ABS
+                if k % 4 or k + 4 > _CALLER_CHOSEN + 8 * 6:
+                    raise Unjudged(f"load at {k}")
+                a = nr & _M32 if k == 0 else arch if k == 4 else None
+            elif code == 0x00:  # LD IMM
+                a = k
+            elif code == 0x01:  # LDX IMM
+                x = k
+            elif code in (0x60, 0x61, 0x02, 0x03):  # LD MEM, LDX MEM, ST, STX
+                if k >= 16:
+                    raise Unjudged("scratch memory index")
+                if code == 0x60:
+                    a = mem[k]
+                elif code == 0x61:
+                    x = mem[k]
+                else:
+                    mem = (*mem[:k], a if code == 0x02 else x, *mem[k + 1 :])
+            elif code == 0x07:  # TAX
+                x = a
+            elif code == 0x87:  # TXA
+                a = x
+            elif cls == 0x04:  # ALU, K or X
+                b = x if code & 0x08 else k
+                a = None if a is None or b is None else _alu(code & 0xF0, a, b)
+            elif code == 0x05:  # JA
+                pc += k
+            elif cls == 0x05:  # JEQ/JGT/JGE/JSET, K or X
+                b = x if code & 0x08 else k
+                op = code & 0xF0
+                if op not in (0x10, 0x20, 0x30, 0x40):
+                    raise Unjudged(f"jump op {op:#x}")
+                if a is None or b is None:
+                    todo.append((pc + jf, a, x, mem))  # the caller may pick either way
+                    pc += jt
+                    continue
+                taken = a == b if op == 0x10 else a > b if op == 0x20 else a >= b if op == 0x30 else bool(a & b)
+                pc += jt if taken else jf
+            elif code == 0x06:  # RET K
+                out.add(int(k))
+                break
+            elif code == 0x16:  # RET A
+                out.add(_ALLOW if a is None else int(a))
+                break
             else:
-                mem[k] = a if code == 0x02 else x
-        elif code == 0x07:  # TAX
-            x = a
-        elif code == 0x87:  # TXA
-            a = x
-        elif cls == 0x04:  # ALU, K or X
-            a = _alu(code & 0xF0, a, x if code & 0x08 else k)
-        elif code == 0x05:  # JA
-            pc += k
-        elif cls == 0x05:  # JEQ/JGT/JGE/JSET, K or X
-            b = x if code & 0x08 else k
-            op = code & 0xF0
-            if op == 0x10:
-                taken = a == b
-            elif op == 0x20:
-                taken = a > b
-            elif op == 0x30:
-                taken = a >= b
-            elif op == 0x40:
-                taken = bool(a & b)
-            else:
-                raise Unjudged(f"jump op {op:#x}")
-            pc += jt if taken else jf
-        elif code == 0x06:  # RET K
-            return int(k)
-        elif code == 0x16:  # RET A
-            return int(a)
-        else:
-            raise Unjudged(f"opcode {code:#x}")
-    raise Unjudged("ran off the end")
+                raise Unjudged(f"opcode {code:#x}")
+    return out
 
 
 def refuses(chain: list[bytes], nr: int, arch: int = AUDIT_ARCH_X86_64) -> bool:
     """Whether any filter of ``chain`` that crab can judge refuses syscall ``nr`` entered as ``arch``."""
     for program in chain:
         try:
-            action = run(program, nr, arch)
+            found = actions(program, nr, arch)
         except Unjudged:
             continue
-        if action & _ACTION_MASK in _REFUSING:
+        if all(action & _ACTION_MASK in _REFUSING for action in found):
             return True
     return False

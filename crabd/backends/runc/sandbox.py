@@ -572,8 +572,10 @@ class RuncSandboxBackend:
             # Never while the sandbox may still run on it.
             errors.append(f"{cid}: subvolume kept: the runc container is still there")
         errors += self._remove_restore_dirs(cid)
-        if gone and self.id_ranges is not None:
-            # Nothing of the container runs any more: its host ids may serve another.
+        if gone and not errors and self.id_ranges is not None:
+            # Nothing of the container runs any more: its host ids may serve another.  Not while anything of it
+            # may be left (a task the kill could not end, say): the next container would share its host uid,
+            # and with it the per-uid limits (RLIMIT_NPROC, key quotas).  Adoption retries the release.
             self.id_ranges.release(cid)
         with self._lock:
             self._facts.pop(cid, None)
