@@ -1,6 +1,6 @@
 """Benchmark: what user namespaces cost on runc+btrfs — checkpoint, restore and fork, side by side (issue 33).
 
-    .venv/bin/python bench/userns.py --out bench-results/userns.json
+    .venv/bin/python -m bench.userns --out bench-results/userns.json
 
 The process benchmark (bench/processes.py: a small sandbox, bash + a Python
 HTTP server, and a big one that also holds ``--big-mb`` MB in a REPL) run
