@@ -26,8 +26,11 @@ os.symlink("/etc/shadow", "shadow-link")
 os.symlink("/proc/self/root/etc", "proc-escape")
 os.mkfifo("fifo")
 s = socket.socket(socket.AF_UNIX); s.bind("/work/sock"); s.close()
-os.mknod("null-dev", 0o600 | 0o020000, os.makedev(1, 3))
-os.mknod("disk-dev", 0o600 | 0o060000, os.makedev(8, 0))
+try:  # a sandbox in a user namespace (runc's default) may not make device nodes: the kernel refuses mknod
+    os.mknod("null-dev", 0o600 | 0o020000, os.makedev(1, 3))
+    os.mknod("disk-dev", 0o600 | 0o060000, os.makedev(8, 0))
+except PermissionError:
+    pass
 open(b"bad-\xff\xfe-name", "w").write("not utf-8\n")
 open("new\nline name", "w").write("newline\n")
 open("x" * 255, "w").write("long\n")

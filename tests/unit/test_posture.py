@@ -354,6 +354,8 @@ def test_the_runc_posture_is_read_from_the_bundles_own_config() -> None:
     cfg["linux"]["namespaces"].append({"type": "user"})
     cfg["linux"]["uidMappings"] = [{"containerID": 0, "hostID": 100000, "size": 65536}]
     assert posture_of(cfg).namespaces >= {"user"} and posture_of(cfg).uid_map == (IdMap(0, 100000, 65536),)
+    # There a process may not mknod: runc binds the device nodes from the host's, each at its own path.
+    assert "/dev/urandom" not in p.binds and {"/dev/urandom", "/dev/tty", "/dev/null"} <= posture_of(cfg).binds
 
 
 def test_random_damage_gives_a_crab_error_or_a_pass_never_a_crash(tmp_path: Path) -> None:

@@ -10,7 +10,10 @@ hold is exactly what a freshly started one gets:
 * namespaces: ``linux.namespaces`` (OCI names mapped to CRIU's; one joined by
   path, like the network namespace, is still the sandbox's own);
 * binds (the external mounts runc names to CRIU by destination): the bind
-  mounts; and ``/dev/null``, which runc binds over each masked file;
+  mounts; and ``/dev/null``, which runc binds over each masked file; and, in
+  a user namespace, the device nodes: a process there may not mknod, so runc
+  binds each device (its default set and ``linux.devices``) from the host's
+  node of the same path instead of creating it;
 * read-only points: ``linux.readonlyPaths`` and every ``ro`` mount but
   runc's cgroup mount (a writable tmpfs holding read-only controller mounts,
   which the check requires read-only by type);
@@ -57,12 +60,19 @@ def refused_syscalls(seccomp: dict[str, Any] | None) -> frozenset[str]:
     return frozenset(names)
 
 
+#: The devices runc 1.1 gives every container (libcontainer/specconv's AllowedDevices that have a path).
+RUNC_DEFAULT_DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"})
+
+
 def posture_of(config: dict[str, Any]) -> Posture:
     """The posture an OCI config grants its container's processes."""
     process = config.get("process") or {}
     linux = config.get("linux") or {}
     mounts = config.get("mounts") or []
     binds = {m["destination"] for m in mounts if m.get("type") == "bind" or "rbind" in (m.get("options") or ())}
+    namespaces = frozenset(_KINDS[n["type"]] for n in linux.get("namespaces") or ())
+    if "user" in namespaces:
+        binds |= RUNC_DEFAULT_DEVICES | {d["path"] for d in linux.get("devices") or ()}
     readonly = set(linux.get("readonlyPaths") or ())
     readonly |= {m["destination"] for m in mounts if "ro" in (m.get("options") or ()) and m.get("type") != "cgroup"}
     return Posture(
@@ -70,7 +80,7 @@ def posture_of(config: dict[str, Any]) -> Posture:
         no_new_privs=bool(process.get("noNewPrivileges")),
         seccomp_filter=bool(linux.get("seccomp")),
         refused_syscalls=refused_syscalls(linux.get("seccomp")),
-        namespaces=frozenset(_KINDS[n["type"]] for n in linux.get("namespaces") or ()),
+        namespaces=namespaces,
         binds=frozenset(binds),
         mask_binds=frozenset({"/dev/null"}) if linux.get("maskedPaths") else frozenset(),
         readonly=frozenset(readonly),
