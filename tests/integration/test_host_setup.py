@@ -49,6 +49,7 @@ def test_doctor_reports_every_check_ok() -> None:
         "inspector",
         "btrfs-pool",
         "backend",
+        "userns",
         "remote",
     }
     # In CI the eBPF inspector must be the one crabd runs, never a silent fallback.
