@@ -44,8 +44,11 @@ import docker
 from bench import inspector_eval
 from bench.inspector_eval import CLASSES, RANK, Scenario
 from bench.restored_state import LowerView, State, capture, diff
+from crabd.backends.btrfs import SubvolRef
 from crabd.backends.runc import bundle, rootfs
 from crabd.backends.runc.cleanup import Layout
+from crabd.backends.runc.launch import real_lowers
+from crabd.config import CrabConfig
 from crabd.errors import CrabError
 from crabd.sdk import CheckpointInfo, Client, EmbeddedDaemon, Sandbox
 from crabd.util import cgroups
@@ -97,7 +100,18 @@ def overlay(container_id: str) -> tuple[Path, Path, list[Path]]:
     the host at its bundle's rootfs, and the kernel's mount table has its layers.
     """
     if not cgroups.is_docker_id(container_id):
-        target = Layout().bundles / container_id / bundle.ROOTFS
+        layout = Layout()
+        b = bundle.Bundle(layout.bundles / container_id)
+        lowers = real_lowers(b)
+        if lowers is not None:
+            # A user-namespaced container: its overlay is over idmapped clones that are detached once
+            # mounted (backends/runc/idmap.py), so the layers are read where they really are.
+            target = layout.userns_rootfs(container_id)
+            if rootfs.overlay_at(target) is None:
+                raise RuntimeError(f"no overlay is mounted at {target} (is runc container {container_id} running?)")
+            upper = CrabConfig().btrfs.mount_point / SubvolRef.sandbox(container_id).relpath / "upper"
+            return target, upper, [Path(p) for p in lowers]
+        target = b.path / bundle.ROOTFS
         found = rootfs.overlay_at(target)
         if found is None:
             raise RuntimeError(f"no overlay is mounted at {target} (is runc container {container_id} running?)")

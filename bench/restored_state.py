@@ -196,7 +196,11 @@ def _walk(mfd: int, ufd: int, path: bytes, out: State, limit: int) -> None:
         if not _in_upper(ufd, name):
             out.nodes[p] = Node(_kind(st.st_mode), lower=True)
             continue
-        out.nodes[p] = read_node(mfd, name, st)
+        node = read_node(mfd, name, st)
+        # The owner as stored (in the sandbox's own ids): through a user-namespaced sandbox's overlay the host
+        # sees each id shifted by that container's range, which a restore into another range does not share.
+        ust = os.stat(name, dir_fd=ufd, follow_symlinks=False)
+        out.nodes[p] = replace(node, uid=ust.st_uid, gid=ust.st_gid)
         if stat.S_ISDIR(st.st_mode):
             cm = os.open(name, DIR_FLAGS, dir_fd=mfd)
             try:
