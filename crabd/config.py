@@ -413,11 +413,14 @@ class RuntimeConfig(_Model):
         description="IPv4 subnet of the runc backend's CNI bridge; empty: 10.213.0.0/16 for [network] name "
         '"crab", else a /24 derived from the name (two crabd instances with different names never share one)',
     )
+    # Off by default for now: a sandbox restored or forked in a user namespace cannot take a full (process)
+    # checkpoint again (CRIU's dump: "One or more namespaces doesn't belong to the target user namespace":
+    # the network namespace CRIU makes at the restore belongs to the initial one).  docs/runc.md.
     userns: bool = Field(
-        True,
+        False,
         description="runc+btrfs: run each sandbox in a user namespace of its own, root inside mapped to an "
-        'unprivileged host id range (docs/runc.md, "User namespaces"); false: root in a sandbox is host root, '
-        "as on the Docker backend",
+        'unprivileged host id range (docs/runc.md, "User namespaces"; not yet the default: a restored sandbox '
+        "cannot take a process checkpoint again); false: root in a sandbox is host root, as on the Docker backend",
     )
     userns_dir: Path = Field(
         Path("/var/lib/crab/userns"),
