@@ -56,7 +56,9 @@ def test_retention_thins_by_policy_and_keeps_lines_pins_and_exact_restores(
             assert "kept for" in human and "pinned" in human and "root" in human
             assert js(crabctl, "verify")["ok"] is True
 
-            # Every kept checkpoint restores exactly; full ones with the process.
+            # Every kept checkpoint restores exactly; full ones with the process.  No thinning meanwhile: each
+            # restore moves the head, and what the policy keeps then is another set (asserted below).
+            js(crabctl, "retention", "set", "ret", "--default")
             for ck_id in why:
                 if ck_id not in expected:
                     continue
@@ -66,6 +68,7 @@ def test_retention_thins_by_policy_and_keeps_lines_pins_and_exact_restores(
                 procs = sb.run(["sh", "-c", "ps | grep -c '[s]leep 100000'"]).stdout.decode().strip()
                 assert procs == ("1" if kind == "full" else "0"), (ck_id, kind, procs)
 
+            js(crabctl, "retention", "set", "ret", "--keep-last", "3")
             # A restore leaves a line behind: its end and the branch point are never thinned.
             old_head = before[-1]["id"]
             sb.restore(before[-3]["id"])
