@@ -147,6 +147,16 @@ def test_a_root_task_in_the_hosts_namespaces_is_refused(tmp_path: Path) -> None:
     assert err.what == "set of own namespaces" and "pid" not in err.found.split(",")
 
 
+def test_the_time_namespace_criu_makes_at_a_restore_is_accepted(tmp_path: Path) -> None:
+    """A restored sandbox's next dump: CRIU gave it a time namespace of its own (clock offsets, no privilege)."""
+    restored = image(IDS_MAGIC, ids(SANDBOX_IDS | {"time": 99}))
+    check(write_images(tmp_path / "i", **{"ids-1.img": restored, "ids-9.img": restored}), NORMAL_POSTURE, "ck-1")
+    # Only that one: a user namespace beside it is still refused.
+    both = image(IDS_MAGIC, ids(SANDBOX_IDS | {"time": 99, "user": 77}))
+    err = refused(write_images(tmp_path / "j", **{"ids-1.img": both, "ids-9.img": both}))
+    assert "user" in err.found
+
+
 def test_an_extra_user_namespace_is_refused(tmp_path: Path) -> None:
     own_user = image(IDS_MAGIC, ids(SANDBOX_IDS | {"user": 77}))
     err = refused(write_images(tmp_path / "i", **{"ids-1.img": own_user, "ids-9.img": own_user}))
