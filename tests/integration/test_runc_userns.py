@@ -22,7 +22,7 @@ from tests.integration.test_processes import ASK_REPL, install, start_repl
 
 pytestmark = pytest.mark.criu
 
-NETWORK = "crab-userns"
+NETWORK = "crabuserns"
 
 
 @pytest.fixture(scope="module")
