@@ -43,6 +43,7 @@ from pathlib import Path
 
 from crabd.backends.runc import rootfs
 from crabd.errors import ContainerRuntimeError
+from crabd.util.threads import on_own_thread
 
 SYS_OPEN_TREE = 428
 SYS_MOVE_MOUNT = 429
@@ -273,23 +274,15 @@ def remove_staging(staging: Path) -> None:
 
 def _as_range_root(ids: IdRange, work: Callable[[], None]) -> None:
     """Run ``work`` on a throwaway thread whose fs ids are the range's root (see :func:`_mount_as`)."""
-    box: dict[str, BaseException] = {}
 
     def run() -> None:
-        try:
-            if _libc.prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP, 0, 0, 0) != 0:
-                _raise("prctl(PR_SET_SECUREBITS)")
-            _libc.setfsgid(ids.base)
-            _libc.setfsuid(ids.base)
-            work()
-        except BaseException as exc:  # handed to the caller
-            box["error"] = exc
+        if _libc.prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP, 0, 0, 0) != 0:
+            _raise("prctl(PR_SET_SECUREBITS)")
+        _libc.setfsgid(ids.base)
+        _libc.setfsuid(ids.base)
+        work()
 
-    t = threading.Thread(target=run, name="crab-idmap-fsuid", daemon=True)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
+    on_own_thread(run, "crab-idmap-fsuid")
 
 
 def make_mount_points(root: Path, points: Iterable[tuple[str, bool]], ids: IdRange) -> None:

@@ -31,6 +31,7 @@ from crabd.backends.runc import rootfs
 from crabd.errors import ContainerRuntimeError
 from crabd.util import netns
 from crabd.util.private_dirs import private_dir
+from crabd.util.threads import on_own_thread
 
 DEFAULT_NETNS_DIR = Path("/run/crab/netns")
 
@@ -86,19 +87,9 @@ def reserve(netns_id: str, directory: Path = DEFAULT_NETNS_DIR) -> Path:
 
 def _in_thread(target: Path, netns_id: str, work: Callable[[], None]) -> None:
     """Run ``work`` on a throwaway thread (setns/unshare of a netns change only the calling thread)."""
-    box: dict[str, BaseException] = {}
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as exc:  # handed to the caller
-            box["error"] = exc
-
-    t = threading.Thread(target=run, name="crab-netns", daemon=True)
-    t.start()
-    t.join()
-    if "error" in box:
-        cause = box["error"]
+    try:
+        on_own_thread(work, "crab-netns")
+    except BaseException as cause:
         raise ContainerRuntimeError(f"cannot set up netns {target}: {cause}", container=netns_id) from cause
 
 
