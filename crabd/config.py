@@ -417,10 +417,10 @@ class RuntimeConfig(_Model):
     # checkpoint again (CRIU's dump: "One or more namespaces doesn't belong to the target user namespace":
     # the network namespace CRIU makes at the restore belongs to the initial one).  docs/runc.md.
     userns: bool = Field(
-        False,
+        True,
         description="runc+btrfs: run each sandbox in a user namespace of its own, root inside mapped to an "
-        'unprivileged host id range (docs/runc.md, "User namespaces"; not yet the default: a restored sandbox '
-        "cannot take a process checkpoint again); false: root in a sandbox is host root, as on the Docker backend",
+        'unprivileged host id range (docs/runc.md, "User namespaces"); false: root in a sandbox is host root, '
+        "as on the Docker backend",
     )
     userns_dir: Path = Field(
         Path("/var/lib/crab/userns"),

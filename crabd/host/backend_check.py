@@ -157,7 +157,7 @@ def check_userns(cfg: CrabConfig, max_namespaces: Path = Path("/proc/sys/user/ma
         return _warn(
             "userns",
             "off ([runtime] userns = false): root in a runc sandbox is root on the host",
-            "set [runtime] userns = true and restart crabd (docs/runc.md: what does not work yet)",
+            "remove `userns = false` from [runtime] (the default is true) and restart crabd (docs/runc.md)",
         )
     try:
         limit = int(max_namespaces.read_text())

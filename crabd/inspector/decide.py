@@ -27,8 +27,9 @@ thread ids, and the digest of the sandbox's tmpfs mounts.  Now (from /proc):
   process image (so that change alone calls for a full checkpoint, and so
   does any content there when the checkpoint would have no image).
 
-crab's init and the session's bash are not counted: init's state is crab's
-own bookkeeping, and the session's state is captured semantically at every
+crab's init (and its keeper at PID 1, :func:`.procs.crab_init`) and the
+session's bash are not counted: init's state is crab's own bookkeeping,
+and the session's state is captured semantically at every
 turn end (the restore re-applies it).  A REPL or server the agent started
 *from* the session is counted like any process.
 
@@ -103,6 +104,12 @@ class TurnEnd:
 
 def _excluded(session_pid: int | None) -> set[int]:
     return {1} | ({session_pid} if session_pid else set())
+
+
+def _counted(now: dict[int, Proc], session_pid: int | None) -> dict[int, Proc]:
+    """The processes the decision counts: all but PID 1, crab-init (its keeper's child) and the session's bash."""
+    skip = _excluded(session_pid) | {procs.crab_init(now)}
+    return {p: v for p, v in now.items() if p not in skip}
 
 
 def _session_change(now: str | None, before: str | None) -> str:
@@ -197,7 +204,7 @@ class Inspector:
         self.source.track(sandbox_id, container_id)
         self.source.take(sandbox_id)  # the start itself is nobody's turn
         now = procs.snapshot(container_id)
-        keep = {p: v for p, v in now.items() if p not in _excluded(session_pid)}
+        keep = _counted(now, session_pid)
         self._baselines[sandbox_id] = Baseline(keep, image, image_checkpoint, self._digests(keep))
         # Without an image the head's tmpfs is what a fresh container has: nothing of the sandbox's own.
         self._tmpfs[sandbox_id] = mounts.fingerprint(init_host_pid).digest if image else None
@@ -218,7 +225,7 @@ class Inspector:
         if base is None or base.image is None:
             return "crabd has no process image to pair with"
         skip = _excluded(session_pid)
-        cur = {p: v for p, v in procs.snapshot(container_id, skip).items() if p not in skip}
+        cur = _counted(procs.snapshot(container_id, skip), session_pid)
         for pid, p in cur.items():
             b = base.procs.get(pid)
             if b is None or b.start != p.start:
@@ -235,7 +242,7 @@ class Inspector:
     def at_dump(self, container_id: str, init_host_pid: int, session_pid: int | None) -> Dumped:
         """The baseline of a process dump being taken (call while the sandbox is frozen)."""
         now = procs.snapshot(container_id)
-        keep = {p: v for p, v in now.items() if p not in _excluded(session_pid)}
+        keep = _counted(now, session_pid)
         return Dumped(Baseline(keep, None, None, self._digests(keep)), mounts.fingerprint(init_host_pid).digest)
 
     def settled(self, sandbox_id: str, container_id: str) -> None:
@@ -379,7 +386,7 @@ class Inspector:
                 ev.file_notes.append("a process could write through a shared file mapping (no syscall to see)")
         else:
             self._mapped.discard(turn.sandbox_id)
-        cur = {p: v for p, v in now.items() if p not in _excluded(turn.session_pid)}
+        cur = _counted(now, turn.session_pid)
         base = self._baselines.get(turn.sandbox_id)
         proc_changes = self._process_changes(turn, cur, base, ev, check_memory)
         tmpfs = mounts.fingerprint(turn.init_host_pid)

@@ -165,6 +165,27 @@ class _Devices:
                 self.own.add(dev)
 
 
+#: crab-init's command line under its keeper (user-namespaced runc sandboxes: crab-init.c, "PID 1 keeper").
+KEPT_INIT_CMD = "/.crab/init --keeper"
+
+
+def crab_init(now: dict[int, Proc]) -> int:
+    """The pid of crab's init in the sandbox ``now``: PID 1, or under the keeper (PID 1) its first child.
+
+    The keeper forks crab-init before anything else runs, and a restore
+    forks PID 1's children in the order the kernel listed them (crab-init
+    first), so crab-init is PID 1's child with that command line that started
+    first (the lower pid on a tie of clock ticks).  Orphans come to PID 1 too,
+    later; one that mimics the command line still is not the first.
+    """
+    first = 1
+    if now.get(1) is not None and now[1].cmd == KEPT_INIT_CMD:
+        kids = [p for p in now.values() if p.ppid == 1 and p.pid != 1 and p.cmd == KEPT_INIT_CMD]
+        if kids:
+            first = min(kids, key=lambda p: (p.start, p.pid)).pid
+    return first
+
+
 def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) -> dict[int, Proc]:
     """Every process of the container, by pid inside the sandbox.
 

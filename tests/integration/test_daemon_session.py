@@ -10,6 +10,9 @@ import pytest
 from crabd.errors import InvalidRequest, SandboxBusy
 from crabd.sdk import Client, ExecResult, OutputChunk, Sandbox
 
+#: Shell: crab-init's pid in the sandbox, PID 1 or, in a user namespace, its keeper's only child (crab-init.c).
+CRAB_INIT_PID = "c=$(cat /proc/1/task/1/children 2>/dev/null); c=${c%% *}; echo ${c:-1}"
+
 
 def test_session_state_persists_between_commands(make_sandbox: Callable[..., Sandbox]) -> None:
     sb = make_sandbox("bookworm")
@@ -190,7 +193,7 @@ def test_processes_in_the_sandbox_cannot_talk_to_crab_init(make_sandbox: Callabl
     assert sb.run(["test", "-e", "/tmp/pwned"]).exit_code == 1
     assert sb.run(["touch", "/tmp/pwned"]).ok  # the same request, through crabd
     # Root in the sandbox cannot look into init either (it is not dumpable).
-    r = sb.run(["sh", "-c", "cat /proc/1/environ; readlink /proc/1/fd/0"])
+    r = sb.run(["sh", "-c", f"i=$({CRAB_INIT_PID}); cat /proc/$i/environ; readlink /proc/$i/fd/0"])
     assert r.exit_code != 0 and r.stdout == b"" and b"Permission denied" in r.stderr
 
 
@@ -235,5 +238,5 @@ def test_the_control_channel_and_init_protections_survive_a_restore(make_sandbox
     r = sb.session.run("python3 /tmp/forge.py; echo after; (exit 3)")
     assert r.exit_code == 3 and r.stdout.endswith(b"after\n")
     assert sb.run(["python3", "/tmp/intruder.py"]).stdout == b"refused\n"
-    r = sb.run(["cat", "/proc/1/environ"])
+    r = sb.run(["sh", "-c", f"cat /proc/$({CRAB_INIT_PID})/environ"])
     assert r.exit_code != 0 and b"Permission denied" in r.stderr

@@ -30,10 +30,7 @@ def by_name(report: dict[str, Any]) -> dict[str, dict[str, str]]:
 def test_doctor_reports_every_check_ok() -> None:
     code, report = doctor_json()
     bad = {c["name"]: c["summary"] for c in report["checks"] if c["status"] != "ok"}
-    # User namespaces are off by default for now (docs/runc.md): doctor says so, as a warning.
-    if "userns" in bad:
-        assert bad.pop("userns").startswith("off ([runtime] userns = false)")
-    assert bad == {}
+    assert bad == {}  # user namespaces included: on by default (docs/runc.md)
     assert code == 0 and report["ok"] is True
     assert set(by_name(report)) == {
         "root",

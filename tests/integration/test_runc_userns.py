@@ -2,8 +2,10 @@
 
 Root in a sandbox is an unprivileged host id, its range is the container's own
 (a fork or restore gets another), crab-init comes from a tmpfs of its own (no
-handle into the host's root file system), and checkpoint -> restore, fork, and
-archive export -> import -> fork carry a live process's memory across ranges.
+handle into the host's root file system) and runs under a keeper at PID 1, and
+checkpoint -> restore, fork, and archive export -> import -> fork carry a live
+process's memory across ranges, and a restored or forked sandbox takes process
+checkpoints again.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from crabd.store.idranges import FIRST_BASE, RANGE_SIZE
-from tests.integration.conftest import daemon_with_config
+from tests.integration.conftest import daemon_with_config, remove_sandbox_network
 from tests.integration.test_processes import ASK_REPL, install, start_repl
 
 pytestmark = pytest.mark.criu
@@ -27,7 +29,7 @@ NETWORK = "crabuserns"
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[EmbeddedDaemon]:
-    """This module's crabd: runc+btrfs with user namespaces (not yet the default; docs/runc.md)."""
+    """This module's crabd: runc+btrfs with user namespaces (the default, named here all the same)."""
     toml = f'[runtime]\nbackend = "runc+btrfs"\nuserns = true\n[network]\nname = "{NETWORK}"\n'
     with daemon_with_config(toml, NETWORK) as d:
         yield d
@@ -61,6 +63,19 @@ def test_root_in_a_sandbox_is_an_unprivileged_host_id(client: Client, make_sandb
     assert "user namespaces" in client.status().docker_version
 
 
+def test_pid_1_is_a_keeper_that_holds_nothing(make_sandbox: Callable[..., Sandbox]) -> None:
+    sb = make_sandbox("busybox")
+    shape = sb.run(["sh", "-c", "cat /proc/1/comm /proc/1/task/1/children; echo; ls /proc/1/fd"])
+    comm, child, *fds = shape.stdout.split()
+    assert comm == b"crab-keeper" and sorted(fds) == [b"0", b"1", b"2"], shape
+    links = sb.run(["sh", "-c", "for f in 0 1 2; do readlink /proc/1/fd/$f; done"]).stdout.split()
+    assert links == [b"/dev/null"] * 3
+    # crab-init proper is the keeper's only child and, as PID 1 elsewhere, not dumpable.
+    assert sb.run(["cat", f"/proc/{child.decode()}/cmdline"]).stdout.startswith(b"/.crab/init")
+    r = sb.run(["cat", f"/proc/{child.decode()}/environ"])
+    assert r.exit_code != 0 and b"Permission denied" in r.stderr
+
+
 @pytest.fixture
 def archive_dir() -> Iterator[Path]:
     d = Path(f"/tmp/crab-userns-archives-{os.getpid()}")
@@ -85,6 +100,14 @@ def test_restore_fork_and_archive_carry_a_live_process_across_ranges(
     sb.restore(full)
     got_secret, m = sb.session.run(ASK_REPL).stdout.split()
     assert (got_secret, int(m)) == (secret, int(n) + 1)
+    # A restored sandbox takes a process checkpoint again, and that one restores too (CRIU refused the dump
+    # while a restored, non-dumpable crab-init was the tree's root: crab-init.c, "PID 1 keeper").
+    again_full = sb.checkpoint(kind="full")
+    assert again_full.kind == "full"
+    sb.session.run(ASK_REPL)
+    sb.restore(again_full)
+    got_secret, m = sb.session.run(ASK_REPL).stdout.split()
+    assert (got_secret, int(m)) == (secret, int(n) + 2)
     restored_base = uid_map(sb)[1]
     assert in_range(restored_base)  # a new container: a range of its own (the old one's went back with it)
     # fork: another range; the files stay the sandbox root's, the process its memory.
@@ -95,6 +118,7 @@ def test_restore_fork_and_archive_carry_a_live_process_across_ranges(
         assert clone.run(["cat", "/root/owned"]).stdout == b"mine\n"
         got_secret, m = clone.session.run(ASK_REPL).stdout.split()
         assert (got_secret, int(m)) == (secret, int(n) + 1)
+        assert clone.checkpoint(kind="full").kind == "full"  # a fork, too, takes process checkpoints
     finally:
         clone.remove(force=True)
     # archive: export, forget, import, fork.
@@ -110,3 +134,40 @@ def test_restore_fork_and_archive_carry_a_live_process_across_ranges(
         assert (got_secret, int(m)) == (secret, int(n) + 1)
     finally:
         again.remove(force=True)
+
+
+def test_an_upgrade_keeps_process_checkpoints_taken_without_user_namespaces(kept_state: Path) -> None:
+    # A crabd without user namespaces (as before they were the default) takes a process checkpoint; the
+    # same state dir under a crabd with them restores and forks it as it was dumped: no range, its memory.
+    net = "crabupg"
+    configs = {}
+    for name, on in (("off", "false"), ("on", "true")):
+        configs[name] = kept_state / f"{name}.toml"
+        configs[name].write_text(f'[runtime]\nbackend = "runc+btrfs"\nuserns = {on}\n[network]\nname = "{net}"\n')
+    old = EmbeddedDaemon(state_dir=kept_state, ephemeral=False, extra_args=["--config", str(configs["off"])])
+    old.start()
+    try:
+        with Client(old.socket) as c:
+            sb = c.create("bookworm", checkpoints="fs")
+            install(sb)
+            secret, n = start_repl(sb)
+            assert uid_map(sb) == (0, 0, 4294967295)
+            full = sb.checkpoint(kind="full")
+    finally:
+        old.close()
+    new = EmbeddedDaemon(state_dir=kept_state, ephemeral=False, extra_args=["--config", str(configs["on"])])
+    new.start()
+    try:
+        with Client(new.socket) as c:
+            sb = c.get(sb.id)
+            sb.restore(full)
+            got_secret, m = sb.session.run(ASK_REPL).stdout.split()
+            assert (got_secret, int(m)) == (secret, int(n) + 1)
+            assert uid_map(sb) == (0, 0, 4294967295)  # as it was taken
+            [clone] = c.fork(full.id, 1)
+            assert uid_map(clone) == (0, 0, 4294967295)
+            assert clone.session.run(ASK_REPL).stdout.split()[0] == secret
+            assert in_range(uid_map(c.create("busybox"))[1])  # a new sandbox gets a range
+    finally:
+        new.close()
+        remove_sandbox_network(net)

@@ -132,6 +132,26 @@ def test_session_bash_and_init_are_not_processes_that_count(sbx: Sbx) -> None:
     assert sbx.turn().kind == "skip"
 
 
+def test_crab_init_under_its_keeper_does_not_count_but_a_mimic_does(sbx: Sbx) -> None:
+    keeper = procs.KEPT_INIT_CMD
+    sbx.world.procs = {
+        1: proc(1, keeper, start=100),
+        6: replace(proc(6, keeper, start=100), ppid=1),
+        2: replace(proc(2, "bash --noprofile"), ppid=6),
+    }
+    sbx.inspector.started("sb", "c", 10_001, 2, image=None, image_checkpoint=None)
+    sbx.turn()
+    sbx.world.procs[6] = replace(sbx.world.procs[6], runtime_ns=10**9)  # it served this turn's commands
+    sbx.world.procs[1] = replace(sbx.world.procs[1], runtime_ns=10**9)
+    assert sbx.turn().kind == "skip"
+    # An orphan (PID 1's child too) with crab-init's command line started later: it counts.
+    sbx.world.procs[9] = replace(proc(9, keeper, start=200), ppid=1)
+    d = sbx.turn()
+    assert d.kind == "full" and any("process 9" in r for r in d.reasons), d.reasons
+    assert procs.crab_init(sbx.world.procs) == 6
+    assert procs.crab_init({1: proc(1, "/.crab/init"), 6: replace(proc(6, keeper), ppid=1)}) == 1
+
+
 def test_session_change_is_fs(sbx: Sbx) -> None:
     d = sbx.turn(session='{"cwd": "/tmp"}')
     assert d.kind == "fs" and any("cwd / -> /tmp" in r for r in d.reasons)

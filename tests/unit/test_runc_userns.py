@@ -159,9 +159,12 @@ def test_a_userns_bundle_maps_root_and_owns_its_netns() -> None:
     assert cfg["linux"]["uidMappings"] == cfg["linux"]["gidMappings"] == want
     assert cfg["linux"]["sysctl"] == {}  # crabd sets SANDBOX_SYSCTLS in the pinned netns
     assert set(spec.namespaces) == {"pid", "ipc", "uts", "mount", "cgroup", "network", "user"}
+    # PID 1 is crab-init's keeper: CRIU must be able to dump a restored tree again (crab-init.c, "PID 1 keeper").
+    assert cfg["process"]["args"] == ["/.crab/init", "--keeper"]
     # Without: the old shape (a crabd-made netns by path, runc's sysctls, no mappings).
     plain = bundle.config(_spec(networked=True), Path("/b/sb1"), {})
     assert "uidMappings" not in plain["linux"] and plain["linux"]["sysctl"] == dict(SANDBOX_SYSCTLS)
+    assert plain["process"]["args"] == ["/.crab/init"]
     assert "user" not in _spec().namespaces
 
 
@@ -183,10 +186,9 @@ def test_idrange_and_dump_options() -> None:
     assert CheckpointOptions().argv() == DUMP_OPTIONS
 
 
-def test_userns_is_off_by_default_with_an_on_switch() -> None:
-    # Off until a restored sandbox can take a process checkpoint again (docs/runc.md, "User namespaces").
-    assert CrabConfig().runtime.userns is False
-    assert CrabConfig.model_validate({"runtime": {"userns": True}}).runtime.userns is True
+def test_userns_is_on_by_default_with_an_off_switch() -> None:
+    assert CrabConfig().runtime.userns is True
+    assert CrabConfig.model_validate({"runtime": {"userns": False}}).runtime.userns is False
 
 
 def test_doctor_reports_userns(tmp_path: Path) -> None:

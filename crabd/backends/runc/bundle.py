@@ -35,6 +35,9 @@ crabd pins and configures it after ``runc create`` / ``runc restore``
 sysctls of a namespace it joins from inside a user namespace).  The /etc
 files are then bind-mounted from an idmapped view of ``etc_dir``
 (``etc_seen_at``), so that they are the sandbox root's, as without one.
+PID 1 is then crab-init's keeper (``--keeper``), crab-init itself its only child:
+CRIU could not dump a restored tree again if its root task were the
+non-dumpable crab-init (the reason is at the top of crab-init.c).
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ CPU_PERIOD_US = 100_000
 OCI_VERSION = "1.0.2"
 DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+#: crab-init's first arguments in a user-namespaced container: PID 1 is its keeper (crab-init.c, the top).
+KEEPER_ARGS = ("--keeper",)
+
 
 @dataclass(frozen=True)
 class BindMount:
@@ -84,7 +90,7 @@ class ContainerSpec:
     netns: Path
     #: crab-init on the host; bind-mounted at INIT_PATH_IN_SANDBOX and run as PID 1.
     init_binary: Path
-    #: Arguments after crab-init's path (none today).
+    #: Arguments after crab-init's path (and after KEEPER_ARGS under a user namespace).
     init_args: tuple[str, ...] = ()
     #: "KEY=VALUE" entries: the image's, then the sandbox's.  PATH is added if missing.
     env: tuple[str, ...] = ()
@@ -202,7 +208,9 @@ def config(
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": [INIT_PATH_IN_SANDBOX, *spec.init_args],
+            "args": [INIT_PATH_IN_SANDBOX, *KEEPER_ARGS, *spec.init_args]
+            if spec.userns is not None
+            else [INIT_PATH_IN_SANDBOX, *spec.init_args],
             "env": _env(spec),
             "cwd": spec.cwd or "/",
             "capabilities": security.capabilities(),

@@ -37,6 +37,10 @@ User namespaces (docs/runc.md): with ``id_ranges`` (the default in
 crabd: ``[runtime] userns``), :meth:`create` claims a host id range for the
 container (:mod:`crabd.store.idranges`) and the container runs in its own
 user namespace over idmapped layers; :meth:`remove` gives the range back.
+A restore follows its process images: images dumped without a user
+namespace (before user namespaces were the default, or with them off) come
+back into a container without one, as they were taken, rather than not at
+all (:meth:`_follow_images`).
 crab-init is bind-mounted from its own tmpfs (:mod:`.initfs`) in every case.
 
 All calls block; they are thread-safe for distinct ids (the coordinator
@@ -45,6 +49,7 @@ calls from worker threads, several forks at once).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -61,7 +66,7 @@ from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs.layout import SubvolKind, SubvolRef
 from crabd.backends.btrfs.pool import Pool
 from crabd.backends.procdump import Posture
-from crabd.backends.runc import bundle, cleanup, initfs, named_netns, reaper, rootfs
+from crabd.backends.runc import bundle, cleanup, initfs, named_netns, reaper, rootfs, userns_image
 from crabd.backends.runc.cli import EMPTY_NETNS, Runc, RuncState, RuncStatus
 from crabd.backends.runc.cni import CniNetwork
 from crabd.backends.runc.idmap import IdRange
@@ -427,9 +432,41 @@ class RuncSandboxBackend:
             created = self._created.get(cid)
         if created is None:
             raise ContainerRuntimeError(f"container {cid} was not created by this crabd", container=cid)
+        created = self._follow_images(cid, created)
         etc = {dest: Path("/dev/null") for dest in ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf")}
         # Writable: every container's /etc files live beside its upper dir (_storage's ETC).
         return posture_of(bundle.config(created.spec, self.layout.bundles / cid, etc, etc_writable=True))
+
+    def _follow_images(self, cid: str, created: _Created) -> _Created:
+        """``created``, without its user namespace if the process images to restore were dumped without one.
+
+        Such a checkpoint was taken before user namespaces were the default
+        (or with them off): its processes ran as host ids, and CRIU restores
+        them as dumped.  Refusing it would lose every process checkpoint
+        taken before an upgrade, so the container is made as that sandbox's
+        was (its range goes back), and says so in the log.  Images that do
+        carry a user namespace always get a range of their own.
+        """
+        if created.spec.userns is None:
+            return created
+        images_root = self._restore_dirs(cid)[0]
+        try:
+            dumps = [d for d in images_root.iterdir() if d.is_dir()]
+        except FileNotFoundError:
+            return created
+        if not dumps or any(userns_image.find(d) for d in dumps):
+            return created
+        plain = dataclasses.replace(created, spec=dataclasses.replace(created.spec, userns=None))
+        with self._lock:
+            if self._created.get(cid) is created:
+                self._created[cid] = plain
+        if self.id_ranges is not None:
+            self.id_ranges.release(cid)
+        log.warning(
+            "restoring without a user namespace: the checkpoint's processes were dumped without one",
+            extra={"container": cid},
+        )
+        return plain
 
     def checkpoint_dir(self, container_id: str, name: str) -> Path:
         cid = self._own(container_id)
@@ -472,6 +509,8 @@ class RuncSandboxBackend:
                 )
             self._starting.add(cid)
         try:
+            if checkpoint:
+                created = self._follow_images(cid, created)
             launched = self._launcher.launch(created.spec, self._storage(cid, created), self._restore(cid, checkpoint))
             # Once running: crab's own writes to the subvolume (a restore's files) are done (pool.py).
             self.pool.apply_disk_limit(SubvolRef.sandbox(cid), created.disk_bytes)

@@ -1,5 +1,5 @@
 /*
- * crab-init: PID 1 of every crab sandbox.
+ * crab-init: PID 1 of every crab sandbox (or the only child of its keeper, see "PID 1 keeper").
  *
  * crabd never uses `docker exec`: CRIU dumps only the process tree under the
  * container's PID 1, so anything started from outside would vanish on
@@ -54,6 +54,25 @@
  * meanwhile, so a command's output always precedes its done marker.  While
  * no client is attached the channel is not read: the kernel's socket buffer
  * holds what the session wrote (bash blocks once it is full).
+ *
+ * PID 1 keeper (`crab-init --keeper`, user-namespaced runc sandboxes).
+ * CRIU dumps a user-namespaced tree only if, from INSIDE that user
+ * namespace, it may open the root task's /proc/<pid>/ns files (its check that
+ * every namespace belongs to the target user namespace).  A non-dumpable
+ * task passes that ptrace check only for callers with CAP_SYS_PTRACE over
+ * its mm's user namespace.  A freshly started init's mm belongs to the
+ * sandbox's user namespace (execve put it there), but a RESTORED one's
+ * belongs to the host's (CRIU forked it, and only execve moves an mm), so a
+ * restored sandbox could never be dumped again.  With --keeper, PID 1 is a
+ * tiny dumpable process that forks crab-init proper (its only child,
+ * non-dumpable as always), reaps orphans (they come to PID 1, not to
+ * crab-init: CRIU restores an orphan whose session leader died only as a
+ * child of the root task), forwards TERM, INT and HUP to crab-init and
+ * exits with its status.  The keeper holds nothing: no
+ * fd but /dev/null on 0-2, no connection, no state; root in the sandbox may
+ * ptrace it and gains nothing it lacks.  The price: crab-init, no longer
+ * PID 1, can be killed from inside (`kill -9 -1`); the keeper then exits and
+ * crabd sees the sandbox die (docs/runc.md "User namespaces").
  *
  * One single-threaded poll() loop; every fd non-blocking; memory bounded:
  * output waiting for a client is capped per connection (backpressure stops
@@ -972,12 +991,48 @@ static void handle_signals(void) {
 
 /* --- main loop ------------------------------------------------------------------ */
 
-int main(void) {
+/* --- the PID 1 keeper (see the top) ----------------------------------------------- */
+
+/* Returns in the child (crab-init proper); the keeper itself never returns. */
+static void keeper(void) {
+    sigset_t all, old;
+    sigfillset(&all);
+    /* Blocked before the fork: a signal that arrives meanwhile waits for sigwaitinfo. */
+    if (sigprocmask(SIG_BLOCK, &all, &old)) die("sigprocmask");
+    pid_t child = fork();
+    if (child < 0) die("fork");
+    if (child == 0) {
+        if (sigprocmask(SIG_SETMASK, &old, NULL)) die("sigprocmask");
+        return;
+    }
+    prctl(PR_SET_NAME, "crab-keeper", 0, 0, 0);
+    for (;;) {
+        siginfo_t si;
+        int sig = sigwaitinfo(&all, &si);
+        if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
+            kill(child, sig);
+        } else if (sig == SIGCHLD) {
+            int st;
+            pid_t pid;
+            while ((pid = waitpid(-1, &st, WNOHANG)) > 0) /* crab-init, or an orphan */
+                if (pid == child) _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    int kept = argc > 1 && strcmp(argv[1], "--keeper") == 0;
+    if (kept) {
+        if (getpid() != 1) { errno = EINVAL; die("--keeper outside PID 1"); }
+        keeper();
+    }
     /* Before anything else: no ptrace, /proc/1/mem or /proc/1/fd for the
      * sandbox (see the top). */
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) die("prctl(PR_SET_DUMPABLE)");
     is_pid1 = getpid() == 1;
-    if (!is_pid1) prctl(PR_SET_CHILD_SUBREAPER, 1);
+    /* Under the keeper, orphans go to PID 1 (the keeper reaps them): CRIU restores an orphan whose
+     * session leader is gone only as a child of the tree's root task, never of a subreaper. */
+    if (!is_pid1 && !kept) prctl(PR_SET_CHILD_SUBREAPER, 1);
     signal(SIGPIPE, SIG_IGN);
     sigset_t mask;
     sigemptyset(&mask);

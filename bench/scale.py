@@ -1,0 +1,368 @@
+"""Benchmark: many sandboxes on one crabd — what a turn costs crabd as N grows (issue 34).
+
+    .venv/bin/python -m bench.scale --sizes 10,100,1000 --out bench-results/scale.json \\
+        --plot bench-results/scale.png
+
+One private crabd (its own state dir, not ephemeral, ``[runtime]`` as
+configured here: runc+btrfs by default) grows to each size in ``--sizes`` in
+turn.  At each size:
+
+* **creation**: the sandboxes that bring it to N, made by ``--create-threads``
+  clients at once; sandboxes per second;
+* **closed loop**, one kind after the other, ``--agents`` threads each
+  driving its own share of the sandboxes round-robin for ``--duration``
+  seconds: ``skip`` turns (a read-only command), ``fs`` turns (a file
+  written), ``full`` turns (the background process replaced) and ``plain``
+  commands (no turn).  A turn is begin, one command, ``end_turn(wait=True)``:
+  it counts once its checkpoint is durable (or the turn was skipped).
+  Reported: operations per second, p50/p99 latency, the decisions crabd
+  made (a bench whose skip turns came out ``fs`` says so), and per operation
+  crabd's own CPU (its process and threads), its helpers' (runc, CRIU and
+  every other child it waited for: the kernel adds their CPU to crabd's
+  ``children`` times), the host's (all CPUs, all processes, this client
+  included) and this client's own;
+* **offered load**: skip turns started at ``--offered`` per second
+  (open loop, spread over all N), latency from each turn's planned start,
+  so that a crabd that falls behind shows it;
+* crabd's RSS (its process; helpers are short-lived).
+
+At the largest size: **restart** (kill -9, start crabd on the same state:
+time until it answers, and until every sandbox is listed running again),
+then **removal** of all of them (sandboxes per second).
+
+Results as JSON (``--out``), a Markdown table on stdout, and with
+``--plot`` a figure of throughput and p99 against N (matplotlib, the
+``bench`` extra).  The machine is noisy: compare runs made side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.results import write_json
+from crabd.sdk import Client, EmbeddedDaemon, Sandbox
+
+#: What each kind of operation runs in its sandbox (busybox has all of it).
+COMMANDS: dict[str, list[str]] = {
+    "skip": ["cat", "/etc/hostname"],
+    "fs": ["sh", "-c", "date +%s%N > /root/scale-turn"],
+    "full": ["sh", "-c", "pkill -x sleep; sleep 600 >/dev/null 2>&1 &"],
+    "plain": ["true"],
+}
+KINDS = tuple(COMMANDS)
+
+
+def pct(values: list[float], p: float) -> float:
+    """The ``p``-th percentile (nearest rank) of ``values``; 0 for none."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds of crabd (own; waited-for children), of the whole host, and of this process, over a phase."""
+
+    crabd: psutil.Process
+    me: psutil.Process = field(default_factory=psutil.Process)
+
+    def read(self) -> tuple[float, float, float, float]:
+        c = self.crabd.cpu_times()
+        host = psutil.cpu_times()
+        busy = sum(host) - host.idle - getattr(host, "iowait", 0.0)
+        m = self.me.cpu_times()
+        return c.user + c.system, c.children_user + c.children_system, busy, m.user + m.system
+
+    @staticmethod
+    def per_op(before: tuple[float, ...], after: tuple[float, ...], ops: int) -> dict[str, float]:
+        names = ("crabd_cpu_ms_per_op", "helpers_cpu_ms_per_op", "host_cpu_ms_per_op", "client_cpu_ms_per_op")
+        return {n: round((a - b) * 1000 / max(ops, 1), 2) for n, a, b in zip(names, after, before, strict=True)}
+
+
+def operate(sb: Sandbox, kind: str) -> str:
+    """One operation of ``kind`` in ``sb``; returns crabd's decision ("" for a plain command)."""
+    if kind == "plain":
+        r = sb.run(COMMANDS[kind])
+        if r.exit_code != 0:
+            raise RuntimeError(f"{kind}: exit {r.exit_code}: {r.stderr[:200]!r}")
+        return ""
+    sb.begin_turn()
+    r = sb.run(COMMANDS[kind])
+    turn = sb.end_turn(wait=True)
+    if r.exit_code != 0:
+        raise RuntimeError(f"{kind}: exit {r.exit_code}: {r.stderr[:200]!r}")
+    return turn.decision.kind if turn.decision is not None else "?"
+
+
+def closed_loop(boxes: list[Sandbox], kind: str, agents: int, duration: float, cpu: CpuMeter) -> dict[str, Any]:
+    """``agents`` threads, each cycling through its share of ``boxes`` for ``duration`` s."""
+    lat: list[float] = []
+    decisions: Counter[str] = Counter()
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + duration
+
+    def agent(share: list[Sandbox]) -> None:
+        for sb in itertools.cycle(share):
+            if time.monotonic() >= stop:
+                return
+            t0 = time.monotonic()
+            try:
+                d = operate(sb, kind)
+            except Exception as exc:  # a benchmark counts failures, it does not stop on one
+                with lock:
+                    errors.append(str(exc)[:200])
+                continue
+            with lock:
+                lat.append(time.monotonic() - t0)
+                decisions[d] += 1
+
+    shares = [boxes[i :: min(agents, len(boxes))] for i in range(min(agents, len(boxes)))]
+    before, t0 = cpu.read(), time.monotonic()
+    with ThreadPoolExecutor(len(shares)) as pool:
+        list(pool.map(agent, shares))
+    wall, after = time.monotonic() - t0, cpu.read()
+    return {
+        "kind": kind,
+        "agents": len(shares),
+        "ops": len(lat),
+        "per_s": round(len(lat) / wall, 1),
+        "p50_ms": round(pct(lat, 50) * 1000, 1),
+        "p99_ms": round(pct(lat, 99) * 1000, 1),
+        "decisions": dict(decisions),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else "",
+        **CpuMeter.per_op(before, after, len(lat)),
+    }
+
+
+def offered_load(boxes: list[Sandbox], rate: float, duration: float, cpu: CpuMeter) -> dict[str, Any]:
+    """Skip turns started at ``rate`` per second over all ``boxes``; latency from each one's planned start."""
+    n = max(1, int(rate * duration))
+    lat: list[float] = []
+    late = 0
+    lock = threading.Lock()
+    start = time.monotonic() + 0.2
+    busy: set[str] = set()
+
+    def one(i: int) -> None:
+        nonlocal late
+        planned = start + i / rate
+        delay = planned - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            late += 1
+        sb = boxes[i % len(boxes)]
+        with lock:
+            if sb.id in busy:  # fewer sandboxes than turns in flight: one turn at a time per sandbox
+                return
+            busy.add(sb.id)
+        try:
+            operate(sb, "skip")
+        except Exception:  # counted as missing below
+            return
+        finally:
+            with lock:
+                busy.discard(sb.id)
+        with lock:
+            lat.append(time.monotonic() - planned)
+
+    before = cpu.read()
+    with ThreadPoolExecutor(min(256, max(8, int(rate)))) as pool:
+        list(pool.map(one, range(n)))
+    after = cpu.read()
+    return {
+        "offered_per_s": rate,
+        "planned": n,
+        "done": len(lat),
+        "started_late": late,
+        "p50_ms": round(pct(lat, 50) * 1000, 1),
+        "p99_ms": round(pct(lat, 99) * 1000, 1),
+        **CpuMeter.per_op(before, after, len(lat)),
+    }
+
+
+def create_many(client: Client, image: str, count: int, threads: int) -> tuple[list[Sandbox], float]:
+    """``count`` sandboxes of ``image`` (automatic checkpoints), ``threads`` at a time; and the seconds taken."""
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        made = list(pool.map(lambda _: client.create(image), range(count)))
+    return made, time.monotonic() - t0
+
+
+def remove_all(boxes: list[Sandbox], threads: int) -> float:
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda sb: sb.remove(force=True), boxes))
+    return time.monotonic() - t0
+
+
+def restart(d: EmbeddedDaemon, expect: int) -> dict[str, float]:
+    """kill -9 crabd, start it on the same state: until it answers, and until ``expect`` sandboxes run again."""
+    assert d.proc is not None
+    os.kill(d.proc.pid, signal.SIGKILL)
+    d.proc.wait()
+    t0 = time.monotonic()
+    d.start()
+    serve = time.monotonic() - t0
+    with Client(d.socket, timeout=600) as c:
+        while True:
+            running = sum(1 for sb in c.list() if sb.info.state == "running")
+            if running >= expect or time.monotonic() - t0 > 300:
+                break
+            time.sleep(0.05)
+    return {"serve_s": round(serve, 3), "all_running_s": round(time.monotonic() - t0, 3), "running": running}
+
+
+@contextlib.contextmanager
+def daemon(config: str) -> Iterator[EmbeddedDaemon]:
+    """A private crabd that survives kill -9 (not ephemeral), with ``config`` as its TOML; all gone after."""
+    from tests.integration.conftest import remove_instance_containers
+
+    base = Path(tempfile.mkdtemp(prefix="crab-scale-", dir="/tmp"))
+    cfg = base / "crabd.toml"
+    cfg.write_text(config)
+    d = EmbeddedDaemon(state_dir=base, ephemeral=False, extra_args=["--config", str(cfg)])
+    d.start()
+    try:
+        d.wait_inspector()
+        yield d
+    finally:
+        d.close()
+        remove_instance_containers(d.state_dir)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def at_size(d: EmbeddedDaemon, c: Client, boxes: list[Sandbox], args: argparse.Namespace) -> dict[str, Any]:
+    """Every measurement of one size (see the module's docstring); ``boxes`` already holds N sandboxes."""
+    proc = psutil.Process(d.proc.pid if d.proc is not None else 0)
+    cpu = CpuMeter(proc)
+    out: dict[str, Any] = {"sandboxes": len(boxes), "kinds": {}}
+    for kind in args.kinds.split(","):
+        print(f"[scale] N={len(boxes)}: {kind} ...", file=sys.stderr)
+        out["kinds"][kind] = closed_loop(boxes, kind, args.agents, args.duration, cpu)
+    print(f"[scale] N={len(boxes)}: offered {args.offered}/s ...", file=sys.stderr)
+    out["offered"] = offered_load(boxes, args.offered, args.duration, cpu)
+    out["crabd_rss_mb"] = round(proc.memory_info().rss / 2**20, 1)
+    return out
+
+
+def table(results: dict[str, Any]) -> str:
+    kinds = [k for k in KINDS if any(k in r["kinds"] for r in results["sizes"])]
+    head = "| N | created/s | " + " | ".join(f"{k} /s (p99; crabd CPU/op)" for k in kinds)
+    head += " | offered p50 / p99 | crabd RSS |"
+    lines = [head, "|" + "---|" * (5 + len(kinds))]
+    for r in results["sizes"]:
+        cells = []
+        for k in kinds:
+            m = r["kinds"].get(k)
+            cells.append(f"{m['per_s']:.0f} ({m['p99_ms']:.0f} ms; {m['crabd_cpu_ms_per_op']:.1f} ms)" if m else "-")
+        o = r["offered"]
+        offered = f"{o['p50_ms']:.0f} / {o['p99_ms']:.0f} ms at {o['offered_per_s']:.0f}/s"
+        row = [str(r["sandboxes"]), f"{r['created_per_s']:.1f}", *cells, offered, f"{r['crabd_rss_mb']:.0f} MB"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    """Throughput and p99 against N, one line per kind (matplotlib: the ``bench`` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[scale] no matplotlib (pip install crab[bench]): no plot", file=sys.stderr)
+        return
+    sizes = [r["sandboxes"] for r in results["sizes"]]
+    fig, (tp, p99) = plt.subplots(1, 2, figsize=(10, 4))
+    for kind in KINDS:
+        rows = [r["kinds"].get(kind) for r in results["sizes"]]
+        if not all(rows):
+            continue
+        tp.plot(sizes, [m["per_s"] for m in rows], marker="o", label=kind)
+        p99.plot(sizes, [m["p99_ms"] for m in rows], marker="o", label=kind)
+    for ax, label in ((tp, "operations / s"), (p99, "p99 latency (ms)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("sandboxes on one crabd")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"bench.scale: {results['host']}, {results['agents']} agents")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="10,100,1000", help="sandbox counts, ascending")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="closed-loop operations: skip,fs,full,plain")
+    ap.add_argument("--agents", type=int, default=32, help="concurrent client threads in the closed loops")
+    ap.add_argument("--duration", type=float, default=15.0, help="seconds per closed loop and offered-load run")
+    ap.add_argument("--offered", type=float, default=100.0, help="skip turns started per second (open loop)")
+    ap.add_argument("--create-threads", type=int, default=16)
+    ap.add_argument("--image", default="busybox")
+    ap.add_argument("--backend", default="runc+btrfs")
+    ap.add_argument("--no-restart", action="store_true", help="skip the kill -9 / re-adoption run")
+    ap.add_argument("--out", default="bench-results/scale.json")
+    ap.add_argument("--plot", default="", help="write a PNG of throughput and p99 against N here")
+    args = ap.parse_args()
+    sizes = sorted(int(x) for x in args.sizes.split(","))
+    results: dict[str, Any] = {
+        "host": f"{psutil.cpu_count()} CPUs, {round(psutil.virtual_memory().total / 2**30)} GiB",
+        "agents": args.agents,
+        "duration_s": args.duration,
+        "image": args.image,
+        "backend": args.backend,
+        "sizes": [],
+    }
+    config = f'[runtime]\nbackend = "{args.backend}"\n[network]\nname = "crabscale"\n'
+    with daemon(config) as d, Client(d.socket, timeout=600) as c:
+        boxes: list[Sandbox] = []
+        for n in sizes:
+            print(f"[scale] creating up to {n} ...", file=sys.stderr)
+            made, took = create_many(c, args.image, n - len(boxes), args.create_threads)
+            boxes += made
+            r = at_size(d, c, boxes, args)
+            r["created_per_s"] = round(len(made) / took, 1) if made else 0.0
+            results["sizes"].append(r)
+            write_json(results, args.out)  # what is measured so far survives a later failure
+        if not args.no_restart:
+            print(f"[scale] kill -9 and restart with {len(boxes)} sandboxes ...", file=sys.stderr)
+            results["restart"] = restart(d, len(boxes))
+        with Client(d.socket, timeout=600) as again:
+            again_boxes = [again.get(sb.id) for sb in boxes]
+            took = remove_all(again_boxes, args.create_threads)
+        results["removed_per_s"] = round(len(boxes) / took, 1)
+    write_json(results, args.out)
+    print(table(results))
+    if "restart" in results:
+        r = results["restart"]
+        print(f"\nrestart with {len(boxes)}: serving after {r['serve_s']} s, all running after {r['all_running_s']} s")
+    print(f"removal: {results['removed_per_s']} sandboxes/s")
+    if args.plot:
+        plot(results, args.plot)
+
+
+if __name__ == "__main__":
+    main()
