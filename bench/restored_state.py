@@ -167,7 +167,9 @@ def capture(merged: Path, upper: Path, limit: int = MAX_ENTRIES) -> State:
     try:
         ufd = os.open(upper, DIR_FLAGS)
         try:
-            out.nodes[b""] = read_node(mfd, "", os.fstat(mfd))
+            # The root's owner as stored, as for every entry below (_walk: user-namespaced overlays).
+            ust = os.fstat(ufd)
+            out.nodes[b""] = replace(read_node(mfd, "", os.fstat(mfd)), uid=ust.st_uid, gid=ust.st_gid)
             _walk(mfd, ufd, b"", out, limit)
         finally:
             os.close(ufd)

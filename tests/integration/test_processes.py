@@ -196,7 +196,11 @@ def test_background_job_in_the_session(sbx: Callable[..., Sandbox]) -> None:
 def test_daemonized_http_server_in_every_fork(client: Client, sbx: Callable[..., Sandbox]) -> None:
     sb = sbx(network=True)
     with sb.turn():
-        sb.session.run("(setsid python3 -m http.server 8000 >/dev/null 2>&1 </dev/null &) ; sleep 0.7")
+        sb.session.run("(setsid python3 -m http.server 8000 >/dev/null 2>&1 </dev/null &)")
+        # Listening once it answers (a fixed sleep was too short for Python's start on a loaded host).
+        probe = "for i in $(seq 300); do (: >/dev/tcp/127.0.0.1/8000) 2>/dev/null && exit 0; sleep 0.05; done; exit 1"
+        r = sb.run(["bash", "-c", probe])
+        assert r.exit_code == 0, "the server never listened"
     parent_ip = sb.refresh().ip_address
     assert urllib.request.urlopen(f"http://{parent_ip}:8000/", timeout=10).status == 200
     ck = sb.checkpoint(kind="full")

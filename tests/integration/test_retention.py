@@ -68,9 +68,13 @@ def test_retention_thins_by_policy_and_keeps_lines_pins_and_exact_restores(
                 procs = sb.run(["sh", "-c", "ps | grep -c '[s]leep 100000'"]).stdout.decode().strip()
                 assert procs == ("1" if kind == "full" else "0"), (ck_id, kind, procs)
 
+            # The commands above went into an implicit turn, whose end may checkpoint (on the head's line):
+            # end it and wait, so that the line's end is known before the restore leaves that line behind.
+            sb.begin_turn()
+            sb.end_turn(wait=True)
+            old_head = next(k["id"] for k in js(crabctl, "checkpoint", "ls", "ret") if "head" in k["kept_for"])
             js(crabctl, "retention", "set", "ret", "--keep-last", "3")
             # A restore leaves a line behind: its end and the branch point are never thinned.
-            old_head = before[-1]["id"]
             sb.restore(before[-3]["id"])
             for i in range(4):
                 sb.run(["sh", "-c", f"echo b{i} > /g{i}"])

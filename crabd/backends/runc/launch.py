@@ -115,10 +115,21 @@ def _share_with_range(images_dir: Path, ids: idmap.IdRange) -> None:
 
 
 def _mount_points(b: bundle.Bundle) -> list[tuple[str, bool]]:
-    """(destination, is a file) of every mount in the bundle's config (see idmap.make_mount_points)."""
+    """(destination, is a file) of the mounts whose mount points ``runc restore`` makes (idmap.make_mount_points).
+
+    As runc does (``prepareCriuRestoreMounts``): none under a tmpfs mount
+    (CRIU restores the tmpfs with its content: /dev/mqueue, /dev/pts) and
+    none for a cgroup mount (it appears with /sys).  Made anyway, they would
+    land in the sandbox's upper dir, which a fresh container's never has
+    (the inspector's adversarial corpus saw /sys/fs and /dev/mqueue appear).
+    """
+    mounts = [m for m in b.config().get("mounts") or () if isinstance(m, dict)]
+    tmpfs = [str(m.get("destination", "")).rstrip("/") + "/" for m in mounts if m.get("type") == "tmpfs"]
     out = []
-    for m in b.config().get("mounts") or ():
+    for m in mounts:
         dest, source = str(m.get("destination", "")), str(m.get("source", ""))
+        if m.get("type") == "cgroup" or any(dest.startswith(t) for t in tmpfs):
+            continue
         out.append((dest, m.get("type") == "bind" and os.path.isfile(source)))
     return out
 
