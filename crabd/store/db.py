@@ -85,7 +85,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from pathlib import Path
 from types import TracebackType
 

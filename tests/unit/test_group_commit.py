@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from crabd.store import db as dbmod
 from crabd.store.db import Database
 
 
@@ -48,7 +47,7 @@ def test_grouped_commits_share_one_fsync_soon_after(tmp_path: Path, monkeypatch:
         synced.append(time.monotonic())
         real(fd)
 
-    monkeypatch.setattr(dbmod.os, "fsync", counting)
+    monkeypatch.setattr(os, "fsync", counting)
     with Database(tmp_path / "registry.db", group_commit_s=0.05) as d:
         synced.clear()
         t0 = time.monotonic()
