@@ -9,7 +9,7 @@ The data files crabd needs at run time (the inspector's C source, the env
 image recipes, the host set-up script, the systemd files) live at the
 repository's top level; a non-editable build copies each into the built
 package as ``crabd/_data/<same path>`` (the list and the layout:
-``crabd/host/resources.py``; ``MANIFEST.in`` puts the same files in the sdist).
+``crabd/util/resources.py``; ``MANIFEST.in`` puts the same files in the sdist).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ class BuildProto(Command):
 
 
 def shipped_files() -> tuple[str, ...]:
-    """crabd.host.resources.SHIPPED, read without importing crabd (its dependencies may not be installed)."""
-    spec = importlib.util.spec_from_file_location("_crab_resources", ROOT / "crabd" / "host" / "resources.py")
+    """crabd.util.resources.SHIPPED, read without importing crabd (its dependencies may not be installed)."""
+    spec = importlib.util.spec_from_file_location("_crab_resources", ROOT / "crabd" / "util" / "resources.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -86,7 +86,7 @@ class BuildPy(build_py):
     def run(self) -> None:
         generate_protos()
         super().run()
-        # An editable install reads the checkout's own files (crabd/host/resources.py), so it gets no copy.
+        # An editable install reads the checkout's own files (crabd/util/resources.py), so it gets no copy.
         if not self.editable_mode:
             copy_data(Path(self.build_lib) / "crabd" / "_data")
 

@@ -266,12 +266,13 @@ def at_size(d: EmbeddedDaemon, c: Client, boxes: list[Sandbox], args: argparse.N
     return out
 
 
-def table(results: dict[str, Any]) -> str:
-    kinds = [k for k in KINDS if any(k in r["kinds"] for r in results["sizes"])]
+def table(arm: dict[str, Any]) -> str:
+    """One arm's sizes as a Markdown table."""
+    kinds = [k for k in KINDS if any(k in r["kinds"] for r in arm["sizes"])]
     head = "| N | created/s | " + " | ".join(f"{k} /s (p99; crabd CPU/op)" for k in kinds)
     head += " | offered p50 / p99 | crabd RSS |"
     lines = [head, "|" + "---|" * (5 + len(kinds))]
-    for r in results["sizes"]:
+    for r in arm["sizes"]:
         cells = []
         for k in kinds:
             m = r["kinds"].get(k)
@@ -284,7 +285,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: str) -> None:
-    """Throughput and p99 against N, one line per kind (matplotlib: the ``bench`` extra)."""
+    """Throughput and p99 against N, one line per kind and arm (matplotlib: the ``bench`` extra)."""
     try:
         import matplotlib
 
@@ -293,24 +294,59 @@ def plot(results: dict[str, Any], path: str) -> None:
     except ImportError:
         print("[scale] no matplotlib (pip install crab[bench]): no plot", file=sys.stderr)
         return
-    sizes = [r["sandboxes"] for r in results["sizes"]]
-    fig, (tp, p99) = plt.subplots(1, 2, figsize=(10, 4))
-    for kind in KINDS:
-        rows = [r["kinds"].get(kind) for r in results["sizes"]]
-        if not all(rows):
-            continue
-        tp.plot(sizes, [m["per_s"] for m in rows], marker="o", label=kind)
-        p99.plot(sizes, [m["p99_ms"] for m in rows], marker="o", label=kind)
-    for ax, label in ((tp, "operations / s"), (p99, "p99 latency (ms)")):
+    fig, (tp, p99) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for arm, style in zip(results["arms"], ("-", "--"), strict=False):
+        sizes = [r["sandboxes"] for r in arm["sizes"]]
+        for kind in KINDS:
+            rows = [r["kinds"].get(kind) for r in arm["sizes"]]
+            if not all(rows):
+                continue
+            label = f"{kind} ({arm['label']})"
+            tp.plot(sizes, [m["per_s"] for m in rows], style, marker="o", label=label)
+            p99.plot(sizes, [m["p99_ms"] for m in rows], style, marker="o", label=label)
+    for ax, ylabel in ((tp, "operations / s"), (p99, "p99 latency (ms)")):
         ax.set_xscale("log")
         ax.set_xlabel("sandboxes on one crabd")
-        ax.set_ylabel(label)
+        ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.suptitle(f"bench.scale: {results['host']}, {results['agents']} agents")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
+
+
+def run_arm(label: str, src: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Every size, the restart and the removal against one crabd, run from the checkout ``src`` ("" = this one)."""
+    sizes = sorted(int(x) for x in args.sizes.split(","))
+    arm: dict[str, Any] = {"label": label, "src": src or str(Path(__file__).resolve().parents[1]), "sizes": []}
+    config = f'[runtime]\nbackend = "{args.backend}"\n[network]\nname = "crabscale"\n'
+    saved = os.environ.get("PYTHONPATH")
+    if src:
+        os.environ["PYTHONPATH"] = src  # the embedded crabd's environment is this one's (EmbeddedDaemon)
+    try:
+        with daemon(config) as d, Client(d.socket, timeout=600) as c:
+            boxes: list[Sandbox] = []
+            for n in sizes:
+                print(f"[scale] {label}: creating up to {n} ...", file=sys.stderr)
+                made, took = create_many(c, args.image, n - len(boxes), args.create_threads)
+                boxes += made
+                r = at_size(d, c, boxes, args)
+                r["created_per_s"] = round(len(made) / took, 1) if made else 0.0
+                arm["sizes"].append(r)
+            if not args.no_restart:
+                print(f"[scale] {label}: kill -9 and restart with {len(boxes)} sandboxes ...", file=sys.stderr)
+                arm["restart"] = restart(d, len(boxes))
+            with Client(d.socket, timeout=600) as again:
+                took = remove_all([again.get(sb.id) for sb in boxes], args.create_threads)
+            arm["removed_per_s"] = round(len(boxes) / took, 1)
+    finally:
+        if src:
+            if saved is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = saved
+    return arm
 
 
 def main() -> None:
@@ -324,42 +360,35 @@ def main() -> None:
     ap.add_argument("--image", default="busybox")
     ap.add_argument("--backend", default="runc+btrfs")
     ap.add_argument("--no-restart", action="store_true", help="skip the kill -9 / re-adoption run")
+    ap.add_argument(
+        "--baseline-src",
+        default="",
+        help="also measure a crabd run from this checkout (e.g. a worktree of the previous main), "
+        "after this one's: side by side in one run",
+    )
     ap.add_argument("--out", default="bench-results/scale.json")
     ap.add_argument("--plot", default="", help="write a PNG of throughput and p99 against N here")
     args = ap.parse_args()
-    sizes = sorted(int(x) for x in args.sizes.split(","))
     results: dict[str, Any] = {
         "host": f"{psutil.cpu_count()} CPUs, {round(psutil.virtual_memory().total / 2**30)} GiB",
         "agents": args.agents,
         "duration_s": args.duration,
         "image": args.image,
         "backend": args.backend,
-        "sizes": [],
+        "arms": [],
     }
-    config = f'[runtime]\nbackend = "{args.backend}"\n[network]\nname = "crabscale"\n'
-    with daemon(config) as d, Client(d.socket, timeout=600) as c:
-        boxes: list[Sandbox] = []
-        for n in sizes:
-            print(f"[scale] creating up to {n} ...", file=sys.stderr)
-            made, took = create_many(c, args.image, n - len(boxes), args.create_threads)
-            boxes += made
-            r = at_size(d, c, boxes, args)
-            r["created_per_s"] = round(len(made) / took, 1) if made else 0.0
-            results["sizes"].append(r)
-            write_json(results, args.out)  # what is measured so far survives a later failure
-        if not args.no_restart:
-            print(f"[scale] kill -9 and restart with {len(boxes)} sandboxes ...", file=sys.stderr)
-            results["restart"] = restart(d, len(boxes))
-        with Client(d.socket, timeout=600) as again:
-            again_boxes = [again.get(sb.id) for sb in boxes]
-            took = remove_all(again_boxes, args.create_threads)
-        results["removed_per_s"] = round(len(boxes) / took, 1)
-    write_json(results, args.out)
-    print(table(results))
-    if "restart" in results:
-        r = results["restart"]
-        print(f"\nrestart with {len(boxes)}: serving after {r['serve_s']} s, all running after {r['all_running_s']} s")
-    print(f"removal: {results['removed_per_s']} sandboxes/s")
+    arms = [("this", "")] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
+    for label, src in arms:
+        results["arms"].append(run_arm(label, src, args))
+        write_json(results, args.out)  # what is measured so far survives a later failure
+    for arm in results["arms"]:
+        print(f"\n{arm['label']} ({arm['src']}):\n{table(arm)}")
+        if "restart" in arm:
+            r = arm["restart"]
+            print(
+                f"restart with {r['running']}: serving after {r['serve_s']} s, all running after {r['all_running_s']} s"
+            )
+        print(f"removal: {arm['removed_per_s']} sandboxes/s")
     if args.plot:
         plot(results, args.plot)
 

@@ -40,7 +40,7 @@ DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 # systemd: only for `systemd-analyze` (the unit's tests check it offline; no systemd needs to run).
 # btrfs-progs, containernetworking-plugins: the runc backend's snapshot pool and CNI networking (issue 19).
-# gcc, libc6-dev: crab-init is compiled (statically) on the host that runs it (crabd/host/resources.py).
+# gcc, libc6-dev: crab-init is compiled (statically) on the host that runs it (crabd/util/resources.py).
 APT_PACKAGES=(docker.io debootstrap python3-bpfcc bpfcc-tools busybox-static zstd iproute2 iptables ca-certificates systemd btrfs-progs containernetworking-plugins gcc libc6-dev)
 
 log() { printf '[setup-host] %s\n' "$*" >&2; }

@@ -19,6 +19,7 @@ from crabd.config import load_config
 from crabd.errors import CrabError
 from crabd.host import doctor as doctor_mod
 from crabd.host import images
+from crabd.host.checks import Status
 
 env_app = typer.Typer(no_args_is_help=True, help="Sandbox env images.")
 app.add_typer(env_app, name="env")
@@ -38,7 +39,7 @@ def doctor(as_json: JsonOpt = False) -> None:
     """Check every host capability crab needs; exit non-zero if any fails."""
     cfg = load_config(state.config)
     checks = doctor_mod.run_checks(cfg)
-    failed = [c for c in checks if c.status is doctor_mod.Status.FAIL]
+    failed = [c for c in checks if c.status is Status.FAIL]
     if as_json:
         emit_json({"ok": not failed, "checks": [c.as_dict() for c in checks]})
     else:

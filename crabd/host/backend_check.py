@@ -18,7 +18,8 @@ from pathlib import Path
 
 from crabd.backends.btrfs import ioctl
 from crabd.config import BtrfsConfig, CrabConfig
-from crabd.host.doctor import SETUP_FIX, Check, _fail, _ok, _warn
+from crabd.host import checks
+from crabd.host.checks import SETUP_FIX, Check
 from crabd.util import libc
 
 #: Where Debian's containernetworking-plugins puts the plugins, and the ones crab's network config uses.
@@ -113,13 +114,17 @@ def check_btrfs_pool(cfg: CrabConfig, facts: PoolFacts | None = None) -> Check:
     pool = facts if facts is not None else pool_facts(b)
     if pool.problem is not None:
         # Not a failure: without the pool the host still runs sandboxes on Docker.
-        return _warn("btrfs-pool", pool.problem, f"{SETUP_FIX}; it makes {b.image} and mounts it at {b.mount_point}")
+        return checks.warn(
+            "btrfs-pool", pool.problem, f"{SETUP_FIX}; it makes {b.image} and mounts it at {b.mount_point}"
+        )
     summary = f"{b.mount_point}: btrfs, {_gib(pool.free_bytes)} free of {_gib(pool.total_bytes)}"
     if pool.free_bytes < b.min_free_bytes:
-        return _fail("btrfs-pool", summary, f"delete old checkpoints (`crabctl gc`) or grow {b.image}")
+        return checks.fail("btrfs-pool", summary, f"delete old checkpoints (`crabctl gc`) or grow {b.image}")
     if pool.free_bytes < b.warn_free_bytes:
-        return _warn("btrfs-pool", summary, f"keep >= {_gib(b.warn_free_bytes)} free: `crabctl gc` or grow {b.image}")
-    return _ok("btrfs-pool", summary)
+        return checks.warn(
+            "btrfs-pool", summary, f"keep >= {_gib(b.warn_free_bytes)} free: `crabctl gc` or grow {b.image}"
+        )
+    return checks.ok("btrfs-pool", summary)
 
 
 def check_backend(cfg: CrabConfig, facts: BackendFacts | None = None) -> Check:
@@ -128,19 +133,19 @@ def check_backend(cfg: CrabConfig, facts: BackendFacts | None = None) -> Check:
     in_use, why_not = backend_for(cfg, f)
     how = "auto" if cfg.runtime.backend == "auto" else "[runtime] backend"
     if in_use is SandboxBackend.RUNC_BTRFS and why_not:
-        return _fail(
+        return checks.fail(
             "backend",
             f"{in_use} ({how}), but this host lacks: {'; '.join(why_not)}",
             f'{SETUP_FIX}, or set [runtime] backend = "auto"',
         )
     if in_use is SandboxBackend.RUNC_BTRFS:
-        return _ok(
+        return checks.ok(
             "backend",
             f"{in_use} ({how}: runc {f.runc}, criu {f.criu}, btrfs pool, CNI {', '.join(CNI_PLUGINS)})",
         )
     if not why_not:
-        return _ok("backend", f"{in_use} ({how}); {SandboxBackend.RUNC_BTRFS} is ready too")
-    return _warn(
+        return checks.ok("backend", f"{in_use} ({how}); {SandboxBackend.RUNC_BTRFS} is ready too")
+    return checks.warn(
         "backend",
         f"{in_use} ({how}); {SandboxBackend.RUNC_BTRFS} is unavailable ({'; '.join(why_not)})",
         f"{SETUP_FIX} for inode-exact O(1) snapshots and fast restores (runc+btrfs)",
@@ -152,9 +157,9 @@ def check_userns(cfg: CrabConfig, max_namespaces: Path = Path("/proc/sys/user/ma
     from crabd.store.idranges import FIRST_BASE, RANGE_SIZE, IdRanges  # the store's, only for its numbers
 
     if cfg.runtime.backend == "docker":
-        return _ok("userns", "not used: the Docker backend runs sandboxes without user namespaces (docs/runc.md)")
+        return checks.ok("userns", "not used: the Docker backend runs sandboxes without user namespaces (docs/runc.md)")
     if not cfg.runtime.userns:
-        return _warn(
+        return checks.warn(
             "userns",
             "off ([runtime] userns = false): root in a runc sandbox is root on the host",
             "remove `userns = false` from [runtime] (the default is true) and restart crabd (docs/runc.md)",
@@ -164,7 +169,7 @@ def check_userns(cfg: CrabConfig, max_namespaces: Path = Path("/proc/sys/user/ma
     except (OSError, ValueError):
         limit = 0
     if limit <= 0:
-        return _fail(
+        return checks.fail(
             "userns",
             f"on, but the kernel allows no user namespaces ({max_namespaces} is {limit})",
             "sysctl -w user.max_user_namespaces=10000, or set [runtime] userns = false",
@@ -173,7 +178,7 @@ def check_userns(cfg: CrabConfig, max_namespaces: Path = Path("/proc/sys/user/ma
         held = len(IdRanges(cfg.runtime.userns_dir).owners()) if cfg.runtime.userns_dir.is_dir() else 0
     except OSError:
         held = 0
-    return _ok(
+    return checks.ok(
         "userns",
         f"on: root in a sandbox is an unprivileged host id ({RANGE_SIZE} ids per container from {FIRST_BASE}; "
         f"{held} ranges held in {cfg.runtime.userns_dir}); kernel allows {limit} user namespaces",

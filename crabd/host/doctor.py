@@ -7,14 +7,11 @@ that needs a container (overlay upper dirs) removes what it creates.
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -25,42 +22,14 @@ import requests
 
 from crabd.config import CrabConfig
 from crabd.errors import CommandError
-from crabd.host import criu_kdat, images
+from crabd.host import checks, criu_kdat, images
+from crabd.host.backend_check import check_backend, check_btrfs_pool, check_userns
+from crabd.host.checks import SETUP_FIX, Check, read_kernel_config
+from crabd.host.inspector_check import check_inspector
+from crabd.host.remote_check import check_remote
 from crabd.util import proc
 
 CRIU_MIN = (4, 2)
-SETUP_FIX = "run `crabctl host setup` as root (or `make setup` in a crab checkout)"
-
-
-class Status(StrEnum):
-    OK = "ok"
-    WARN = "warn"
-    FAIL = "fail"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    summary: str
-    fix: str = ""
-
-    def as_dict(self) -> dict[str, str]:
-        d = asdict(self)
-        d["status"] = self.status.value
-        return d
-
-
-def _ok(name: str, summary: str) -> Check:
-    return Check(name, Status.OK, summary)
-
-
-def _warn(name: str, summary: str, fix: str) -> Check:
-    return Check(name, Status.WARN, summary, fix)
-
-
-def _fail(name: str, summary: str, fix: str) -> Check:
-    return Check(name, Status.FAIL, summary, fix)
 
 
 # --- root ----------------------------------------------------------------------
@@ -68,8 +37,8 @@ def _fail(name: str, summary: str, fix: str) -> Check:
 
 def check_root() -> Check:
     if os.geteuid() == 0:
-        return _ok("root", "running as root")
-    return _fail("root", f"running as uid {os.geteuid()}", "run crabd and `crabctl doctor` as root (sudo)")
+        return checks.ok("root", "running as root")
+    return checks.fail("root", f"running as uid {os.geteuid()}", "run crabd and `crabctl doctor` as root (sudo)")
 
 
 # --- kernel --------------------------------------------------------------------
@@ -86,23 +55,6 @@ KERNEL_NEEDS: dict[str, str] = {
 }
 
 
-def read_kernel_config() -> dict[str, str] | None:
-    """The running kernel's config, from /proc/config.gz or /boot, if exposed."""
-    candidates = [Path("/proc/config.gz"), Path(f"/boot/config-{os.uname().release}")]
-    for path in candidates:
-        try:
-            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        except OSError:
-            continue
-        config: dict[str, str] = {}
-        for line in raw.decode("utf-8", "replace").splitlines():
-            if line.startswith("CONFIG_") and "=" in line:
-                key, _, value = line.partition("=")
-                config[key] = value
-        return config
-    return None
-
-
 def check_kernel(config: dict[str, str] | None = None) -> Check:
     release = os.uname().release
     cfg = config if config is not None else read_kernel_config()
@@ -116,31 +68,35 @@ def check_kernel(config: dict[str, str] | None = None) -> Check:
         }
         missing = [k for k, ok in probes.items() if not ok]
         if missing:
-            return _fail("kernel", f"{release}: missing {', '.join(missing)}", "use a kernel built with these options")
-        return _warn(
+            return checks.fail(
+                "kernel", f"{release}: missing {', '.join(missing)}", "use a kernel built with these options"
+            )
+        return checks.warn(
             "kernel",
             f"{release}: no kernel config exposed; basic features present",
             "expose /proc/config.gz (CONFIG_IKCONFIG_PROC) so every feature can be checked",
         )
     missing = [f"{k} ({why})" for k, why in KERNEL_NEEDS.items() if cfg.get(k) not in ("y", "m")]
     if missing:
-        return _fail("kernel", f"{release}: missing {'; '.join(missing)}", "use a kernel built with these options")
+        return checks.fail(
+            "kernel", f"{release}: missing {'; '.join(missing)}", "use a kernel built with these options"
+        )
     notes = []
     if cfg.get("CONFIG_MEM_SOFT_DIRTY") != "y":
         notes.append("no soft-dirty tracking (crab de-duplicates pages itself)")
     if cfg.get("CONFIG_KPROBES") != "y":
         notes.append("no kprobes (crab uses tracepoints only)")
     extra = f"; {'; '.join(notes)}" if notes else ""
-    return _ok("kernel", f"{release}: BPF, syscall tracepoints, checkpoint/restore, overlayfs, freezer{extra}")
+    return checks.ok("kernel", f"{release}: BPF, syscall tracepoints, checkpoint/restore, overlayfs, freezer{extra}")
 
 
 def check_tracefs() -> Check:
     events = Path("/sys/kernel/tracing/events/syscalls")
     if events.is_dir():
-        return _ok("tracefs", "mounted at /sys/kernel/tracing with syscall tracepoints")
+        return checks.ok("tracefs", "mounted at /sys/kernel/tracing with syscall tracepoints")
     if Path("/sys/kernel/debug/tracing/events/syscalls").is_dir():
-        return _ok("tracefs", "available under /sys/kernel/debug/tracing")
-    return _fail(
+        return checks.ok("tracefs", "available under /sys/kernel/debug/tracing")
+    return checks.fail(
         "tracefs", "tracefs is not mounted", "mount -t tracefs none /sys/kernel/tracing (or " + SETUP_FIX + ")"
     )
 
@@ -163,19 +119,19 @@ def check_docker(cfg: CrabConfig) -> Check:
         finally:
             client.close()
     except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
-        return _fail(
+        return checks.fail(
             "docker",
             f"dockerd is not reachable at {where}: {exc}",
             f"start the engine with `dockerd --experimental` or {SETUP_FIX}; check DOCKER_HOST",
         )
     version = info.get("ServerVersion", "?")
     if not info.get("ExperimentalBuild"):
-        return _fail(
+        return checks.fail(
             "docker",
             f"dockerd {version} at {where} is not in experimental mode",
             'set "experimental": true in /etc/docker/daemon.json and restart dockerd',
         )
-    return _ok("docker", f"dockerd {version} at {where}, experimental, driver {info.get('Driver')}")
+    return checks.ok("docker", f"dockerd {version} at {where}, experimental, driver {info.get('Driver')}")
 
 
 # --- CRIU ----------------------------------------------------------------------
@@ -209,16 +165,16 @@ def _criu_status(path: str) -> tuple[tuple[int, ...] | None, str | None]:
 def check_criu() -> Check:
     path = shutil.which("criu")
     if path is None:
-        return _fail(
+        return checks.fail(
             "criu",
             f"criu is not on PATH ({os.environ.get('PATH', '')})",
             f"{SETUP_FIX}; it installs CRIU >= 4.2 as /usr/local/sbin/criu",
         )
     ver, problem = _criu_status(path)
     if problem:
-        return _fail("criu", problem, SETUP_FIX)
+        return checks.fail("criu", problem, SETUP_FIX)
     assert ver is not None
-    return _ok("criu", f"CRIU {'.'.join(map(str, ver))} at {path}; `criu check` passes")
+    return checks.ok("criu", f"CRIU {'.'.join(map(str, ver))} at {path}; `criu check` passes")
 
 
 def _dockerd_path() -> tuple[int, str] | None:
@@ -235,7 +191,7 @@ def _dockerd_path() -> tuple[int, str] | None:
 def check_runc_criu() -> Check:
     found = _dockerd_path()
     if found is None:
-        return _warn(
+        return checks.warn(
             "runc-criu",
             "no local dockerd whose environment can be read",
             "run doctor as root on the Docker host so it can see which criu runc will exec",
@@ -245,7 +201,7 @@ def check_runc_criu() -> Check:
     # "criu" by name from that PATH.
     criu = shutil.which("criu", path=path_env)
     if criu is None:
-        return _fail(
+        return checks.fail(
             "runc-criu",
             f"dockerd (pid {pid}) runs with PATH={path_env}, where runc finds no criu",
             "put /usr/local/sbin on dockerd's PATH (systemd: Environment=PATH=...) and restart it",
@@ -253,13 +209,13 @@ def check_runc_criu() -> Check:
     runc = shutil.which("runc", path=path_env)
     ver, problem = _criu_status(criu)
     if problem:
-        return _fail(
+        return checks.fail(
             "runc-criu",
             f"runc (via dockerd pid {pid}) would exec {criu}: {problem}",
             "put a CRIU >= 4.2 first on dockerd's PATH: " + SETUP_FIX,
         )
     assert ver is not None
-    return _ok("runc-criu", f"runc ({runc or 'not on PATH?'}) finds CRIU {'.'.join(map(str, ver))} at {criu}")
+    return checks.ok("runc-criu", f"runc ({runc or 'not on PATH?'}) finds CRIU {'.'.join(map(str, ver))} at {criu}")
 
 
 CRIU_RUNC_CONF = Path("/etc/criu/runc.conf")
@@ -272,28 +228,28 @@ def check_criu_config(path: Path = CRIU_RUNC_CONF) -> Check:
     except FileNotFoundError:
         opts = set()
     except OSError as exc:
-        return _fail("criu-config", f"cannot read {path}: {exc.strerror}", SETUP_FIX)
+        return checks.fail("criu-config", f"cannot read {path}: {exc.strerror}", SETUP_FIX)
     if "tcp-established" not in opts:
-        return _fail(
+        return checks.fail(
             "criu-config",
             f"{path} lacks tcp-established: a sandbox holding a TCP connection cannot be restored",
             f"add a line 'tcp-established' to {path} ({SETUP_FIX})",
         )
     if "network-lock skip" not in opts:
-        return _warn(
+        return checks.warn(
             "criu-config",
             f"{path} lacks 'network-lock skip': every process checkpoint spends ~150 ms in iptables",
             f"add a line 'network-lock skip' to {path} ({SETUP_FIX})",
         )
-    return _ok("criu-config", f"{path}: tcp-established, network-lock skip")
+    return checks.ok("criu-config", f"{path}: tcp-established, network-lock skip")
 
 
 def check_criu_kdat() -> Check:
     """Whether CRIU finds its kernel-feature cache (host/criu_kdat.py): speed only, so a warning at most."""
     found = criu_kdat.status()
     if found.state is criu_kdat.KdatState.ABSENT:
-        return _warn("criu-kdat", found.detail, "start crabd: it writes the cache at every start")
-    return _ok("criu-kdat", found.detail)
+        return checks.warn("criu-kdat", found.detail, "start crabd: it writes the cache at every start")
+    return checks.ok("criu-kdat", found.detail)
 
 
 def check_checkpoint_failures(cfg: CrabConfig, hours: float = 24.0) -> Check:
@@ -303,7 +259,7 @@ def check_checkpoint_failures(cfg: CrabConfig, hours: float = 24.0) -> Check:
 
     db = cfg.paths.state_dir / "registry.db"
     if not db.exists():
-        return _ok("checkpoints", "no crabd state yet")
+        return checks.ok("checkpoints", "no crabd state yet")
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
         try:
@@ -314,13 +270,13 @@ def check_checkpoint_failures(cfg: CrabConfig, hours: float = 24.0) -> Check:
         finally:
             conn.close()
     except sqlite3.Error as exc:
-        return _warn("checkpoints", f"cannot read {db}: {exc}", "start crabd once so it creates its tables")
+        return checks.warn("checkpoints", f"cannot read {db}: {exc}", "start crabd once so it creates its tables")
     if not rows:
-        return _ok("checkpoints", f"no failed checkpoints in the last {hours:g} h")
+        return checks.ok("checkpoints", f"no failed checkpoints in the last {hours:g} h")
     sandbox, kind, _, error, log_path = rows[0]
     first = str(error).splitlines()[0][:200]
     where = f"; CRIU log: {log_path}" if log_path else ""
-    return _warn(
+    return checks.warn(
         "checkpoints",
         f"{len(rows)} failed checkpoint(s) in the last {hours:g} h; latest ({kind}, sandbox {sandbox}): {first}{where}",
         "read the error and log; `crabctl checkpoint failures` lists them all",
@@ -346,10 +302,12 @@ def check_bcc() -> Check:
     except CommandError as exc:
         hint = SETUP_FIX + " (installs python3-bpfcc and links kernel headers into /lib/modules/$(uname -r))"
         first = (exc.stderr or exc.message).strip().splitlines()
-        return _fail("bcc", "bcc cannot compile/attach a syscall tracepoint: " + (first[-1] if first else "?"), hint)
+        return checks.fail(
+            "bcc", "bcc cannot compile/attach a syscall tracepoint: " + (first[-1] if first else "?"), hint
+        )
     if "attached 1" not in done.out:
-        return _fail("bcc", f"tracepoint did not attach: {done.out.strip()}", "check tracefs and BPF permissions")
-    return _ok("bcc", "compiled and attached syscalls:sys_enter_openat")
+        return checks.fail("bcc", f"tracepoint did not attach: {done.out.strip()}", "check tracefs and BPF permissions")
+    return checks.ok("bcc", "compiled and attached syscalls:sys_enter_openat")
 
 
 # --- overlay upper dirs --------------------------------------------------------
@@ -359,18 +317,18 @@ def check_overlay(cfg: CrabConfig) -> Check:
     try:
         client = _docker_client(cfg)
     except docker.errors.DockerException as exc:
-        return _fail("overlay", f"cannot reach dockerd: {exc}", SETUP_FIX)
+        return checks.fail("overlay", f"cannot reach dockerd: {exc}", SETUP_FIX)
     try:
         info = client.info()
         if info.get("Driver") != "overlay2":
-            return _fail(
+            return checks.fail(
                 "overlay",
                 f"Docker storage driver is {info.get('Driver')}, not overlay2",
                 'set "storage-driver": "overlay2" in /etc/docker/daemon.json',
             )
         refs = [r.image_ref for r in images.list_recipes() if images.image_exists(r.image_ref)]
         if not refs:
-            return _warn(
+            return checks.warn(
                 "overlay",
                 "overlay2 in use, but no crab env image to probe an upper dir with",
                 "build the env images: `make images`",
@@ -379,16 +337,16 @@ def check_overlay(cfg: CrabConfig) -> Check:
         try:
             upper = Path(container.attrs["GraphDriver"]["Data"]["UpperDir"])
             if not upper.is_dir() or not os.access(upper, os.R_OK | os.X_OK):
-                return _fail(
+                return checks.fail(
                     "overlay",
                     f"upper dir {upper} is not readable from the host",
                     "run crabd on the Docker host itself, as root",
                 )
         finally:
             container.remove(force=True)
-        return _ok("overlay", f"overlay2 upper dirs readable (probed {refs[0]})")
+        return checks.ok("overlay", f"overlay2 upper dirs readable (probed {refs[0]})")
     except (docker.errors.DockerException, requests.RequestException) as exc:
-        return _fail("overlay", f"probing an upper dir failed: {exc}", SETUP_FIX)
+        return checks.fail("overlay", f"probing an upper dir failed: {exc}", SETUP_FIX)
     finally:
         client.close()
 
@@ -407,21 +365,21 @@ def cgroup_layout(root: Path = Path("/sys/fs/cgroup")) -> str:
 def check_cgroups(root: Path = Path("/sys/fs/cgroup")) -> Check:
     layout = cgroup_layout(root)
     if layout == "unified":
-        return _ok("cgroups", "cgroup v2 (unified): freezing via cgroup.freeze, ids for BPF from the v2 tree")
+        return checks.ok("cgroups", "cgroup v2 (unified): freezing via cgroup.freeze, ids for BPF from the v2 tree")
     freezer = (root / "freezer").is_dir()
     if not freezer:
-        return _fail(
+        return checks.fail(
             "cgroups",
             f"cgroup {layout} layout without a v1 freezer hierarchy",
             "mount the freezer controller at /sys/fs/cgroup/freezer",
         )
     if layout == "legacy":
-        return _warn(
+        return checks.warn(
             "cgroups",
             "cgroup v1 only: no cgroup2 tree, so BPF cannot attribute events by cgroup id",
             "mount cgroup2 at /sys/fs/cgroup/unified (hybrid layout)",
         )
-    return _ok("cgroups", "hybrid: v1 freezer at /sys/fs/cgroup/freezer, cgroup2 at /sys/fs/cgroup/unified")
+    return checks.ok("cgroups", "hybrid: v1 freezer at /sys/fs/cgroup/freezer, cgroup2 at /sys/fs/cgroup/unified")
 
 
 # --- disk ----------------------------------------------------------------------
@@ -436,24 +394,21 @@ def check_disk(cfg: CrabConfig) -> Check:
     free_gib = usage.free / 2**30
     where = f"{state}" + ("" if probe == state else f" (not created yet; measured at {probe})")
     if free_gib < cfg.doctor.min_free_gib:
-        return _fail(
+        return checks.fail(
             "disk",
             f"{free_gib:.1f} GiB free for {where}",
             f"free space or move [paths] state_dir; crab needs >= {cfg.doctor.min_free_gib:g} GiB",
         )
     if free_gib < cfg.doctor.warn_free_gib:
-        return _warn(
+        return checks.warn(
             "disk",
             f"{free_gib:.1f} GiB free for {where}",
             f"checkpoints need room; keep >= {cfg.doctor.warn_free_gib:g} GiB free",
         )
-    return _ok("disk", f"{free_gib:.1f} GiB free for {where}")
+    return checks.ok("disk", f"{free_gib:.1f} GiB free for {where}")
 
 
 def run_checks(cfg: CrabConfig) -> list[Check]:
-    from crabd.host.backend_check import check_backend, check_btrfs_pool, check_userns  # they build on this module
-    from crabd.host.inspector_check import check_inspector  # it builds on this module
-    from crabd.host.remote_check import check_remote  # it builds on this module
 
     checks: list[Callable[[], Check]] = [
         check_root,

@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crabd.errors import ImageError
-from crabd.host import resources
-from crabd.util import proc
+from crabd.util import proc, resources
 
 #: Bumped whenever the build procedure itself changes, to force rebuilds.
 BUILDER_VERSION = "1"
@@ -42,7 +41,7 @@ REPO_PREFIX = "crab-env"
 LABEL_ENV = "dev.crab.env"
 LABEL_RECIPE = "dev.crab.recipe"
 
-#: envs/images of the checkout, or its copy in the installed package (crabd/host/resources.py).
+#: envs/images of the checkout, or its copy in the installed package (crabd/util/resources.py).
 DEFAULT_RECIPES_DIR = resources.env_recipes_dir()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from crabd.config import CrabConfig
 from crabd.errors import CommandError
-from crabd.host.doctor import Check, Status, read_kernel_config
+from crabd.host.checks import Check, Status, read_kernel_config
 from crabd.models import InspectorMode
 from crabd.util import proc
 

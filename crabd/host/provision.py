@@ -6,7 +6,7 @@ The same idempotent steps, in the same order, each checking first:
    ``make host`` runs, or its copy in the installed package): apt packages,
    CRIU, kernel headers, tracefs, Docker, the ``crab`` group, the btrfs pool;
 2. ``crab-init``: the sandboxes' init, compiled where
-   :func:`crabd.host.resources.crab_init_binary` says;
+   :func:`crabd.util.resources.crab_init_binary` says;
 3. ``images``: the env images whose recipe changed (``crabctl env build``);
 4. ``criu-kdat``: CRIU's kernel-feature cache (``python -m crabd.host.criu_kdat install``).
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crabd.errors import CommandError, CrabError, HostError
-from crabd.host import criu_kdat, images, resources
+from crabd.host import criu_kdat, images
 from crabd.runtime import initbin
-from crabd.util import proc
+from crabd.util import proc, resources
 
 #: The whole host script on a fresh machine takes about 20 s (apt, CRIU, headers); far more means a hang.
 SCRIPT_TIMEOUT_S = 1800.0

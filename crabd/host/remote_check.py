@@ -7,7 +7,8 @@ import time
 
 from crabd.config import CrabConfig
 from crabd.errors import CrabError
-from crabd.host.doctor import Check, _fail, _ok, _warn
+from crabd.host import checks
+from crabd.host.checks import Check
 from crabd.store.remote.s3 import S3ObjectStore
 
 #: A checkpoint not uploaded this long after it was taken means uploads are not keeping up (or failing).
@@ -17,22 +18,22 @@ STALE_S = 300.0
 def check_remote(cfg: CrabConfig) -> Check:
     r = cfg.remote
     if not r.enabled:
-        return _ok("remote", "no remote tier ([remote] enabled = false): checkpoints stay on this host")
+        return checks.ok("remote", "no remote tier ([remote] enabled = false): checkpoints stay on this host")
     try:
         with S3ObjectStore(r) as objects:
             where = objects.describe()
             next(iter(objects.list("checkpoints/")), None)
     except CrabError as exc:
-        return _fail("remote", f"the remote tier is not usable: {exc.message}", exc.hint)
+        return checks.fail("remote", f"the remote tier is not usable: {exc.message}", exc.hint)
     backlog, oldest = _backlog(cfg)
     if backlog and oldest is not None and time.time() - oldest > STALE_S:
-        return _warn(
+        return checks.warn(
             "remote",
             f"{where} reachable, but {backlog} checkpoint(s) are not uploaded; the oldest was taken "
             f"{(time.time() - oldest) / 60:.0f} min ago",
             "see `crabctl engine --json` (remote.last_error) and the crabd log; uploads retry on their own",
         )
-    return _ok("remote", f"{where} reachable; {backlog} checkpoint(s) waiting for upload")
+    return checks.ok("remote", f"{where} reachable; {backlog} checkpoint(s) waiting for upload")
 
 
 def _backlog(cfg: CrabConfig) -> tuple[int, float | None]:

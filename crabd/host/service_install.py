@@ -1,7 +1,7 @@
 """``crabctl host install-service``: crabd as a systemd service, from the installed package's files.
 
 What it installs (the sources are the package's copies of ``systemd/``, see
-:mod:`crabd.host.resources`):
+:mod:`crabd.util.resources`):
 
 =====================================  ==========================  ===================
 target                                 from                        when it exists
@@ -42,8 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from crabd.errors import HostError
-from crabd.host import resources
-from crabd.util import proc
+from crabd.util import proc, resources
 
 UNIT = Path("/etc/systemd/system/crabd.service")
 SYSUSERS = Path("/usr/lib/sysusers.d/crab.conf")

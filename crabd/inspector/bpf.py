@@ -35,10 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from crabd.errors import BpfError
-from crabd.host import resources
 from crabd.inspector import btf
 from crabd.inspector.model import Evidence
-from crabd.util import cgroups
+from crabd.util import cgroups, resources
 
 log = logging.getLogger("crabd.inspector")
 

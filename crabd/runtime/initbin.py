@@ -5,7 +5,7 @@ Sandboxes bind-mount ``<state_dir>/bin/crab-init-<sha256[:12]>`` read-only at
 init file is never replaced under it, and an upgrade simply adds a file.
 
 Where the source is and where the binary is built differ between a checkout
-and an installed package (:mod:`crabd.host.resources`: the wheel ships the
+and an installed package (:mod:`crabd.util.resources`: the wheel ships the
 source only).  ``crabctl host setup`` (or ``make`` in a checkout) builds it;
 crabd builds it at start only if it is missing, which fails under the unit's
 read-only ``/opt`` with a hint to run the set-up.
@@ -18,8 +18,7 @@ import os
 from pathlib import Path
 
 from crabd.errors import CommandError, HostError
-from crabd.host import resources
-from crabd.util import proc
+from crabd.util import proc, resources
 
 _HINT = "Run `crabctl host setup` as root (`make setup` in a checkout); it needs gcc and libc6-dev."
 

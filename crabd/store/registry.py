@@ -55,8 +55,8 @@ class Registry:
         self._db = db.conn
         self._lock = db.lock
 
-    def _tx(self) -> Tx:
-        return self.db.tx()
+    def _tx(self, *, durable: bool = True) -> Tx:
+        return self.db.tx(durable=durable)
 
     # --- sandboxes ------------------------------------------------------------
 
@@ -179,7 +179,7 @@ class Registry:
     # --- turns ----------------------------------------------------------------
 
     def open_turn(self, sandbox_id: str, started_at: float, *, implicit: bool) -> TurnRecord:
-        with self._tx() as db:
+        with self._tx(durable=False) as db:  # the turn log: group-committed (store/db.py)
             row = db.execute("SELECT COALESCE(MAX(number), 0) FROM turns WHERE sandbox_id=?", (sandbox_id,)).fetchone()
             number = int(row[0]) + 1
             # The branch the turn starts on: a restore bumps the sandbox's branch, so the turns of
@@ -210,7 +210,7 @@ class Registry:
             )
 
     def close_turn(self, sandbox_id: str, number: int, ended_at: float, session_state_json: str | None) -> None:
-        with self._tx() as db:
+        with self._tx(durable=False) as db:  # the turn log: group-committed (store/db.py)
             db.execute(
                 "UPDATE turns SET ended_at=?, session_state_json=? WHERE sandbox_id=? AND number=?",
                 (ended_at, session_state_json, sandbox_id, number),
@@ -218,7 +218,7 @@ class Registry:
 
     def set_decision(self, sandbox_id: str, number: int, decision_json: str, checkpoint_id: str | None) -> None:
         """What the inspector decided at the end of turn ``number``, and the checkpoint that followed."""
-        with self._tx() as db:
+        with self._tx(durable=False) as db:  # the turn log: group-committed (store/db.py)
             db.execute(
                 "UPDATE turns SET decision_json=?, checkpoint_id=? WHERE sandbox_id=? AND number=?",
                 (decision_json, checkpoint_id, sandbox_id, number),
@@ -238,7 +238,7 @@ class Registry:
 
         ``basis_id`` (with "skipped"): the checkpoint whose state the turn ended in.
         """
-        with self._tx() as db:
+        with self._tx(durable=False) as db:  # the turn log: group-committed (store/db.py)
             db.execute(
                 "UPDATE turns SET checkpoint_state=?, checkpoint_id=COALESCE(?, checkpoint_id), checkpoint_error=?,"
                 " basis_id=COALESCE(?, basis_id) WHERE sandbox_id=? AND number=?",
@@ -272,7 +272,7 @@ class Registry:
             return int(cur.rowcount)
 
     def add_command(self, sandbox_id: str, turn: int, rec: CommandRecord) -> None:
-        with self._tx() as db:
+        with self._tx(durable=False) as db:  # the turn log: group-committed (store/db.py)
             db.execute(
                 "INSERT INTO commands VALUES(?,?,?,?,?,?,?,?,?,?,?)",
                 (

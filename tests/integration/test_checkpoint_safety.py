@@ -29,7 +29,7 @@ from crabd.sdk import (
 from crabd.util import cgroups
 from crabd.util.cgroups import is_docker_id
 from tests.conftest import CRABCTL
-from tests.integration.conftest import USER_IN_GROUP, drop_snapshot, remove_instance_containers, run_as
+from tests.integration.conftest import USER_IN_GROUP, drop_snapshot, remove_instance_containers, run_as, start_kept
 
 
 def _blob_file(daemon: EmbeddedDaemon, content: bytes) -> Path:
@@ -276,3 +276,38 @@ def test_gc_removes_only_unreferenced_blobs(daemon: EmbeddedDaemon, client: Clie
         assert sb.run(["cat", "/keep"]).stdout == b"keep\n"
     finally:
         sb.remove()
+
+
+def test_a_reported_turn_end_survives_kill_9(kept_state: Path) -> None:
+    # The turn log is group-committed (store/db.py): no fsync of its own, yet every row a call has
+    # returned for is in the WAL (the kernel's) and survives crabd's kill -9 right after.
+    d = start_kept(kept_state)
+    try:
+        with Client(d.socket) as c:
+            sb = c.create("busybox", checkpoints="auto")
+            ended = []
+            for i in range(5):
+                sb.begin_turn()
+                sb.run(["sh", "-c", f"echo {i} > /root/t{i}"])
+                ended.append(sb.end_turn(wait=True))
+            sb.begin_turn()
+            sb.run(["true"])
+            last = sb.end_turn()  # its decision and checkpoint may still be on their way
+        assert d.proc is not None
+        os.kill(d.proc.pid, signal.SIGKILL)
+        d.proc.wait(30)
+    finally:
+        d.close()
+    d = start_kept(kept_state)
+    try:
+        with Client(d.socket) as c:
+            turns = {t.number: t for t in c.get(sb.id).turns()}
+            for t in ended:
+                got = turns[t.number]
+                assert got.ended_at is not None and len(got.commands) == 1, got
+                assert got.checkpoint_state == t.checkpoint_state and got.checkpoint_id == t.checkpoint_id
+            got = turns[last.number]
+            assert got.ended_at is not None and [x.command for x in got.commands] == ["true"]
+            assert got.checkpoint_state in ("done", "skipped", "lost"), got
+    finally:
+        d.close()

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from crabd.host import resources
+from crabd.util import resources
 from tests.conftest import REPO, require
 
 pytestmark = [pytest.mark.hostless, pytest.mark.root, pytest.mark.slow]
@@ -146,7 +146,7 @@ def test_resources_resolve_inside_the_installed_package(built: Built, kind: str,
     venv = built.venvs[kind]
     script = (
         "import json, sys, crabd\n"
-        "from crabd.host import resources as r\n"
+        "from crabd.util import resources as r\n"
         "from crabd.inspector import bpf\n"
         "from crabd.host import images\n"
         "paths = {rel: str(r.path(rel)) for rel in r.SHIPPED}\n"
@@ -193,7 +193,7 @@ def test_host_setup_dry_run_changes_nothing(built: Built, tmp_path: Path) -> Non
 
 
 def _init_name(venv: Path) -> str:
-    script = "from crabd.host import resources; print(resources.crab_init_binary().name)"
+    script = "from crabd.util import resources; print(resources.crab_init_binary().name)"
     return _run([str(venv / "bin" / "python"), "-c", script], cwd=venv).stdout.strip()
 
 

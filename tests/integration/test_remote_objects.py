@@ -171,7 +171,7 @@ def test_no_credentials_is_a_clear_refusal(s3: S3Server, monkeypatch: pytest.Mon
 
 def test_doctor_checks_the_configured_bucket(s3: S3Server, env: None, tmp_path: Any) -> None:
     from crabd.config import CrabConfig
-    from crabd.host.doctor import Status
+    from crabd.host.checks import Status
     from crabd.host.remote_check import check_remote
 
     assert check_remote(CrabConfig()).status is Status.OK  # no tier configured: nothing to check

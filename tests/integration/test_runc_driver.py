@@ -509,27 +509,40 @@ def test_lifecycle_create_start_pause_kill(
     runc: Runc, layout: cleanup.Layout, lower: Path, init_binary: Path, base: Path
 ) -> None:
     cid = "crt-life"
+
+    def same(want: RuncStatus) -> None:
+        """The state read from runc's files (no runc run) is what `runc state` prints, at every step."""
+        st = runc.state(cid)
+        assert st is not None and st.status is want and st == runc.state_by_runc(cid), (st, runc.state_by_runc(cid))
+
     try:
         ns = named_netns.create(cid, layout.netns)
-        b = bundle.write(bundle.ContainerSpec(id=cid, netns=ns, init_binary=init_binary), layout.bundles)
+        b = bundle.write(
+            bundle.ContainerSpec(id=cid, netns=ns, init_binary=init_binary, annotations={"crab.x": "1=2"}),
+            layout.bundles,
+        )
         sv = base / "sv" / cid
         rootfs.mount(rootfs.Overlay((lower,), sv / "upper", sv / "work", b.rootfs))
         runc.create(cid, b)
+        same(RuncStatus.CREATED)
         st = runc.state(cid)
-        assert st is not None and st.status is RuncStatus.CREATED and st.bundle == b.path
+        assert st is not None and st.bundle == b.path and st.annotations["crab.x"] == "1=2"
         runc.start(cid)
+        same(RuncStatus.RUNNING)
         assert [s.status for s in runc.list() if s.id == cid] == [RuncStatus.RUNNING]
         runc.pause(cid)
         assert (Path("/sys/fs/cgroup/freezer/crab") / cid / "freezer.state").read_text().strip() == "FROZEN"
-        assert runc.state(cid).status is RuncStatus.PAUSED  # type: ignore[union-attr]
+        same(RuncStatus.PAUSED)
         runc.resume(cid)
+        same(RuncStatus.RUNNING)
         runc.kill(cid, "KILL")
         for _ in range(100):
             if runc.state(cid).status is RuncStatus.STOPPED:  # type: ignore[union-attr]
                 break
             time.sleep(0.05)
-        assert runc.state(cid).status is RuncStatus.STOPPED  # type: ignore[union-attr]
-        assert runc.delete(cid) and runc.state(cid) is None and not runc.delete(cid)
+        same(RuncStatus.STOPPED)
+        assert runc.delete(cid) and runc.state(cid) is None and runc.state_by_runc(cid) is None
+        assert not runc.delete(cid)
         with pytest.raises(ContainerRuntimeError):
             runc.start(cid)
     finally:

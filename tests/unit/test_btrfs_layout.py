@@ -14,7 +14,7 @@ from crabd.config import BtrfsConfig, CrabConfig, load_config
 from crabd.errors import ConfigError, InvalidRequest, SnapshotError, StoreError, StoreFull
 from crabd.host import backend_check
 from crabd.host.backend_check import BackendFacts, PoolFacts, SandboxBackend, choose_backend
-from crabd.host.doctor import Status
+from crabd.host.checks import Status
 
 
 @pytest.mark.parametrize("good", ["0a1b2c3d4e5f", "ck-0a1b2c3d4e5f", "A_b-9", "x" * 128])

@@ -8,7 +8,7 @@ import pytest
 
 from crabd.config import CrabConfig
 from crabd.host import doctor
-from crabd.host.doctor import Status
+from crabd.host.checks import Status
 
 FULL = {k: "y" for k in doctor.KERNEL_NEEDS}
 
@@ -84,11 +84,11 @@ def test_criu_too_old(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_criu_config_check(tmp_path: Path) -> None:
     conf = tmp_path / "runc.conf"
-    assert doctor.check_criu_config(conf).status is doctor.Status.FAIL
+    assert doctor.check_criu_config(conf).status is Status.FAIL
     conf.write_text("# crab\ntcp-established\n")
-    assert doctor.check_criu_config(conf).status is doctor.Status.WARN
+    assert doctor.check_criu_config(conf).status is Status.WARN
     conf.write_text("# crab\ntcp-established\nnetwork-lock skip\n")
-    assert doctor.check_criu_config(conf).status is doctor.Status.OK
+    assert doctor.check_criu_config(conf).status is Status.OK
 
 
 def test_failed_checkpoints_are_reported_with_their_log(tmp_path: Path) -> None:
@@ -98,10 +98,10 @@ def test_failed_checkpoints_are_reported_with_their_log(tmp_path: Path) -> None:
     from crabd.store.db import Database
 
     cfg = CrabConfig(paths=PathsConfig(state_dir=tmp_path))
-    assert doctor.check_checkpoint_failures(cfg).status is doctor.Status.OK
+    assert doctor.check_checkpoint_failures(cfg).status is Status.OK
     with Database(tmp_path / "registry.db") as db:
         full = CheckpointKind.FULL
         Catalog(db).record_failure("sb1", 3, full, "CRIU could not dump: bad socket", "/var/log/x-dump.log")
     check = doctor.check_checkpoint_failures(cfg)
-    assert check.status is doctor.Status.WARN
+    assert check.status is Status.WARN
     assert "/var/log/x-dump.log" in check.summary and "bad socket" in check.summary

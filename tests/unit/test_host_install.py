@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from crabd.errors import HostError
-from crabd.host import images, provision, resources, service_install
+from crabd.host import images, provision, service_install
 from crabd.runtime import initbin
+from crabd.util import resources
 from tests.conftest import REPO
 
 UNIT = (REPO / "systemd" / "crabd.service").read_text()
@@ -61,10 +62,10 @@ def test_only_shipped_paths_resolve() -> None:
 
 
 def test_no_module_finds_a_shipped_file_behind_resources_back() -> None:
-    """Every lookup of a data file goes through crabd.host.resources (a wheel has no checkout around it)."""
+    """Every lookup of a data file goes through crabd.util.resources (a wheel has no checkout around it)."""
     offenders = []
     for path in (REPO / "crabd").rglob("*.py"):
-        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")) or path == REPO / "crabd/host/resources.py":
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")) or path == REPO / "crabd/util/resources.py":
             continue
         text = path.read_text()
         if re.search(r"parents\[\d\]", text) or re.search(r"""["'](ebpf|envs|systemd|scripts)["']\s*/""", text):
@@ -81,7 +82,7 @@ def test_manifest_puts_every_shipped_file_in_the_sdist() -> None:
 
 def test_resources_imports_only_the_standard_library() -> None:
     """setup.py loads it by path, before crabd's dependencies exist."""
-    text = (REPO / "crabd/host/resources.py").read_text()
+    text = (REPO / "crabd/util/resources.py").read_text()
     assert not re.search(r"^\s*(from|import) crabd", text, re.M)
 
 

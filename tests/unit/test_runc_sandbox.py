@@ -22,7 +22,7 @@ import pytest
 from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs import Pool, SubvolKind, SubvolRef
 from crabd.backends.btrfs.layout import validate_id
-from crabd.backends.runc import bundle, cleanup, cni, reaper, rootfs
+from crabd.backends.runc import bundle, cleanup, cni, naming, reaper, rootfs
 from crabd.backends.runc import sandbox as rs
 from crabd.backends.runc.cli import Runc, RuncState, RuncStatus, _check_id
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX
@@ -36,18 +36,18 @@ INIT = Path("/x/crab-init")
 
 
 def test_container_ids_are_instance_sandbox_generation_and_valid_everywhere() -> None:
-    cid = rs.container_id("0123456789ab", "a1b2c3d4e5f6", "abc123")
+    cid = naming.container_id("0123456789ab", "a1b2c3d4e5f6", "abc123")
     assert cid == "0123456789ab-a1b2c3d4e5f6-abc123"
-    assert rs.parse_id("0123456789ab", cid) == ("a1b2c3d4e5f6", "abc123")
+    assert naming.parse_id("0123456789ab", cid) == ("a1b2c3d4e5f6", "abc123")
     # Every piece is named by it: runc, btrfs, netns and CNI accept it as is.
     assert _check_id(cid) == cid and validate_id(cid) == cid
-    assert rs.parse_id("0123456789ab", rs.container_id("0123456789ab", "my-sb", "g")) == ("my-sb", "g")
+    assert naming.parse_id("0123456789ab", naming.container_id("0123456789ab", "my-sb", "g")) == ("my-sb", "g")
 
 
 @pytest.mark.parametrize("instance", ["", "a-b", "tmp", "TMP", "a.b", "a/b", "_a", "x" * 33])
 def test_bad_instances_are_refused(instance: str) -> None:
     with pytest.raises(ContainerRuntimeError):
-        rs.check_instance(instance)
+        naming.check_instance(instance)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_bad_instances_are_refused(instance: str) -> None:
 )
 def test_bad_sandbox_ids_and_generations_are_refused(sandbox: str, generation: str) -> None:
     with pytest.raises(ContainerRuntimeError):
-        rs.container_id("inst", sandbox, generation)
+        naming.container_id("inst", sandbox, generation)
 
 
 def test_only_the_instances_own_ids_are_owned() -> None:
@@ -71,8 +71,8 @@ def test_only_the_instances_own_ids_are_owned() -> None:
         "tmp-a-sb-g1-123",  # a half-made bundle's name (listed through its id)
         "a-sb-g1/../x",
     ]
-    assert rs.owned("a", names) == {"a-sb-g1", "a-my-sb-g2"}
-    assert rs.owned("ab", names) == {"ab-sb-g1"}
+    assert naming.owned("a", names) == {"a-sb-g1", "a-my-sb-g2"}
+    assert naming.owned("ab", names) == {"ab-sb-g1"}
 
 
 # --- the spec ----------------------------------------------------------------------------
@@ -80,7 +80,7 @@ def test_only_the_instances_own_ids_are_owned() -> None:
 
 def test_env_is_merged_as_docker_merges_it() -> None:
     image_env = ("PATH=/img/bin:/bin", "LANG=C.UTF-8", "ODD")
-    merged = rs.merge_env(image_env, {"PATH": "/mine", "X": "1"})
+    merged = naming.merge_env(image_env, {"PATH": "/mine", "X": "1"})
     assert merged == ("PATH=/mine", "LANG=C.UTF-8", "ODD=", "X=1")
 
 
@@ -96,7 +96,7 @@ def test_sandbox_spec_maps_to_the_container_spec() -> None:
         workdir="/work",
     )
     labels = {LABEL_SANDBOX: "sb1", LABEL_OWNER: "1000"}
-    got = rs.container_spec(
+    got = naming.container_spec(
         "i-sb1-g", "sb1", spec, image_env=("PATH=/bin",), init_binary=INIT, labels=labels, netns=Path("/ns/i-sb1-g")
     )
     assert got == bundle.ContainerSpec(
@@ -113,7 +113,7 @@ def test_sandbox_spec_maps_to_the_container_spec() -> None:
         annotations=labels,
     )
     assert got.annotations is not labels and got.cgroups_path == "/crab/i-sb1-g"
-    bare = rs.container_spec(
+    bare = naming.container_spec(
         "i-0123456789abcdef-g", "0123456789abcdef", SandboxSpec(env="busybox", workdir=""),
         image_env=(), init_binary=INIT, labels={}, netns=Path("/ns"),
     )  # fmt: skip
@@ -363,7 +363,7 @@ def test_created_container_and_what_a_crash_leaves(world: tuple[Path, cleanup.La
     root, layout = world
     backend, runc = _backend(root, layout)
     cid = backend.create("sb1", SandboxSpec(env="busybox", env_vars={"A": "1"}), "img", INIT, LABELS)
-    assert rs.parse_id("inst", cid) is not None and cid.startswith("inst-sb1-")
+    assert naming.parse_id("inst", cid) is not None and cid.startswith("inst-sb1-")
     assert backend.upper_dir(cid) == root / "pool" / "sandboxes" / cid / "upper"
     st = backend.status(cid)
     assert (st.exists, st.running, st.exit_code, st.error) == (True, False, 0, "")

@@ -11,6 +11,10 @@ stderr kept).  Two kinds of call:
   (``--log``).
 * Everything else: stdout/stderr captured as usual.
 
+A status lookup (:meth:`Runc.state`) runs no runc at all: it reads runc's
+own state files (:mod:`.statefile`), and asks ``runc state`` only when
+those are not what it knows.
+
 Every call that runs CRIU or starts a container (``create``, ``run -d``,
 ``checkpoint``, ``restore -d``) runs with ``kill_tree``: a timeout or a
 failure kills runc together with CRIU and anything they forked, and reaps
@@ -38,6 +42,7 @@ from typing import Any
 
 from crabd.backends.criu.runc import DUMP_OPTIONS, checkpoint_argv, keep_log, log_excerpt
 from crabd.backends.runc.bundle import Bundle
+from crabd.backends.runc.statefile import StateFiles, Unreadable
 from crabd.errors import CommandError, CommandTimeout, ContainerRuntimeError, CriuError
 from crabd.util import proc
 from crabd.util.private_dirs import private_dir
@@ -198,6 +203,7 @@ class Runc:
         self.restore_timeout_s = restore_timeout_s
         self.restore_s_per_gib = restore_s_per_gib
         self.log_dir = log_dir
+        self.files = StateFiles(root)
 
     def version(self) -> str:
         """runc's version ("1.1.5+ds1"), from the first line of ``runc --version``."""
@@ -258,7 +264,30 @@ class Runc:
         self._launch(("run", "--detach"), container_id, bundle)
 
     def state(self, container_id: str) -> RuncState | None:
-        """The container's state; None if runc does not know it."""
+        """The container's state; None if runc does not know it.  From runc's files, else from ``runc state``."""
+        cid = _check_id(container_id)
+        try:
+            rec = self.files.record(cid)
+            if rec is None:
+                if (self.root / cid).exists():
+                    raise Unreadable(f"{self.root / cid} has no state file")
+                return None
+            status = RuncStatus(self.files.status(cid, rec))
+        except Unreadable as exc:
+            log.debug("runc's state files unreadable; asking runc", extra={"container": cid, "why": str(exc)})
+            return self.state_by_runc(cid)
+        return RuncState(
+            id=rec.id,
+            pid=0 if status is RuncStatus.STOPPED else rec.pid,  # as `runc state` says it
+            status=status,
+            bundle=Path(rec.bundle),
+            rootfs=rec.rootfs,
+            created=rec.created,
+            annotations=dict(rec.annotations),
+        )
+
+    def state_by_runc(self, container_id: str) -> RuncState | None:
+        """``runc state``: the container's state as runc itself reports it; None if runc does not know it."""
         done = proc.run(self._argv("state", _check_id(container_id)), timeout=self.timeout_s, check=False)
         if done.exit_code != 0:
             if "does not exist" in done.err or "not exist" in done.err:

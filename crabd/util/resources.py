@@ -75,7 +75,7 @@ def installed() -> bool:
 def path(rel: str) -> Path:
     """The shipped file or directory ``rel`` (one of :data:`SHIPPED`, or a path under one)."""
     if not any(rel == s or rel.startswith(s + "/") for s in SHIPPED):
-        raise ValueError(f"{rel!r} is not a shipped data file (crabd.host.resources.SHIPPED)")
+        raise ValueError(f"{rel!r} is not a shipped data file (crabd.util.resources.SHIPPED)")
     return (DATA_DIR if installed() else CHECKOUT) / rel
 
 
