@@ -321,9 +321,12 @@ def run_arm(label: str, src: str, args: argparse.Namespace) -> dict[str, Any]:
     sizes = sorted(int(x) for x in args.sizes.split(","))
     arm: dict[str, Any] = {"label": label, "src": src or str(Path(__file__).resolve().parents[1]), "sizes": []}
     config = f'[runtime]\nbackend = "{args.backend}"\n[network]\nname = "crabscale"\n'
-    saved = os.environ.get("PYTHONPATH")
+    saved, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
     if src:
-        os.environ["PYTHONPATH"] = src  # the embedded crabd's environment is this one's (EmbeddedDaemon)
+        # The embedded crabd inherits this process's environment and directory; `python -m` puts its
+        # directory first on sys.path, before PYTHONPATH, so both must name the other checkout.
+        os.environ["PYTHONPATH"] = src
+        os.chdir(src)
     try:
         with daemon(config) as d, Client(d.socket, timeout=600) as c:
             boxes: list[Sandbox] = []
@@ -342,6 +345,7 @@ def run_arm(label: str, src: str, args: argparse.Namespace) -> dict[str, Any]:
             arm["removed_per_s"] = round(len(boxes) / took, 1)
     finally:
         if src:
+            os.chdir(cwd)
             if saved is None:
                 os.environ.pop("PYTHONPATH", None)
             else:
@@ -369,6 +373,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench-results/scale.json")
     ap.add_argument("--plot", default="", help="write a PNG of throughput and p99 against N here")
     args = ap.parse_args()
+    args.out = str(Path(args.out).resolve())  # an arm runs from another directory
+    args.plot = str(Path(args.plot).resolve()) if args.plot else ""
     results: dict[str, Any] = {
         "host": f"{psutil.cpu_count()} CPUs, {round(psutil.virtual_memory().total / 2**30)} GiB",
         "agents": args.agents,
