@@ -28,6 +28,7 @@ from typing import TypeVar
 
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus, SandboxBackend
 from crabd.config import CrabConfig
+from crabd.coordinator.livestatus import RunningStatus
 from crabd.coordinator.runner import ProcessProbe, Session
 from crabd.coordinator.turns import TurnKeeper
 from crabd.errors import (
@@ -142,6 +143,8 @@ class SandboxManager:
         self._live: dict[str, _Live] = {}
         self._create_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
+        #: Running containers' statuses, kept while their init lives.
+        self.live_status = RunningStatus()
 
     async def _io(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -155,6 +158,7 @@ class SandboxManager:
         return self.registry.list_sandboxes(owner_uid)
 
     def _mark_dead(self, rec: SandboxRecord, st: ContainerStatus) -> SandboxRecord:
+        self.live_status.drop(rec.container_id)
         if not st.exists:
             reason = "container vanished (removed outside crab, or the host lost it)"
         elif st.oom_killed:
@@ -177,7 +181,11 @@ class SandboxManager:
         """Re-read the container; a running sandbox whose container stopped becomes dead."""
         if rec.state is not SandboxState.RUNNING or not rec.container_id:
             return rec, None
-        st = await self._io(self.backend.status, rec.container_id)
+        # Kept while the init lives (livestatus.py): most lookups cost a poll, not a runtime call.
+        st = self.live_status.get(rec.container_id)
+        if st is None:
+            st = await self._io(self.backend.status, rec.container_id)
+            st = await self._io(self.live_status.watch, rec.container_id, st, self.backend.status)
         if not st.exists or not st.running:
             return self._mark_dead(rec, st), st
         rec.ip_address = st.ip_address
@@ -429,6 +437,8 @@ class SandboxManager:
         If crabd stops first, adoption at the next start removes it.
         """
 
+        self.live_status.drop(container_id)
+
         async def go() -> None:
             try:
                 await self._io(self.backend.remove, container_id)
@@ -484,6 +494,7 @@ class SandboxManager:
     async def stop(self, rec: SandboxRecord, timeout_s: float | None) -> SandboxRecord:
         await self._running(rec)
         grace = self.cfg.limits.stop_timeout_s if timeout_s is None or timeout_s <= 0 else timeout_s
+        self.live_status.drop(rec.container_id)
         await self._io(self.backend.stop, rec.container_id, grace)
         st = await self._io(self.backend.status, rec.container_id)
         self.registry.update_sandbox(
@@ -508,6 +519,7 @@ class SandboxManager:
             # Recorded first: a crash after the container is gone must not leave a
             # sandbox that adoption takes for one whose container vanished (dead).
             self.registry.update_sandbox(rec.id, dead_reason=REMOVING)
+            self.live_status.drop(rec.container_id)
             await self._io(self.backend.remove, rec.container_id)
         crash_point("remove.after_container")
         self.registry.delete_sandbox(rec.id)
@@ -538,3 +550,4 @@ class SandboxManager:
                     await self.remove(rec, force=True)
                 except CrabError as exc:
                     log.warning("remove at shutdown failed", extra={"sandbox": rec.id, "error": str(exc)})
+        self.live_status.close()

@@ -149,3 +149,24 @@ def test_a_command_name_with_parentheses_does_not_shift_the_fields() -> None:
     pid, start = _me()
     assert statefile.proc_start(pid) == (start, "R")
     assert statefile.proc_start(2**22 + 12345) is None
+
+
+def test_list_reads_the_state_files_and_skips_what_vanishes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runc list` failed as a whole when a container was deleted while it read; this lists the rest."""
+    pid, start = _me()
+    for cid in ("a1", "b2", "c3"):
+        write_state(tmp_path, cid, pid=pid, start=start)
+    (tmp_path / "not a container id").mkdir()
+    runc = Runc(tmp_path)
+    real = runc.files.record
+
+    def deleted_meanwhile(cid: str) -> statefile.Record | None:
+        if cid == "b2":  # runc delete removed it between the listing and the read
+            (tmp_path / "b2" / "state.json").unlink()
+            (tmp_path / "b2").rmdir()
+        return real(cid)
+
+    monkeypatch.setattr(runc.files, "record", deleted_meanwhile)
+    monkeypatch.setattr(runc, "state_by_runc", lambda cid: pytest.fail(f"asked runc about {cid}"))
+    assert [(st.id, st.status) for st in runc.list()] == [("a1", RuncStatus.RUNNING), ("c3", RuncStatus.RUNNING)]
+    assert Runc(tmp_path / "absent").list() == []

@@ -296,11 +296,26 @@ class Runc:
         return RuncState.parse(_json(done.out, container_id))
 
     def list(self) -> list[RuncState]:
-        """Every container under this state root."""
-        if not self.root.is_dir():
+        """Every container under this state root, each read as :meth:`state` reads it.
+
+        Not ``runc list``: it fails as a whole ("load container X: container
+        does not exist") when any container is deleted while it reads the
+        root, and crabd deletes containers in the background (a restore's
+        old container) while it lists them.  A container that goes away
+        while this reads is simply not listed.
+        """
+        try:
+            names = sorted(os.listdir(self.root))
+        except FileNotFoundError:
             return []
-        data = _json(self._run("", "list", "--format", "json").out, "")
-        return [RuncState.parse(d) for d in (data or [])]
+        out = []
+        for name in names:
+            if not _ID_OK.fullmatch(name):
+                continue  # not a container directory runc would make
+            st = self.state(name)
+            if st is not None:
+                out.append(st)
+        return out
 
     def kill(self, container_id: str, signal: str = "KILL", *, all_processes: bool = False) -> None:
         args = ["kill", *(["--all"] if all_processes else []), _check_id(container_id), signal]
