@@ -157,10 +157,28 @@ class Session:
         self.probe: ProcessProbe | None = None
         #: Messages other processes wrote into the session's control channel (dropped by init).
         self.control_rejections = 0
+        #: (monotonic time, bash pid or None: no bash) at the last state capture; None once anything else ran.
+        self._captured: tuple[float, int | None] | None = None
 
     def rebind(self, connect: Connector) -> None:
         """Reach init through ``connect`` from now on (the container was restarted under a new pid)."""
         self._connect = connect
+        self._captured = None
+
+    def captured_pid(self, within_s: float) -> tuple[int | None] | None:
+        """``(pid,)``: the bash's pid (None: no bash) as the last state capture saw it, if that
+        was the session's last act and recent; None if there is no such capture.
+
+        A turn end captures the state and then decides; the decision needs
+        the same pid, and asking init again costs a connection.  Reusing it
+        is as sound as asking: the bash could die between init's answer and
+        the decision's /proc read either way, and a pid is only reused after
+        the pid space wraps, which takes far longer than ``within_s``.
+        """
+        seen = self._captured
+        if seen is None or time.monotonic() - seen[0] > within_s:
+            return None
+        return (seen[1],)
 
     @property
     def busy(self) -> bool:
@@ -233,6 +251,7 @@ class Session:
         keep_status: bool = False,
     ) -> tuple[ExecOutcome, session_proto.MarkerScanner]:
         """Run one command; the scanner holds what its control channel carried (a state capture)."""
+        self._captured = None  # the command may end or replace the bash
         started = time.monotonic()
         nonce = session_proto.new_nonce()
         payload = session_proto.wrap_command(command, nonce, keep_status=keep_status)
@@ -332,8 +351,10 @@ class Session:
         with, and a read-only first turn is a skip).
         """
         async with self._lock:
+            self._captured = None
             pid = await self.pid()
             if pid is None and not start:
+                self._captured = (time.monotonic(), None)
                 return None
             # Only the control channel counts: what the capture (or anything
             # else) prints on stdout is discarded.
@@ -358,6 +379,8 @@ class Session:
         state = session_state.parse_state(scanner.state)
         if extra is not None:
             state.limits, state.fds = extra
+        if pid is not None:
+            self._captured = (time.monotonic(), pid)
         return state
 
     async def apply(self, state: session_state.SessionState, *, timeout_s: float = 60.0) -> None:
@@ -377,6 +400,7 @@ class Session:
         if self._lock.locked():
             raise SandboxBusy("the session is running a command; cannot restart it now", sandbox="")
         async with self._lock:
+            self._captured = None
             conn = await self._connect()
             async with conn:
                 for p in await conn.list():

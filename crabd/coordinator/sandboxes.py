@@ -92,6 +92,8 @@ class _Live:
     def __init__(self, sandbox_id: str) -> None:
         self.sandbox_id = sandbox_id
         self.session: Session | None = None
+        #: (container id, init pid) the session's connector reaches.
+        self.bound: tuple[str, int] | None = None
         self.op_lock = asyncio.Lock()
         # A process dump must not see a connection from crabd into the sandbox
         # (CRIU would find a unix socket whose peer is outside the dumped
@@ -275,11 +277,12 @@ class SandboxManager:
         """:meth:`session_for` with the container's status already in hand."""
         live = self._live_for(rec)
         # The container's pid changes only if it was restarted; rebind then.
-        connect = self.connector(rec, st.pid)
+        target = (rec.container_id, st.pid)
         if live.session is None:
-            live.session = Session(connect, env_dict(st.env), rec.spec.workdir)
-        else:
-            live.session.rebind(connect)
+            live.session = Session(self.connector(rec, st.pid), env_dict(st.env), rec.spec.workdir)
+        elif live.bound != target:
+            live.session.rebind(self.connector(rec, st.pid))
+        live.bound = target
         live.session.probe = self.session_probe(rec.container_id, rec.id)
         return live.session
 
@@ -421,7 +424,8 @@ class SandboxManager:
 
     def bind_session(self, sandbox_id: str, session: Session | None) -> None:
         """Make ``session`` the sandbox's session (after its container was replaced)."""
-        self._live_for_id(sandbox_id).session = session
+        live = self._live_for_id(sandbox_id)
+        live.session, live.bound = session, None
 
     def op_lock(self, sandbox_id: str) -> asyncio.Lock:
         """Serialises checkpoint, restore and fork of one sandbox."""
@@ -528,12 +532,19 @@ class SandboxManager:
 
     # --- commands ---------------------------------------------------------------
 
-    async def session_pid(self, rec: SandboxRecord, st: ContainerStatus | None = None) -> int | None:
+    async def session_pid(
+        self, rec: SandboxRecord, st: ContainerStatus | None = None, *, captured_within_s: float = 0.0
+    ) -> int | None:
         """The pid (inside the sandbox) of its session's bash, or None if none runs.
 
         ``st``: the container's status, if the caller just read it (saves a docker inspect).
+        ``captured_within_s``: the pid a state capture saw that long ago at most will do
+        (``Session.captured_pid``: a turn end's decision right after its capture).
         """
         session = self._session_on(rec, st) if st is not None else await self.session_for(rec)
+        seen = session.captured_pid(captured_within_s) if captured_within_s > 0 else None
+        if seen is not None:
+            return seen[0]
         return await session.pid()
 
     async def session_state(self, rec: SandboxRecord, *, start: bool = False) -> SessionState | None:

@@ -61,8 +61,7 @@ class TurnKeeper:
         return self.registry.open_turn(sandbox_id, time.time(), implicit=True).number
 
     def end(self, sandbox_id: str, number: int, session_state_json: str | None) -> TurnRecord:
-        self.registry.close_turn(sandbox_id, number, time.time(), session_state_json)
-        self.registry.prune_turns(sandbox_id, self.keep)
+        self.registry.close_turn(sandbox_id, number, time.time(), session_state_json, keep=self.keep)
         for turn in self.registry.list_turns(sandbox_id, limit=1):
             if turn.number == number:
                 return turn

@@ -101,10 +101,12 @@ def _fds(host_pid: int) -> tuple[bool, tuple[str, ...], tuple[str, ...], frozens
     return uring, tuple(sorted(set(writable))), tuple(sorted(set(opened))), frozenset(table)
 
 
-def _maps(host_pid: int, devs: _Devices) -> tuple[bool, str, tuple[str, ...], bool]:
+def _maps(host_pid: int, devs: _Devices) -> tuple[bool, str, tuple[str, ...], bool, bool]:
     """(has an AIO context, a foreign writable shared mapping or "", mapped regular files,
-    has a shared mapping of a non-tmpfs file it may write through)."""
+    has a shared mapping of a non-tmpfs file it may write through, has a shared mapping of a
+    file on the sandbox's tmpfs mounts)."""
     aio = False
+    tmpfs_shared = False
     foreign = ""
     mapped: list[str] = []
     may_write: list[str] = []  # address ranges of read-only shared file mappings
@@ -118,6 +120,9 @@ def _maps(host_pid: int, devs: _Devices) -> tuple[bool, str, tuple[str, ...], bo
             aio = True
         if inode == "0":
             continue
+        if "s" in perms and dev in devs.tmpfs:
+            # Writes through it reach no probe: the tmpfs mounts are fingerprinted at every turn end.
+            tmpfs_shared = True
         # SysV and /dev/zero shared memory is anonymous; tmpfs is fingerprinted (mounts.py).
         shared_file = "s" in perms and dev not in devs.tmpfs and not path.startswith(("/dev/zero", "/SYSV"))
         if shared_file and "w" in perms:
@@ -132,7 +137,7 @@ def _maps(host_pid: int, devs: _Devices) -> tuple[bool, str, tuple[str, ...], bo
             foreign = foreign or path
     if may_write and not writes:
         writes = _may_write(host_pid, set(may_write))
-    return aio, foreign, tuple(sorted(set(mapped))), writes
+    return aio, foreign, tuple(sorted(set(mapped))), writes, tmpfs_shared
 
 
 def _may_write(host_pid: int, ranges: set[str]) -> bool:
@@ -213,7 +218,7 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
                 devs = _Devices(hp)
             # Every process's mappings are read, crab's init and the session's bash too: a bash
             # builtin loaded with `enable -f` could map a file and write through it.
-            aio, foreign, mapped, writes_mapped = _maps(hp, devs)
+            aio, foreign, mapped, writes_mapped, maps_tmpfs = _maps(hp, devs)
             if pid in light:
                 aio, foreign, mapped, traced = False, "", (), False
             else:
@@ -237,6 +242,7 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
             traced=traced,
             foreign_shared=foreign,
             writes_mapped=writes_mapped,
+            maps_tmpfs=maps_tmpfs,
             writable_files=writable,
             open_files=tuple(sorted(set(opened) | set(mapped))),
             fds=table,
