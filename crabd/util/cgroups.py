@@ -23,6 +23,7 @@ import contextlib
 import errno
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -74,6 +75,13 @@ def cgroup_id(container_id: str, root: Path = CGROUP_ROOT) -> int | None:
     return base.stat().st_ino if base is not None else None
 
 
+#: Where each container's cgroup was found (a container keeps its cgroup for life; a container id
+#: is never reused), so that a turn end does not probe every candidate path again.
+_cgroup_dirs: dict[tuple[str, Path], str] = {}
+_cgroup_dirs_lock = threading.Lock()
+_CGROUP_DIRS_KEPT = 4096
+
+
 def container_host_pids(container_id: str, root: Path = CGROUP_ROOT) -> list[int]:
     """Host pids of every process in the container's cgroup and its children.
 
@@ -81,11 +89,19 @@ def container_host_pids(container_id: str, root: Path = CGROUP_ROOT) -> list[int
     pathlib's rglob cost ~0.1 ms on a cgroup with no children at all.
     cgroupfs has no symlinks; a child cgroup removed meanwhile is skipped.
     """
-    base = container_cgroup(container_id, root)
-    if base is None:
-        return []
+    base = _cgroup_dirs.get((container_id, root))
+    if base is None or not os.path.isdir(base):
+        found = container_cgroup(container_id, root)
+        if found is None:
+            _cgroup_dirs.pop((container_id, root), None)
+            return []
+        base = str(found)
+        with _cgroup_dirs_lock:
+            _cgroup_dirs[(container_id, root)] = base
+            if len(_cgroup_dirs) > _CGROUP_DIRS_KEPT:
+                _cgroup_dirs.pop(next(iter(_cgroup_dirs)))
     out: set[int] = set()
-    stack = [str(base)]
+    stack = [base]
     while stack:
         where = stack.pop()
         try:

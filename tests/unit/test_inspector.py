@@ -490,7 +490,9 @@ def fingerprints(sbx: Sbx, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def test_probes_that_saw_nothing_for_the_tmpfs_mounts_spare_their_fingerprint(sbx: Sbx, fingerprints: list[int]) -> None:
+def test_probes_that_saw_nothing_for_the_tmpfs_mounts_spare_their_fingerprint(
+    sbx: Sbx, fingerprints: list[int]
+) -> None:
     sbx.events.next = Evidence(tmpfs_dirty=False)
     assert sbx.turn().kind == "skip"
     assert fingerprints == []  # the last decision's fingerprint stands
