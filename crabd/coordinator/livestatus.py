@@ -10,6 +10,9 @@ lookup that finds the container running opens a *pidfd* on its init and
 keeps the status; later lookups cost one ``poll`` on that pidfd, on the
 event loop, and ask the runtime again the moment the init has exited (a
 pidfd becomes readable when its process exits, Linux >= 5.3).
+:meth:`exited` polls every kept pidfd at once, so that the recovery watch
+learns which containers stopped without listing the runtime's containers
+(``coordinator/recovery.py``).
 
 Why the pidfd is the init's: the runtime reported the container running
 with init pid P, then the pidfd is opened on P, then the runtime is asked
@@ -54,6 +57,9 @@ class RunningStatus:
 
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
+        #: Every kept pidfd, for :meth:`exited`; fd -> container id.
+        self._poller = select.poll()
+        self._by_fd: dict[int, str] = {}
         # watch() runs on worker threads, get()/drop() on the event loop.
         self._lock = threading.Lock()
 
@@ -90,22 +96,36 @@ class RunningStatus:
             return again
         with self._lock:
             old = self._entries.pop(container_id, None)
+            if old is not None:
+                self._forget_fd(old.pidfd)
             self._entries[container_id] = _Entry(again, pidfd)
-        if old is not None:
-            os.close(old.pidfd)
+            self._poller.register(pidfd, select.POLLIN)
+            self._by_fd[pidfd] = container_id
         return again
+
+    def exited(self) -> list[str]:
+        """The kept containers whose init has exited (they stay kept until :meth:`get` or :meth:`drop`)."""
+        with self._lock:
+            ready = self._poller.poll(0)
+            return [self._by_fd[fd] for fd, _ in ready if fd in self._by_fd]
+
+    def _forget_fd(self, pidfd: int) -> None:
+        """Unregister and close ``pidfd`` (lock held)."""
+        self._by_fd.pop(pidfd, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._poller.unregister(pidfd)
+        with contextlib.suppress(OSError):
+            os.close(pidfd)
 
     def drop(self, container_id: str) -> None:
         """Forget the container (crabd stops, removes or replaces it; or its init exited)."""
         with self._lock:
             entry = self._entries.pop(container_id, None)
-        if entry is not None:
-            with contextlib.suppress(OSError):
-                os.close(entry.pidfd)
+            if entry is not None:
+                self._forget_fd(entry.pidfd)
 
     def close(self) -> None:
         with self._lock:
-            entries, self._entries = list(self._entries.values()), {}
-        for entry in entries:
-            with contextlib.suppress(OSError):
-                os.close(entry.pidfd)
+            for entry in self._entries.values():
+                self._forget_fd(entry.pidfd)
+            self._entries = {}

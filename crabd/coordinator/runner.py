@@ -145,6 +145,10 @@ async def run_exec(
     )
 
 
+class _NoSession(Exception):
+    """No bash runs, and the caller asked not to start one."""
+
+
 class Session:
     """The persistent bash of one sandbox.  One command at a time."""
 
@@ -157,6 +161,8 @@ class Session:
         self.probe: ProcessProbe | None = None
         #: Messages other processes wrote into the session's control channel (dropped by init).
         self.control_rejections = 0
+        #: The pid init reported for the bash the last command attached to or started.
+        self._bash_pid: int | None = None
         #: (monotonic time, bash pid or None: no bash) at the last state capture; None once anything else ran.
         self._captured: tuple[float, int | None] | None = None
 
@@ -184,16 +190,18 @@ class Session:
     def busy(self) -> bool:
         return self._lock.locked()
 
-    async def _attach_or_spawn(self, conn: InitConnection) -> bool:
-        """Bind ``conn`` to the session, starting bash if there is none.  True if it was started now."""
+    async def _attach_or_spawn(self, conn: InitConnection, *, start: bool = True) -> int:
+        """Bind ``conn`` to the session, starting bash if there is none (``start``; else
+        :class:`_NoSession`).  Returns the bash's pid in the sandbox, as init reports it."""
         try:
-            await conn.attach(SESSION_NAME)
-            return False
+            return (await conn.attach(SESSION_NAME)).pid
         except InitSpawnError as exc:
             if exc.errno == errno_mod.EBUSY:
                 raise SandboxBusy("the sandbox's session is in use by another client", sandbox="") from exc
             if exc.errno != errno_mod.ENOENT:
                 raise InitUnavailable(f"attaching to the session failed: {exc.message}", sandbox="") from exc
+            if not start:
+                raise _NoSession from exc
         hello = await conn.hello()
         if hello.version < initproto.PROTO_VERSION:
             # An older init has no control channel: the session's markers
@@ -204,7 +212,7 @@ class Session:
                 sandbox="",
             )
         try:
-            await conn.spawn(
+            started = await conn.spawn(
                 SpawnSpec(
                     argv=list(SESSION_ARGV),
                     env=self._env,
@@ -223,7 +231,7 @@ class Session:
             raise
 
         await conn.write_stdin(session_proto.BOOTSTRAP)
-        return True
+        return started.pid
 
     async def run(
         self, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None = None
@@ -249,8 +257,13 @@ class Session:
         max_output: int,
         sink: ChunkSink | None,
         keep_status: bool = False,
+        start: bool = True,
     ) -> tuple[ExecOutcome, session_proto.MarkerScanner]:
-        """Run one command; the scanner holds what its control channel carried (a state capture)."""
+        """Run one command; the scanner holds what its control channel carried (a state capture).
+
+        ``start=False``: with no bash running, start none and raise :class:`_NoSession`.
+        ``self._bash_pid`` is the pid of the bash that ran it.
+        """
         self._captured = None  # the command may end or replace the bash
         started = time.monotonic()
         nonce = session_proto.new_nonce()
@@ -258,7 +271,7 @@ class Session:
         scanner = session_proto.MarkerScanner(nonce, max_stdout=max_output, max_stderr=max_output)
         conn = await self._connect()
         async with conn:
-            await self._attach_or_spawn(conn)
+            self._bash_pid = await self._attach_or_spawn(conn, start=start)
             await conn.write_stdin(payload)
             timed_out = False
             ended: Exit | None = None
@@ -352,21 +365,21 @@ class Session:
         """
         async with self._lock:
             self._captured = None
-            pid = await self.pid()
-            if pid is None and not start:
+            # One connection: attaching to the session says whether it runs, and its pid.  Only
+            # the control channel counts: what the capture (or anything else) prints is discarded.
+            try:
+                outcome, scanner = await self._run_scanned(
+                    session_state.CAPTURE_COMMAND,
+                    timeout_s=timeout_s,
+                    max_output=1 << 20,
+                    sink=None,
+                    keep_status=True,
+                    start=start,
+                )
+            except _NoSession:
                 self._captured = (time.monotonic(), None)
                 return None
-            # Only the control channel counts: what the capture (or anything
-            # else) prints on stdout is discarded.
-            outcome, scanner = await self._run_scanned(
-                session_state.CAPTURE_COMMAND,
-                timeout_s=timeout_s,
-                max_output=1 << 20,
-                sink=None,
-                keep_status=True,
-            )
-            if pid is None:
-                pid = await self.pid()  # started by the capture itself
+            pid = self._bash_pid
             # Still under the lock: bash is idle, holding only its own descriptors.
             extra = await self.probe(pid) if self.probe and pid and outcome.exit_code == 0 else None
 

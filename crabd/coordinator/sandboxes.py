@@ -147,6 +147,8 @@ class SandboxManager:
         self._background: set[asyncio.Task[None]] = set()
         #: Running containers' statuses, kept while their init lives.
         self.live_status = RunningStatus()
+        #: Sandboxes found dead so far (the recovery watch reads all sandboxes when it moved).
+        self.deaths = 0
 
     async def _io(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -161,6 +163,7 @@ class SandboxManager:
 
     def _mark_dead(self, rec: SandboxRecord, st: ContainerStatus) -> SandboxRecord:
         self.live_status.drop(rec.container_id)
+        self.deaths += 1
         if not st.exists:
             reason = "container vanished (removed outside crab, or the host lost it)"
         elif st.oom_killed:

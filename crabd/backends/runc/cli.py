@@ -295,8 +295,9 @@ class Runc:
             raise ContainerRuntimeError(f"runc state {container_id}: {done.err.strip()}", container=container_id)
         return RuncState.parse(_json(done.out, container_id))
 
-    def list(self) -> list[RuncState]:
-        """Every container under this state root, each read as :meth:`state` reads it.
+    def list(self, prefix: str = "") -> list[RuncState]:
+        """Every container under this state root whose id starts with ``prefix``, each read as
+        :meth:`state` reads it (other ids are not read at all: other crabd instances' containers).
 
         Not ``runc list``: it fails as a whole ("load container X: container
         does not exist") when any container is deleted while it reads the
@@ -310,7 +311,7 @@ class Runc:
             return []
         out = []
         for name in names:
-            if not _ID_OK.fullmatch(name):
+            if not name.startswith(prefix) or not _ID_OK.fullmatch(name):
                 continue  # not a container directory runc would make
             st = self.state(name)
             if st is not None:

@@ -711,7 +711,7 @@ class RuncSandboxBackend:
 
     def _ids(self) -> tuple[set[str], dict[str, RuncState]]:
         """Every id of this instance with any piece on the host, and the runc states of those runc knows."""
-        states = {st.id: st for st in self.runc.list() if self._is_own(st.id)}
+        states = {st.id: st for st in self.runc.list(f"{self.instance}-") if self._is_own(st.id)}
         complete, partial = cleanup.bundle_ids(self.layout.bundles)
         names: list[str] = [*states, *complete]
         names += [n[len(bundle.TMP_PREFIX) :].rpartition("-")[0] for n in partial]
