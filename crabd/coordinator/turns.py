@@ -48,8 +48,9 @@ class TurnKeeper:
         self.keep = keep
 
     def current(self, sandbox_id: str) -> TurnRecord | None:
-        turns = self.registry.list_turns(sandbox_id, limit=1)
-        return turns[-1] if turns and turns[-1].open else None
+        """The open turn, without its commands (every command asks: it must not read them all)."""
+        turn = self.registry.last_turn(sandbox_id)
+        return turn if turn is not None and turn.open else None
 
     def begin(self, sandbox_id: str) -> TurnRecord:
         return self.registry.open_turn(sandbox_id, time.time(), implicit=False)

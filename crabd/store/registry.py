@@ -330,6 +330,14 @@ class Registry:
             None if branch is None else int(str(branch)),
         )
 
+    def last_turn(self, sandbox_id: str) -> TurnRecord | None:
+        """The sandbox's newest turn, without its commands (an implicit turn may hold thousands)."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {self._TURN_COLS} FROM turns WHERE sandbox_id=? ORDER BY number DESC LIMIT 1", (sandbox_id,)
+            ).fetchone()
+            return None if row is None else self._row_to_turn(sandbox_id, tuple(row), [])
+
     def get_turn(self, sandbox_id: str, number: int) -> TurnRecord | None:
         """Turn ``number`` of the sandbox, without its commands; None if it has none of that number."""
         with self._lock:
