@@ -31,6 +31,7 @@ way the Docker path reports it (:mod:`crabd.backends.criu.runc`).
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import os
@@ -84,6 +85,8 @@ DEFAULT_LOG_DIR = Path("/var/log/crab/criu")
 #: runc's option for a network namespace that CRIU makes empty (docs/runc.md, "User namespaces").
 EMPTY_NETNS = ("--empty-ns", "network")
 
+#: ``runc list`` runs that may race a deletion before the state files are read instead.
+LIST_TRIES = 2
 _ID_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -296,15 +299,31 @@ class Runc:
         return RuncState.parse(_json(done.out, container_id))
 
     def list(self, prefix: str = "") -> list[RuncState]:
-        """Every container under this state root whose id starts with ``prefix``, each read as
-        :meth:`state` reads it (other ids are not read at all: other crabd instances' containers).
+        """Every container under this state root whose id starts with ``prefix``.
 
-        Not ``runc list``: it fails as a whole ("load container X: container
-        does not exist") when any container is deleted while it reads the
-        root, and crabd deletes containers in the background (a restore's
-        old container) while it lists them.  A container that goes away
-        while this reads is simply not listed.
+        ``runc list`` first: one Go process reads a thousand state files in
+        ~0.9 s, where parsing them here took 5.3 s (each state.json holds the
+        whole config).  But it fails as a whole ("load container X: container
+        does not exist") when any container is deleted while it reads, and
+        crabd deletes containers in the background (a restore's old one)
+        while it lists; so it is asked again, and if that races too, this
+        reads the state files of the ``prefix`` ids itself, where a container
+        that goes away is simply not listed.
         """
+        if not self.root.is_dir():
+            return []
+        for _ in range(LIST_TRIES):
+            try:
+                data = _json(self._run("", "list", "--format", "json").out, "")
+            except ContainerRuntimeError as exc:
+                if "not exist" not in exc.message and "no such file" not in exc.message:
+                    raise
+                continue
+            return [st for st in (RuncState.parse(d) for d in (data or [])) if st.id.startswith(prefix)]
+        return self._list_from_files(prefix)
+
+    def _list_from_files(self, prefix: str) -> builtins.list[RuncState]:
+        """:meth:`list` from the state files, each read as :meth:`state` reads it."""
         try:
             names = sorted(os.listdir(self.root))
         except FileNotFoundError:
@@ -312,7 +331,7 @@ class Runc:
         out = []
         for name in names:
             if not name.startswith(prefix) or not _ID_OK.fullmatch(name):
-                continue  # not a container directory runc would make
+                continue  # another instance's, or not a container directory runc would make
             st = self.state(name)
             if st is not None:
                 out.append(st)
