@@ -68,7 +68,6 @@ from crabd.daemon import assembly, notify
 from crabd.daemon.provenance import attach_checkpoints, attach_edges, open_provenance
 from crabd.engine import HostEngine
 from crabd.errors import CrabError
-from crabd.host import criu_kdat
 from crabd.inspector.choose import open_inspector
 from crabd.inspector.decide import Inspector
 from crabd.proxy.server import OpenAIProxy
@@ -89,31 +88,6 @@ log = logging.getLogger("crabd")
 
 #: Largest gRPC message crabd accepts (stdin of an exec is bounded separately).
 MAX_MESSAGE = 80 << 20
-
-
-def _raise_nofile() -> None:
-    """Checkpoint walks hold one fd per directory level; lift the soft limit to the hard one."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _criu_kdat() -> None:
-    """CRIU's kernel-feature cache for this kernel, before crabd's first CRIU run (host/criu_kdat.py).
-
-    Only speed depends on it: a failure is logged, and every CRIU run then probes the kernel itself.
-    """
-    criu = shutil.which("criu")
-    if criu is None:
-        return  # the first checkpoint says what is missing
-    try:
-        made = criu_kdat.ensure(criu)
-    except (CrabError, OSError) as exc:
-        log.warning("CRIU's kernel-feature cache not made", extra={"error": str(exc)})
-        return
-    log.info("CRIU kernel-feature cache", extra={"state": made.state, "detail": made.detail})
 
 
 def instance_id(state_dir: Path) -> str:
@@ -209,7 +183,7 @@ class Daemon:
         paths = self.cfg.paths
         paths.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(paths.state_dir, 0o700)
-        _raise_nofile()
+        assembly.raise_nofile()
         # Blocking work (Docker calls, walks, CRIU, fsyncs) runs in worker
         # threads; the default pool (CPUs + 4) is small enough that a few
         # checkpoint jobs could delay every other sandbox's turn-end decision.
@@ -238,7 +212,7 @@ class Daemon:
         # Neither is on the way to serving: CRIU's kernel-feature cache only saves each CRIU run
         # its own probe (one before the cache is in place still works), and in mode "auto" the
         # probes compile in the background while the scan inspector decides.
-        self._kdat = asyncio.create_task(asyncio.to_thread(_criu_kdat), name="crab-criu-kdat")
+        self._kdat = asyncio.create_task(asyncio.to_thread(assembly.ensure_criu_kdat), name="crab-criu-kdat")
         inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits)
         self._inspector = inspector
         blobs = FileBlobStore(paths.state_dir / "blobs", level=ck.zstd_level)
@@ -334,14 +308,9 @@ class Daemon:
     async def _reconcile(self, housekeeping: Housekeeper) -> None:
         """Orphaned blobs (and heads of removed sandboxes): a full gc, once, with crabd serving.
 
-        Blobs of checkpoints a crash interrupted before publication, or that a
-        delete, gc or restore dropped just before one: nothing references them.
-        Safe while requests run because ``Housekeeper.reconcile`` holds the
-        store lock exclusively: whatever writes a blob that nothing references
-        yet (a checkpoint, restore, fork, archive import, remote fetch) holds
-        the shared side from that write until the blob is published or released
-        (crabd/store/accounting.py), so no blob the gc finds unreferenced is
-        about to be published.  Checkpoints wait for that one exclusive hold.
+        Safe while requests run: it holds the store lock exclusively, and every
+        writer of a blob nothing references yet holds the shared side until
+        that blob is published or released (``Housekeeper.reconcile`` says why).
         """
         t0 = time.monotonic()
         try:
