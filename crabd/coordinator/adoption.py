@@ -166,6 +166,14 @@ class Adoption:
         log.info("adoption done", extra={**vars(self.counts), "seconds": round(time.monotonic() - t0, 3)})
         return self.counts
 
+    async def close(self) -> None:
+        """At shut-down: stop adopting (what is left half-done is done again at the next start)."""
+        tasks = set(self._running.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
     async def _worker(self) -> None:
         while self._queue:
             sandbox_id = self._queue.popleft()

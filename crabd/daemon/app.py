@@ -133,6 +133,7 @@ class Daemon:
         self._kdat: asyncio.Task[None] | None = None
         self._replication: Replication | None = None
         self._provenance: Provenance | None = None
+        self._adoption: Adoption | None = None
         self._adopting: asyncio.Task[None] | None = None
 
     @property
@@ -145,7 +146,7 @@ class Daemon:
         self._prepare_host()
         docker_version = await self._open_sandboxes()
         wiring = await self._open_checkpoints()
-        adoption = Adoption(self._manager_or_fail(), wiring.inspection.adopted)
+        adoption = self._adoption = Adoption(self._manager_or_fail(), wiring.inspection.adopted)
         to_adopt = await adoption.prepare()
         await self._lose_pending_turns()
         engine = await self._start_engine()
@@ -441,6 +442,8 @@ class Daemon:
             self._adopting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._adopting
+        if self._adoption is not None:
+            await self._adoption.close()  # each sandbox's adoption is a task of its own
         if self._recovery is not None:
             await self._recovery.close()
         if self._proxy is not None:
