@@ -147,7 +147,9 @@ class Daemon:
         docker_version = await self._open_sandboxes()
         wiring = await self._open_checkpoints()
         adoption = self._adoption = Adoption(self._manager_or_fail(), wiring.inspection.adopted)
+        t_prepare = time.monotonic()
         to_adopt = await adoption.prepare()
+        prepared_s = time.monotonic() - t_prepare
         await self._lose_pending_turns()
         engine = await self._start_engine()
         # The engine reports the store lock's waits with its own metrics (util/aiolock.py).
@@ -172,7 +174,7 @@ class Daemon:
         await self._start_replication(wiring, engine, service)
         await self._serve(service)
         await self._start_proxy(service, engine)
-        self._ready(wiring.inspection.name, docker_version, to_adopt, time.monotonic() - t0)
+        self._ready(wiring.inspection.name, docker_version, to_adopt, prepared_s, time.monotonic() - t0)
         self._adopting = asyncio.create_task(self._adopt(adoption, wiring.housekeeping), name="crab-adoption")
 
     def _manager_or_fail(self) -> SandboxManager:
@@ -405,7 +407,7 @@ class Daemon:
             await self._proxy.start()
             service.proxy_url = self._proxy.url
 
-    def _ready(self, inspector: str, docker_version: str, to_adopt: int, took: float) -> None:
+    def _ready(self, inspector: str, docker_version: str, to_adopt: int, prepared_s: float, took: float) -> None:
         """READY=1 and watchdog pings to systemd, and one log line (adoption goes on in the background)."""
         paths = self.cfg.paths
         notify.notify(f"READY=1\nSTATUS=serving on {paths.socket}\nMAINPID={os.getpid()}")
@@ -422,6 +424,7 @@ class Daemon:
                 "inspector": inspector,
                 "proxy": self._proxy.url if self._proxy else None,
                 "to_adopt": to_adopt,
+                "prepare_s": round(prepared_s, 3),  # the container list and marking (step 4)
                 "start_s": round(took, 3),
             },
         )
