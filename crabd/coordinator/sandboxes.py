@@ -164,9 +164,9 @@ class SandboxManager:
         await self.gate.wait(rec.id)
         return self.registry.get_sandbox(rec.id)
 
-    def row(self, sandbox_id: str) -> SandboxRecord | None:
+    def row(self, ref: str) -> SandboxRecord | None:
         """The registry's row as it stands, adopted or not (see the module doc: not for a request's lookup)."""
-        return self.registry.get_sandbox(sandbox_id)
+        return self.registry.get_sandbox(ref)
 
     def adopted(self, sandbox_id: str) -> bool:
         """False while start-up adoption has yet to take the sandbox over (its row may not be the truth)."""
