@@ -149,22 +149,3 @@ def test_a_command_name_with_parentheses_does_not_shift_the_fields() -> None:
     pid, start = _me()
     assert statefile.proc_start(pid) == (start, "R")
     assert statefile.proc_start(2**22 + 12345) is None
-
-
-def test_listing_reads_the_files_of_every_container_without_runc(tmp_path: Path) -> None:
-    pid, start = _me()
-    write_state(tmp_path, "c1", pid=pid, start=start)
-    write_state(tmp_path, "c2", pid=pid, start=start + 1)  # its init is gone: another process has the pid
-    (tmp_path / "not an id").mkdir()
-    (tmp_path / "stray-file").write_text("")
-    asked: list[str] = []
-
-    class Asking(Runc):
-        def state_by_runc(self, container_id: str) -> RuncState | None:
-            asked.append(container_id)
-            return None
-
-    got = {st.id: st.status for st in Asking(tmp_path, binary="/nonexistent/runc").list()}
-    assert got == {"c1": RuncStatus.RUNNING, "c2": RuncStatus.STOPPED}
-    assert asked == []
-    assert Runc(tmp_path / "absent", binary="/nonexistent/runc").list() == []
