@@ -124,7 +124,7 @@ class Recovery:
                 f"(turn {ckpt.turn}); at most {MAX_LOST_TURNS} can be reported lost",
                 hint="Pass the last turn the sandbox really ended, or -1 if it is not known.",
             )
-        if self.sandboxes.get(ckpt.sandbox_id) is not None:
+        if await self.sandboxes.get(ckpt.sandbox_id) is not None:
             raise AlreadyExists(
                 f"sandbox {ckpt.sandbox_name} ({ckpt.sandbox_id}) already lives on this host",
                 name=ckpt.sandbox_name,

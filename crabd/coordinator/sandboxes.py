@@ -1,15 +1,20 @@
-"""Sandbox lifecycle: create, adopt after a restart, stop, remove; containers and session binding.
+"""Sandbox lifecycle: create, stop, remove; containers and session binding.
 
-Commands and turns are in ``commands.py``; checkpoints in ``checkpoints.py`` and ``restore.py``.
+Commands and turns are in ``commands.py``; checkpoints in ``checkpoints.py`` and ``restore.py``;
+taking sandboxes over after a restart in ``adoption.py``.
 
 Crash safety of creation: the registry row is written (state ``creating``)
-before the container exists and flipped to ``running`` once init answers.
-On start-up :meth:`SandboxManager.adopt` therefore knows every container this
-daemon may have made: a ``creating`` row is rolled back (container removed,
-row deleted), a ``running`` row whose container is gone or exited is marked
-``dead`` with the exit code / OOM flag, and a container carrying this
-instance's label that no row knows is removed.  Running sandboxes keep
-running through a crabd restart; nothing is restarted or touched.
+before the container exists and flipped to ``running`` once init answers,
+so adoption knows every container this daemon may have made.  A removal
+marks its row ``being removed`` before the container goes, so adoption
+finishes it rather than taking the sandbox for one whose container vanished.
+
+How a request gets a sandbox: :meth:`SandboxManager.get`, the one lookup
+that waits for a sandbox's adoption after a restart (the gate,
+``adoption.py``).  :meth:`SandboxManager.row` and
+:meth:`SandboxManager.list_sandboxes` are the registry's rows as they
+stand, for the coordinator's re-reads of a sandbox already in hand and for
+what adoption never changes (owner, spec, counts).
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus, SandboxBackend
 from crabd.config import CrabConfig
@@ -116,20 +121,16 @@ class _Live:
             self.idle.set()
 
 
-@dataclass
-class Adopted:
-    """What :meth:`SandboxManager.adopt` found after a (re)start."""
+class AdoptionGate(Protocol):
+    """Start-up adoption as the manager's lookups see it (``coordinator/adoption.py``)."""
 
-    #: Sandboxes found running and taken over.
-    adopted: int = 0
-    #: Sandboxes whose container was gone or had stopped.
-    dead: int = 0
-    #: Creations a crash interrupted, undone.
-    rolled_back: int = 0
-    #: Containers no sandbox points at, removed.
-    orphans_removed: int = 0
-    #: Removals a crash interrupted, finished.
-    removed: int = 0
+    def settled(self, sandbox_id: str) -> bool:
+        """True unless the sandbox is still to be adopted (or being adopted)."""
+        ...
+
+    async def wait(self, sandbox_id: str) -> None:
+        """Until the sandbox is adopted (adopting it now if it is still queued)."""
+        ...
 
 
 class SandboxManager:
@@ -149,14 +150,34 @@ class SandboxManager:
         self.live_status = RunningStatus()
         #: Sandboxes found dead so far (the recovery watch reads all sandboxes when it moved).
         self.deaths = 0
+        #: Set before serving by start-up adoption; None: every sandbox is adopted.
+        self.gate: AdoptionGate | None = None
 
     async def _io(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.to_thread(fn, *args)
 
     # --- lookup and status ----------------------------------------------------
 
-    def get(self, ref: str) -> SandboxRecord | None:
+    async def get(self, ref: str) -> SandboxRecord | None:
+        """The sandbox ``ref`` (id or name) names, once adopted: a request's only way to a sandbox.
+
+        After a restart it waits for that sandbox's adoption (adopting it first
+        if no worker has yet), then reads the row again: a rolled-back creation
+        or a finished removal is gone, a failed adoption reads ``dead``.
+        """
+        rec = self.registry.get_sandbox(ref)
+        if rec is None or self.gate is None or self.gate.settled(rec.id):
+            return rec
+        await self.gate.wait(rec.id)
+        return self.registry.get_sandbox(rec.id)
+
+    def row(self, ref: str) -> SandboxRecord | None:
+        """The registry's row as it stands, adopted or not (see the module doc: not for a request's lookup)."""
         return self.registry.get_sandbox(ref)
+
+    def adopted(self, sandbox_id: str) -> bool:
+        """False while start-up adoption has yet to take the sandbox over (its row may not be the truth)."""
+        return self.gate is None or self.gate.settled(sandbox_id)
 
     def list_sandboxes(self, owner_uid: int | None) -> list[SandboxRecord]:
         return self.registry.list_sandboxes(owner_uid)
@@ -181,6 +202,11 @@ class SandboxManager:
         return replace(
             rec, state=SandboxState.DEAD, exit_code=st.exit_code, oom_killed=st.oom_killed, dead_reason=reason
         )
+
+    def mark_unadoptable(self, sandbox_id: str, reason: str) -> None:
+        """Adoption failed: the sandbox is dead to crabd (requests get SandboxDead, recovery may restore it)."""
+        self.registry.update_sandbox(sandbox_id, state=SandboxState.DEAD, dead_reason=reason)
+        self._drop_session(sandbox_id)
 
     async def refresh(self, rec: SandboxRecord) -> tuple[SandboxRecord, ContainerStatus | None]:
         """Re-read the container; a running sandbox whose container stopped becomes dead."""
@@ -289,7 +315,7 @@ class SandboxManager:
         live.session.probe = self.session_probe(rec.container_id, rec.id)
         return live.session
 
-    # --- create / adopt / stop / remove ---------------------------------------
+    # --- create / stop / remove ---------------------------------------
 
     def resolve_image(self, env: str) -> str:
         recipe = images.find_recipe(env)
@@ -455,48 +481,6 @@ class SandboxManager:
         task = asyncio.create_task(go())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def adopt(self) -> Adopted:
-        """Reconcile the registry with Docker after a (re)start.  Returns what it found."""
-        counts = Adopted()
-        containers = await self._io(self.backend.list_instance, self.instance)
-        known: set[str] = set()
-        for rec in self.registry.list_sandboxes(None):
-            if rec.dead_reason == REMOVING:
-                # Its owner asked for the removal; a crash (or Docker) interrupted it.
-                try:
-                    await self.remove(rec, force=True)
-                    counts.removed += 1
-                    continue
-                except CrabError as exc:
-                    log.warning("interrupted removal not finished", extra={"sandbox": rec.id, "error": str(exc)})
-            if rec.state is SandboxState.CREATING:
-                # Also catches a container created whose id never reached the row.
-                for cid, st in containers.items():
-                    if st.labels.get(LABEL_SANDBOX) == rec.id:
-                        await self._io(self.backend.remove, cid)
-                await self._rollback(rec)
-                counts.rolled_back += 1
-                continue
-            if rec.container_id:
-                known.add(rec.container_id)
-            if rec.state is SandboxState.RUNNING:
-                rec, _ = await self.refresh(rec)
-                if rec.state is SandboxState.RUNNING:
-                    # A crabd killed mid-checkpoint leaves its sandbox frozen.
-                    await self._io(self.backend.thaw, rec.container_id)
-                if rec.state is SandboxState.RUNNING:
-                    counts.adopted += 1
-                else:
-                    counts.dead += 1
-        # Containers no row points at: left by a crash mid-create, or a
-        # restore's new container that never replaced the old one.
-        for cid in containers:
-            if cid not in known:
-                await self._io(self.backend.remove, cid)
-                counts.orphans_removed += 1
-        log.info("adoption done", extra=asdict(counts))
-        return counts
 
     async def stop(self, rec: SandboxRecord, timeout_s: float | None) -> SandboxRecord:
         await self._running(rec)
