@@ -11,9 +11,10 @@
  * else returns at once.
  *
  * DECISIONS COME FROM KERNEL OBJECTS, NEVER FROM PATH STRINGS.  What decides
- * is `marks`, per sandbox two monotonically increasing counters, bumped in the
- * kernel and never reset (userspace remembers the last value it saw, so a
- * mark that lands while userspace reads cannot be lost):
+ * is the marks in `counts`, per sandbox three monotonically increasing
+ * counters, bumped in the kernel and never reset (userspace remembers the
+ * last value it saw, so a mark that lands while userspace reads cannot be
+ * lost; the other counters of `counts` work the same way):
  *
  *   MARK_FILES  something may have changed the sandbox's files: userspace
  *               then compares the upper dir with the head exactly (net).
@@ -107,7 +108,7 @@
 #define EV_PATH      2   /* a path-based mutation: path, dfd, op */
 #define EV_PATH2     3   /* rename/link/symlink: path (old/target), path2 (new), dfd, dfd2, op */
 #define EV_FD        4   /* an fd-based mutation of a file that is not quiet: fd, op */
-#define EV_FORK      5   /* (unused: forks and exits are counted in `lifecycle`) */
+#define EV_FORK      5   /* (unused: forks and exits are counted in `counts`) */
 #define EV_EXEC      6   /* path = filename */
 #define EV_EXIT      7   /* a process dumped core */
 #define EV_UNCERTAIN 8   /* op says why: ptrace, process_vm_writev, io_uring, aio, open_by_handle, /proc write */
@@ -192,11 +193,24 @@ struct inflight {
 };
 
 BPF_HASH(sandboxes, u64, u32, MAX_SANDBOXES);        /* cgroup id -> slot */
-BPF_ARRAY(marks, u64, MAX_SANDBOXES * NMARKS);       /* slot*NMARKS+mark -> count (never reset) */
-BPF_ARRAY(epochs, u64, MAX_SANDBOXES);               /* slot -> epoch */
-BPF_ARRAY(dropped, u64, MAX_SANDBOXES);              /* slot -> events lost */
-BPF_ARRAY(budget, u64, MAX_SANDBOXES);               /* slot -> events this epoch (sent or not) */
-BPF_ARRAY(lifecycle, u64, MAX_SANDBOXES * 2);        /* slot*2 -> forks, slot*2+1 -> exits */
+/* What the probes count per sandbox slot.  Only ever incremented, never reset: userspace keeps
+ * the values it saw and reads all of them in one lookup per turn; an increment that lands while
+ * it reads counts for the next turn, so none is lost (a read-then-reset would lose it). */
+struct counts {
+    u64 marks[NMARKS];
+    u64 events;    /* events started (sent or past the budget) */
+    u64 dropped;   /* events lost: the ring buffer was full */
+    u64 forks;
+    u64 exits;
+};
+/* Set by userspace at each turn's take, only read here: the epoch (for the write explanations'
+ * dedup) and `events` as it was then (the budget is per epoch). */
+struct epoch {
+    u64 number;
+    u64 events_base;
+};
+BPF_ARRAY(counts, struct counts, MAX_SANDBOXES);     /* slot -> counters */
+BPF_ARRAY(epochs, struct epoch, MAX_SANDBOXES);      /* slot -> epoch */
 BPF_TABLE("lru_hash", struct wkey, u64, wseen, 65536);   /* (tgid, fd) -> epoch last reported */
 BPF_TABLE("lru_hash", u32, struct inflight, inflight, 65536);   /* tid -> syscall in progress */
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);           /* default 1024 pages: 4 MiB */
@@ -211,16 +225,22 @@ static __always_inline int sandbox_slot(u32 *slot) {
 }
 
 static __always_inline void mark(u32 slot, u32 what) {
-    u32 k = slot * NMARKS + what;
-    u64 *n = marks.lookup(&k);
-    if (n)
-        __sync_fetch_and_add(n, 1);
+    struct counts *c = counts.lookup(&slot);
+    if (c && what < NMARKS)
+        __sync_fetch_and_add(&c->marks[what], 1);
 }
 
 static __always_inline void lost(u32 slot) {
-    u64 *n = dropped.lookup(&slot);
-    if (n)
-        __sync_fetch_and_add(n, 1);
+    struct counts *c = counts.lookup(&slot);
+    if (c)
+        __sync_fetch_and_add(&c->dropped, 1);
+}
+
+/* Whether the slot's events this epoch reached the budget (then only counted, not sent). */
+static __always_inline int spent(u32 slot, struct counts *c) {
+    struct epoch *ep = epochs.lookup(&slot);
+    u64 base = ep ? ep->events_base : 0;
+    return c->events - base >= EVENT_BUDGET;
 }
 
 static __always_inline struct event *start(u32 slot, u32 kind, u32 op) {
@@ -228,14 +248,13 @@ static __always_inline struct event *start(u32 slot, u32 kind, u32 op) {
      * one epoch only a count is kept: the cost of a busy build stays in the
      * kernel, not in crabd. */
     if (kind != EV_UNCERTAIN) {
-        u64 *b = budget.lookup(&slot);
-        if (!b)
+        struct counts *c = counts.lookup(&slot);
+        if (!c)
             return 0;
-        if (*b >= EVENT_BUDGET) {
-            __sync_fetch_and_add(b, 1);
+        int over = spent(slot, c);
+        __sync_fetch_and_add(&c->events, 1);
+        if (over)
             return 0;
-        }
-        __sync_fetch_and_add(b, 1);
     }
     struct event *e = events.ringbuf_reserve(sizeof(struct event));
     if (!e) {
@@ -586,11 +605,11 @@ static __always_inline int on_fd(u32 op, int fd, u64 flags) {
     remember(slot, IN_MARK, M_FILES);
     if (op == OP_WRITE) {
         /* Writes come in floods: one explanation per (process, fd) per epoch. */
-        u64 *b = budget.lookup(&slot);
-        if (!b || *b >= EVENT_BUDGET)
+        struct counts *c = counts.lookup(&slot);
+        if (!c || spent(slot, c))
             return 0;
-        u64 *ep = epochs.lookup(&slot);
-        u64 epoch = ep ? *ep : 0;
+        struct epoch *ep = epochs.lookup(&slot);
+        u64 epoch = ep ? ep->number : 0;
         struct wkey k = {.tgid = bpf_get_current_pid_tgid() >> 32, .fd = fd};
         u64 *seen = wseen.lookup(&k);
         if (seen && *seen == epoch)
@@ -695,10 +714,13 @@ TRACEPOINT_PROBE(syscalls, sys_enter_open_by_handle_at) {
 /* Forks and exits are counted, not sent: the decision reads processes from
  * /proc, and a build forks thousands of times. */
 static __always_inline void count(u32 slot, u32 what) {
-    u32 k = slot * 2 + what;
-    u64 *n = lifecycle.lookup(&k);
-    if (n)
-        __sync_fetch_and_add(n, 1);
+    struct counts *c = counts.lookup(&slot);
+    if (!c)
+        return;
+    if (what == 0)
+        __sync_fetch_and_add(&c->forks, 1);
+    else
+        __sync_fetch_and_add(&c->exits, 1);
 }
 
 TRACEPOINT_PROBE(sched, sched_process_fork) {

@@ -1,7 +1,7 @@
 """The eBPF event source: ``ebpf/inspector.c`` loaded with bcc, one instance for the whole host.
 
-What decides is not an event but two counters per sandbox that the probes
-bump in the kernel (``marks``; see the top of ``ebpf/inspector.c``):
+What decides is not an event but three counters per sandbox that the probes
+bump in the kernel (the marks in ``counts``; see the top of ``ebpf/inspector.c``):
 
 * **files**: some syscall may have changed a file a checkpoint keeps.  The
   probes judge by the kernel object the syscall acted on (the fd's inode, its
@@ -11,10 +11,16 @@ bump in the kernel (``marks``; see the top of ``ebpf/inspector.c``):
 * **processes**: something may have changed a process's memory while it did
   not run (ptrace, process_vm_writev, a write to a /proc file such as
   ``/proc/<pid>/mem``, io_uring, AIO).
+* **tmpfs**: something may have changed what the tmpfs and mqueue mounts
+  hold: the decision fingerprints them again (``Inspector._tmpfs_now``).
 
 The counters are never reset: each slot remembers the last values it saw, so
 a mark that lands while crabd reads them counts for the next turn rather
-than vanishing.  A poller thread drains the ring buffer of *events*, which
+than vanishing.  The same holds for the slot's other counters (events sent
+or past the budget, events lost, forks, exits): all of them are one
+``struct counts``, read in one lookup per turn; each turn then writes the
+slot's ``struct epoch`` (the epoch number, and the events count its budget
+starts from) in one update.  A poller thread drains the ring buffer of *events*, which
 only explain (paths for the reasons, short-lived processes) — except that
 lost events, a spent event budget, and a 32-bit process (x86 reports no
 compat-mode syscall to ``syscalls:*`` tracepoints: its exec event is the only
@@ -97,13 +103,20 @@ POLL_INTERVAL_S = 0.01
 PATH_BYTES = 1024
 
 
+#: The fields of ``struct counts`` after the marks (ebpf/inspector.c), in order.
+EVENTS, DROPPED, FORKS, EXITS = NMARKS, NMARKS + 1, NMARKS + 2, NMARKS + 3
+
+
 class _Slot:
-    def __init__(self, sandbox_id: str, marks: list[int]) -> None:
+    def __init__(self, sandbox_id: str, counts: list[int]) -> None:
         self.sandbox_id = sandbox_id
         self.ev = Evidence()
         self.muted = False
-        #: The mark counters as of the last take (what moved since is this turn's).
-        self.seen = marks
+        #: The slot's counters as of the last take (what moved since is this turn's): the marks,
+        #: then events, dropped, forks, exits.  The kernel only ever increments them.
+        self.seen = counts
+        #: The epoch number (explanations of writes are sent once per process and fd per epoch).
+        self.epoch = 0
 
 
 def _text(raw: bytes) -> str:
@@ -207,24 +220,22 @@ class BpfEvents:
             if not self._free:
                 raise BpfError(f"more than {self.max_sandboxes} sandboxes to watch")
             slot = self._free.pop()
-            # The marks are never reset: the new sandbox's turns count from their values now.
-            self._slots[slot] = _Slot(sandbox_id, self._marks(slot))
+            # The counters are never reset: the new sandbox's turns count from their values now.
+            state = self._slots[slot] = _Slot(sandbox_id, self._counts(slot))
             self._by_sandbox[sandbox_id] = (slot, cg)
-            self._swap_counters(slot)  # a slot's counters start from zero for its new sandbox
+            self._new_epoch(slot, state)
             self._bpf["sandboxes"][ctypes.c_uint64(cg)] = ctypes.c_uint32(slot)
 
-    def _marks(self, slot: int) -> list[int]:
-        table = self._bpf["marks"]
-        return [int(table[ctypes.c_int(slot * NMARKS + m)].value) for m in range(NMARKS)]
+    def _counts(self, slot: int) -> list[int]:
+        """The slot's counters in one map lookup: the marks, then events, dropped, forks, exits."""
+        c = self._bpf["counts"][ctypes.c_int(slot)]
+        return [int(m) for m in c.marks] + [int(c.events), int(c.dropped), int(c.forks), int(c.exits)]
 
-    def _swap_counters(self, slot: int) -> tuple[int, int, int, int]:
-        """The slot's (lost, budget used, forks, exits) counters, each reset to zero."""
-        out = []
-        for table, key in (("dropped", slot), ("budget", slot), ("lifecycle", slot * 2), ("lifecycle", slot * 2 + 1)):
-            cell = self._bpf[table]
-            out.append(int(cell[ctypes.c_int(key)].value))
-            cell[ctypes.c_int(key)] = ctypes.c_uint64(0)
-        return out[0], out[1], out[2], out[3]
+    def _new_epoch(self, slot: int, state: _Slot) -> None:
+        """Start the slot's next epoch from the counters just read into ``state.seen`` (one map update)."""
+        state.epoch += 1
+        table = self._bpf["epochs"]
+        table[ctypes.c_int(slot)] = table.Leaf(state.epoch, state.seen[EVENTS])
 
     def _untrack_locked(self, sandbox_id: str) -> None:
         found = self._by_sandbox.pop(sandbox_id, None)
@@ -249,14 +260,14 @@ class BpfEvents:
         # they are added to what the slot has seen, so they count for nobody.
         self._drain()
         slot = self._set_muted(sandbox_id, True)
-        before = self._marks(slot[0]) if slot is not None else []
+        before = self._counts(slot[0]) if slot is not None else []
         try:
             yield
         finally:
             self._drain()
             if slot is not None:
                 with self._lock:
-                    after = self._marks(slot[0])
+                    after = self._counts(slot[0])
                     state = slot[1]
                     state.seen = [s + (a - b) for s, a, b in zip(state.seen, after, before, strict=True)]
                 self._set_muted(sandbox_id, False)
@@ -288,16 +299,16 @@ class BpfEvents:
             # sandbox just tracked ran unwatched for a moment.
             ev, state.ev = state.ev, Evidence(tmpfs_dirty=False)
             ev.inspector = self.name
-            marks = self._marks(slot)
-            moved = [now - seen for now, seen in zip(marks, state.seen, strict=True)]
-            state.seen = marks
+            counts = self._counts(slot)
+            moved = [now - seen for now, seen in zip(counts, state.seen, strict=True)]
+            state.seen = counts
             if moved[MARK_FILES]:
                 ev.files_dirty = True
             if moved[MARK_PROC] and not ev.process_notes:
                 ev.process_notes.append("a process's memory may have changed while it did not run")
             if moved[MARK_TMPFS]:
                 ev.tmpfs_dirty = True
-            lost, sent_or_not, ev.forks, ev.exits = self._swap_counters(slot)
+            lost, sent_or_not, ev.forks, ev.exits = moved[DROPPED], moved[EVENTS], moved[FORKS], moved[EXITS]
             if lost:
                 ev.lost = lost
                 ev.files_dirty = ev.tmpfs_dirty = True
@@ -306,8 +317,7 @@ class BpfEvents:
                 # Past the budget the probes only counted: what they did not send may be a mutation.
                 ev.files_dirty = ev.tmpfs_dirty = True
                 ev.file_notes.append(f"{sent_or_not} events this turn; the first {EVENT_BUDGET} were read")
-            epochs = self._bpf["epochs"]
-            epochs[ctypes.c_int(slot)] = ctypes.c_uint64(int(epochs[ctypes.c_int(slot)].value) + 1)
+            self._new_epoch(slot, state)
         return ev
 
     # --- events ------------------------------------------------------------------------
