@@ -110,6 +110,30 @@ def test_sandboxes_from_slots_are_networked_and_isolated_and_leave_nothing(daemo
     assert len(_leases(daemon)) == len(left)
 
 
+@pytest.mark.criu
+def test_a_sandbox_from_a_slot_takes_a_full_checkpoint_and_forks(daemon: EmbeddedDaemon) -> None:
+    c = Client(daemon.socket)
+    c.create("busybox", network=True).remove(force=True)  # the pool runs (from here on, whatever ran before)
+    ips = {_slot_ip(s) for s in _wait_slots(daemon, 2)}
+    sb = c.create("bookworm", network=True)
+    clones = []
+    try:
+        ip = sb.refresh().ip_address
+        assert ip in ips
+        _serve(sb, "0.0.0.0", 8000)
+        # The moved-in interface is dumped like one CNI made there (userns: --empty-ns network).
+        ck = sb.checkpoint(kind="full")
+        assert ck.kind == "full"
+        clones = sb.fork(1, ck)
+        clone_ip = clones[0].info.ip_address
+        assert clone_ip and clone_ip != ip
+        assert urllib.request.urlopen(f"http://{clone_ip}:8000/", timeout=10).status == 200
+        assert urllib.request.urlopen(f"http://{ip}:8000/", timeout=10).status == 200
+    finally:
+        for x in [*clones, sb]:
+            x.remove(force=True)
+
+
 def test_a_crabd_killed_with_unclaimed_slots_leaves_nothing_once_restarted() -> None:
     with daemon_with_config(_toml(True, size=3), NET) as d:
         c = Client(d.socket)
