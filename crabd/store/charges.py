@@ -32,7 +32,7 @@ store's size; that is the price of independence.
         -- blob's parents (blob_edges) that are live for the uid
     uid_usage(uid INT PK, bytes INT, blobs INT)  -- SUM(stored) and COUNT over the uid's uid_refs
 
-This is the catalog's reference counting (``store/catalog.py``) again,
+This is the catalog's reference counting (``store/blobrefs.py``) again,
 partitioned by uid, and it is maintained the same way: incrementally, in the
 same transactions that publish, adopt and delete checkpoints and move
 heads, one level of the DAG per statement batch.  A blob becoming live for

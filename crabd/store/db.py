@@ -14,7 +14,8 @@ Durability: WAL mode.  A transaction commits in one of two ways:
   their decisions and checkpoint states, and commands): ``synchronous=NORMAL``,
   COMMIT returns once the WAL frames are written to the kernel, which is
   enough to survive kill -9 of crabd (the frames are in the page cache; the
-  next open reads them).  A flusher thread fsyncs the WAL at most
+  next open reads them).  A flusher thread (started by the first such
+  commit: a database that never group-commits has none) fsyncs the WAL at most
   :data:`GROUP_COMMIT_S` after such a commit, and any durable commit fsyncs
   it anyway (the WAL is one sequential file: syncing it syncs every frame
   before), so a power loss or kernel crash can lose at most the turn log of
@@ -342,6 +343,9 @@ class _WalFlusher:
     pages, so one call covers every frame the commits before it wrote.  If it
     fails (the disk is gone) the error is logged and the next one tries again:
     the durable commits report such an error themselves.
+
+    The thread starts with the first :meth:`due`, not with the database: most
+    databases (``crabctl``'s, a test's, a tool's) only ever commit durably.
     """
 
     def __init__(self, wal: Path, delay_s: float) -> None:
@@ -349,10 +353,17 @@ class _WalFlusher:
         self.delay_s = delay_s
         self._wake = threading.Event()
         self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="crab-wal-flush", daemon=True)
-        self._thread.start()
+        #: Guards starting the thread, against a second start and against a start after close().
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     def due(self) -> None:
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None and not self._closing.is_set():
+                    thread = threading.Thread(target=self._run, name="crab-wal-flush", daemon=True)
+                    thread.start()
+                    self._thread = thread
         self._wake.set()
 
     def _run(self) -> None:
@@ -379,8 +390,11 @@ class _WalFlusher:
             os.close(fd)
 
     def close(self) -> None:
-        """Flush what is pending and stop the thread."""
-        self._closing.set()
+        """Flush what is pending and stop the thread (if it was ever started)."""
+        with self._start_lock:
+            self._closing.set()
+            thread = self._thread
         self._wake.set()
-        self._thread.join(timeout=5)
+        if thread is not None:
+            thread.join(timeout=5)
         self.flush()

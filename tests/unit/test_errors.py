@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import importlib
+import os
 import pickle
+import pkgutil
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import docker.errors
 import pytest
@@ -50,6 +56,42 @@ def test_every_error_is_a_crab_error_and_registered() -> None:
         assert error_class(cls.__name__) is cls
 
 
+def _error_modules() -> Iterator[ModuleType]:
+    """Every module of the crabd.errors package (imported here, so a module the package forgets is still found)."""
+    for info in pkgutil.iter_modules(crabd.errors.__path__, "crabd.errors."):
+        yield importlib.import_module(info.name)
+
+
+def test_the_package_exports_and_registers_every_class_of_its_modules() -> None:
+    # A class registers when its module is imported, and crabd.errors imports only the modules it
+    # re-exports from: a class it did not re-export could cross gRPC and come back as plain CrabError.
+    defined = {
+        name: cls
+        for mod in _error_modules()
+        for name, cls in vars(mod).items()
+        if isinstance(cls, type) and issubclass(cls, CrabError) and cls.__module__ == mod.__name__
+    }
+    assert len(defined) > 40
+    assert set(defined) <= set(crabd.errors.__all__)
+    ours = {name for name, cls in registered().items() if cls.__module__.startswith("crabd.errors.")}
+    assert ours == set(defined)
+    for name, cls in defined.items():
+        assert getattr(crabd.errors, name) is cls and error_class(name) is cls
+
+
+def test_importing_crabd_errors_alone_registers_every_class() -> None:
+    # In a fresh interpreter: what the SDK has before anything else is imported.
+    code = (
+        "import crabd.errors as e; "
+        "print(sorted(n for n, c in e.registered().items() if c.__module__.startswith('crabd.errors')))"
+    )
+    root = str(Path(crabd.errors.__file__).parents[2])  # this checkout, whatever the venv has installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    exported = sorted(n for n in crabd.errors.__all__ if isinstance(getattr(crabd.errors, n), type))
+    assert out.strip() == repr(exported)
+
+
 def test_explicit_hint_wins() -> None:
     assert HostError("x", hint="do y").hint == "do y"
 
@@ -77,7 +119,7 @@ def test_errors_pickle_with_their_data() -> None:
 
 
 def _docstring_tree() -> dict[str, str | None]:
-    """Class name -> parent's name, from the tree in crabd/errors.py's docstring (indented 4 per level)."""
+    """Class name -> parent's name, from the tree in crabd/errors/__init__.py's docstring (indented 4 per level)."""
     doc = crabd.errors.__doc__ or ""
     block = doc.split("::\n", 1)[1]
     parents: dict[str, str | None] = {}
@@ -98,7 +140,7 @@ def _docstring_tree() -> dict[str, str | None]:
 def test_docstring_tree_lists_every_class_under_its_parent() -> None:
     tree = _docstring_tree()
     ours = {name: cls for name, cls in registered().items() if cls.__module__.startswith("crabd.")}
-    assert set(tree) == set(ours), "update the tree in crabd/errors.py's docstring"
+    assert set(tree) == set(ours), "update the tree in crabd/errors/__init__.py's docstring"
     for name, cls in ours.items():
         parent = None if cls is CrabError else cls.__bases__[0].__name__
         assert tree[name] == parent, f"{name} is listed under {tree[name]}, but derives from {parent}"

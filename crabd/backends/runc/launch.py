@@ -273,12 +273,9 @@ class Launcher:
                 self.runc.start(spec.id)
                 state = self.runc.state(spec.id)
             else:
-                if not userns_image.find(restore.images_dir):
-                    raise CriuImageInvalid(
-                        f"{spec.id}: the checkpoint was taken without a user namespace and this sandbox runs in one",
-                        path=str(restore.images_dir),
-                        hint="Restore its files only, or run crabd with `[runtime] userns = false`.",
-                    )
+                # Images dumped without a user namespace never get here: the backend restores them into a
+                # container without one (RuncSandboxBackend._follow_images), and retarget refuses any dump
+                # that lacks exactly one user-namespace image.
                 # The dumped mapping never decides host ids: this container's range does.
                 userns_image.retarget(restore.images_dir, ids.base, ids.count)
                 _share_with_range(restore.images_dir, ids)

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from crabd.store.catalog import _select_in
+from crabd.store.blobrefs import _select_in
 from crabd.store.db import Database, sandbox_owner_filter
 
 _ENTRY_COLS = "checkpoint_id, sandbox_id, owner_uid, host, created_at, meta_json"

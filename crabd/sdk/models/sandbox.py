@@ -1,0 +1,277 @@
+"""What the SDK hands back about sandboxes: a sandbox, a command's result and output, its turns
+and the inspector's decisions, and what a recovery brought back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from crabd.api.v1 import crab_pb2 as pb
+from crabd.models import (
+    CheckpointKind,
+    CheckpointPolicy,
+    DecisionKind,
+    FilesSource,
+    ImageSource,
+    RecoveryMode,
+    RetentionPolicy,
+    TurnCheckpointState,
+)
+
+
+def _image_source(text: str) -> ImageSource | None:
+    if text == "hot":
+        return "hot"
+    if text == "blobs":
+        return "blobs"
+    return None
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    id: str
+    name: str
+    owner_uid: int
+    env: str
+    image: str
+    container_id: str
+    state: str
+    created_at: float
+    cpus: float
+    memory_bytes: int
+    pids: int
+    network: bool
+    env_vars: dict[str, str]
+    workdir: str
+    ip_address: str
+    exit_code: int
+    oom_killed: bool
+    dead_reason: str
+    turn: int
+    turn_open: bool
+    checkpoints: CheckpointPolicy = CheckpointPolicy.AUTO
+    origin: str = ""
+    branch: int = 0
+    head: str = ""
+    recovery: RecoveryMode = RecoveryMode.MANUAL
+    #: Set by restore, fork and recover: what of the checkpoint's state the new container could
+    #: not be given (e.g. the session's open descriptors after a files-only checkpoint).
+    not_restored: list[str] = field(default_factory=list)
+    #: Set by restore, fork and recover: where the new container's files came from (a btrfs
+    #: snapshot of the checkpoint, inode-exact, or the blob store) and its process images (the
+    #: hot copy of the newest dump or the blob store; None for a files-only checkpoint).
+    files_from: FilesSource | None = None
+    images_from: ImageSource | None = None
+    #: Its own retention policy (None: the daemon's ``[retention]`` default applies).
+    retention: RetentionPolicy | None = None
+    #: Its disk limit (runc+btrfs), as crabd resolved it (0: none).
+    disk_bytes: int = 0
+
+    @classmethod
+    def from_pb(cls, m: pb.Sandbox) -> SandboxInfo:
+        return cls(
+            id=m.id,
+            name=m.name,
+            owner_uid=m.owner_uid,
+            env=m.env,
+            image=m.image,
+            container_id=m.container_id,
+            state=m.state,
+            created_at=m.created_at,
+            cpus=m.limits.cpus,
+            memory_bytes=m.limits.memory_bytes,
+            pids=m.limits.pids,
+            disk_bytes=m.limits.disk_bytes,
+            network=m.network,
+            env_vars=dict(m.env_vars),
+            workdir=m.workdir,
+            ip_address=m.ip_address,
+            exit_code=m.exit_code,
+            oom_killed=m.oom_killed,
+            dead_reason=m.dead_reason,
+            turn=m.turn,
+            turn_open=m.turn_open,
+            checkpoints=CheckpointPolicy(m.checkpoints or CheckpointPolicy.AUTO),
+            origin=m.origin,
+            branch=m.branch,
+            head=m.head,
+            recovery=RecoveryMode(m.recovery or RecoveryMode.MANUAL),
+            not_restored=list(m.not_restored),
+            files_from=FilesSource(m.files_from) if m.files_from else None,
+            images_from=_image_source(m.images_from),
+            retention=retention_from_pb(m.retention) if m.HasField("retention") else None,
+        )
+
+
+def retention_from_pb(m: pb.Retention) -> RetentionPolicy:
+    return RetentionPolicy(int(m.keep_last), int(m.keep_hourly), int(m.keep_daily), float(m.keep_within_s))
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    duration_s: float = 0.0
+    turn: int = 0
+    seq: int = 0
+    session_ended: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def text(self) -> str:
+        """stdout decoded as UTF-8 (invalid bytes replaced)."""
+        return self.stdout.decode("utf-8", "replace")
+
+    @classmethod
+    def from_pb(cls, m: pb.ExecResult) -> ExecResult:
+        return cls(
+            exit_code=m.exit_code,
+            stdout=m.stdout,
+            stderr=m.stderr,
+            timed_out=m.timed_out,
+            stdout_dropped=m.stdout_dropped,
+            stderr_dropped=m.stderr_dropped,
+            duration_s=m.duration_s,
+            turn=m.turn,
+            seq=m.seq,
+            session_ended=m.session_ended,
+        )
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    stream: str  # "stdout" | "stderr"
+    data: bytes
+
+
+@dataclass(frozen=True)
+class CommandInfo:
+    seq: int
+    kind: str
+    command: str
+    exit_code: int
+    timed_out: bool
+    started_at: float
+    duration_s: float
+    stdout_bytes: int
+    stderr_bytes: int
+
+
+@dataclass(frozen=True)
+class Turn:
+    sandbox_id: str
+    number: int
+    started_at: float
+    ended_at: float | None
+    open: bool
+    implicit: bool
+    has_session_state: bool
+    commands: list[CommandInfo] = field(default_factory=list)
+    #: The inspector's decision at the turn end (policy "auto"), else None.
+    decision: Decision | None = None
+    #: The checkpoint the turn end took, else "" (also while it is still queued).
+    checkpoint_id: str = ""
+    #: pending (queued in crabd's engine; the sandbox's next action waits for it), done, skipped,
+    #: failed, lost (crabd stopped first) or none (policy); "" while the turn is open.
+    checkpoint_state: str = ""
+    #: Why the checkpoint failed or was lost.
+    checkpoint_error: str = ""
+    #: A skipped turn: the checkpoint whose state it ended in (what ``restore(turn=N)`` restores).
+    basis_checkpoint: str = ""
+
+    @property
+    def state_checkpoint(self) -> str:
+        """The checkpoint holding the state this turn ended in ("" if none does, or not yet)."""
+        if self.checkpoint_state == TurnCheckpointState.DONE:
+            return self.checkpoint_id
+        return self.basis_checkpoint if self.checkpoint_state == TurnCheckpointState.SKIPPED else ""
+
+    @classmethod
+    def from_pb(cls, m: pb.Turn) -> Turn:
+        return cls(
+            sandbox_id=m.sandbox_id,
+            number=m.number,
+            started_at=m.started_at,
+            ended_at=m.ended_at or None,
+            open=m.open,
+            implicit=m.implicit,
+            has_session_state=m.has_session_state,
+            commands=[
+                CommandInfo(
+                    c.seq,
+                    c.kind,
+                    c.command,
+                    c.exit_code,
+                    c.timed_out,
+                    c.started_at,
+                    c.duration_s,
+                    c.stdout_bytes,
+                    c.stderr_bytes,
+                )
+                for c in m.commands
+            ],
+            decision=Decision.from_pb(m.decision) if m.HasField("decision") else None,
+            checkpoint_id=m.checkpoint_id,
+            checkpoint_state=m.checkpoint_state,
+            checkpoint_error=m.checkpoint_error,
+            basis_checkpoint=m.basis_checkpoint,
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the inspector found a turn changed: ``kind`` is "skip", "fs" or "full", with the reasons."""
+
+    kind: DecisionKind
+    reasons: list[str]
+    inspector: str
+    seconds: float
+    paired_with: str = ""
+    shadow_kind: str = ""
+    shadow_reasons: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_pb(cls, m: pb.Decision) -> Decision:
+        return cls(
+            DecisionKind(m.kind),
+            list(m.reasons),
+            m.inspector,
+            m.seconds,
+            m.paired_with,
+            m.shadow_kind,
+            list(m.shadow_reasons),
+        )
+
+
+def chunk_from_pb(m: pb.OutputChunk) -> OutputChunk:
+    return OutputChunk("stderr" if m.stream == pb.STDERR else "stdout", m.data)
+
+
+@dataclass(frozen=True)
+class Recovered:
+    sandbox: SandboxInfo
+    checkpoint: str
+    checkpoint_turn: int
+    kind: CheckpointKind
+    #: Turns whose effects came after the checkpoint and are gone.
+    lost_turns: list[int]
+    #: What of the checkpoint's own state could not be brought back (e.g. the session's open
+    #: descriptors, when the checkpoint holds files and shell state only).
+    not_restored: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_pb(cls, m: pb.RecoverResponse) -> Recovered:
+        return cls(
+            SandboxInfo.from_pb(m.sandbox),
+            m.checkpoint,
+            m.checkpoint_turn,
+            CheckpointKind(m.kind),
+            list(m.lost_turns),
+            list(m.not_restored),
+        )
