@@ -5,7 +5,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from crabd.backends.runc import cni, slots
+from crabd.backends.runc import cni, rtnl, slots
 from crabd.errors import ContainerRuntimeError
 from crabd.util import proc
 
@@ -219,10 +222,39 @@ def test_a_crash_between_record_and_rename_leaves_nothing_after_both_teardowns(
 
 
 def test_the_moved_interface_is_configured_as_the_bridge_plugin_did() -> None:
-    lines = slots._config_lines(cni.CniResult.parse(RESULT))
-    assert lines == [
-        "addr add 10.9.0.5/24 broadcast + dev eth0",
-        "link set dev eth0 up",
-        "route add 0.0.0.0/0 via 10.9.0.1 dev eth0",
-        "route add 192.168.7.0/24 via 10.9.0.254 dev eth0",
-    ]
+    addrs, routes = slots._config(cni.CniResult.parse(RESULT))
+    assert [str(a) for a in addrs] == ["10.9.0.5/24"]  # IPv4 only
+    assert [(str(d), v) for d, v in routes] == [("0.0.0.0/0", "10.9.0.1"), ("192.168.7.0/24", "10.9.0.254")]
+
+
+def _attrs(body: bytes) -> dict[int, bytes]:
+    out, i = {}, 0
+    while i < len(body):
+        length, kind = struct.unpack_from("=HH", body, i)
+        out[kind] = body[i + 4 : i + length]
+        i += (length + 3) & ~3
+    return out
+
+
+def test_rtnetlink_requests_are_laid_out_as_the_kernel_reads_them() -> None:
+    msg = rtnl.move_link(7, 42)
+    length, kind, flags, _, _ = struct.unpack_from("=IHHII", msg)
+    assert length == len(msg) and kind == rtnl.RTM_NEWLINK and flags & rtnl.NLM_F_ACK
+    assert struct.unpack_from("=BBHiII", msg, 16)[3] == 7
+    assert _attrs(msg[32:]) == {rtnl.IFLA_NET_NS_FD: struct.pack("=I", 42)}
+    msg = rtnl.add_address(3, ipaddress.IPv4Interface("10.9.0.5/24"))
+    assert struct.unpack_from("=BBBBI", msg, 16) == (socket.AF_INET, 24, 0, 0, 3)
+    got = _attrs(msg[24:])
+    assert got[rtnl.IFA_LOCAL] == got[rtnl.IFA_ADDRESS] == bytes([10, 9, 0, 5])
+    assert got[rtnl.IFA_BROADCAST] == bytes([10, 9, 0, 255])
+    msg = rtnl.add_route(3, ipaddress.IPv4Network("0.0.0.0/0"), ipaddress.IPv4Address("10.9.0.1"))
+    assert struct.unpack_from("=BBBBBBBBI", msg, 16)[:2] == (socket.AF_INET, 0)
+    got = _attrs(msg[28:])
+    assert rtnl.RTA_DST not in got and got[rtnl.RTA_GATEWAY] == bytes([10, 9, 0, 1])
+    assert got[rtnl.RTA_OIF] == struct.pack("=i", 3)
+    assert len(rtnl.attr(1, b"abc")) == 8  # padded to 4
+    ack = struct.pack("=IHHII", 36, rtnl.NLMSG_ERROR, 0, 1, 0) + struct.pack("=i", -17) + b"\0" * 16
+    assert rtnl.parse_ack(ack) == 17  # EEXIST
+    assert rtnl.parse_ack(ack[:16] + struct.pack("=i", 0)) == 0
+    with pytest.raises(ValueError):
+        rtnl.parse_ack(b"\0" * 8)

@@ -266,7 +266,7 @@ class Launcher:
                 named_netns.pin(spec.id, made.pid, self.layout.netns, sysctls)
                 result: CniResult | None = None
                 if slot is not None:
-                    result = slots.move_into(self.layout, self.network, slot, spec.id, made.pid)
+                    result = slots.move_into(self.layout, self.network, slot, spec.id)
                 else:
                     result = self.network.add(spec.id, ns) if spec.networked else None
                 clock.lap("cni")

@@ -30,11 +30,11 @@ The two kinds of container take a slot differently:
   inside its user namespace (bundle.py: the kernel lets only that
   namespace's root mount sysfs, and CRIU refuses namespaces of another
   owner), so the slot's interface is moved into it after ``runc create``
-  (``ip link set ... netns <init pid>``).  A moved interface loses its
-  addresses and routes (the kernel flushes them when a device leaves its
-  namespace), so they are set again from the kept CNI result, as the bridge
-  plugin set them: the addresses, the link up, the routes via the gateway.
-  Its MAC, and so the bridge's and the firewall's view of it, stays.
+  (rtnetlink, :mod:`.rtnl`: no `ip` processes).  A moved interface loses
+  its addresses and routes (the kernel flushes them when a device leaves
+  its namespace), so they are set again from the kept CNI result, as the
+  bridge plugin set them: the addresses, the link up, the routes via the
+  gateway.  Its MAC, and so the bridge's and the firewall's view of it, stays.
 
 :class:`SlotPool` keeps up to ``size`` slots ready, made one at a time on a
 thread of its own; it starts after the first claim (a crabd whose sandboxes
@@ -48,26 +48,27 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import secrets
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from crabd.backends.network import SANDBOX_SYSCTLS
-from crabd.backends.runc import named_netns
+from crabd.backends.runc import named_netns, rtnl
 from crabd.backends.runc.cleanup import Layout
 from crabd.backends.runc.cni import IFNAME, CniNetwork, CniResult
 from crabd.backends.runc.naming import container_id
-from crabd.errors import CommandError, ContainerRuntimeError, CrabError
-from crabd.util import proc
+from crabd.errors import ContainerRuntimeError, CrabError
+from crabd.util.threads import on_own_thread
 
 log = logging.getLogger("crabd.runc.slots")
 
 #: A slot's sandbox part starts so: never a sandbox id crabd makes (those are hex).
 SLOT_TAG = "warm"
 SLOT_GENERATION = "0"
-_IP_TIMEOUT_S = 10.0
 #: After a failed make, the filler waits this long (doubling up to the max) before it tries again.
 RETRY_S = 0.5
 RETRY_MAX_S = 30.0
@@ -126,37 +127,53 @@ def take_netns(layout: Layout, network: CniNetwork, slot: Slot, cid: str) -> Cni
     return slot.network
 
 
-def _ip(netns: Path, args: list[str], batch: str = "") -> None:
-    # nsenter: `ip` acts in the netns it runs in, and crabd's own threads stay in the host's.
-    argv = ["nsenter", f"--net={netns}", "ip", *args]
-    try:
-        proc.run(argv, timeout=_IP_TIMEOUT_S, input=batch.encode() if batch else None)
-    except CommandError as exc:
-        raise ContainerRuntimeError(f"{' '.join(argv)}: {exc.message}", container=netns.name) from exc
+def _config(result: CniResult) -> tuple[list[ipaddress.IPv4Interface], list[tuple[ipaddress.IPv4Network, str]]]:
+    """The bridge plugin's configuration of the container's interface, from its result: (addresses, routes).
 
-
-def _config_lines(result: CniResult) -> list[str]:
-    """The bridge plugin's configuration of the container's interface, from its result, as ``ip -batch`` lines."""
-    raw = result.raw
-    lines, gateway = [], result.gateway
-    for entry in raw.get("ips") or ():
+    IPv4 only (the network is; the sandboxes have IPv6 off).  A route
+    without its own gateway goes via the address's, as the plugin does it.
+    """
+    addrs = []
+    for entry in result.raw.get("ips") or ():
         addr = ipaddress.ip_interface(str(entry["address"]))
         if isinstance(addr, ipaddress.IPv4Interface):
-            lines.append(f"addr add {addr.with_prefixlen} broadcast + dev {IFNAME}")
-    lines.append(f"link set dev {IFNAME} up")
-    for route in raw.get("routes") or ():
+            addrs.append(addr)
+    routes = []
+    for route in result.raw.get("routes") or ():
         dst = ipaddress.ip_network(str(route["dst"]))
-        via = route.get("gw") or gateway
+        via = route.get("gw") or result.gateway
         if isinstance(dst, ipaddress.IPv4Network) and via:
-            lines.append(f"route add {dst.with_prefixlen} via {via} dev {IFNAME}")
-    return lines
+            routes.append((dst, str(via)))
+    return addrs, routes
 
 
-def move_into(layout: Layout, network: CniNetwork, slot: Slot, cid: str, pid: int) -> CniResult:
-    """Move the slot's interface into the netns of ``pid`` (pinned as ``cid``) and configure it there."""
+def move_into(layout: Layout, network: CniNetwork, slot: Slot, cid: str) -> CniResult:
+    """Move the slot's interface into the netns pinned as ``cid`` and configure it there (module docstring)."""
     network.take_over(slot.id, cid)
-    _ip(slot.netns, ["link", "set", "dev", IFNAME, "netns", str(pid)])
-    _ip(named_netns.path_of(cid, layout.netns), ["-batch", "-"], "\n".join(_config_lines(slot.network)) + "\n")
+    target = named_netns.path_of(cid, layout.netns)
+    addrs, routes = _config(slot.network)
+
+    def work() -> None:
+        # One throwaway thread, in the slot's netns and then in the container's (rtnl.py: a netlink
+        # socket acts where its thread is).
+        fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            named_netns.enter(slot.netns)
+            rtnl.request(rtnl.move_link(socket.if_nametoindex(IFNAME), fd), f"move {IFNAME} into {cid}")
+        finally:
+            os.close(fd)
+        named_netns.enter(target)
+        index = socket.if_nametoindex(IFNAME)
+        for addr in addrs:
+            rtnl.request(rtnl.add_address(index, addr), f"address {addr} on {IFNAME}")
+        rtnl.request(rtnl.link_up(index), f"{IFNAME} up")
+        for dst, via in routes:
+            rtnl.request(rtnl.add_route(index, dst, ipaddress.IPv4Address(via)), f"route {dst} via {via}")
+
+    try:
+        on_own_thread(work, "crab-slot")
+    except OSError as exc:
+        raise ContainerRuntimeError(f"network slot {slot.id} not moved into {cid}: {exc}", container=cid) from exc
     network.adopt_result(slot.id, cid)
     named_netns.remove(slot.id, layout.netns)  # empty now: the namespace goes with its pin
     return slot.network
