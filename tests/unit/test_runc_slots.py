@@ -157,6 +157,20 @@ def test_a_failing_make_is_retried_with_backoff_and_leaves_nothing(monkeypatch: 
     assert host.alive == set()
 
 
+def test_slots_are_made_only_while_the_backend_is_idle() -> None:
+    host = Host()
+    busy = threading.Event()
+    busy.set()
+    pool = slots.SlotPool(2, new_id=host.new_id, make=host.make, destroy=host.destroy, idle=lambda: not busy.is_set())
+    pool.claim()
+    time.sleep(0.2)
+    assert host.made == 0  # a start runs: the cores are its
+    busy.clear()
+    pool.poke()
+    _until(lambda: pool.ready() == 2)
+    pool.close()
+
+
 def test_size_zero_never_makes_a_slot() -> None:
     host = Host()
     pool = host.pool(0)

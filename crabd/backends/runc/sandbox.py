@@ -177,6 +177,7 @@ class RuncSandboxBackend:
                 new_id=lambda: slots.new_slot_id(self.instance),
                 make=lambda sid: slots.make_slot(layout, self.network, sid),
                 destroy=lambda sid: slots.destroy_slot(layout, self.network, sid),
+                idle=self._idle,
             )
             if warm_network_slots > 0
             else None
@@ -184,6 +185,11 @@ class RuncSandboxBackend:
         reaper.become_subreaper()
 
     # --- ids --------------------------------------------------------------------------
+
+    def _idle(self) -> bool:
+        """No start in progress (the slot pool refills only then)."""
+        with self._lock:
+            return not self._starting
 
     def _is_own(self, container_id: str) -> bool:
         return parse_id(self.instance, container_id) is not None
@@ -462,6 +468,8 @@ class RuncSandboxBackend:
             with self._lock:
                 self._starting.discard(cid)
                 self._created.pop(cid, None)
+            if self._slots is not None:
+                self._slots.poke()  # idle now, maybe: the pool refills between starts
 
     def stop(self, container_id: str, timeout_s: float) -> None:
         """SIGTERM to init, SIGKILL after ``timeout_s``; the container stays, stopped, for :meth:`status`."""

@@ -39,9 +39,10 @@ The two kinds of container take a slot differently:
 :class:`SlotPool` keeps up to ``size`` slots ready, made one at a time on a
 thread of its own; it starts after the first claim (a crabd whose sandboxes
 never ask for a network never makes one) and makes a slot whenever one was
-taken.  The pool's ids are :meth:`SlotPool.held`: the backend leaves them
-out of its listings, so neither adoption nor the recovery watch takes a
-slot in the making for a leftover.
+taken and no start is running (the backend's ``idle``).  The pool's ids
+are :meth:`SlotPool.held`: the backend leaves them out of its listings, so
+neither adoption nor the recovery watch takes a slot in the making for a
+leftover.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ SLOT_GENERATION = "0"
 #: After a failed make, the filler waits this long (doubling up to the max) before it tries again.
 RETRY_S = 0.5
 RETRY_MAX_S = 30.0
+#: How often a waiting filler looks again whether the backend is idle (it is also poked when a start ends).
+IDLE_POLL_S = 0.5
 #: How long :meth:`SlotPool.close` waits for a slot in the making.
 CLOSE_WAIT_S = 30.0
 
@@ -193,8 +196,10 @@ class SlotPool:
         new_id: Callable[[], str],
         make: Callable[[str], Slot],
         destroy: Callable[[str], list[str]],
+        idle: Callable[[], bool] = lambda: True,
     ) -> None:
         self.size = size
+        self._idle = idle
         self._new_id = new_id
         self._make = make
         self._destroy = destroy
@@ -233,11 +238,23 @@ class SlotPool:
         with self._cond:
             self._held.discard(slot_id)
 
-    def _next(self) -> str | None:
-        """The id of the next slot to make, held already; None once closed."""
+    def poke(self) -> None:
+        """Something :meth:`_next` waits for may have changed (a start ended: the backend may be idle now)."""
         with self._cond:
-            while not self._closed and len(self._ready) + self._making() >= self.size:
-                self._cond.wait()
+            self._cond.notify_all()
+
+    def _next(self) -> str | None:
+        """The id of the next slot to make, held already; None once closed.
+
+        Only while ``idle()``: a slot made while a start runs would take the
+        cores from it (the CNI plugins are most of a create's CPU), and save
+        nothing: under a sustained load the pool drains and creates run CNI
+        themselves, as without it.  :meth:`poke` wakes it up; it also looks
+        again every IDLE_POLL_S.
+        """
+        with self._cond:
+            while not self._closed and (len(self._ready) + self._making() >= self.size or not self._idle()):
+                self._cond.wait(IDLE_POLL_S)
             if self._closed:
                 return None
             sid = self._new_id()
