@@ -171,6 +171,16 @@ def test_slots_are_made_only_while_the_backend_is_idle() -> None:
     pool.close()
 
 
+def test_after_a_start_the_pool_waits_for_a_quiet_spell() -> None:
+    host = Host()
+    pool = slots.SlotPool(1, new_id=host.new_id, make=host.make, destroy=host.destroy, quiet_s=0.4)
+    pool.poke()  # a start just ended
+    t0 = time.monotonic()
+    pool.claim()
+    _until(lambda: pool.ready() == 1)
+    assert time.monotonic() - t0 >= 0.35
+
+
 def test_size_zero_never_makes_a_slot() -> None:
     host = Host()
     pool = host.pool(0)

@@ -178,6 +178,7 @@ class RuncSandboxBackend:
                 make=lambda sid: slots.make_slot(layout, self.network, sid),
                 destroy=lambda sid: slots.destroy_slot(layout, self.network, sid),
                 idle=self._idle,
+                quiet_s=slots.QUIET_S,
             )
             if warm_network_slots > 0
             else None

@@ -53,6 +53,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,9 @@ SLOT_GENERATION = "0"
 RETRY_S = 0.5
 RETRY_MAX_S = 30.0
 #: How often a waiting filler looks again whether the backend is idle (it is also poked when a start ends).
-IDLE_POLL_S = 0.5
+IDLE_POLL_S = 0.1
+#: After a start ended, how long nothing else must start before the pool makes a slot (the create's rest runs).
+QUIET_S = 0.3
 #: How long :meth:`SlotPool.close` waits for a slot in the making.
 CLOSE_WAIT_S = 30.0
 
@@ -197,9 +200,12 @@ class SlotPool:
         make: Callable[[str], Slot],
         destroy: Callable[[str], list[str]],
         idle: Callable[[], bool] = lambda: True,
+        quiet_s: float = 0.0,
     ) -> None:
         self.size = size
         self._idle = idle
+        self._quiet_s = quiet_s
+        self._poked = 0.0
         self._new_id = new_id
         self._make = make
         self._destroy = destroy
@@ -239,21 +245,31 @@ class SlotPool:
             self._held.discard(slot_id)
 
     def poke(self) -> None:
-        """Something :meth:`_next` waits for may have changed (a start ended: the backend may be idle now)."""
+        """A start ended: the backend may be idle now, or after ``quiet_s`` more of nothing."""
         with self._cond:
+            self._poked = time.monotonic()
             self._cond.notify_all()
+
+    def _may_make(self) -> bool:
+        return (
+            len(self._ready) + self._making() < self.size
+            and time.monotonic() - self._poked >= self._quiet_s
+            and self._idle()
+        )
 
     def _next(self) -> str | None:
         """The id of the next slot to make, held already; None once closed.
 
-        Only while ``idle()``: a slot made while a start runs would take the
-        cores from it (the CNI plugins are most of a create's CPU), and save
-        nothing: under a sustained load the pool drains and creates run CNI
-        themselves, as without it.  :meth:`poke` wakes it up; it also looks
-        again every IDLE_POLL_S.
+        Only while ``idle()`` and ``quiet_s`` after the last start ended: a
+        slot made while a create runs (its start, and then its init's
+        handshake, session and baseline checkpoint) would take the cores
+        from it (the CNI plugins are most of a networked create's CPU) and
+        save nothing.  Under a sustained load the pool drains and creates
+        run CNI themselves, as without it; a burst after a pause finds it
+        full.  :meth:`poke` wakes it up; it also looks again every IDLE_POLL_S.
         """
         with self._cond:
-            while not self._closed and (len(self._ready) + self._making() >= self.size or not self._idle()):
+            while not self._closed and not self._may_make():
                 self._cond.wait(IDLE_POLL_S)
             if self._closed:
                 return None
