@@ -20,6 +20,11 @@
  *   MARK_PROC   something may have changed a process's memory while it did
  *               not run (ptrace, process_vm_writev, a write to a /proc file
  *               such as /proc/<pid>/mem, io_uring, AIO).
+ *   MARK_TMPFS  something may have changed what the sandbox's tmpfs and
+ *               mqueue mounts hold (only a process checkpoint keeps it):
+ *               userspace then fingerprints those mounts again
+ *               (crabd/inspector/mounts.py); without it, the last
+ *               fingerprint stands.
  *
  * Attribution, by syscall family (docs/inspector.md has the argument):
  *   - fd-based mutations (write family, ftruncate, fallocate, fchmod, fchown,
@@ -41,11 +46,19 @@
  *   - ptrace (not TRACEME), process_vm_writev: MARK_PROC and MARK_FILES (the
  *     traced process can be made to do anything).
  * An inode is "quiet" (no mark) only when it is certainly not state a
- * filesystem checkpoint keeps: a character or block device, a fifo, a socket,
- * an anonymous inode, or a file on procfs (MARK_PROC instead), sysfs,
- * cgroupfs, devpts, pipefs, sockfs, nsfs, bpffs, debugfs/tracefs/securityfs,
- * or tmpfs/mqueue (those are fingerprinted at every turn end:
- * crabd/inspector/mounts.py).  Anything the probe cannot read counts as a
+ * checkpoint keeps: a character or block device, a fifo, a socket, an
+ * anonymous inode, or a file on procfs (MARK_PROC instead), sysfs,
+ * cgroupfs, devpts, pipefs, sockfs, nsfs, bpffs, debugfs/tracefs/securityfs.
+ * A file on tmpfs or mqueue takes MARK_TMPFS instead of MARK_FILES (its
+ * content is not in the upper dir).  MARK_TMPFS also comes with every
+ * path-based mutation (no path is resolved, so it may be on a tmpfs), every
+ * mount-table change (mount, umount, move_mount, fsmount, mount_setattr,
+ * open_tree, pivot_root: a tmpfs appears or goes), every POSIX message queue
+ * call (mq_open, mq_unlink, mq_timedsend, mq_timedreceive, mq_notify,
+ * mq_getsetattr: they change an mqueue file without any write), and with
+ * everything uncertain.  Writes through a shared mapping of a tmpfs file make
+ * no syscall: userspace fingerprints at every turn end while a process has
+ * one (crabd/inspector/procs.py).  Anything the probe cannot read counts as a
  * mark: where the probes cannot tell, the answer is "changed".
  *
  * Kernel structs are read at byte offsets passed in as -D flags that crabd
@@ -132,7 +145,11 @@
 /* marks: per-sandbox counters that decide (see the top of this file) */
 #define MARK_FILES 0
 #define MARK_PROC 1
-#define NMARKS 2
+#define MARK_TMPFS 2
+#define NMARKS 3
+/* IN_MARK's flags: which marks its successful exit takes again */
+#define M_FILES (1 << MARK_FILES)
+#define M_TMPFS (1 << MARK_TMPFS)
 
 /* in-flight syscalls: what the exit probe must do */
 #define IN_MARK 1    /* mark files again at a successful exit */
@@ -283,6 +300,9 @@ static __always_inline void *fd_file(int fd) {
 #define CLASS_QUIET 0
 #define CLASS_FILES 1   /* may be state a filesystem checkpoint keeps */
 #define CLASS_PROC 2    /* a /proc file: may be another process's memory */
+#define CLASS_TMPFS 3   /* a tmpfs or mqueue file: only a process checkpoint keeps it */
+#define TMPFS_MAGIC 0x01021994
+#define MQUEUE_MAGIC 0x19800202
 
 static __always_inline int quiet_magic(u64 magic) {
     switch (magic) {
@@ -298,8 +318,6 @@ static __always_inline int quiet_magic(u64 magic) {
     case 0x64626720:   /* debugfs */
     case 0x74726163:   /* tracefs */
     case 0x73636673:   /* securityfs */
-    case 0x01021994:   /* tmpfs: fingerprinted at every turn end (mounts.py) */
-    case 0x19800202:   /* mqueue: likewise */
         return 1;
     }
     return 0;
@@ -330,6 +348,8 @@ static __always_inline int classify(void *file) {
         return CLASS_FILES;
     if (magic == PROC_SUPER_MAGIC)
         return CLASS_PROC;
+    if (magic == TMPFS_MAGIC || magic == MQUEUE_MAGIC)
+        return CLASS_TMPFS;
     return quiet_magic(magic) ? CLASS_QUIET : CLASS_FILES;
 }
 
@@ -350,13 +370,18 @@ static __always_inline int on_exit(long ret) {
     if (ret < 0)
         return 0;   /* failed: it changed nothing */
     if (copy.what == IN_MARK) {
-        mark(copy.slot, MARK_FILES);
+        if (copy.flags & M_FILES)
+            mark(copy.slot, MARK_FILES);
+        if (copy.flags & M_TMPFS)
+            mark(copy.slot, MARK_TMPFS);
         return 0;
     }
     /* IN_OPEN: classify the file actually opened (by any path, dirfd or magic link). */
     int c = classify(fd_file((int)ret));
     if (c == CLASS_FILES)
         mark(copy.slot, MARK_FILES);
+    else if (c == CLASS_TMPFS)
+        mark(copy.slot, MARK_TMPFS);
     else if (c == CLASS_PROC) {
         mark(copy.slot, MARK_PROC);
         struct event *e = start(copy.slot, EV_UNCERTAIN, OP_PROC_WRITE);
@@ -409,7 +434,8 @@ static __always_inline int on_path(u32 op, int dfd, const char *p) {
     if (!sandbox_slot(&slot))
         return 0;
     mark(slot, MARK_FILES);
-    remember(slot, IN_MARK, 0);
+    mark(slot, MARK_TMPFS);
+    remember(slot, IN_MARK, M_FILES | M_TMPFS);
     struct event *e = start(slot, EV_PATH, op);
     if (!e)
         return 0;
@@ -424,7 +450,8 @@ static __always_inline int on_path2(u32 op, int dfd, const char *a, int dfd2, co
     if (!sandbox_slot(&slot))
         return 0;
     mark(slot, MARK_FILES);
-    remember(slot, IN_MARK, 0);
+    mark(slot, MARK_TMPFS);
+    remember(slot, IN_MARK, M_FILES | M_TMPFS);
     struct event *e = start(slot, EV_PATH2, op);
     if (!e)
         return 0;
@@ -486,6 +513,50 @@ PATH2_PROBE(linkat, OP_LINK, args->olddfd, args->oldname, args->newdfd, args->ne
 PATH2_PROBE(symlink, OP_SYMLINK, -100, args->oldname, -100, args->newname)
 PATH2_PROBE(symlinkat, OP_SYMLINK, -100, args->oldname, args->newdfd, args->newname)
 
+/* --- what changes the tmpfs and mqueue mounts without writing a file ------------------- */
+
+static __always_inline int on_tmpfs_only(void) {
+    u32 slot;
+    if (!sandbox_slot(&slot))
+        return 0;
+    mark(slot, MARK_TMPFS);
+    remember(slot, IN_MARK, M_TMPFS);
+    return 0;
+}
+
+/* Entry and exit of a syscall that may change what the tmpfs fingerprint covers. */
+#define TMPFS_PROBE(name)                                                                  \
+    TRACEPOINT_PROBE(syscalls, sys_enter_##name) { return on_tmpfs_only(); }                \
+    TRACEPOINT_PROBE(syscalls, sys_exit_##name) { return on_exit(args->ret); }
+
+/* The mount table: a tmpfs with content mounted or unmounted changes the fingerprint. */
+TMPFS_PROBE(mount)
+TMPFS_PROBE(umount)
+TMPFS_PROBE(pivot_root)
+#ifdef HAVE_move_mount
+TMPFS_PROBE(move_mount)
+#endif
+#ifdef HAVE_fsmount
+TMPFS_PROBE(fsmount)
+#endif
+#ifdef HAVE_mount_setattr
+TMPFS_PROBE(mount_setattr)
+#endif
+#ifdef HAVE_open_tree
+TMPFS_PROBE(open_tree)
+#endif
+#ifdef HAVE_open_tree_attr
+TMPFS_PROBE(open_tree_attr)
+#endif
+/* POSIX message queues change their mqueue file (times, and what a read of it shows) by calls
+ * that write no file: a send, a receive, a notification request, new attributes. */
+TMPFS_PROBE(mq_open)
+TMPFS_PROBE(mq_unlink)
+TMPFS_PROBE(mq_timedsend)
+TMPFS_PROBE(mq_timedreceive)
+TMPFS_PROBE(mq_notify)
+TMPFS_PROBE(mq_getsetattr)
+
 /* --- fd-based mutations ----------------------------------------------------------------- */
 
 /* A mutation through `fd`: marked now if the fd's file is not quiet, and again at a successful exit. */
@@ -496,6 +567,12 @@ static __always_inline int on_fd(u32 op, int fd, u64 flags) {
     int c = classify(fd_file(fd));
     if (c == CLASS_QUIET)
         return 0;
+    if (c == CLASS_TMPFS) {
+        /* Fingerprinted again at the turn end (mounts.py); nothing to explain. */
+        mark(slot, MARK_TMPFS);
+        remember(slot, IN_MARK, M_TMPFS);
+        return 0;
+    }
     if (c == CLASS_PROC) {
         mark(slot, MARK_PROC);
         struct event *u = start(slot, EV_UNCERTAIN, OP_PROC_WRITE);
@@ -506,7 +583,7 @@ static __always_inline int on_fd(u32 op, int fd, u64 flags) {
         return 0;
     }
     mark(slot, MARK_FILES);
-    remember(slot, IN_MARK, 0);
+    remember(slot, IN_MARK, M_FILES);
     if (op == OP_WRITE) {
         /* Writes come in floods: one explanation per (process, fd) per epoch. */
         u64 *b = budget.lookup(&slot);
@@ -588,6 +665,7 @@ static __always_inline int uncertain(u32 op) {
         return 0;
     mark(slot, MARK_PROC);
     mark(slot, MARK_FILES);
+    mark(slot, MARK_TMPFS);
     struct event *e = start(slot, EV_UNCERTAIN, op);
     if (!e)
         return 0;
@@ -652,6 +730,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     bpf_probe_read_kernel(&code, sizeof(code), (char *)bpf_get_current_task() + OFF_TASK_EXIT_CODE);
     if (code & 0x80) {
         mark(slot, MARK_FILES);
+        mark(slot, MARK_TMPFS);   /* the core may be written to a tmpfs */
         struct event *e = start(slot, EV_EXIT, OP_CORE);
         if (e)
             events.ringbuf_submit(e, 0);

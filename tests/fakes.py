@@ -240,6 +240,7 @@ class FakeSandboxBackend:
         return self._frozen(container_id)
 
     def thaw(self, container_id: str) -> None:
+        self.faults.hit("backend.thaw", DockerError)
         self.frozen_now.discard(container_id)
 
     def start(self, container_id: str, checkpoint: str = "") -> None:

@@ -312,7 +312,7 @@ class Checkpointer:
     ) -> Attempt:
         """Step 1: the walk while the sandbox runs, and what the frozen step needs at hand."""
         t0 = time.monotonic()
-        rec = self.sandboxes.get(rec.id) or rec
+        rec = await self.sandboxes.get(rec.id) or rec
         st = await self.sandboxes.running(rec)
         head = self.catalog.head(rec.id)
         base = await asyncio.to_thread(self.load_tree, head) if head else None

@@ -176,13 +176,20 @@ class Housekeeper:
         return await self._sweep(dropped)
 
     async def reconcile(self) -> GcReport:
-        """At start-up, before serving: finish what a crash interrupted.
+        """At start-up, once adoption is done (crabd serves meanwhile): finish what a crash interrupted.
 
         A crash between removing a sandbox and forgetting it leaves its head
-        and its checkpoints; one between a catalog change and the sweep of
-        the blobs it dropped (delete, gc, a restore's replaced stat index)
-        leaves blob files nothing references, and the list of them lived in
-        memory only.  Nothing is in flight yet, so a full gc is safe here.
+        and its checkpoints (adoption's finished removals too); one between a
+        catalog change and the sweep of the blobs it dropped (delete, gc, a
+        restore's replaced stat index) leaves blob files nothing references,
+        and the list of them lived in memory only.  A full gc is safe with
+        requests running because it holds the store lock exclusively: every
+        writer of a blob nothing references yet (checkpoint, restore, fork,
+        archive import, remote fetch) holds the shared side from that write
+        until the blob is published or released (``store/accounting.py``), so
+        no blob found unreferenced here is about to be published; and a
+        sandbox's head is dropped only when its row is gone, which a
+        concurrent removal's ``forget_sandbox`` would do the same.
         """
         async with self.store_lock.exclusive():
             live = {r.id for r in self.sandboxes.list_sandboxes(None)}

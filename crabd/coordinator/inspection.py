@@ -41,6 +41,9 @@ from crabd.store.catalog import Catalog
 
 log = logging.getLogger("crabd.inspector")
 
+#: A decision right after the turn end's session capture takes the bash pid that capture saw.
+CAPTURED_PID_S = 1.0
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -174,7 +177,7 @@ class TurnInspection:
     async def _decide(self, rec: SandboxRecord, session_json: str | None) -> tuple[Decision, str | None]:
         """:meth:`decide`, and the id of the head checkpoint it compared with."""
         st = await self.sandboxes.running(rec)
-        session_pid = await self.sandboxes.session_pid(rec, st)
+        session_pid = await self.sandboxes.session_pid(rec, st, captured_within_s=CAPTURED_PID_S)
         upper = Path(st.upper_dir or await asyncio.to_thread(self.sandboxes.backend.upper_dir, rec.container_id))
 
         def go() -> tuple[Decision, str | None]:
@@ -253,7 +256,10 @@ class TurnInspection:
             return Plan(FULL if policy is CheckpointPolicy.FULL else FS, None)
         d, basis = await self._decide(rec, session_json)
         await asyncio.to_thread(self.sandboxes.registry.set_decision, rec.id, turn, d.to_json(), None)
-        log.info(
+        # Skips are the common case (every read-only turn of every sandbox): at DEBUG, so that a
+        # host with a thousand sandboxes does not write a log line per skip (crabctl turns has them).
+        log.log(
+            logging.DEBUG if d.kind == SKIP else logging.INFO,
             "turn decided",
             extra={
                 "sandbox": rec.id,

@@ -37,6 +37,11 @@ from crabd.util.faults import crash_point
 log = logging.getLogger("crabd.recovery")
 
 WATCH_INTERVAL_S = 2.0
+#: Every this many watch intervals (and whenever a sandbox was found dead elsewhere, or a
+#: recovery waits for its retry) the watch lists the runtime's stopped containers and reads
+#: every sandbox; in between it only polls the pidfds of the running containers' inits
+#: (``livestatus.py``), which costs nothing per sandbox that did not stop.
+FULL_SWEEP_EVERY = 15
 #: Turns an import may report lost after its checkpoint (``last_turn`` comes from the caller).
 MAX_LOST_TURNS = 100_000
 MAX_ATTEMPTS = 3
@@ -61,6 +66,9 @@ class Recovery:
         #: sandbox id -> (failed attempts, monotonic time of the last); automatic
         #: recovery backs off (1, 2, 4 minutes) and gives up after MAX_ATTEMPTS.
         self._failed: dict[str, tuple[int, float]] = {}
+        self._ticks = 0
+        #: ``SandboxManager.deaths`` as of the last full pass.
+        self._deaths_seen = -1
 
     def _latest(self, rec: SandboxRecord) -> CheckpointRecord:
         # Only the sandbox's owner's checkpoints: another uid's that carry the same sandbox id
@@ -116,7 +124,7 @@ class Recovery:
                 f"(turn {ckpt.turn}); at most {MAX_LOST_TURNS} can be reported lost",
                 hint="Pass the last turn the sandbox really ended, or -1 if it is not known.",
             )
-        if self.sandboxes.get(ckpt.sandbox_id) is not None:
+        if await self.sandboxes.get(ckpt.sandbox_id) is not None:
             raise AlreadyExists(
                 f"sandbox {ckpt.sandbox_name} ({ckpt.sandbox_id}) already lives on this host",
                 name=ckpt.sandbox_name,
@@ -146,16 +154,31 @@ class Recovery:
     async def _watch(self) -> None:
         while True:
             try:
-                await self.sweep()
+                await self._tick()
             except CrabError as exc:
                 log.warning("recovery watch failed", extra={"error": str(exc)})
             except Exception:  # never let the watcher die silently
                 log.exception("recovery watch crashed; continuing")
             await asyncio.sleep(WATCH_INTERVAL_S)
 
+    async def _tick(self) -> list[str]:
+        """One watch interval: a full :meth:`sweep` when due, else only the containers whose init exited."""
+        retrying = any(attempts < MAX_ATTEMPTS for attempts, _ in self._failed.values())
+        full = self._ticks % FULL_SWEEP_EVERY == 0 or self.sandboxes.deaths != self._deaths_seen or retrying
+        self._ticks += 1
+        if full:
+            return await self.sweep()
+        exited = set(self.sandboxes.live_status.exited())
+        return await self._sweep(exited) if exited else []
+
     async def sweep(self) -> list[str]:
         """Mark sandboxes whose container exited dead; recover those that ask for it.  Returns their ids."""
         exited = set(await asyncio.to_thread(self.sandboxes.backend.list_exited, self.sandboxes.instance))
+        return await self._sweep(exited | set(self.sandboxes.live_status.exited()))
+
+    async def _sweep(self, exited: set[str]) -> list[str]:
+        # Read before the pass: a sandbox found dead while it runs is seen by the next full one.
+        self._deaths_seen = self.sandboxes.deaths
         done = []
         for rec in self.sandboxes.list_sandboxes(None):
             if rec.state is SandboxState.RUNNING and rec.container_id in exited:

@@ -176,7 +176,7 @@ class Restorer:
 
     async def _watch(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> None:
         if self.inspection is not None:
-            fresh = self.sandboxes.get(rec.id)
+            fresh = await self.sandboxes.get(rec.id)
             await self.inspection.watch(fresh or rec, ckpt)
 
     @staticmethod
@@ -364,7 +364,7 @@ class Restorer:
 
     async def _restore_locked(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> SandboxRecord:
         t0 = time.monotonic()
-        rec = self.sandboxes.get(rec.id) or rec
+        rec = await self.sandboxes.get(rec.id) or rec
         tree, session_json = await self._load(ckpt)
         t_load = time.monotonic()
         prep = _Prepared()
@@ -430,7 +430,7 @@ class Restorer:
         )
         if not_restored:
             log.warning("restore incomplete", extra={"sandbox": rec.id, "checkpoint": ckpt.id, "lost": not_restored})
-        out = self.sandboxes.get(rec.id)
+        out = await self.sandboxes.get(rec.id)
         assert out is not None
         out.ip_address = st.ip_address
         out.not_restored = not_restored
@@ -486,7 +486,7 @@ class Restorer:
         for r, res in zip(recs, results, strict=True):
             self.sandboxes.bind_session(r.id, res[0])
             await self._watch(r, ckpt)
-            got = self.sandboxes.get(r.id)
+            got = await self.sandboxes.get(r.id)
             assert got is not None
             got.ip_address, got.not_restored = res[1], res[2]
             got.files_from, got.images_from = res[3].files_from, res[3].images_from
@@ -570,5 +570,5 @@ class Restorer:
 
     async def _undo_clone(self, rec: SandboxRecord) -> None:
         await asyncio.to_thread(self.catalog.drop_head, rec.id)
-        current = self.sandboxes.get(rec.id)
+        current = await self.sandboxes.get(rec.id)
         await self.sandboxes.rollback(current or rec)

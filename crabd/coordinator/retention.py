@@ -85,7 +85,7 @@ class Retention:
 
     def policy_of(self, sandbox_id: str) -> RetentionPolicy | None:
         """A live sandbox's policy (its own, else the daemon's default); None if it is not live."""
-        rec = self.sandboxes.get(sandbox_id)
+        rec = self.sandboxes.row(sandbox_id)
         return None if rec is None else self._policy(rec)
 
     def _policy(self, rec: SandboxRecord) -> RetentionPolicy:
@@ -93,7 +93,7 @@ class Retention:
 
     def _verdict(self, view: lineage.Lineage) -> Verdict:
         """Why each checkpoint of ``view`` is kept, its sandboxes read once each."""
-        live = {r.id: r for s in {n.sandbox_id for n in view.nodes.values()} if (r := self.sandboxes.get(s))}
+        live = {r.id: r for s in {n.sandbox_id for n in view.nodes.values()} if (r := self.sandboxes.row(s))}
         policies = {sid: self._policy(r) for sid, r in live.items()}
         # A sandbox's policy governs its owner's checkpoints only: another uid's that carry the same
         # sandbox id (kept from before the id ledger, store/identity.py) are judged as kept ones.
@@ -117,7 +117,7 @@ class Retention:
         report = ThinReport(sandbox_id, self.policy_of(sandbox_id), dry_run=dry_run)
 
         def choose() -> list[str]:
-            rec = self.sandboxes.get(sandbox_id)
+            rec = self.sandboxes.row(sandbox_id)
             view = lineage.read(self.catalog.db, sandbox_ids=[sandbox_id], owner_uid=rec.owner_uid if rec else None)
             doomed = to_thin(view, self._verdict(view))
             report.kept = len(view.nodes) - len(doomed)
@@ -159,7 +159,7 @@ class Retention:
 
         async def work(_ctl: JobControl) -> Outcome:
             self._queued.discard(sandbox_id)
-            if self.sandboxes.get(sandbox_id) is None:
+            if self.sandboxes.row(sandbox_id) is None:
                 return Outcome(None)
             await self.thin(sandbox_id)
             return Outcome(None)

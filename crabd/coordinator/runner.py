@@ -145,6 +145,10 @@ async def run_exec(
     )
 
 
+class _NoSession(Exception):
+    """No bash runs, and the caller asked not to start one."""
+
+
 class Session:
     """The persistent bash of one sandbox.  One command at a time."""
 
@@ -157,25 +161,47 @@ class Session:
         self.probe: ProcessProbe | None = None
         #: Messages other processes wrote into the session's control channel (dropped by init).
         self.control_rejections = 0
+        #: The pid init reported for the bash the last command attached to or started.
+        self._bash_pid: int | None = None
+        #: (monotonic time, bash pid or None: no bash) at the last state capture; None once anything else ran.
+        self._captured: tuple[float, int | None] | None = None
 
     def rebind(self, connect: Connector) -> None:
         """Reach init through ``connect`` from now on (the container was restarted under a new pid)."""
         self._connect = connect
+        self._captured = None
+
+    def captured_pid(self, within_s: float) -> tuple[int | None] | None:
+        """``(pid,)``: the bash's pid (None: no bash) as the last state capture saw it, if that
+        was the session's last act and recent; None if there is no such capture.
+
+        A turn end captures the state and then decides; the decision needs
+        the same pid, and asking init again costs a connection.  Reusing it
+        is as sound as asking: the bash could die between init's answer and
+        the decision's /proc read either way, and a pid is only reused after
+        the pid space wraps, which takes far longer than ``within_s``.
+        """
+        seen = self._captured
+        if seen is None or time.monotonic() - seen[0] > within_s:
+            return None
+        return (seen[1],)
 
     @property
     def busy(self) -> bool:
         return self._lock.locked()
 
-    async def _attach_or_spawn(self, conn: InitConnection) -> bool:
-        """Bind ``conn`` to the session, starting bash if there is none.  True if it was started now."""
+    async def _attach_or_spawn(self, conn: InitConnection, *, start: bool = True) -> int:
+        """Bind ``conn`` to the session, starting bash if there is none (``start``; else
+        :class:`_NoSession`).  Returns the bash's pid in the sandbox, as init reports it."""
         try:
-            await conn.attach(SESSION_NAME)
-            return False
+            return (await conn.attach(SESSION_NAME)).pid
         except InitSpawnError as exc:
             if exc.errno == errno_mod.EBUSY:
                 raise SandboxBusy("the sandbox's session is in use by another client", sandbox="") from exc
             if exc.errno != errno_mod.ENOENT:
                 raise InitUnavailable(f"attaching to the session failed: {exc.message}", sandbox="") from exc
+            if not start:
+                raise _NoSession from exc
         hello = await conn.hello()
         if hello.version < initproto.PROTO_VERSION:
             # An older init has no control channel: the session's markers
@@ -186,7 +212,7 @@ class Session:
                 sandbox="",
             )
         try:
-            await conn.spawn(
+            started = await conn.spawn(
                 SpawnSpec(
                     argv=list(SESSION_ARGV),
                     env=self._env,
@@ -205,7 +231,7 @@ class Session:
             raise
 
         await conn.write_stdin(session_proto.BOOTSTRAP)
-        return True
+        return started.pid
 
     async def run(
         self, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None = None
@@ -231,15 +257,21 @@ class Session:
         max_output: int,
         sink: ChunkSink | None,
         keep_status: bool = False,
+        start: bool = True,
     ) -> tuple[ExecOutcome, session_proto.MarkerScanner]:
-        """Run one command; the scanner holds what its control channel carried (a state capture)."""
+        """Run one command; the scanner holds what its control channel carried (a state capture).
+
+        ``start=False``: with no bash running, start none and raise :class:`_NoSession`.
+        ``self._bash_pid`` is the pid of the bash that ran it.
+        """
+        self._captured = None  # the command may end or replace the bash
         started = time.monotonic()
         nonce = session_proto.new_nonce()
         payload = session_proto.wrap_command(command, nonce, keep_status=keep_status)
         scanner = session_proto.MarkerScanner(nonce, max_stdout=max_output, max_stderr=max_output)
         conn = await self._connect()
         async with conn:
-            await self._attach_or_spawn(conn)
+            self._bash_pid = await self._attach_or_spawn(conn, start=start)
             await conn.write_stdin(payload)
             timed_out = False
             ended: Exit | None = None
@@ -332,20 +364,22 @@ class Session:
         with, and a read-only first turn is a skip).
         """
         async with self._lock:
-            pid = await self.pid()
-            if pid is None and not start:
+            self._captured = None
+            # One connection: attaching to the session says whether it runs, and its pid.  Only
+            # the control channel counts: what the capture (or anything else) prints is discarded.
+            try:
+                outcome, scanner = await self._run_scanned(
+                    session_state.CAPTURE_COMMAND,
+                    timeout_s=timeout_s,
+                    max_output=1 << 20,
+                    sink=None,
+                    keep_status=True,
+                    start=start,
+                )
+            except _NoSession:
+                self._captured = (time.monotonic(), None)
                 return None
-            # Only the control channel counts: what the capture (or anything
-            # else) prints on stdout is discarded.
-            outcome, scanner = await self._run_scanned(
-                session_state.CAPTURE_COMMAND,
-                timeout_s=timeout_s,
-                max_output=1 << 20,
-                sink=None,
-                keep_status=True,
-            )
-            if pid is None:
-                pid = await self.pid()  # started by the capture itself
+            pid = self._bash_pid
             # Still under the lock: bash is idle, holding only its own descriptors.
             extra = await self.probe(pid) if self.probe and pid and outcome.exit_code == 0 else None
 
@@ -358,6 +392,8 @@ class Session:
         state = session_state.parse_state(scanner.state)
         if extra is not None:
             state.limits, state.fds = extra
+        if pid is not None:
+            self._captured = (time.monotonic(), pid)
         return state
 
     async def apply(self, state: session_state.SessionState, *, timeout_s: float = 60.0) -> None:
@@ -377,6 +413,7 @@ class Session:
         if self._lock.locked():
             raise SandboxBusy("the session is running a command; cannot restart it now", sandbox="")
         async with self._lock:
+            self._captured = None
             conn = await self._connect()
             async with conn:
                 for p in await conn.list():

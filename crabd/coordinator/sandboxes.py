@@ -1,15 +1,20 @@
-"""Sandbox lifecycle: create, adopt after a restart, stop, remove; containers and session binding.
+"""Sandbox lifecycle: create, stop, remove; containers and session binding.
 
-Commands and turns are in ``commands.py``; checkpoints in ``checkpoints.py`` and ``restore.py``.
+Commands and turns are in ``commands.py``; checkpoints in ``checkpoints.py`` and ``restore.py``;
+taking sandboxes over after a restart in ``adoption.py``.
 
 Crash safety of creation: the registry row is written (state ``creating``)
-before the container exists and flipped to ``running`` once init answers.
-On start-up :meth:`SandboxManager.adopt` therefore knows every container this
-daemon may have made: a ``creating`` row is rolled back (container removed,
-row deleted), a ``running`` row whose container is gone or exited is marked
-``dead`` with the exit code / OOM flag, and a container carrying this
-instance's label that no row knows is removed.  Running sandboxes keep
-running through a crabd restart; nothing is restarted or touched.
+before the container exists and flipped to ``running`` once init answers,
+so adoption knows every container this daemon may have made.  A removal
+marks its row ``being removed`` before the container goes, so adoption
+finishes it rather than taking the sandbox for one whose container vanished.
+
+How a request gets a sandbox: :meth:`SandboxManager.get`, the one lookup
+that waits for a sandbox's adoption after a restart (the gate,
+``adoption.py``).  :meth:`SandboxManager.row` and
+:meth:`SandboxManager.list_sandboxes` are the registry's rows as they
+stand, for the coordinator's re-reads of a sandbox already in hand and for
+what adoption never changes (owner, spec, counts).
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus, SandboxBackend
 from crabd.config import CrabConfig
+from crabd.coordinator.livestatus import RunningStatus
 from crabd.coordinator.runner import ProcessProbe, Session
 from crabd.coordinator.turns import TurnKeeper
 from crabd.errors import (
@@ -91,6 +97,8 @@ class _Live:
     def __init__(self, sandbox_id: str) -> None:
         self.sandbox_id = sandbox_id
         self.session: Session | None = None
+        #: (container id, init pid) the session's connector reaches.
+        self.bound: tuple[str, int] | None = None
         self.op_lock = asyncio.Lock()
         # A process dump must not see a connection from crabd into the sandbox
         # (CRIU would find a unix socket whose peer is outside the dumped
@@ -113,20 +121,16 @@ class _Live:
             self.idle.set()
 
 
-@dataclass
-class Adopted:
-    """What :meth:`SandboxManager.adopt` found after a (re)start."""
+class AdoptionGate(Protocol):
+    """Start-up adoption as the manager's lookups see it (``coordinator/adoption.py``)."""
 
-    #: Sandboxes found running and taken over.
-    adopted: int = 0
-    #: Sandboxes whose container was gone or had stopped.
-    dead: int = 0
-    #: Creations a crash interrupted, undone.
-    rolled_back: int = 0
-    #: Containers no sandbox points at, removed.
-    orphans_removed: int = 0
-    #: Removals a crash interrupted, finished.
-    removed: int = 0
+    def settled(self, sandbox_id: str) -> bool:
+        """True unless the sandbox is still to be adopted (or being adopted)."""
+        ...
+
+    async def wait(self, sandbox_id: str) -> None:
+        """Until the sandbox is adopted (adopting it now if it is still queued)."""
+        ...
 
 
 class SandboxManager:
@@ -142,19 +146,45 @@ class SandboxManager:
         self._live: dict[str, _Live] = {}
         self._create_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
+        #: Running containers' statuses, kept while their init lives.
+        self.live_status = RunningStatus()
+        #: Sandboxes found dead so far (the recovery watch reads all sandboxes when it moved).
+        self.deaths = 0
+        #: Set before serving by start-up adoption; None: every sandbox is adopted.
+        self.gate: AdoptionGate | None = None
 
     async def _io(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.to_thread(fn, *args)
 
     # --- lookup and status ----------------------------------------------------
 
-    def get(self, ref: str) -> SandboxRecord | None:
+    async def get(self, ref: str) -> SandboxRecord | None:
+        """The sandbox ``ref`` (id or name) names, once adopted: a request's only way to a sandbox.
+
+        After a restart it waits for that sandbox's adoption (adopting it first
+        if no worker has yet), then reads the row again: a rolled-back creation
+        or a finished removal is gone, a failed adoption reads ``dead``.
+        """
+        rec = self.registry.get_sandbox(ref)
+        if rec is None or self.gate is None or self.gate.settled(rec.id):
+            return rec
+        await self.gate.wait(rec.id)
+        return self.registry.get_sandbox(rec.id)
+
+    def row(self, ref: str) -> SandboxRecord | None:
+        """The registry's row as it stands, adopted or not (see the module doc: not for a request's lookup)."""
         return self.registry.get_sandbox(ref)
+
+    def adopted(self, sandbox_id: str) -> bool:
+        """False while start-up adoption has yet to take the sandbox over (its row may not be the truth)."""
+        return self.gate is None or self.gate.settled(sandbox_id)
 
     def list_sandboxes(self, owner_uid: int | None) -> list[SandboxRecord]:
         return self.registry.list_sandboxes(owner_uid)
 
     def _mark_dead(self, rec: SandboxRecord, st: ContainerStatus) -> SandboxRecord:
+        self.live_status.drop(rec.container_id)
+        self.deaths += 1
         if not st.exists:
             reason = "container vanished (removed outside crab, or the host lost it)"
         elif st.oom_killed:
@@ -173,11 +203,20 @@ class SandboxManager:
             rec, state=SandboxState.DEAD, exit_code=st.exit_code, oom_killed=st.oom_killed, dead_reason=reason
         )
 
+    def mark_unadoptable(self, sandbox_id: str, reason: str) -> None:
+        """Adoption failed: the sandbox is dead to crabd (requests get SandboxDead, recovery may restore it)."""
+        self.registry.update_sandbox(sandbox_id, state=SandboxState.DEAD, dead_reason=reason)
+        self._drop_session(sandbox_id)
+
     async def refresh(self, rec: SandboxRecord) -> tuple[SandboxRecord, ContainerStatus | None]:
         """Re-read the container; a running sandbox whose container stopped becomes dead."""
         if rec.state is not SandboxState.RUNNING or not rec.container_id:
             return rec, None
-        st = await self._io(self.backend.status, rec.container_id)
+        # Kept while the init lives (livestatus.py): most lookups cost a poll, not a runtime call.
+        st = self.live_status.get(rec.container_id)
+        if st is None:
+            st = await self._io(self.backend.status, rec.container_id)
+            st = await self._io(self.live_status.watch, rec.container_id, st, self.backend.status)
         if not st.exists or not st.running:
             return self._mark_dead(rec, st), st
         rec.ip_address = st.ip_address
@@ -267,15 +306,16 @@ class SandboxManager:
         """:meth:`session_for` with the container's status already in hand."""
         live = self._live_for(rec)
         # The container's pid changes only if it was restarted; rebind then.
-        connect = self.connector(rec, st.pid)
+        target = (rec.container_id, st.pid)
         if live.session is None:
-            live.session = Session(connect, env_dict(st.env), rec.spec.workdir)
-        else:
-            live.session.rebind(connect)
+            live.session = Session(self.connector(rec, st.pid), env_dict(st.env), rec.spec.workdir)
+        elif live.bound != target:
+            live.session.rebind(self.connector(rec, st.pid))
+        live.bound = target
         live.session.probe = self.session_probe(rec.container_id, rec.id)
         return live.session
 
-    # --- create / adopt / stop / remove ---------------------------------------
+    # --- create / stop / remove ---------------------------------------
 
     def resolve_image(self, env: str) -> str:
         recipe = images.find_recipe(env)
@@ -413,7 +453,8 @@ class SandboxManager:
 
     def bind_session(self, sandbox_id: str, session: Session | None) -> None:
         """Make ``session`` the sandbox's session (after its container was replaced)."""
-        self._live_for_id(sandbox_id).session = session
+        live = self._live_for_id(sandbox_id)
+        live.session, live.bound = session, None
 
     def op_lock(self, sandbox_id: str) -> asyncio.Lock:
         """Serialises checkpoint, restore and fork of one sandbox."""
@@ -429,6 +470,8 @@ class SandboxManager:
         If crabd stops first, adoption at the next start removes it.
         """
 
+        self.live_status.drop(container_id)
+
         async def go() -> None:
             try:
                 await self._io(self.backend.remove, container_id)
@@ -439,51 +482,10 @@ class SandboxManager:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def adopt(self) -> Adopted:
-        """Reconcile the registry with Docker after a (re)start.  Returns what it found."""
-        counts = Adopted()
-        containers = await self._io(self.backend.list_instance, self.instance)
-        known: set[str] = set()
-        for rec in self.registry.list_sandboxes(None):
-            if rec.dead_reason == REMOVING:
-                # Its owner asked for the removal; a crash (or Docker) interrupted it.
-                try:
-                    await self.remove(rec, force=True)
-                    counts.removed += 1
-                    continue
-                except CrabError as exc:
-                    log.warning("interrupted removal not finished", extra={"sandbox": rec.id, "error": str(exc)})
-            if rec.state is SandboxState.CREATING:
-                # Also catches a container created whose id never reached the row.
-                for cid, st in containers.items():
-                    if st.labels.get(LABEL_SANDBOX) == rec.id:
-                        await self._io(self.backend.remove, cid)
-                await self._rollback(rec)
-                counts.rolled_back += 1
-                continue
-            if rec.container_id:
-                known.add(rec.container_id)
-            if rec.state is SandboxState.RUNNING:
-                rec, _ = await self.refresh(rec)
-                if rec.state is SandboxState.RUNNING:
-                    # A crabd killed mid-checkpoint leaves its sandbox frozen.
-                    await self._io(self.backend.thaw, rec.container_id)
-                if rec.state is SandboxState.RUNNING:
-                    counts.adopted += 1
-                else:
-                    counts.dead += 1
-        # Containers no row points at: left by a crash mid-create, or a
-        # restore's new container that never replaced the old one.
-        for cid in containers:
-            if cid not in known:
-                await self._io(self.backend.remove, cid)
-                counts.orphans_removed += 1
-        log.info("adoption done", extra=asdict(counts))
-        return counts
-
     async def stop(self, rec: SandboxRecord, timeout_s: float | None) -> SandboxRecord:
         await self._running(rec)
         grace = self.cfg.limits.stop_timeout_s if timeout_s is None or timeout_s <= 0 else timeout_s
+        self.live_status.drop(rec.container_id)
         await self._io(self.backend.stop, rec.container_id, grace)
         st = await self._io(self.backend.status, rec.container_id)
         self.registry.update_sandbox(
@@ -508,6 +510,7 @@ class SandboxManager:
             # Recorded first: a crash after the container is gone must not leave a
             # sandbox that adoption takes for one whose container vanished (dead).
             self.registry.update_sandbox(rec.id, dead_reason=REMOVING)
+            self.live_status.drop(rec.container_id)
             await self._io(self.backend.remove, rec.container_id)
         crash_point("remove.after_container")
         self.registry.delete_sandbox(rec.id)
@@ -516,12 +519,19 @@ class SandboxManager:
 
     # --- commands ---------------------------------------------------------------
 
-    async def session_pid(self, rec: SandboxRecord, st: ContainerStatus | None = None) -> int | None:
+    async def session_pid(
+        self, rec: SandboxRecord, st: ContainerStatus | None = None, *, captured_within_s: float = 0.0
+    ) -> int | None:
         """The pid (inside the sandbox) of its session's bash, or None if none runs.
 
         ``st``: the container's status, if the caller just read it (saves a docker inspect).
+        ``captured_within_s``: the pid a state capture saw that long ago at most will do
+        (``Session.captured_pid``: a turn end's decision right after its capture).
         """
         session = self._session_on(rec, st) if st is not None else await self.session_for(rec)
+        seen = session.captured_pid(captured_within_s) if captured_within_s > 0 else None
+        if seen is not None:
+            return seen[0]
         return await session.pid()
 
     async def session_state(self, rec: SandboxRecord, *, start: bool = False) -> SessionState | None:
@@ -538,3 +548,4 @@ class SandboxManager:
                     await self.remove(rec, force=True)
                 except CrabError as exc:
                     log.warning("remove at shutdown failed", extra={"sandbox": rec.id, "error": str(exc)})
+        self.live_status.close()

@@ -48,8 +48,9 @@ class TurnKeeper:
         self.keep = keep
 
     def current(self, sandbox_id: str) -> TurnRecord | None:
-        turns = self.registry.list_turns(sandbox_id, limit=1)
-        return turns[-1] if turns and turns[-1].open else None
+        """The open turn, without its commands (every command asks: it must not read them all)."""
+        turn = self.registry.last_turn(sandbox_id)
+        return turn if turn is not None and turn.open else None
 
     def begin(self, sandbox_id: str) -> TurnRecord:
         return self.registry.open_turn(sandbox_id, time.time(), implicit=False)
@@ -61,8 +62,7 @@ class TurnKeeper:
         return self.registry.open_turn(sandbox_id, time.time(), implicit=True).number
 
     def end(self, sandbox_id: str, number: int, session_state_json: str | None) -> TurnRecord:
-        self.registry.close_turn(sandbox_id, number, time.time(), session_state_json)
-        self.registry.prune_turns(sandbox_id, self.keep)
+        self.registry.close_turn(sandbox_id, number, time.time(), session_state_json, keep=self.keep)
         for turn in self.registry.list_turns(sandbox_id, limit=1):
             if turn.number == number:
                 return turn

@@ -1,15 +1,27 @@
 """The daemon's lifetime: wire the layers together, serve, shut down cleanly.
 
-Start-up order matters for safety:
+Start-up order matters for safety, and serving comes early (issue 34: with
+1,000 sandboxes, adopting them all first kept crabd deaf for ~40 s):
 1. state dir (0700) and registry;
 2. install crab's init binary (content-addressed, immutable);
-3. reach Docker, then *adopt* what the registry knows before serving
-   anyone, so no request sees a half-reconciled world;
-4. the host engine (checkpoint queue); turns whose checkpoint was still
-   queued when crabd last stopped are marked lost;
-5. the private gRPC server, then the public socket (0660 root:crab), then
+3. reach the container runtime; the inspector, the store and the
+   coordinator over them;
+4. *prepare* adoption (coordinator/adoption.py): the list of this
+   instance's containers, taken before any request can make one (so one
+   that no row names is an orphan, never a creation in flight), and every
+   sandbox the registry knows marked unadopted.  From here on a request
+   that names a sandbox waits for that sandbox's adoption (the gate in
+   ``SandboxManager.get``), so none sees a half-reconciled sandbox;
+5. turns whose checkpoint was still queued when crabd last stopped are
+   marked lost (before any request can end or list a turn), then the host
+   engine (checkpoint queue);
+6. the private gRPC server, then the public socket (0660 root:crab), then
    the OpenAI proxy if enabled;
-6. READY=1 to systemd, and watchdog pings.
+7. READY=1 to systemd, watchdog pings, "crabd ready";
+8. in the background: adoption of every sandbox (a few at once, one a
+   request needs first), then recovery of those found dead (policy
+   "auto"), then the full gc of blobs a crash orphaned (``_reconcile``:
+   under the store lock held exclusively, see there).
 
 Shut-down runs the other way; the engine drains its queue (bounded by
 ``[engine] drain_timeout_s``) after the API stops taking requests.
@@ -25,7 +37,8 @@ import logging
 import os
 import shutil
 import signal
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -41,6 +54,7 @@ from crabd.backends.criu.hotimages import HotImages
 from crabd.backends.criu.imagestore import ImageStore
 from crabd.backends.fsdelta import FsDelta, ScanLimits
 from crabd.config import CrabConfig
+from crabd.coordinator.adoption import Adoption
 from crabd.coordinator.archives import Archives
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
@@ -49,12 +63,11 @@ from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.replication import Replication
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.retention import Retention
-from crabd.coordinator.sandboxes import Adopted, SandboxManager
+from crabd.coordinator.sandboxes import SandboxManager
 from crabd.daemon import assembly, notify
 from crabd.daemon.provenance import attach_checkpoints, attach_edges, open_provenance
 from crabd.engine import HostEngine
 from crabd.errors import CrabError
-from crabd.host import criu_kdat
 from crabd.inspector.choose import open_inspector
 from crabd.inspector.decide import Inspector
 from crabd.proxy.server import OpenAIProxy
@@ -75,31 +88,6 @@ log = logging.getLogger("crabd")
 
 #: Largest gRPC message crabd accepts (stdin of an exec is bounded separately).
 MAX_MESSAGE = 80 << 20
-
-
-def _raise_nofile() -> None:
-    """Checkpoint walks hold one fd per directory level; lift the soft limit to the hard one."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _criu_kdat() -> None:
-    """CRIU's kernel-feature cache for this kernel, before crabd's first CRIU run (host/criu_kdat.py).
-
-    Only speed depends on it: a failure is logged, and every CRIU run then probes the kernel itself.
-    """
-    criu = shutil.which("criu")
-    if criu is None:
-        return  # the first checkpoint says what is missing
-    try:
-        made = criu_kdat.ensure(criu)
-    except (CrabError, OSError) as exc:
-        log.warning("CRIU's kernel-feature cache not made", extra={"error": str(exc)})
-        return
-    log.info("CRIU kernel-feature cache", extra={"state": made.state, "detail": made.detail})
 
 
 def instance_id(state_dir: Path) -> str:
@@ -145,6 +133,8 @@ class Daemon:
         self._kdat: asyncio.Task[None] | None = None
         self._replication: Replication | None = None
         self._provenance: Provenance | None = None
+        self._adoption: Adoption | None = None
+        self._adopting: asyncio.Task[None] | None = None
 
     @property
     def private_socket(self) -> Path:
@@ -152,12 +142,16 @@ class Daemon:
 
     async def start(self) -> None:
         """Bring crabd up in the module doc's order; every step is one method below."""
+        t0 = time.monotonic()
         self._prepare_host()
         docker_version = await self._open_sandboxes()
         wiring = await self._open_checkpoints()
-        counts = await self._manager_or_fail().adopt()
-        await self._reconcile(wiring.housekeeping)
-        engine = await self._start_engine(wiring.inspection)
+        adoption = self._adoption = Adoption(self._manager_or_fail(), wiring.inspection.adopted)
+        t_prepare = time.monotonic()
+        to_adopt = await adoption.prepare()
+        prepared_s = time.monotonic() - t_prepare
+        await self._lose_pending_turns()
+        engine = await self._start_engine()
         # The engine reports the store lock's waits with its own metrics (util/aiolock.py).
         engine.store_lock = wiring.store_lock.stats
         # Thinning runs in the engine's background lane (coordinator/retention.py).
@@ -180,7 +174,8 @@ class Daemon:
         await self._start_replication(wiring, engine, service)
         await self._serve(service)
         await self._start_proxy(service, engine)
-        self._ready(wiring.inspection.name, docker_version, counts)
+        self._ready(wiring.inspection.name, docker_version, to_adopt, prepared_s, time.monotonic() - t0)
+        self._adopting = asyncio.create_task(self._adopt(adoption, wiring.housekeeping), name="crab-adoption")
 
     def _manager_or_fail(self) -> SandboxManager:
         assert self._manager is not None, "the sandbox manager is opened first"
@@ -191,7 +186,7 @@ class Daemon:
         paths = self.cfg.paths
         paths.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(paths.state_dir, 0o700)
-        _raise_nofile()
+        assembly.raise_nofile()
         # Blocking work (Docker calls, walks, CRIU, fsyncs) runs in worker
         # threads; the default pool (CPUs + 4) is small enough that a few
         # checkpoint jobs could delay every other sandbox's turn-end decision.
@@ -220,7 +215,7 @@ class Daemon:
         # Neither is on the way to serving: CRIU's kernel-feature cache only saves each CRIU run
         # its own probe (one before the cache is in place still works), and in mode "auto" the
         # probes compile in the background while the scan inspector decides.
-        self._kdat = asyncio.create_task(asyncio.to_thread(_criu_kdat), name="crab-criu-kdat")
+        self._kdat = asyncio.create_task(asyncio.to_thread(assembly.ensure_criu_kdat), name="crab-criu-kdat")
         inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits)
         self._inspector = inspector
         blobs = FileBlobStore(paths.state_dir / "blobs", level=ck.zstd_level)
@@ -285,14 +280,8 @@ class Daemon:
             retention,
         )
 
-    async def _reconcile(self, housekeeping: Housekeeper) -> None:
-        """What the last run left behind: orphaned blobs, and turns whose checkpoint was still queued."""
-        # Blobs of checkpoints a crash interrupted before publication, or that a delete, gc or
-        # restore dropped just before one: nothing references them, and before the server starts
-        # no checkpoint can be about to (see crabd/store/accounting.py).  A full gc, once.
-        swept = await housekeeping.reconcile()
-        if swept.blobs_removed:
-            log.warning("orphaned blobs reclaimed", extra={"blobs": swept.blobs_removed, "freed": swept.bytes_freed})
+    async def _lose_pending_turns(self) -> None:
+        """Turns whose checkpoint was still queued when crabd stopped: lost (the queue lived in memory)."""
         assert self._registry is not None, "the registry is opened first"
         lost = await asyncio.to_thread(
             self._registry.lose_pending_turns, "crabd stopped before this turn's checkpoint was taken"
@@ -300,13 +289,43 @@ class Daemon:
         if lost:
             log.warning("turn checkpoints lost in the last shutdown", extra={"turns": lost})
 
-    async def _start_engine(self, inspection: TurnInspection) -> HostEngine:
-        """The host engine, then the inspector's baselines of every adopted sandbox."""
+    async def _start_engine(self) -> HostEngine:
+        """The host engine (each adopted sandbox is handed to the inspector by its adoption)."""
         self._engine = HostEngine(self.cfg.engine)
         await self._engine.start()
-        for rec in self._manager_or_fail().list_sandboxes(None):
-            await inspection.adopted(rec)
         return self._engine
+
+    async def _adopt(self, adoption: Adoption, housekeeping: Housekeeper) -> None:
+        """The background half of start-up (step 8 of the module doc)."""
+        try:
+            await adoption.run()
+        except Exception:  # a bug: each sandbox's own adoption cannot fail this way (adoption.py)
+            log.exception("adoption stopped early; sandboxes not reached stay as the registry says")
+        # Sandboxes that died while crabd was down were marked dead by their adoption;
+        # from here on they (and any that die later) are recovered (policy "auto").
+        assert self._recovery is not None, "recovery is wired before serving"
+        self._recovery.start()
+        # After adoption: it finishes interrupted removals, whose heads this pass drops.
+        await self._reconcile(housekeeping)
+
+    async def _reconcile(self, housekeeping: Housekeeper) -> None:
+        """Orphaned blobs (and heads of removed sandboxes): a full gc, once, with crabd serving.
+
+        Safe while requests run: it holds the store lock exclusively, and every
+        writer of a blob nothing references yet holds the shared side until
+        that blob is published or released (``Housekeeper.reconcile`` says why).
+        """
+        t0 = time.monotonic()
+        try:
+            swept = await housekeeping.reconcile()
+        except (CrabError, OSError) as exc:
+            # The next start (or `crabctl gc`) sweeps them: nothing is lost but disk space.
+            log.error("orphaned blobs not reclaimed", extra={"error": str(exc)})
+            return
+        if swept.blobs_removed:
+            log.warning("orphaned blobs reclaimed", extra={"blobs": swept.blobs_removed, "freed": swept.bytes_freed})
+        # The last of start-up's background half (EmbeddedDaemon.wait_settled waits for this line).
+        log.info("start-up reconciled", extra={"seconds": round(time.monotonic() - t0, 3)})
 
     async def _start_archives(self, wiring: _Wiring, service: Service) -> None:
         """Portable archives (coordinator/archives.py); what interrupted exports and imports left is removed."""
@@ -388,12 +407,9 @@ class Daemon:
             await self._proxy.start()
             service.proxy_url = self._proxy.url
 
-    def _ready(self, inspector: str, docker_version: str, counts: Adopted) -> None:
-        """Recovery from here on, READY=1 and watchdog pings to systemd, and one log line."""
+    def _ready(self, inspector: str, docker_version: str, to_adopt: int, prepared_s: float, took: float) -> None:
+        """READY=1 and watchdog pings to systemd, and one log line (adoption goes on in the background)."""
         paths = self.cfg.paths
-        # Sandboxes that died while crabd was down are recovered (policy "auto") from here on.
-        assert self._recovery is not None, "recovery is wired before serving"
-        self._recovery.start()
         notify.notify(f"READY=1\nSTATUS=serving on {paths.socket}\nMAINPID={os.getpid()}")
         interval = notify.watchdog_interval()
         if interval is not None:
@@ -407,7 +423,9 @@ class Daemon:
                 "ephemeral": self.ephemeral,
                 "inspector": inspector,
                 "proxy": self._proxy.url if self._proxy else None,
-                **asdict(counts),
+                "to_adopt": to_adopt,
+                "prepare_s": round(prepared_s, 3),  # the container list and marking (step 4)
+                "start_s": round(took, 3),
             },
         )
 
@@ -422,6 +440,13 @@ class Daemon:
         log.info("crabd stopping")
         if self._watchdog is not None:
             self._watchdog.cancel()
+        if self._adopting is not None:
+            # What it left half-done is done again at the next start: each step is idempotent.
+            self._adopting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._adopting
+        if self._adoption is not None:
+            await self._adoption.close()  # each sandbox's adoption is a task of its own
         if self._recovery is not None:
             await self._recovery.close()
         if self._proxy is not None:

@@ -21,6 +21,7 @@ formats, so a checkpoint of one is readable by the other.
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,8 @@ from crabd.backends.runc.cni import CniNetwork, CniSettings
 from crabd.backends.runc.sandbox import RuncSandboxBackend
 from crabd.backends.sandbox import SandboxBackend
 from crabd.config import CrabConfig, NetworkConfig
-from crabd.errors import HostError
+from crabd.errors import CrabError, HostError
+from crabd.host import criu_kdat
 from crabd.host.backend_check import SandboxBackend as BackendKind
 from crabd.host.backend_check import backend_for, gather_facts
 from crabd.store.blobs import BlobStore
@@ -161,3 +163,28 @@ def open_remote(cfg: CrabConfig, db: Database, blobs: BlobStore, catalog: Catalo
         max_object_bytes=r.max_object_bytes,
         zstd_level=cfg.checkpoint.zstd_level,
     )
+
+
+def raise_nofile() -> None:
+    """Checkpoint walks hold one fd per directory level; lift the soft limit to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def ensure_criu_kdat() -> None:
+    """CRIU's kernel-feature cache for this kernel, before crabd's first CRIU run (host/criu_kdat.py).
+
+    Only speed depends on it: a failure is logged, and every CRIU run then probes the kernel itself.
+    """
+    criu = shutil.which("criu")
+    if criu is None:
+        return  # the first checkpoint says what is missing
+    try:
+        made = criu_kdat.ensure(criu)
+    except (CrabError, OSError) as exc:
+        log.warning("CRIU's kernel-feature cache not made", extra={"error": str(exc)})
+        return
+    log.info("CRIU kernel-feature cache", extra={"state": made.state, "detail": made.detail})

@@ -45,7 +45,20 @@ log = logging.getLogger("crabd.inspector")
 PROGRAM = resources.inspector_program()
 BCC_PATH = "/usr/lib/python3/dist-packages"
 #: Syscalls whose tracepoints only newer kernels have; each becomes -DHAVE_<name> when present.
-OPTIONAL = ("openat2", "fchmodat2", "setxattrat", "removexattrat", "pwritev2", "utime", "futimesat")
+OPTIONAL = (
+    "openat2",
+    "fchmodat2",
+    "setxattrat",
+    "removexattrat",
+    "pwritev2",
+    "utime",
+    "futimesat",
+    "move_mount",
+    "fsmount",
+    "mount_setattr",
+    "open_tree",
+    "open_tree_attr",
+)
 EV_OPEN, EV_PATH, EV_PATH2, EV_FD, EV_FORK, EV_EXEC, EV_EXIT, EV_UNCERTAIN = range(1, 9)
 OPS = {
     1: "truncated", 2: "removed", 3: "made dir", 4: "removed dir", 5: "made node", 6: "chmod", 7: "chown",
@@ -75,7 +88,7 @@ KERNEL_OFFSETS = (
     ("OFF_INODE_SB", "inode", "i_sb"),
     ("OFF_SB_MAGIC", "super_block", "s_magic"),
 )
-MARK_FILES, MARK_PROC, NMARKS = 0, 1, 2
+MARK_FILES, MARK_PROC, MARK_TMPFS, NMARKS = 0, 1, 2, 3
 MAX_NOTES = 8
 #: Events the probes send per sandbox per turn; past it they only count (see ebpf/inspector.c).
 EVENT_BUDGET = 64
@@ -271,7 +284,9 @@ class BpfEvents:
                 return ev
             slot, _ = found
             state = self._slots[slot]
-            ev, state.ev = state.ev, Evidence()
+            # The next turn's evidence starts clean; a slot's first (Evidence()) is dirty: a
+            # sandbox just tracked ran unwatched for a moment.
+            ev, state.ev = state.ev, Evidence(tmpfs_dirty=False)
             ev.inspector = self.name
             marks = self._marks(slot)
             moved = [now - seen for now, seen in zip(marks, state.seen, strict=True)]
@@ -280,14 +295,16 @@ class BpfEvents:
                 ev.files_dirty = True
             if moved[MARK_PROC] and not ev.process_notes:
                 ev.process_notes.append("a process's memory may have changed while it did not run")
+            if moved[MARK_TMPFS]:
+                ev.tmpfs_dirty = True
             lost, sent_or_not, ev.forks, ev.exits = self._swap_counters(slot)
             if lost:
                 ev.lost = lost
-                ev.files_dirty = True
+                ev.files_dirty = ev.tmpfs_dirty = True
                 ev.file_notes.insert(0, f"{lost} events were lost (ring buffer full)")
             if sent_or_not > EVENT_BUDGET:
                 # Past the budget the probes only counted: what they did not send may be a mutation.
-                ev.files_dirty = True
+                ev.files_dirty = ev.tmpfs_dirty = True
                 ev.file_notes.append(f"{sent_or_not} events this turn; the first {EVENT_BUDGET} were read")
             epochs = self._bpf["epochs"]
             epochs[ctypes.c_int(slot)] = ctypes.c_uint64(int(epochs[ctypes.c_int(slot)].value) + 1)
@@ -349,7 +366,7 @@ class BpfEvents:
         except OSError:
             return
         if header[:4] == b"\x7fELF" and header[4] == 1:
-            ev.files_dirty = True
+            ev.files_dirty = ev.tmpfs_dirty = True
             ev.process_notes.append(
                 f"32-bit process {tgid} `{filename}`: its syscalls are invisible to the probes on x86"
             )

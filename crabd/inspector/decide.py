@@ -25,7 +25,10 @@ thread ids, and the digest of the sandbox's tmpfs mounts.  Now (from /proc):
   outside the sandbox;
 * the tmpfs mounts (``/dev/shm``) changed: their content is only in a
   process image (so that change alone calls for a full checkpoint, and so
-  does any content there when the checkpoint would have no image).
+  does any content there when the checkpoint would have no image).  They
+  are fingerprinted at a turn end unless the probes vouch that nothing
+  could have changed them since the last fingerprint (no MARK_TMPFS, no
+  shared mapping of a file there: :meth:`Inspector._tmpfs_now`).
 
 crab's init (and its keeper at PID 1, :func:`.procs.crab_init`) and the
 session's bash are not counted: init's state is crab's own bookkeeping,
@@ -173,6 +176,11 @@ class Inspector:
         #: Sandboxes that had, at their last turn end, a process that may write through a shared
         #: file mapping (such writes make no syscall; the next turn compares all files).
         self._mapped: set[str] = set()
+        #: The tmpfs fingerprint at each sandbox's last decision: it stands while the probes
+        #: vouch nothing could have changed the mounts (:meth:`_tmpfs_now`).
+        self._fingerprints: dict[str, mounts.Tmpfs] = {}
+        #: Sandboxes that had, at their last turn end, a shared mapping of a tmpfs file.
+        self._tmpfs_mapped: set[str] = set()
 
     @property
     def name(self) -> str:
@@ -206,6 +214,7 @@ class Inspector:
         now = procs.snapshot(container_id)
         keep = _counted(now, session_pid)
         self._baselines[sandbox_id] = Baseline(keep, image, image_checkpoint, self._digests(keep))
+        self._fingerprints.pop(sandbox_id, None)
         # Without an image the head's tmpfs is what a fresh container has: nothing of the sandbox's own.
         self._tmpfs[sandbox_id] = mounts.fingerprint(init_host_pid).digest if image else None
         self._scan_next.add(sandbox_id)
@@ -215,6 +224,7 @@ class Inspector:
         self.source.track(sandbox_id, container_id)
         self._baselines.pop(sandbox_id, None)
         self._tmpfs.pop(sandbox_id, None)
+        self._fingerprints.pop(sandbox_id, None)
         self._scan_next.add(sandbox_id)
 
     def unchanged_since_image(
@@ -301,6 +311,8 @@ class Inspector:
         self._tmpfs.pop(sandbox_id, None)
         self._scan_next.discard(sandbox_id)
         self._mapped.discard(sandbox_id)
+        self._fingerprints.pop(sandbox_id, None)
+        self._tmpfs_mapped.discard(sandbox_id)
 
     def _digests(self, ps: dict[int, Proc]) -> dict[int, str]:
         out = {}
@@ -325,6 +337,8 @@ class Inspector:
     def decide(self, turn: TurnEnd) -> Decision:
         t0 = time.monotonic()
         ev = self.source.take(turn.sandbox_id)
+        # Taken out with the evidence: if this decision fails half-way, the next one fingerprints.
+        last_tmpfs = self._fingerprints.pop(turn.sandbox_id, None)
         if turn.sandbox_id in self._scan_next:
             self._scan_next.discard(turn.sandbox_id)
             ev.files_dirty = True
@@ -335,7 +349,7 @@ class Inspector:
         # decides the turns its probes did not watch from their start.
         name = ev.inspector or self.source.name
         check_memory = name == "scan" if self.check_memory is None else self.check_memory
-        decision = self._decide(turn, ev, name, check_memory)
+        decision = self._decide(turn, ev, name, check_memory, last_tmpfs)
         decision.seconds = time.monotonic() - t0
         if self.shadow and name != "scan":
             t1 = time.monotonic()
@@ -376,7 +390,9 @@ class Inspector:
                 return now
             time.sleep(0.002)
 
-    def _decide(self, turn: TurnEnd, ev: Evidence, name: str, check_memory: bool) -> Decision:
+    def _decide(
+        self, turn: TurnEnd, ev: Evidence, name: str, check_memory: bool, last_tmpfs: mounts.Tmpfs | None = None
+    ) -> Decision:
         now = self._settled_snapshot(turn)
         if any(p.writes_mapped for p in now.values()):
             # Writes through it from now on reach no probe: this turn's files and the next's are compared.
@@ -389,7 +405,7 @@ class Inspector:
         cur = _counted(now, turn.session_pid)
         base = self._baselines.get(turn.sandbox_id)
         proc_changes = self._process_changes(turn, cur, base, ev, check_memory)
-        tmpfs = mounts.fingerprint(turn.init_host_pid)
+        tmpfs = self._tmpfs_now(turn, ev, now, last_tmpfs)
         tmpfs_change = self._tmpfs_change(turn, tmpfs) if base is not None else ""
         file_changes = self._file_changes(turn, ev, now)
         changed_paths = {c.split(" ", 1)[1] for c in file_changes if " /" in c}
@@ -456,6 +472,25 @@ class Inspector:
         if cur:
             out += ev.process_notes
         return out
+
+    def _tmpfs_now(self, turn: TurnEnd, ev: Evidence, now: dict[int, Proc], last: mounts.Tmpfs | None) -> mounts.Tmpfs:
+        """The tmpfs fingerprint now: the last decision's stands if nothing could have changed it.
+
+        It stands only if the probes watched the whole turn and saw nothing
+        that may change the tmpfs or mqueue mounts (``Evidence.tmpfs_dirty``:
+        a write to or an open for writing of a file there, any path-based
+        mutation, a mount-table change, a message-queue call, anything
+        uncertain), and no process had a shared mapping of a file there at
+        this turn end or the last one (writes through it make no syscall).
+        The scan inspector's evidence is always dirty.
+        """
+        sid = turn.sandbox_id
+        mapped = any(p.maps_tmpfs for p in now.values())
+        vouched = last is not None and not ev.tmpfs_dirty and not mapped and sid not in self._tmpfs_mapped
+        (self._tmpfs_mapped.add if mapped else self._tmpfs_mapped.discard)(sid)
+        fingerprint = last if vouched and last is not None else mounts.fingerprint(turn.init_host_pid)
+        self._fingerprints[sid] = fingerprint
+        return fingerprint
 
     def _tmpfs_change(self, turn: TurnEnd, now: mounts.Tmpfs) -> str:
         known = self._tmpfs.get(turn.sandbox_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from crabd.models import DecisionKind
@@ -28,6 +28,7 @@ class Proc:
     traced: bool = False
     foreign_shared: str = ""  # a writable shared mapping of a file outside the sandbox
     writes_mapped: bool = False  # a shared file mapping it may write through (no syscall needed)
+    maps_tmpfs: bool = False  # a shared mapping of a file on the sandbox's tmpfs mounts (ditto)
     writable_files: tuple[str, ...] = ()  # regular files open for writing (paths inside the sandbox)
     open_files: tuple[str, ...] = ()  # regular files open or mapped, any mode
     fds: frozenset[str] = frozenset()  # every open fd and what it is (a socket accepted, a file opened...)
@@ -46,6 +47,9 @@ class Evidence:
     file_notes: list[str] = field(default_factory=list)
     #: Evidence that processes or memory changed beyond what /proc shows (ptrace, io_uring, ...).
     process_notes: list[str] = field(default_factory=list)
+    #: Something may have changed the tmpfs and mqueue mounts: fingerprint them again
+    #: (``mounts.py``).  True unless probes watched the whole turn and saw nothing of the kind.
+    tmpfs_dirty: bool = True
     #: Short-lived processes seen (for the explanation).
     ran: list[str] = field(default_factory=list)
     events: int = 0
@@ -89,7 +93,17 @@ class Decision:
     shadow: dict[str, Any] | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        # By hand: dataclasses.asdict deep-copies, and this runs twice per turn.
+        fields = {
+            "kind": self.kind,
+            "reasons": self.reasons,
+            "inspector": self.inspector,
+            "seconds": self.seconds,
+            "paired_with": self.paired_with,
+            "paired_image": self.paired_image,
+            "shadow": self.shadow,
+        }
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Decision:

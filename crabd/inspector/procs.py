@@ -19,9 +19,11 @@ Everything is read through the host pid; paths are as the process sees them.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -101,10 +103,13 @@ def _fds(host_pid: int) -> tuple[bool, tuple[str, ...], tuple[str, ...], frozens
     return uring, tuple(sorted(set(writable))), tuple(sorted(set(opened))), frozenset(table)
 
 
-def _maps(host_pid: int, devs: _Devices) -> tuple[bool, str, tuple[str, ...], bool]:
+def _maps(host_pid: int, devices: Callable[[], _Devices]) -> tuple[bool, str, tuple[str, ...], bool, bool]:
     """(has an AIO context, a foreign writable shared mapping or "", mapped regular files,
-    has a shared mapping of a non-tmpfs file it may write through)."""
+    has a shared mapping of a non-tmpfs file it may write through, has a shared mapping of a
+    file on the sandbox's tmpfs mounts).  ``devices`` is asked only for a shared file mapping:
+    most processes have none, and reading the mount table costs more than the rest of this."""
     aio = False
+    tmpfs_shared = False
     foreign = ""
     mapped: list[str] = []
     may_write: list[str] = []  # address ranges of read-only shared file mappings
@@ -118,8 +123,12 @@ def _maps(host_pid: int, devs: _Devices) -> tuple[bool, str, tuple[str, ...], bo
             aio = True
         if inode == "0":
             continue
+        devs = devices() if "s" in perms else None
+        if devs is not None and dev in devs.tmpfs:
+            # Writes through it reach no probe: the tmpfs mounts are fingerprinted at every turn end.
+            tmpfs_shared = True
         # SysV and /dev/zero shared memory is anonymous; tmpfs is fingerprinted (mounts.py).
-        shared_file = "s" in perms and dev not in devs.tmpfs and not path.startswith(("/dev/zero", "/SYSV"))
+        shared_file = devs is not None and dev not in devs.tmpfs and not path.startswith(("/dev/zero", "/SYSV"))
         if shared_file and "w" in perms:
             writes = True
         elif shared_file:
@@ -128,11 +137,11 @@ def _maps(host_pid: int, devs: _Devices) -> tuple[bool, str, tuple[str, ...], bo
             continue
         if not path.startswith(_NOT_SANDBOX_FILES) and not path.endswith(" (deleted)"):
             mapped.append(path)
-        if "w" in perms and "s" in perms and dev not in devs.own and not path.startswith(("/dev/zero", "/SYSV")):
+        if "w" in perms and devs is not None and dev not in devs.own and not path.startswith(("/dev/zero", "/SYSV")):
             foreign = foreign or path
     if may_write and not writes:
         writes = _may_write(host_pid, set(may_write))
-    return aio, foreign, tuple(sorted(set(mapped))), writes
+    return aio, foreign, tuple(sorted(set(mapped))), writes, tmpfs_shared
 
 
 def _may_write(host_pid: int, ranges: set[str]) -> bool:
@@ -186,6 +195,21 @@ def crab_init(now: dict[int, Proc]) -> int:
     return first
 
 
+def _status(host_pid: int) -> tuple[int, bool]:
+    """(pid in the sandbox's pid namespace, has a tracer), from one read of /proc/<pid>/status; (0, False): gone."""
+    try:
+        text = _read(f"/proc/{host_pid}/status")
+    except OSError:
+        return 0, False
+    nspid, traced = host_pid, False
+    for line in text.splitlines():
+        if line.startswith("NSpid:"):
+            nspid = int(line.split()[-1])
+        elif line.startswith("TracerPid:"):
+            traced = line.split()[1] != "0"
+    return nspid, traced
+
+
 def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) -> dict[int, Proc]:
     """Every process of the container, by pid inside the sandbox.
 
@@ -196,10 +220,17 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
     """
     out: dict[int, Proc] = {}
     host_pids = cgroups.container_host_pids(container_id)
-    devs: _Devices | None = None
-    ns_of = {hp: cgroups.ns_pid(hp)[0] for hp in host_pids}
+    devs: list[_Devices] = []  # read once, at the first process with a shared file mapping
+
+    def devices(hp: int) -> _Devices:
+        if not devs:
+            devs.append(_Devices(hp))
+        return devs[0]
+
+    status = {hp: _status(hp) for hp in host_pids}
+    ns_of = {hp: st[0] for hp, st in status.items()}
     for hp in host_pids:
-        pid = ns_of[hp]
+        pid, tracer = status[hp]
         if not pid:
             continue
         try:
@@ -209,18 +240,12 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
             runtime, tids = _threads(hp)
             io = io_counters(hp)
             uring, writable, opened, table = _fds(hp)
-            if devs is None:
-                devs = _Devices(hp)
             # Every process's mappings are read, crab's init and the session's bash too: a bash
             # builtin loaded with `enable -f` could map a file and write through it.
-            aio, foreign, mapped, writes_mapped = _maps(hp, devs)
+            aio, foreign, mapped, writes_mapped, maps_tmpfs = _maps(hp, functools.partial(devices, hp))
+            traced = tracer and pid not in light
             if pid in light:
-                aio, foreign, mapped, traced = False, "", (), False
-            else:
-                traced = any(
-                    ln.startswith("TracerPid:") and ln.split()[1] != "0"
-                    for ln in _read(f"/proc/{hp}/status").splitlines()
-                )
+                aio, foreign, mapped = False, "", ()
         except (OSError, ValueError):
             continue  # it ended while we looked: it is simply not there
         out[pid] = Proc(
@@ -237,6 +262,7 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
             traced=traced,
             foreign_shared=foreign,
             writes_mapped=writes_mapped,
+            maps_tmpfs=maps_tmpfs,
             writable_files=writable,
             open_files=tuple(sorted(set(opened) | set(mapped))),
             fds=table,

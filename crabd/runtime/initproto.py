@@ -15,9 +15,10 @@ Protocol version 2 (this module's :data:`PROTO_VERSION`) added, over 1:
 :class:`InitConnection` is one asyncio connection to a sandbox's init.  It
 is created *inside the sandbox's network namespace*: init listens on an
 abstract unix socket, and abstract names are per network namespace.  The
-socket is made on a throwaway thread that calls ``setns(CLONE_NEWNET)``;
-a socket keeps the namespace it was created in, and the daemon's other
-threads never change namespace.
+socket is made on crabd's one socket thread (``crabd.util.netns.sockets``),
+which enters the namespace for it and goes back; a socket keeps the
+namespace it was created in, and the daemon's other threads never change
+namespace.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ import contextlib
 import os
 import socket
 import struct
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from crabd.errors import InitProtocolError, InitSpawnError, InitUnavailable
 from crabd.util.netns import Netns
-from crabd.util.netns import enter as enter_netns
+from crabd.util.netns import sockets as netns_sockets
 
 # Request types
 HELLO, SPAWN, STDIN, STDIN_CLOSE, SIGNAL, ATTACH, DETACH, LIST, FORGET = range(1, 10)
@@ -206,48 +206,39 @@ def _parse_error(payload: bytes) -> InitSpawnError:
     return InitSpawnError(f"init refused the request: {msg}", errno=err, init_message=msg)
 
 
-def _connect_in_netns(ns: Netns | None, name: str) -> socket.socket:
-    """Create and connect the socket inside ``ns`` (on the calling thread)."""
-    if ns is not None:
-        enter_netns(ns)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+def _connect_here(name: str) -> socket.socket:
+    """A non-blocking socket connected to ``@name`` in the calling thread's netns.
+
+    Connecting a non-blocking unix stream socket never waits: a listener
+    whose backlog is full (an init that a sandbox stopped, or flooded with
+    connections of its own) gives EAGAIN at once, and the caller retries
+    until its timeout, so one sandbox cannot hold up the thread that makes
+    every sandbox's sockets (``crabd.util.netns``).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
     try:
         sock.connect("\0" + name)
     except OSError:
         sock.close()
         raise
-    sock.setblocking(False)
     return sock
 
 
+#: Pause between tries while init's listen backlog is full.
+BACKLOG_RETRY_S = 0.005
+
+
 async def _socket_in_netns(netns: Netns | None, name: str, timeout: float) -> socket.socket:
-    if netns is None:
-        return _connect_in_netns(None, name)
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[socket.socket] = loop.create_future()
+    async def attempt() -> socket.socket:
+        while True:
+            try:
+                if netns is None:
+                    return _connect_here(name)
+                return await asyncio.wrap_future(netns_sockets.submit(netns, lambda: _connect_here(name)))
+            except BlockingIOError:
+                await asyncio.sleep(BACKLOG_RETRY_S)
 
-    def deliver(sock: socket.socket | None, exc: BaseException | None) -> None:
-        if fut.done():  # the caller timed out meanwhile
-            if sock is not None:
-                sock.close()
-        elif exc is not None:
-            fut.set_exception(exc)
-        else:
-            assert sock is not None
-            fut.set_result(sock)
-
-    def work() -> None:
-        # This thread enters the sandbox's netns and then simply ends; it is
-        # never reused, so no other code ever runs in the wrong namespace.
-        try:
-            sock = _connect_in_netns(netns, name)
-        except BaseException as exc:  # delivered to the awaiting coroutine
-            loop.call_soon_threadsafe(deliver, None, exc)
-            return
-        loop.call_soon_threadsafe(deliver, sock, None)
-
-    threading.Thread(target=work, name="crab-netns-connect", daemon=True).start()
-    return await asyncio.wait_for(fut, timeout)
+    return await asyncio.wait_for(attempt(), timeout)
 
 
 class InitConnection:

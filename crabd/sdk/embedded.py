@@ -47,8 +47,14 @@ class EmbeddedDaemon:
         self.log_level = log_level
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Where this start's lines begin in the log (it is appended to across restarts).
+        self._log_from = 0
 
     def start(self) -> None:
+        try:
+            self._log_from = self.log_file.stat().st_size
+        except FileNotFoundError:
+            self._log_from = 0
         argv = [
             sys.executable,
             "-m",
@@ -120,6 +126,29 @@ class EmbeddedDaemon:
                         socket=str(self.socket),
                     )
                 time.sleep(0.05)
+
+    def wait_settled(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Until crabd has adopted every sandbox and reconciled its store since it last started.
+
+        crabd serves first and adopts its sandboxes in the background (coordinator/adoption.py);
+        tests that judge what a restart left (the store's orphans, every sandbox's state) wait here.
+        """
+        deadline = time.monotonic() + timeout
+        while not self._logged_since_start('"msg": "start-up reconciled"'):
+            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
+                raise DaemonUnavailable(
+                    f"crabd did not finish adopting and reconciling within {timeout:g} s; log: {self.log_file}",
+                    socket=str(self.socket),
+                )
+            time.sleep(0.05)
+
+    def _logged_since_start(self, needle: str) -> bool:
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(self._log_from)
+                return needle.encode() in f.read()
+        except OSError:
+            return False
 
     def _answers(self) -> bool:
         with grpc.insecure_channel(f"unix:{self.socket}") as ch:

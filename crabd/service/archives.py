@@ -118,7 +118,7 @@ class ArchiveEdge:
             for rec in plan.present:
                 check_owner(caller, rec.owner_uid, rec.id)
             for rec in plan.records:
-                sb = self.sandboxes.get(rec.sandbox_id)
+                sb = self.sandboxes.row(rec.sandbox_id)  # its owner: adoption never changes it
                 if sb is not None and sb.id == rec.sandbox_id and sb.owner_uid != caller.uid and not caller.is_root:
                     raise PermissionDenied(
                         f"checkpoint {rec.id} belongs to sandbox {rec.sandbox_id}, which uid {sb.owner_uid}"

@@ -30,7 +30,7 @@ class HeldResponse:
         self._task = asyncio.create_task(self._end(), name=f"crab-turn-end-{sandbox_id}")
 
     async def _end(self) -> None:
-        rec = self._service.sandboxes.get(self._sandbox_id)
+        rec = await self._service.sandboxes.get(self._sandbox_id)
         if rec is None:
             return
         await self._service.flow.end_turn(rec, if_open=True)
@@ -69,7 +69,7 @@ class ServiceGate:
         self.service = service
 
     def authorize(self, caller: Caller, sandbox_ref: str) -> str:
-        return self.service.lookup(caller, sandbox_ref).id
+        return self.service.authorize(caller, sandbox_ref)
 
     def end_turn(self, sandbox_id: str) -> HeldResponse:
         return HeldResponse(self.service, sandbox_id)

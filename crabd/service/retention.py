@@ -8,15 +8,15 @@ coordinator's (``coordinator/retention.py``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from crabd.coordinator.retention import Retention, ThinReport
 from crabd.models import Caller, CheckpointRecord, RetentionPolicy, SandboxRecord
 from crabd.store.registry import Registry
 
-#: Looks a sandbox up for a caller (SandboxNotFound / PermissionDenied otherwise).
-Lookup = Callable[[Caller, str], SandboxRecord]
+#: Looks a sandbox up for a caller, adopted (SandboxNotFound / PermissionDenied otherwise).
+Lookup = Callable[[Caller, str], Awaitable[SandboxRecord]]
 #: Looks a checkpoint up for a caller (CheckpointNotFound / PermissionDenied otherwise).
 CheckpointLookup = Callable[[Caller, str], CheckpointRecord]
 
@@ -40,7 +40,7 @@ class RetentionEdge:
 
     async def set_policy(self, caller: Caller, ref: str, policy: RetentionPolicy | None) -> SandboxRecord:
         """Give a sandbox its own policy (None: the daemon's default); thinning by it is queued at once."""
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         spec = replace(rec.spec, retention=policy)
         await asyncio.to_thread(self.registry.set_spec, rec.id, spec)
         rec.spec = spec
@@ -48,7 +48,7 @@ class RetentionEdge:
         return rec
 
     async def thin(self, caller: Caller, ref: str, dry_run: bool) -> ThinReport:
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         return await self.retention.thin(rec.id, dry_run=dry_run)
 
     async def annotate(self, recs: list[CheckpointRecord]) -> list[CheckpointRecord]:

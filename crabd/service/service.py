@@ -142,14 +142,21 @@ class Service:
 
     # --- access -----------------------------------------------------------------
 
-    def lookup(self, caller: Caller, ref: str) -> SandboxRecord:
-        """The sandbox ``ref`` names, if ``caller`` may act on it (else NotFound / PermissionDenied)."""
-        return self._lookup(caller, ref)
+    def authorize(self, caller: Caller, ref: str) -> str:
+        """The id of the sandbox ``ref`` names, if ``caller`` may act on it (else NotFound / PermissionDenied).
 
-    def _lookup(self, caller: Caller, ref: str) -> SandboxRecord:
+        Not waiting for its adoption after a restart (the owner never changes):
+        what then acts on the sandbox looks it up through the gate.
+        """
+        return self._allowed(caller, ref, self.sandboxes.row(ref) if ref else None).id
+
+    async def _lookup(self, caller: Caller, ref: str) -> SandboxRecord:
+        """The sandbox ``ref`` names, adopted (``SandboxManager.get``), if ``caller`` may act on it."""
+        return self._allowed(caller, ref, await self.sandboxes.get(ref) if ref else None)
+
+    def _allowed(self, caller: Caller, ref: str, rec: SandboxRecord | None) -> SandboxRecord:
         if not ref:
             raise InvalidRequest("no sandbox named in the request")
-        rec = self.sandboxes.get(ref)
         if rec is None:
             raise SandboxNotFound(f"no sandbox {ref!r}", sandbox=ref)
         if not caller.is_root and rec.owner_uid != caller.uid:
@@ -249,22 +256,25 @@ class Service:
     async def list_sandboxes(self, caller: Caller) -> list[SandboxRecord]:
         out = []
         for rec in self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid):
-            refreshed, _ = await self.sandboxes.refresh(rec)
-            out.append(refreshed)
+            # Not yet adopted after a restart: listed as the registry has it (coordinator/adoption.py);
+            # its container is not looked at before its adoption has decided about it.
+            if self.sandboxes.adopted(rec.id):
+                rec, _ = await self.sandboxes.refresh(rec)
+            out.append(rec)
         return out
 
     async def get(self, caller: Caller, ref: str) -> SandboxRecord:
-        rec, _ = await self.sandboxes.refresh(self._lookup(caller, ref))
+        rec, _ = await self.sandboxes.refresh(await self._lookup(caller, ref))
         return rec
 
     async def stop(self, caller: Caller, ref: str, timeout_s: float) -> SandboxRecord:
         grace = self.limits.stop_timeout(timeout_s)
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         await self.flow.settle(rec.id, agent=False)
         return await self.sandboxes.stop(rec, grace)
 
     async def remove(self, caller: Caller, ref: str, force: bool, keep_checkpoints: bool = False) -> str:
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         await self.flow.settle(rec.id, agent=False)
         if keep_checkpoints:
             await self.housekeeping.keep(rec)  # before: start-up prunes what a crash left unforgotten
@@ -309,7 +319,7 @@ class Service:
         uid, gid = parse_user(user)
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         await self.flow.before_action(rec)
         outcome = await self.commands.exec(
             rec,
@@ -335,13 +345,13 @@ class Service:
         self._command_size(len(command.encode()), "the session command")
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         await self.flow.before_action(rec)
         outcome = await self.commands.session_run(rec, command, timeout_s=timeout, max_output=limit, sink=sink)
         return fit_output(outcome, self.cfg.limits.max_reply_output_bytes)
 
     async def session_state(self, caller: Caller, ref: str) -> tuple[str, SessionState | None]:
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         return rec.id, await self.sandboxes.session_state(rec)
 
     async def restart_session(self, caller: Caller, ref: str, state_json: str) -> tuple[str, SessionState | None]:
@@ -353,14 +363,14 @@ class Service:
             if not isinstance(state.variables, dict):
                 raise InvalidRequest("invalid session state: 'variables' must map names to declarations")
             validate.env_vars(dict.fromkeys(state.variables, ""), "session")
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         await self.flow.before_action(rec)
         return rec.id, await self.commands.restart_session(rec, state_json)
 
     # --- turns -------------------------------------------------------------------------
 
     async def begin_turn(self, caller: Caller, ref: str) -> TurnRecord:
-        _, turn = await self.flow.begin_turn(self._lookup(caller, ref))
+        _, turn = await self.flow.begin_turn(await self._lookup(caller, ref))
         return turn
 
     async def end_turn(self, caller: Caller, ref: str, *, wait: bool = False, decide: bool = True) -> TurnRecord:
@@ -368,13 +378,13 @@ class Service:
 
         ``decide=False``: return before the inspector decides (it decides in the background).
         """
-        turn = await self.flow.end_turn(self._lookup(caller, ref), wait=wait, decide=decide)
+        turn = await self.flow.end_turn(await self._lookup(caller, ref), wait=wait, decide=decide)
         assert turn is not None  # if_open=False: no open turn raised
         return turn
 
     async def turns(self, caller: Caller, ref: str, limit: int) -> list[TurnRecord]:
         limit = validate.integer(limit, "limit", minimum=0)
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         await self.flow.decided(rec.id)  # every ended turn listed with its decision (not its checkpoint)
         # 0 ("all") means all that are kept: never more rows than [quota] turns_kept.
         kept = self.cfg.quota.turns_kept
@@ -385,7 +395,7 @@ class Service:
     async def create_checkpoint(self, caller: Caller, ref: str, label: str, kind: str) -> CheckpointRecord:
         """A checkpoint now: ``kind`` "fs" or "full" ("": the sandbox's policy decides)."""
         wanted = CheckpointKind.parse(kind) if kind else None
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         await self.flow.settle(rec.id)
         return await self.inspection.checkpoint(rec, label=label, kind=wanted)
 
@@ -396,7 +406,7 @@ class Service:
         owner = None if caller.is_root else caller.uid
         sandbox_id: str | None = None
         if ref:
-            rec = self._lookup(caller, ref)
+            rec = await self._lookup(caller, ref)
             await self.flow.settle(rec.id, agent=False)  # read-your-writes after a turn end
             sandbox_id = rec.id
             owner = rec.owner_uid  # a sandbox's checkpoints are its owner's (store/identity.py)
@@ -433,7 +443,7 @@ class Service:
 
     async def restore(self, caller: Caller, ref: str, ckpt_id: str, turn: int) -> SandboxRecord:
         turn = validate.integer(turn, "turn", minimum=-1)  # -1: none (a checkpoint is named)
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         if ckpt_id:
             ckpt = await self._checkpoint_anywhere(caller, ckpt_id)
         elif turn < 0:
@@ -469,7 +479,7 @@ class Service:
         if ckpt_id:
             ckpt = await self._checkpoint_anywhere(caller, ckpt_id)
         elif ref:
-            rec = self._lookup(caller, ref)
+            rec = await self._lookup(caller, ref)
             await self.flow.settle(rec.id)
             if turn is not None:
                 return await self._fork_turn(caller, rec, turn, n, prefix)
@@ -494,7 +504,7 @@ class Service:
     async def tree(self, caller: Caller, ref: str, ckpt_id: str) -> TreeView:
         start: SandboxRecord | CheckpointRecord
         if ref:
-            start = self._lookup(caller, ref)
+            start = await self._lookup(caller, ref)
             await self.flow.settle(start.id, agent=False)
         elif ckpt_id:
             start = self._checkpoint(caller, ckpt_id)
@@ -524,7 +534,7 @@ class Service:
 
     async def failures(self, caller: Caller, ref: str) -> list[CheckpointFailure]:
         if ref:
-            rec = self._lookup(caller, ref)
+            rec = await self._lookup(caller, ref)
             await self.flow.settle(rec.id, agent=False)
             # The sandbox's owner's failures only: a sandbox id is never its owner's alone by itself.
             return await asyncio.to_thread(self.catalog.failures, rec.id, owner_uid=rec.owner_uid)
@@ -551,6 +561,6 @@ class Service:
             return await self.recovery.arrive(ckpt, last_turn)
 
     async def recover(self, caller: Caller, ref: str) -> Recovered:
-        rec = self._lookup(caller, ref)
+        rec = await self._lookup(caller, ref)
         await self.flow.settle(rec.id, agent=False)
         return await self.recovery.recover(rec)

@@ -209,12 +209,17 @@ class Registry:
                 (sandbox_id, number, at, at, branch, checkpoint_id, TurnCheckpointState.DONE.value),
             )
 
-    def close_turn(self, sandbox_id: str, number: int, ended_at: float, session_state_json: str | None) -> None:
+    def close_turn(
+        self, sandbox_id: str, number: int, ended_at: float, session_state_json: str | None, *, keep: int = 0
+    ) -> None:
+        """End turn ``number``; with ``keep``, prune to the last ``keep`` turns in the same transaction."""
         with self._tx(durable=False) as db:  # the turn log: group-committed (store/db.py)
             db.execute(
                 "UPDATE turns SET ended_at=?, session_state_json=? WHERE sandbox_id=? AND number=?",
                 (ended_at, session_state_json, sandbox_id, number),
             )
+            if keep > 0:
+                _prune_turns(db, sandbox_id, keep)
 
     def set_decision(self, sandbox_id: str, number: int, decision_json: str, checkpoint_id: str | None) -> None:
         """What the inspector decided at the end of turn ``number``, and the checkpoint that followed."""
@@ -325,6 +330,14 @@ class Registry:
             None if branch is None else int(str(branch)),
         )
 
+    def last_turn(self, sandbox_id: str) -> TurnRecord | None:
+        """The sandbox's newest turn, without its commands (an implicit turn may hold thousands)."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {self._TURN_COLS} FROM turns WHERE sandbox_id=? ORDER BY number DESC LIMIT 1", (sandbox_id,)
+            ).fetchone()
+            return None if row is None else self._row_to_turn(sandbox_id, tuple(row), [])
+
     def get_turn(self, sandbox_id: str, number: int) -> TurnRecord | None:
         """Turn ``number`` of the sandbox, without its commands; None if it has none of that number."""
         with self._lock:
@@ -371,21 +384,11 @@ class Registry:
         on), so listing every kept turn stays bounded too.  Turn numbers go
         on from the highest kept (``open_turn``), and checkpoints stay
         addressable by id: a pruned turn's number just no longer resolves.
+        Group-committed like the rest of the turn log: a prune lost in a
+        crash only leaves a few turns more, and the next one catches up.
         """
-        with self._tx() as db:
-            row = db.execute("SELECT COALESCE(MAX(number), 0) FROM turns WHERE sandbox_id=?", (sandbox_id,)).fetchone()
-            top = int(row[0])
-            db.execute(
-                "UPDATE turns SET session_state_json=NULL"
-                " WHERE sandbox_id=? AND number<=? AND session_state_json IS NOT NULL",
-                (sandbox_id, top - SESSION_STATES_KEPT),
-            )
-            if top <= keep:
-                return 0
-            db.execute("DELETE FROM commands WHERE sandbox_id=? AND turn<=?", (sandbox_id, top - keep))
-            return int(
-                db.execute("DELETE FROM turns WHERE sandbox_id=? AND number<=?", (sandbox_id, top - keep)).rowcount
-            )
+        with self._tx(durable=False) as db:
+            return _prune_turns(db, sandbox_id, keep)
 
     def latest_session_state(self, sandbox_id: str) -> str | None:
         with self._lock:
@@ -395,3 +398,17 @@ class Registry:
                 (sandbox_id,),
             ).fetchone()
             return None if row is None else str(row[0])
+
+
+def _prune_turns(db: sqlite3.Connection, sandbox_id: str, keep: int) -> int:
+    """:meth:`Registry.prune_turns` inside the caller's transaction."""
+    row = db.execute("SELECT COALESCE(MAX(number), 0) FROM turns WHERE sandbox_id=?", (sandbox_id,)).fetchone()
+    top = int(row[0])
+    db.execute(
+        "UPDATE turns SET session_state_json=NULL WHERE sandbox_id=? AND number<=? AND session_state_json IS NOT NULL",
+        (sandbox_id, top - SESSION_STATES_KEPT),
+    )
+    if top <= keep:
+        return 0
+    db.execute("DELETE FROM commands WHERE sandbox_id=? AND turn<=?", (sandbox_id, top - keep))
+    return int(db.execute("DELETE FROM turns WHERE sandbox_id=? AND number<=?", (sandbox_id, top - keep)).rowcount)

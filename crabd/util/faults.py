@@ -1,6 +1,6 @@
-"""Fault injection: named crash points and ENOSPC write points (tests only; inert otherwise).
+"""Fault injection: named crash points, ENOSPC write points and delay points (tests only; inert otherwise).
 
-The knob is two environment variables of the *daemon's* process, read once,
+The knob is three environment variables of the *daemon's* process, read once,
 by :func:`arm_from_env`, when crabd starts (``daemon/main.py``):
 
 * ``CRAB_CRASH_AT=<point>[,<point>...]``: reaching a named point kills crabd
@@ -11,16 +11,20 @@ by :func:`arm_from_env`, when crabd starts (``daemon/main.py``):
 * ``CRAB_FAIL_AT=<point>:ENOSPC[,...]``: reaching a named *write* point
   raises ``OSError(ENOSPC)`` there, as a full disk would, so the error
   travels the same path a real one takes.
+* ``CRAB_DELAY_AT=<point>:<seconds>[,...]``: reaching a named *delay* point
+  waits that long (at most :data:`MAX_DELAY_S`), so a test can hold a
+  background step open long enough to show what happens meanwhile (e.g.
+  requests served while start-up adoption is still running).
 
 Why an environment variable rather than a config key or an RPC: it can be
 set only by whoever starts the daemon (root, or the test that spawned it),
 never by a client over the socket and never from inside a sandbox (a
 sandbox's environment is its container's, not crabd's).  It is read once,
 so nothing can arm a point in a daemon already running; the systemd unit
-sets neither variable.  Unset, every call below is a dictionary lookup on an
+sets none of them.  Unset, every call below is a dictionary lookup on an
 empty frozenset and returns at once.
 
-Every point is listed in :data:`CRASH_POINTS` / :data:`WRITE_POINTS`; an
+Every point is listed in :data:`CRASH_POINTS` / :data:`WRITE_POINTS` / :data:`DELAY_POINTS`; an
 unknown name in the environment is refused at start-up (a typo would
 otherwise make a test pass without testing anything).  Call sites are one
 line each: ``crash_point("checkpoint.after_freeze")``.
@@ -36,6 +40,9 @@ from crabd.errors import InvalidRequest
 
 CRASH_ENV = "CRAB_CRASH_AT"
 FAIL_ENV = "CRAB_FAIL_AT"
+DELAY_ENV = "CRAB_DELAY_AT"
+#: Longest delay one point may be armed with: a typo must not wedge a test for hours.
+MAX_DELAY_S = 60.0
 
 #: Where crabd may be killed, in the order an operation reaches them.
 CRASH_POINTS: tuple[str, ...] = (
@@ -84,8 +91,31 @@ WRITE_POINTS: tuple[str, ...] = (
     "checkpoint.dump",  # CRIU writing its images
 )
 
+#: Where crabd may be made to wait (seconds given with the point).
+DELAY_POINTS: tuple[str, ...] = (
+    "adopt.sandbox",  # start-up adoption of one sandbox, before it is looked at (coordinator/adoption.py)
+)
 
-def _parse() -> tuple[frozenset[str], dict[str, int]]:
+
+def _parse_delays() -> tuple[dict[str, float], list[str]]:
+    delays: dict[str, float] = {}
+    unknown: list[str] = []
+    for item in (x.strip() for x in os.environ.get(DELAY_ENV, "").split(",")):
+        if not item:
+            continue
+        name, _, seconds = item.partition(":")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = -1.0
+        if name not in DELAY_POINTS or not 0 <= value <= MAX_DELAY_S:
+            unknown.append(item)
+            continue
+        delays[name] = value
+    return delays, unknown
+
+
+def _parse() -> tuple[frozenset[str], dict[str, int], dict[str, float]]:
     crash = frozenset(p.strip() for p in os.environ.get(CRASH_ENV, "").split(",") if p.strip())
     unknown = sorted(crash - set(CRASH_POINTS))
     fail: dict[str, int] = {}
@@ -96,23 +126,26 @@ def _parse() -> tuple[frozenset[str], dict[str, int]]:
         if name not in WRITE_POINTS or code not in ("", "ENOSPC"):
             unknown.append(item)
         fail[name] = errno.ENOSPC
+    delays, bad = _parse_delays()
+    unknown += bad
     if unknown:
         raise InvalidRequest(
-            f"{CRASH_ENV}/{FAIL_ENV} name unknown fault points: {', '.join(unknown)}",
-            hint="See crabd/util/faults.py for the list.",
+            f"{CRASH_ENV}/{FAIL_ENV}/{DELAY_ENV} name unknown fault points: {', '.join(unknown)}",
+            hint=f"See crabd/util/faults.py for the list (a delay is 0 to {MAX_DELAY_S:g} seconds).",
         )
-    return crash, fail
+    return crash, fail, delays
 
 
 _CRASH: frozenset[str] = frozenset()
 _FAIL: dict[str, int] = {}
+_DELAY: dict[str, float] = {}
 
 
 def arm_from_env() -> list[str]:
     """Read the knob (once, at daemon start-up); return what is armed, for the log."""
-    global _CRASH, _FAIL
-    _CRASH, _FAIL = _parse()
-    return sorted(_CRASH) + [f"{k}:ENOSPC" for k in sorted(_FAIL)]
+    global _CRASH, _FAIL, _DELAY
+    _CRASH, _FAIL, _DELAY = _parse()
+    return sorted(_CRASH) + [f"{k}:ENOSPC" for k in sorted(_FAIL)] + [f"{k}:{v:g}s" for k, v in sorted(_DELAY.items())]
 
 
 def crash_point(name: str) -> None:
@@ -126,3 +159,10 @@ def write_point(name: str) -> None:
     if _FAIL and name in _FAIL:
         code = _FAIL[name]
         raise OSError(code, f"{os.strerror(code)} (injected at {name})")
+
+
+def delay_point(name: str) -> float:
+    """The seconds to wait at ``name`` (0 unless armed); the caller sleeps, so an event loop is not blocked."""
+    if _DELAY:
+        return _DELAY.get(name, 0.0)
+    return 0.0

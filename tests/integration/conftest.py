@@ -183,14 +183,25 @@ def remove_instance_containers(state_dir: Path) -> None:
 def start_kept(base: Path, **env: str) -> EmbeddedDaemon:
     """A crabd on ``base`` that outlives a kill -9 (not ephemeral), started with ``env`` (e.g. ``CRAB_CRASH_AT``).
 
+    Returns once crabd has adopted every sandbox and reconciled its store (it serves before
+    that: :func:`start_kept_serving`), so what a test then sees is what the restart left.
+    """
+    d = start_kept_serving(base, **env)
+    d.wait_settled()
+    return d
+
+
+def start_kept_serving(base: Path, **env: str) -> EmbeddedDaemon:
+    """:func:`start_kept`, returning as soon as crabd serves (adoption may still be under way).
+
     The fault-injection variables are the daemon's only: none of this process's is inherited, and
     this process's are as they were once the daemon runs.
     """
     import os
 
-    from crabd.util.faults import CRASH_ENV, FAIL_ENV
+    from crabd.util.faults import CRASH_ENV, DELAY_ENV, FAIL_ENV
 
-    saved = {k: os.environ.pop(k, None) for k in (CRASH_ENV, FAIL_ENV)}
+    saved = {k: os.environ.pop(k, None) for k in (CRASH_ENV, FAIL_ENV, DELAY_ENV)}
     os.environ.update(env)
     try:
         d = EmbeddedDaemon(state_dir=base, ephemeral=False, extra_args=["--inspector", "scan"])

@@ -102,6 +102,28 @@ def test_a_new_sandboxs_first_read_only_turn_is_a_skip(make_sandbox: Callable[..
     assert kind == "fs" and any("cwd" in r for r in reasons), reasons
 
 
+def test_a_write_to_a_tmpfs_file_through_an_old_fd_is_a_change_the_probes_see(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    """The probes vouch for the tmpfs mounts only while they see nothing change them.
+
+    The session's bash opens a file in /dev/shm in one turn and only writes
+    to it in the next: no open, no path, just write(2) on a tmpfs file.
+    Without MARK_TMPFS on it the probes would vouch for the mounts and the
+    turn would skip, though what /dev/shm holds (only a process checkpoint
+    keeps it) changed.
+    """
+    sb = make_sandbox("bookworm")
+    end(sb, "cd /tmp")
+    kind, reasons, _ = end(sb, "exec 7>>/dev/shm/log; echo one >&7")
+    assert kind == "full" and any("/dev/shm/log" in r for r in reasons), reasons
+    kind, reasons, _, inspector = end_by(sb, "ls -l /dev/shm")
+    assert (kind, inspector) == ("skip", "ebpf"), reasons
+    kind, reasons, _ = end(sb, "echo two >&7")
+    assert kind == "full" and any("tmpfs" in r for r in reasons), reasons
+    assert end(sb, "cat /dev/shm/log")[0] == "skip"
+
+
 def test_each_decision_takes_the_checkpoint_it_names(make_sandbox: Callable[..., Sandbox]) -> None:
     sb = make_sandbox("bookworm")
     end(sb, "cd /tmp")  # settle the first turn's session state

@@ -1,14 +1,35 @@
-"""What crabd finds after a restart (``SandboxManager.adopt``), on fake backends: each case counted once."""
+"""What crabd finds after a restart (``coordinator/adoption.py``), on fake backends.
+
+Each case counted once; and the gate: a request waits for its own
+sandbox's adoption (adopting it ahead of the queue), a failed adoption
+reads dead, and a listing never looks at a container adoption has yet to
+decide about.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from crabd.coordinator.sandboxes import Adopted
-from crabd.models import SandboxState
-from tests.fakes import ALICE, build_stack, run, spec
+from crabd.coordinator.adoption import Adopted, Adoption
+from crabd.coordinator.sandboxes import REMOVING
+from crabd.errors import SandboxDead, SandboxNotFound
+from crabd.models import SandboxRecord, SandboxState
+from tests.fakes import ALICE, Stack, build_stack, run, spec
+
+
+async def _adopt_all(st: Stack) -> Adopted:
+    adoption = Adoption(st.sandboxes)
+    await adoption.prepare()
+    return await adoption.run()
+
+
+async def _settle() -> None:
+    """Let every task that can run do so (the fake backend's calls finish in worker threads)."""
+    for _ in range(50):
+        await asyncio.sleep(0.001)
 
 
 def test_adopt_counts_and_settles_every_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,7 +47,7 @@ def test_adopt_counts_and_settles_every_case(tmp_path: Path, monkeypatch: pytest
         half = await st.sandboxes.reserve(ALICE.uid, spec("half"), "img")
         st.backend.frozen_now.add(live.container_id)  # a crabd killed mid-checkpoint left it frozen
 
-        got = await st.sandboxes.adopt()
+        got = await _adopt_all(st)
 
         assert got == Adopted(adopted=1, dead=1, rolled_back=1, orphans_removed=1, removed=0)
         assert orphan not in st.backend.containers
@@ -34,7 +55,110 @@ def test_adopt_counts_and_settles_every_case(tmp_path: Path, monkeypatch: pytest
         assert live.container_id not in st.backend.frozen_now
         after = st.registry.get_sandbox(gone.id)
         assert after is not None and after.state is SandboxState.DEAD
-        again = await st.sandboxes.adopt()  # a second pass finds nothing left to fix
+        again = await _adopt_all(st)  # a second pass finds nothing left to fix
         assert again == Adopted(adopted=1)  # the dead one was recorded the first time
+
+    run(body())
+
+
+class _Held:
+    """``on_adopted`` that records the order and holds one sandbox's adoption until released."""
+
+    def __init__(self, hold: str) -> None:
+        self.hold = hold
+        self.release = asyncio.Event()
+        self.reached = asyncio.Event()
+        self.order: list[str] = []
+
+    async def __call__(self, rec: SandboxRecord) -> None:
+        self.order.append(rec.id)
+        if rec.id == self.hold:
+            self.reached.set()
+            await self.release.wait()
+
+
+def test_a_request_waits_for_its_sandbox_and_jumps_the_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        a, b, c = [await st.service.create(ALICE, spec(n, checkpoints="none")) for n in ("a", "b", "c")]
+        st.backend.frozen_now.add(a.container_id)  # left frozen by a crabd killed mid-checkpoint
+        held = _Held(a.id)
+        adoption = Adoption(st.sandboxes, held, workers=1)
+        assert await adoption.prepare() == 3
+        background = asyncio.create_task(adoption.run())
+        await asyncio.wait_for(held.reached.wait(), 5)  # the one worker is inside a's adoption
+
+        # A request for c, which no worker has reached: adopted now, ahead of b.
+        got = await asyncio.wait_for(st.service.get(ALICE, c.id), 5)
+        assert got.state is SandboxState.RUNNING
+        assert held.order == [a.id, c.id]
+        assert not adoption.settled(b.id)
+
+        # A request for a, whose adoption is under way: it waits for that adoption's end.
+        waiting = asyncio.create_task(st.service.get(ALICE, a.id))
+        await _settle()
+        assert not waiting.done()
+        held.release.set()
+        got = await asyncio.wait_for(waiting, 5)
+        assert got.state is SandboxState.RUNNING and a.container_id not in st.backend.frozen_now
+
+        counts = await asyncio.wait_for(background, 5)
+        assert held.order == [a.id, c.id, b.id]
+        assert counts == Adopted(adopted=3, on_demand=1)
+
+    run(body())
+
+
+def test_a_failed_adoption_reads_dead_not_hung(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        ok = await st.service.create(ALICE, spec("ok", checkpoints="none"))
+        bad = await st.service.create(ALICE, spec("bad", checkpoints="none"))
+        adoption = Adoption(st.sandboxes, workers=1)
+        await adoption.prepare()
+        st.faults.arm("backend.thaw")  # the freezer refuses: its adoption fails
+        # Requested before any worker runs: adopted on demand, and the failure is the answer.
+        got = await asyncio.wait_for(st.service.get(ALICE, bad.id), 5)
+        assert got.state is SandboxState.DEAD
+        assert "could not take it over" in got.dead_reason and "injected failure" in got.dead_reason
+        with pytest.raises(SandboxDead):
+            await asyncio.wait_for(st.service.session_state(ALICE, bad.id), 5)
+        st.faults.disarm("backend.thaw")
+        counts = await asyncio.wait_for(adoption.run(), 5)
+        assert counts == Adopted(adopted=1, failed=1, on_demand=1)
+        fine = await st.service.get(ALICE, ok.id)
+        assert fine.state is SandboxState.RUNNING
+
+    run(body())
+
+
+def test_an_unfinished_removal_is_not_seen_half_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listing does not read the container of a sandbox not yet adopted, and a lookup waits.
+
+    A removal a crash interrupted after its container went: a status read of
+    it before adoption would mark it dead ("container vanished") and adoption
+    would then never finish the removal.
+    """
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        keep = await st.service.create(ALICE, spec("keep", checkpoints="none"))
+        rm = await st.service.create(ALICE, spec("rm", checkpoints="none"))
+        st.registry.update_sandbox(rm.id, dead_reason=REMOVING)
+        st.backend.remove(rm.container_id)
+        adoption = Adoption(st.sandboxes, workers=1)
+        await adoption.prepare()
+
+        listed = {r.id: r for r in await st.service.list_sandboxes(ALICE)}
+        assert listed[rm.id].state is SandboxState.RUNNING  # the registry's word until adopted
+        assert listed[rm.id].dead_reason == REMOVING
+        with pytest.raises(SandboxNotFound):  # the lookup waited for the removal to be finished
+            await asyncio.wait_for(st.service.get(ALICE, rm.id), 5)
+
+        counts = await asyncio.wait_for(adoption.run(), 5)
+        assert counts == Adopted(adopted=1, removed=1, on_demand=1)
+        assert [r.id for r in await st.service.list_sandboxes(ALICE)] == [keep.id]
 
     run(body())

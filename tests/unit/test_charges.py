@@ -43,7 +43,7 @@ def test_delete_and_rewrite_cannot_hold_data_for_free(tmp_path: Path, monkeypatc
     async def body() -> None:
         a = await st.service.create(ALICE, spec("a", checkpoints="fs"))
         _write_random(st, a.id, 6, 50 * KIB, "a")
-        c1 = await st.checkpointer.take(st.sandboxes.get(a.id) or a, kind=CheckpointKind.FS)
+        c1 = await st.checkpointer.take(st.sandboxes.row(a.id) or a, kind=CheckpointKind.FS)
         held = accounting.store_bytes_used(st.db, ALICE.uid)
         assert held >= 280 * KIB
         assert c1.stats["charged_bytes"] >= 280 * KIB
@@ -56,7 +56,7 @@ def test_delete_and_rewrite_cannot_hold_data_for_free(tmp_path: Path, monkeypatc
         assert accounting.store_bytes_used(st.db, ALICE.uid) >= 280 * KIB
 
         # Check the same files in again: charged for what is new to the uid only, never twice.
-        c2 = await st.checkpointer.take(st.sandboxes.get(a.id) or a, kind=CheckpointKind.FS)
+        c2 = await st.checkpointer.take(st.sandboxes.row(a.id) or a, kind=CheckpointKind.FS)
         assert c2.stats["charged_bytes"] < 16 * KIB
         assert 280 * KIB <= accounting.store_bytes_used(st.db, ALICE.uid) < held + 16 * KIB
 
@@ -65,7 +65,7 @@ def test_delete_and_rewrite_cannot_hold_data_for_free(tmp_path: Path, monkeypatc
         _write_random(st, b.id, 6, 50 * KIB, "b")
         before = len(st.catalog.list_checkpoints(b.id))
         with pytest.raises(QuotaExceeded) as caught:
-            await st.checkpointer.take(st.sandboxes.get(b.id) or b, kind=CheckpointKind.FS)
+            await st.checkpointer.take(st.sandboxes.row(b.id) or b, kind=CheckpointKind.FS)
         assert caught.value.quota == "max_store_bytes" and caught.value.requested >= 280 * KIB
         assert "crabctl rm" in (caught.value.hint or "")
         assert len(st.catalog.list_checkpoints(b.id)) == before
@@ -73,7 +73,7 @@ def test_delete_and_rewrite_cannot_hold_data_for_free(tmp_path: Path, monkeypatc
         # Removing the sandbox that holds the data gives its charge back; then b's checkpoint fits.
         await st.service.remove(ALICE, a.id, force=True)
         assert accounting.store_bytes_used(st.db, ALICE.uid) < 64 * KIB
-        await st.checkpointer.take(st.sandboxes.get(b.id) or b, kind=CheckpointKind.FS)
+        await st.checkpointer.take(st.sandboxes.row(b.id) or b, kind=CheckpointKind.FS)
 
     run(body())
 
@@ -86,8 +86,8 @@ def test_a_fork_is_charged_to_its_owner_and_shared_blobs_to_each_uid_in_full(
     async def body() -> None:
         a = await st.service.create(ALICE, spec("a", checkpoints="fs"))
         _write_random(st, a.id, 4, 50 * KIB, "a")
-        c1 = await st.checkpointer.take(st.sandboxes.get(a.id) or a, kind=CheckpointKind.FS)
-        c2 = await st.checkpointer.take(st.sandboxes.get(a.id) or a, kind=CheckpointKind.FS)  # same files: shared
+        c1 = await st.checkpointer.take(st.sandboxes.row(a.id) or a, kind=CheckpointKind.FS)
+        c2 = await st.checkpointer.take(st.sandboxes.row(a.id) or a, kind=CheckpointKind.FS)  # same files: shared
         alice = accounting.store_bytes_used(st.db, ALICE.uid)
         assert 200 * KIB <= alice < 240 * KIB  # once, however many checkpoints share the files
         assert c2.stats["charged_bytes"] < 8 * KIB
@@ -97,7 +97,7 @@ def test_a_fork_is_charged_to_its_owner_and_shared_blobs_to_each_uid_in_full(
         assert accounting.store_bytes_used(st.db, BOB.uid) == 0
         bob = await st.service.create(BOB, spec("b", checkpoints="fs"))
         _write_random(st, bob.id, 1, 10 * KIB, "b")
-        await st.checkpointer.take(st.sandboxes.get(bob.id) or bob, kind=CheckpointKind.FS)
+        await st.checkpointer.take(st.sandboxes.row(bob.id) or bob, kind=CheckpointKind.FS)
         assert 10 * KIB <= accounting.store_bytes_used(st.db, BOB.uid) < 30 * KIB
         # Deleting every checkpoint of alice's first sandbox: its head and the fork's still hold the files.
         for c in st.catalog.list_checkpoints(a.id):

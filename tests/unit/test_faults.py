@@ -16,9 +16,11 @@ from crabd.util import faults
 def _disarm(monkeypatch: pytest.MonkeyPatch) -> object:
     monkeypatch.delenv(faults.CRASH_ENV, raising=False)
     monkeypatch.delenv(faults.FAIL_ENV, raising=False)
+    monkeypatch.delenv(faults.DELAY_ENV, raising=False)
     yield None
     monkeypatch.delenv(faults.CRASH_ENV, raising=False)
     monkeypatch.delenv(faults.FAIL_ENV, raising=False)
+    monkeypatch.delenv(faults.DELAY_ENV, raising=False)
     faults.arm_from_env()
 
 
@@ -30,6 +32,7 @@ def test_inert_without_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         faults.crash_point(p)
     for p in faults.WRITE_POINTS:
         faults.write_point(p)
+    assert all(faults.delay_point(p) == 0 for p in faults.DELAY_POINTS)
     assert kills == []
 
 
@@ -55,6 +58,9 @@ def test_armed_points_fire_and_only_they(monkeypatch: pytest.MonkeyPatch) -> Non
         (faults.CRASH_ENV, "checkpoint.afterpublish"),
         (faults.FAIL_ENV, "gc.mid:ENOSPC"),
         (faults.FAIL_ENV, "blobs.write:EIO"),
+        (faults.DELAY_ENV, "adopt.sandbx:1"),
+        (faults.DELAY_ENV, "adopt.sandbox"),
+        (faults.DELAY_ENV, "adopt.sandbox:3600"),
     ],
 )
 def test_unknown_names_are_refused(monkeypatch: pytest.MonkeyPatch, env: str, value: str) -> None:
@@ -66,3 +72,9 @@ def test_unknown_names_are_refused(monkeypatch: pytest.MonkeyPatch, env: str, va
 def test_points_are_unique() -> None:
     assert len(set(faults.CRASH_POINTS)) == len(faults.CRASH_POINTS)
     assert not set(faults.CRASH_POINTS) & set(faults.WRITE_POINTS)
+
+
+def test_a_delay_point_gives_its_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(faults.DELAY_ENV, "adopt.sandbox:0.25")
+    assert faults.arm_from_env() == ["adopt.sandbox:0.25s"]
+    assert faults.delay_point("adopt.sandbox") == 0.25

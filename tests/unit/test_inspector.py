@@ -20,7 +20,7 @@ from crabd.inspector import decide as decide_mod
 from crabd.inspector import files, mounts, procs
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.decide import Inspector, TurnEnd
-from crabd.inspector.model import Decision, Evidence, Proc
+from crabd.inspector.model import FS, Decision, Evidence, Proc
 from crabd.models import DecisionKind
 from crabd.store.fsblobs import FileBlobStore
 
@@ -457,3 +457,88 @@ def test_a_lasting_fork_of_the_session_counts(sbx: Sbx, monkeypatch: pytest.Monk
     monkeypatch.setattr(decide_mod, "SESSION_FORK_WAIT_S", 0.01)
     sbx.world.procs[90] = replace(sbx.world.procs[2], pid=90, host_pid=10_090, ppid=2)
     assert sbx.turn().kind == "full"
+
+
+def test_a_decisions_json_is_every_field_as_asdict_writes_it() -> None:
+    """Decision.to_json is written by hand (cheaper than asdict): a new field must not be left out."""
+    import dataclasses
+    import json
+
+    d = Decision(
+        kind=FS,
+        reasons=["changed /a"],
+        inspector="ebpf",
+        seconds=0.25,
+        paired_with="ck1",
+        paired_image="img",
+        shadow={"kind": "fs", "reasons": ["x"]},
+    )
+    assert d.to_json() == json.dumps(dataclasses.asdict(d), sort_keys=True)
+    assert Decision.from_json(d.to_json()) == d
+
+
+@pytest.fixture
+def fingerprints(sbx: Sbx, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The init pids the tmpfs mounts were fingerprinted through, in order."""
+    calls: list[int] = []
+
+    def fingerprint(pid: int) -> mounts.Tmpfs:
+        calls.append(pid)
+        return sbx.world.tmpfs
+
+    monkeypatch.setattr(mounts, "fingerprint", fingerprint)
+    return calls
+
+
+def test_probes_that_saw_nothing_for_the_tmpfs_mounts_spare_their_fingerprint(
+    sbx: Sbx, fingerprints: list[int]
+) -> None:
+    sbx.events.next = Evidence(tmpfs_dirty=False)
+    assert sbx.turn().kind == "skip"
+    assert fingerprints == []  # the last decision's fingerprint stands
+    sbx.world.tmpfs = mounts.Tmpfs("other", "/dev/shm/x")
+    sbx.events.next = Evidence(tmpfs_dirty=True)  # a write there: MARK_TMPFS moved
+    d = sbx.turn()
+    assert fingerprints == [10_001] and d.kind == "full" and "/dev/shm/x" in " ".join(d.reasons)
+
+
+def test_a_shared_mapping_of_a_tmpfs_file_is_fingerprinted_while_it_lasts_and_once_after(
+    sbx: Sbx, fingerprints: list[int]
+) -> None:
+    """Writes through a mapping make no syscall: the probes cannot vouch while one exists."""
+    sbx.world.procs[2] = replace(sbx.world.procs[2], maps_tmpfs=True)
+    for _ in range(2):
+        sbx.events.next = Evidence(tmpfs_dirty=False)
+        sbx.turn()
+    assert len(fingerprints) == 2
+    sbx.world.procs[2] = replace(sbx.world.procs[2], maps_tmpfs=False)
+    sbx.events.next = Evidence(tmpfs_dirty=False)
+    sbx.turn()  # unmapped since the last turn end: what it wrote before is not fingerprinted yet
+    assert len(fingerprints) == 3
+    sbx.events.next = Evidence(tmpfs_dirty=False)
+    sbx.turn()
+    assert len(fingerprints) == 3
+
+
+def test_a_decision_that_failed_after_taking_the_evidence_leaves_no_fingerprint_to_trust(
+    sbx: Sbx, fingerprints: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(cid: str, light: frozenset[int] = frozenset()) -> dict[int, Proc]:
+        raise OSError("proc unreadable")
+
+    good = procs.snapshot
+    monkeypatch.setattr(procs, "snapshot", broken)
+    sbx.events.next = Evidence(tmpfs_dirty=True)  # consumed by the failing decision
+    with pytest.raises(OSError):
+        sbx.turn()
+    monkeypatch.setattr(procs, "snapshot", good)
+    sbx.events.next = Evidence(tmpfs_dirty=False)
+    sbx.turn()
+    assert fingerprints == [10_001]
+
+
+def test_a_restart_of_the_sandbox_forgets_the_fingerprint(sbx: Sbx, fingerprints: list[int]) -> None:
+    sbx.inspector.started("sb", "c", 10_001, 2, image=None, image_checkpoint=None)
+    sbx.events.next = Evidence(tmpfs_dirty=False)
+    sbx.turn()
+    assert fingerprints == [10_001]

@@ -295,7 +295,7 @@ def test_a_restore_checks_provenance_first_and_changes_nothing(two: tuple[Stack,
     async def body() -> None:
         async with _engines(a):
             full = await _full(a, ALICE, "srv")
-            before = a.sandboxes.get(full.sandbox_id)
+            before = a.sandboxes.row(full.sandbox_id)
             assert before is not None
             n = len(a.sandboxes.list_sandboxes(None))
             with a.db.tx() as conn:  # a catalog row changed behind crabd's back (or a bug)
@@ -305,7 +305,7 @@ def test_a_restore_checks_provenance_first_and_changes_nothing(two: tuple[Stack,
             assert err.value.checkpoint == full.id and "spec_json" in err.value.reason
             with pytest.raises(ProvenanceRefused):
                 await a.service.restore(ALICE, full.sandbox_id, full.id, -1)
-            after = a.sandboxes.get(full.sandbox_id)
+            after = a.sandboxes.row(full.sandbox_id)
             assert after is not None and after.container_id == before.container_id
             assert len(a.sandboxes.list_sandboxes(None)) == n
 

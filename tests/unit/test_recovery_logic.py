@@ -177,3 +177,36 @@ def test_an_import_bounds_the_lost_turns_it_reports_and_keeps_the_identity(
         assert got.lost_turns == [ck.turn + 1, ck.turn + 2]
 
     run(body())
+
+
+def test_the_watch_reads_every_sandbox_only_when_due(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between full passes the watch only polls the inits' pidfds; a death found elsewhere brings one forward."""
+    from crabd.coordinator import recovery as recovery_mod
+
+    st = build_stack(tmp_path, monkeypatch)
+    full: list[int] = []
+    real_sweep = st.recovery.sweep
+
+    async def counted() -> list[str]:
+        full.append(st.recovery._ticks)
+        return await real_sweep()
+
+    monkeypatch.setattr(st.recovery, "sweep", counted)
+    monkeypatch.setattr(recovery_mod, "FULL_SWEEP_EVERY", 4)
+
+    async def body() -> None:
+        auto = await st.service.create(ALICE, spec("auto", checkpoints="fs", recovery="auto"))
+        other = await st.service.create(ALICE, spec("other", checkpoints="fs"))
+        assert await st.recovery._tick() == []  # the first tick is a full pass
+        _kill(st, auto)  # the fake's inits are no real processes: no pidfd tells
+        for _ in range(3):
+            assert await st.recovery._tick() == []
+        assert full == [1]
+        assert await st.recovery._tick() == [auto.id]  # the next full pass finds and recovers it
+        assert full == [1, 5]
+        _kill(st, other)
+        await st.service.get(ALICE, other.id)  # a request finds it dead: SandboxManager.deaths moves
+        await st.recovery._tick()
+        assert full == [1, 5, 6]
+
+    run(body())

@@ -74,3 +74,27 @@ def test_wal_mode(tmp_path: Path) -> None:
     with Database(tmp_path / "r.db"):
         mode = sqlite3.connect(tmp_path / "r.db").execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
+
+
+def test_the_open_turn_is_found_without_reading_its_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every command asks for the open turn: an implicit one with thousands of commands must not be read whole."""
+    from crabd.coordinator.turns import TurnKeeper
+
+    with Database(tmp_path / "r.db") as d:
+        reg = Registry(d)
+        reg.insert_sandbox(_rec("a1", "one"))
+        keeper = TurnKeeper(reg)
+        assert keeper.current("a1") is None
+        number = keeper.ensure_open("a1")
+        for i in range(3):
+            reg.add_command(
+                "a1", number, CommandRecord(reg.next_seq("a1", number), "exec", f"c{i}", 0, False, 1, 0, 0, 0)
+            )
+        monkeypatch.setattr(reg, "list_turns", lambda *a, **k: pytest.fail("read the turns with their commands"))
+        current = keeper.current("a1")
+        assert current is not None and (current.number, current.open, current.implicit) == (number, True, True)
+        assert keeper.ensure_open("a1") == number
+        monkeypatch.undo()
+        ended = keeper.end("a1", number, None)
+        assert [c.command for c in ended.commands] == ["c0", "c1", "c2"] and not ended.open
+        assert keeper.current("a1") is None

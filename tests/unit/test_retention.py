@@ -125,7 +125,7 @@ async def _sandbox_with_history(st: Stack, turns: int, policy: RetentionPolicy |
     ids = []
     for i in range(turns):
         st.write(rec.id, f"turn{i}.txt", f"content {i}")
-        rec = st.sandboxes.get(rec.id) or rec
+        rec = st.sandboxes.row(rec.id) or rec
         ids.append((await st.checkpointer.take(rec, kind=CheckpointKind.FS)).id)
     return rec.id, ids
 
@@ -152,7 +152,7 @@ def test_thinning_keeps_the_policy_and_every_kept_checkpoint_restores_exactly(
         assert verify(st.catalog, st.blobs).ok
         # Each kept checkpoint restores exactly what the sandbox had at its turn.
         for n, ck in enumerate(ids[8:], start=8):
-            rec = st.sandboxes.get(sid)
+            rec = st.sandboxes.row(sid)
             assert rec is not None
             await st.service.restore(ALICE, sid, ck, -1)
             assert st.files(sid) == {f"turn{i}.txt": f"content {i}" for i in range(n + 1)}
@@ -230,7 +230,7 @@ def test_near_the_quota_retention_makes_room_and_a_refusal_names_what_holds_spac
         await st.service.retention.set_policy(ALICE, rec.id, RetentionPolicy(keep_last=2))
         for _ in range(30):
             st.write(rec.id, "blob.bin", os.urandom(6000).hex())  # replaced each turn: the sandbox stays small
-            rec = st.sandboxes.get(rec.id) or rec
+            rec = st.sandboxes.row(rec.id) or rec
             await st.checkpointer.take(rec, kind=CheckpointKind.FS)  # never refused: retention made room
         # Thinned whenever the use neared the quota: at most what fits under it (~6 KiB a checkpoint;
         # before issue 33 the fake's delta also carried its base's files, twice that, and at most 4 fit).
@@ -242,7 +242,7 @@ def test_near_the_quota_retention_makes_room_and_a_refusal_names_what_holds_spac
         with pytest.raises(QuotaExceeded) as caught:
             for _ in range(30):
                 st.write(rec.id, "blob.bin", os.urandom(6000).hex())
-                rec = st.sandboxes.get(rec.id) or rec
+                rec = st.sandboxes.row(rec.id) or rec
                 c = await st.checkpointer.take(rec, kind=CheckpointKind.FS)
                 await st.service.retention.pin(ALICE, c.id, True)
         assert "crabctl checkpoint unpin" in (caught.value.hint or "")
@@ -262,7 +262,7 @@ def test_another_tenant_can_neither_pin_thin_nor_set_a_policy(tmp_path: Path, mo
             await st.service.retention.thin(BOB, sid, dry_run=False)
         with pytest.raises(PermissionDenied):
             await st.service.retention.set_policy(BOB, sid, RetentionPolicy(keep_last=1))
-        rec = st.sandboxes.get(sid)
+        rec = st.sandboxes.row(sid)
         assert rec is not None and rec.spec.retention is None
         assert [(c.id, c.pinned) for c in st.catalog.list_checkpoints(sid)] == before
 

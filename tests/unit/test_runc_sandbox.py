@@ -283,8 +283,8 @@ class FakeRunc:
     def state(self, container_id: str) -> RuncState | None:
         return self.states.get(container_id)
 
-    def list(self) -> list[RuncState]:
-        return list(self.states.values())
+    def list(self, prefix: str = "") -> list[RuncState]:
+        return [st for st in self.states.values() if st.id.startswith(prefix)]
 
     def version(self) -> str:
         return "1.1.5+ds1"

@@ -149,3 +149,51 @@ def test_a_command_name_with_parentheses_does_not_shift_the_fields() -> None:
     pid, start = _me()
     assert statefile.proc_start(pid) == (start, "R")
     assert statefile.proc_start(2**22 + 12345) is None
+
+
+def test_list_falls_back_to_the_state_files_when_runc_list_races_a_deletion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`runc list` fails as a whole when a container goes while it reads; the state files list the rest."""
+    from crabd.backends.runc import cli
+    from crabd.errors import ContainerRuntimeError
+
+    pid, start = _me()
+    for cid in ("i1-a1-g", "i1-b2-g", "i1-c3-g", "i2-x9-g"):
+        write_state(tmp_path, cid, pid=pid, start=start)
+    (tmp_path / "not a container id").mkdir()
+    runc = Runc(tmp_path)
+    tries: list[str] = []
+
+    def racing(container_id: str, *args: str, timeout: float | None = None) -> Any:
+        tries.append(args[0])
+        raise ContainerRuntimeError("runc list : load container i1-zz-g: container does not exist", container="")
+
+    monkeypatch.setattr(runc, "_run", racing)
+    real = runc.files.record
+
+    def deleted_meanwhile(cid: str) -> statefile.Record | None:
+        if cid == "i1-b2-g":  # runc delete removed it between the listing and the read
+            (tmp_path / cid / "state.json").unlink()
+            (tmp_path / cid).rmdir()
+        return real(cid)
+
+    monkeypatch.setattr(runc.files, "record", deleted_meanwhile)
+    monkeypatch.setattr(runc, "state_by_runc", lambda cid: pytest.fail(f"asked runc about {cid}"))
+    got = [(st.id, st.status) for st in runc.list("i1-")]
+    assert got == [("i1-a1-g", RuncStatus.RUNNING), ("i1-c3-g", RuncStatus.RUNNING)]
+    assert tries == ["list"] * cli.LIST_TRIES
+    assert Runc(tmp_path / "absent").list() == []
+
+
+def test_list_passes_on_errors_that_are_not_the_race(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from crabd.errors import ContainerRuntimeError
+
+    runc = Runc(tmp_path)
+
+    def broken(container_id: str, *args: str, timeout: float | None = None) -> Any:
+        raise ContainerRuntimeError("runc list : permission denied", container="")
+
+    monkeypatch.setattr(runc, "_run", broken)
+    with pytest.raises(ContainerRuntimeError, match="permission denied"):
+        runc.list()

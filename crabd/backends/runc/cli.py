@@ -31,6 +31,7 @@ way the Docker path reports it (:mod:`crabd.backends.criu.runc`).
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import os
@@ -84,6 +85,8 @@ DEFAULT_LOG_DIR = Path("/var/log/crab/criu")
 #: runc's option for a network namespace that CRIU makes empty (docs/runc.md, "User namespaces").
 EMPTY_NETNS = ("--empty-ns", "network")
 
+#: ``runc list`` runs that may race a deletion before the state files are read instead.
+LIST_TRIES = 2
 _ID_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -295,12 +298,44 @@ class Runc:
             raise ContainerRuntimeError(f"runc state {container_id}: {done.err.strip()}", container=container_id)
         return RuncState.parse(_json(done.out, container_id))
 
-    def list(self) -> list[RuncState]:
-        """Every container under this state root."""
+    def list(self, prefix: str = "") -> list[RuncState]:
+        """Every container under this state root whose id starts with ``prefix``.
+
+        ``runc list`` first: one Go process reads a thousand state files in
+        ~0.9 s, where parsing them here took 5.3 s (each state.json holds the
+        whole config).  But it fails as a whole ("load container X: container
+        does not exist") when any container is deleted while it reads, and
+        crabd deletes containers in the background (a restore's old one)
+        while it lists; so it is asked again, and if that races too, this
+        reads the state files of the ``prefix`` ids itself, where a container
+        that goes away is simply not listed.
+        """
         if not self.root.is_dir():
             return []
-        data = _json(self._run("", "list", "--format", "json").out, "")
-        return [RuncState.parse(d) for d in (data or [])]
+        for _ in range(LIST_TRIES):
+            try:
+                data = _json(self._run("", "list", "--format", "json").out, "")
+            except ContainerRuntimeError as exc:
+                if "not exist" not in exc.message and "no such file" not in exc.message:
+                    raise
+                continue
+            return [st for st in (RuncState.parse(d) for d in (data or [])) if st.id.startswith(prefix)]
+        return self._list_from_files(prefix)
+
+    def _list_from_files(self, prefix: str) -> builtins.list[RuncState]:
+        """:meth:`list` from the state files, each read as :meth:`state` reads it."""
+        try:
+            names = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            if not name.startswith(prefix) or not _ID_OK.fullmatch(name):
+                continue  # another instance's, or not a container directory runc would make
+            st = self.state(name)
+            if st is not None:
+                out.append(st)
+        return out
 
     def kill(self, container_id: str, signal: str = "KILL", *, all_processes: bool = False) -> None:
         args = ["kill", *(["--all"] if all_processes else []), _check_id(container_id), signal]

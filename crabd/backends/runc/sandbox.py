@@ -754,7 +754,7 @@ class RuncSandboxBackend:
         """Every id of this instance with any piece on the host, and the runc states of those runc knows."""
         # Before and after the listing: a slot claimed meanwhile is still named in it, a slot made meanwhile too.
         held = self._slots.held() if self._slots is not None else frozenset()
-        states = {st.id: st for st in self.runc.list() if self._is_own(st.id)}
+        states = {st.id: st for st in self.runc.list(f"{self.instance}-") if self._is_own(st.id)}
         complete, partial = cleanup.bundle_ids(self.layout.bundles)
         names: list[str] = [*states, *complete]
         names += [n[len(bundle.TMP_PREFIX) :].rpartition("-")[0] for n in partial]
