@@ -2,7 +2,7 @@
 
 Running the CNI plugins is most of a networked create's time (docs/runc.md,
 "Creating a sandbox": three plugin processes, host-local's lock and the
-firewall plugin's iptables calls, ~150-200 ms on a 2-core host).  A slot is
+firewall plugin's iptables calls, 50-200 ms of a create on a 2-core host).  A slot is
 that work done beforehand: a network namespace made by crabd (``lo`` up,
 the sandbox sysctls set) with the CNI ADD done in it under the slot's own
 id.  A slot's id is a container id of this instance,
