@@ -1,6 +1,6 @@
 """Network slots: CNI attachments made ahead of demand, so that a networked create does not run the plugins.
 
-Running the CNI plugins is most of a networked create's time (docs/runc.md,
+Running the CNI plugins is a networked create's largest step (docs/runc.md,
 "Creating a sandbox": three plugin processes, host-local's lock and the
 firewall plugin's iptables calls, 50-200 ms of a create on a 2-core host).  A slot is
 that work done beforehand: a network namespace made by crabd (``lo`` up,
