@@ -144,6 +144,7 @@ def test_a_crabd_killed_with_unclaimed_slots_leaves_nothing_once_restarted() -> 
         assert old <= instance_containers(d.state_dir), "a kill -9 tore the slots down?"
         assert len(_leases(d)) == 4
         d.start()
+        d.wait_settled()  # crabd serves first and adopts in the background (coordinator/adoption.py)
         # Adoption removed the slots nobody claimed (leases, netns, results); the sandbox lives on.
         assert instance_containers(d.state_dir) == {cid}
         assert len(_leases(d)) == 1
