@@ -426,6 +426,14 @@ class RuntimeConfig(_Model):
         Path("/var/lib/crab/userns"),
         description="host-wide claims of user-namespace id ranges, shared by every crabd instance on the host",
     )
+    warm_network_slots: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="runc+btrfs: network slots (a network namespace already attached to the CNI bridge, its "
+        "address leased) kept ready for networked creates, made in the background after the first one; "
+        '0: every networked create runs CNI itself (docs/runc.md, "Creating a sandbox")',
+    )
 
     @field_validator("subnet")
     @classmethod

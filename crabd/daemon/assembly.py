@@ -117,6 +117,8 @@ def open_sandbox_side(cfg: CrabConfig, instance: str) -> SandboxSide:
             work_root=work,
             # [runtime] userns (default on): a host id range per container (docs/runc.md, "User namespaces").
             id_ranges=IdRanges(cfg.runtime.userns_dir) if cfg.runtime.userns else None,
+            # CNI attachments made ahead for networked creates (backends/runc/slots.py); torn down by close().
+            warm_network_slots=cfg.runtime.warm_network_slots,
         )
     except BaseException:
         pool.close()

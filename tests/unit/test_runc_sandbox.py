@@ -22,7 +22,7 @@ import pytest
 from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs import Pool, SubvolKind, SubvolRef
 from crabd.backends.btrfs.layout import validate_id
-from crabd.backends.runc import bundle, cleanup, cni, naming, reaper, rootfs
+from crabd.backends.runc import bundle, cleanup, cni, naming, reaper, rootfs, slots
 from crabd.backends.runc import sandbox as rs
 from crabd.backends.runc.cli import Runc, RuncState, RuncStatus, _check_id
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX
@@ -438,6 +438,45 @@ def test_listing_finds_every_kind_of_piece_of_its_own_instance_only(world: tuple
     assert "netns" in found["inst-ns-g"].error and "CNI result" in found["inst-cni-g"].error
     assert "bundle" in found["inst-half-g"].error and "restore images" in found["inst-img-g"].error
     assert sorted(backend.list_exited("inst")) == sorted(found)
+
+
+def test_listing_leaves_out_the_network_slots_held_and_close_tears_them_down(
+    world: tuple[Path, cleanup.Layout], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, layout = world
+    layout.netns.mkdir(parents=True)
+
+    def make(lay: cleanup.Layout, net: cni.CniNetwork, sid: str) -> slots.Slot:
+        (lay.netns / sid).touch()
+        return slots.Slot(sid, lay.netns / sid, cni.CniResult.parse({"ips": [{"address": "10.9.0.5/24"}]}))
+
+    def destroy(lay: cleanup.Layout, net: cni.CniNetwork, sid: str) -> list[str]:
+        (lay.netns / sid).unlink(missing_ok=True)
+        return []
+
+    monkeypatch.setattr(slots, "make_slot", make)
+    monkeypatch.setattr(slots, "destroy_slot", destroy)
+    (layout.netns / "inst-warmdead-0").touch()  # a slot a crashed crabd left: a leftover like any other
+    backend = rs.RuncSandboxBackend(
+        cast(Pool, FakePool(root / "pool")),
+        instance="inst",
+        layout=layout,
+        runc=cast(Runc, FakeRunc(layout.runc_root)),
+        work_root=root / "work",
+        initfs_dir=None,
+        warm_network_slots=2,
+    )
+    assert backend._slots is not None and backend._slots.claim() is None
+    deadline = time.monotonic() + 5
+    while backend._slots.ready() < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    held = backend._slots.held()
+    assert len(held) == 2 and all((layout.netns / sid).exists() for sid in held)
+    assert set(backend.list_instance("inst")) == {"inst-warmdead-0"}
+    assert backend.list_exited("inst") == ["inst-warmdead-0"]
+    backend.close()
+    assert sorted(p.name for p in layout.netns.iterdir()) == ["inst-warmdead-0"]
 
 
 def test_checkpoint_dirs_are_private_fresh_and_go_after_start(world: tuple[Path, cleanup.Layout]) -> None:

@@ -28,6 +28,14 @@ ADD result as ``prevResult`` and is idempotent; CHECK runs them in order
 with the cached result.  The final ADD result is cached in
 ``<cache>/results/<id>.json`` (DEL and CHECK need it, also after a crabd
 restart).
+
+An attachment made ahead of demand for a network slot (:mod:`.slots`) is
+ADDed under the slot's id and handed to a container later: the plugins key
+what they hold by ``CNI_CONTAINERID`` (host-local's lease, the bridge's
+masquerading chain), so that id stays the attachment's for good.  The
+hand-over writes ``<cache>/claims/<container id>`` (the slot's id) first and
+then renames the result to the container's; DEL and CHECK of the container
+go by the claimed id (:meth:`CniNetwork.cni_id`).
 """
 
 from __future__ import annotations
@@ -82,6 +90,10 @@ class CniSettings:
 
     def result_path(self, container_id: str) -> Path:
         return self.cache_dir / "results" / f"{container_id}.json"
+
+    def claim_path(self, container_id: str) -> Path:
+        """``<cache>/claims/<id>``: the CNI id a container's attachment was made under (a network slot's, slots.py)."""
+        return self.cache_dir / "claims" / container_id
 
 
 def conflist(settings: CniSettings) -> dict[str, Any]:
@@ -198,7 +210,7 @@ class CniNetwork:
             conf["prevResult"] = prev
         env = {
             "CNI_COMMAND": command.value,
-            "CNI_CONTAINERID": container_id,
+            "CNI_CONTAINERID": self.cni_id(container_id),
             # DEL of a sandbox whose netns is already gone: "" (the plugins then only release what they hold).
             "CNI_NETNS": str(netns) if netns is not None and netns.exists() else "",
             "CNI_IFNAME": IFNAME,
@@ -255,11 +267,39 @@ class CniNetwork:
         return CniResult.parse(raw) if raw is not None else None
 
     def _cached_raw(self, container_id: str) -> dict[str, Any] | None:
+        paths = [self.settings.result_path(container_id)]
+        claimed = self.cni_id(container_id)
+        if claimed != container_id:
+            paths.append(self.settings.result_path(claimed))  # claimed, not yet renamed (a crash in take_over)
+        for path in paths:
+            try:
+                data: dict[str, Any] = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            return data
+        return None
+
+    def cni_id(self, container_id: str) -> str:
+        """The CNI container id of ``container_id``'s attachment: its own, or the network slot's it took over."""
         try:
-            data: dict[str, Any] = json.loads(self.settings.result_path(container_id).read_text())
-        except (OSError, ValueError):
-            return None
-        return data
+            claimed = self.settings.claim_path(container_id).read_text().strip()
+        except OSError:
+            return container_id
+        return claimed or container_id
+
+    def take_over(self, slot_id: str, container_id: str) -> None:
+        """Record that ``container_id`` owns the attachment ADDed as ``slot_id`` (before anything of it moves).
+
+        From here on a DEL of the container releases the slot's lease and
+        rules, whatever else a crash leaves undone (:meth:`adopt_result`).
+        """
+        claim = self.settings.claim_path(container_id)
+        private_dir(claim.parent)
+        bundle.write_atomic(claim, slot_id.encode())
+
+    def adopt_result(self, slot_id: str, container_id: str) -> None:
+        """Move the slot's kept ADD result to the container's name (after :meth:`take_over` and the move)."""
+        os.replace(self.settings.result_path(slot_id), self.settings.result_path(container_id))
 
     def _delete_plugins(self, container_id: str, netns: Path | None, prev: dict[str, Any] | None) -> list[str]:
         errors = []
@@ -275,7 +315,11 @@ class CniNetwork:
         errors = self._delete_plugins(container_id, netns, self._cached_raw(container_id))
         if errors:
             raise ContainerRuntimeError("; ".join(errors), container=container_id)
+        claimed = self.cni_id(container_id)
+        if claimed != container_id:
+            self.settings.result_path(claimed).unlink(missing_ok=True)
         self.settings.result_path(container_id).unlink(missing_ok=True)
+        self.settings.claim_path(container_id).unlink(missing_ok=True)
 
     def check(self, container_id: str, netns: Path) -> None:
         """Every plugin's CHECK against the cached result; ContainerRuntimeError if one finds a difference."""

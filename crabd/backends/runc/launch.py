@@ -23,6 +23,11 @@ processes run for those few milliseconds without an address (a socket
 bound to one is restored; nothing can connect until the address is there).
 The real lower dirs are written to ``<bundle>/lowers.json``: the overlay's
 own options name the (detached) idmapped staging mounts instead.
+
+A fresh networked container may be given a network slot (:mod:`.slots`):
+its attachment, made ahead, takes the place of the CNI step (the netns
+itself without a user namespace, the interface moved in with one).  A
+failed launch tears the slot down with the container: never put back.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crabd.backends.network import SANDBOX_SYSCTLS
-from crabd.backends.runc import bundle, cleanup, idmap, lo_up, named_netns, rootfs, userns_image
+from crabd.backends.runc import bundle, cleanup, idmap, lo_up, named_netns, rootfs, slots, userns_image
 from crabd.backends.runc.cli import CheckpointOptions, Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniResult
 from crabd.errors import ContainerRuntimeError, CriuImageInvalid
@@ -153,10 +158,40 @@ class Launcher:
         self.runc = runc
         self.network = network if network is not None else CniNetwork(layout.cni)
 
-    def launch(self, spec: bundle.ContainerSpec, storage: Storage, restore: Restore | None = None) -> Launched:
-        """Run ``spec`` (``spec.netns`` is replaced by the layout's path for its id), fresh or from ``restore``."""
-        if spec.userns is not None:
-            return self._launch_userns(spec, storage, restore)
+    def launch(
+        self,
+        spec: bundle.ContainerSpec,
+        storage: Storage,
+        restore: Restore | None = None,
+        slot: slots.Slot | None = None,
+    ) -> Launched:
+        """Run ``spec`` (``spec.netns`` is replaced by the layout's path for its id), fresh or from ``restore``.
+
+        ``slot`` (fresh networked containers only) is the caller's claimed
+        network slot: the container's network on success, torn down on failure.
+        """
+        if slot is not None and (restore is not None or not spec.networked):
+            raise ContainerRuntimeError(
+                f"{spec.id}: a network slot is for fresh networked containers", container=spec.id
+            )
+        try:
+            if spec.userns is not None:
+                return self._launch_userns(spec, storage, restore, slot)
+            return self._launch_plain(spec, storage, restore, slot)
+        except BaseException:
+            if slot is not None:
+                left = slots.destroy_slot(self.layout, self.network, slot.id)
+                if left:
+                    raise ContainerRuntimeError(
+                        f"{spec.id}: launch failed, and its network slot is not torn down: {'; '.join(left)}",
+                        container=spec.id,
+                    ) from None
+            raise
+
+    def _launch_plain(
+        self, spec: bundle.ContainerSpec, storage: Storage, restore: Restore | None, slot: slots.Slot | None
+    ) -> Launched:
+        """:meth:`launch` of a container without a user namespace."""
         if restore is not None and userns_image.find(restore.images_dir):
             # CRIU would make the dumped user namespace, over files that are not idmapped for it.
             raise CriuImageInvalid(
@@ -167,10 +202,16 @@ class Launcher:
         # First, outside the rollback: if the id is taken, its netns exists and
         # this refuses, and the rollback must not tear down the owner's pieces.
         clock = _Clock()
-        ns = named_netns.create(spec.id, self.layout.netns, SANDBOX_SYSCTLS if spec.networked else None)
+        if slot is not None:
+            ns = named_netns.bind(spec.id, slot.netns, self.layout.netns)
+        else:
+            ns = named_netns.create(spec.id, self.layout.netns, SANDBOX_SYSCTLS if spec.networked else None)
         clock.lap("netns")
         try:
-            result = self.network.add(spec.id, ns) if spec.networked else None
+            if slot is not None:
+                result: CniResult | None = slots.take_netns(self.layout, self.network, slot, spec.id)
+            else:
+                result = self.network.add(spec.id, ns) if spec.networked else None
             clock.lap("cni")
             b = bundle.write(dataclasses.replace(spec, netns=ns), self.layout.bundles, etc_dir=storage.etc)
             clock.lap("bundle")
@@ -189,7 +230,9 @@ class Launcher:
             raise
         return Launched(state, b, ns, result, clock.laps)
 
-    def _launch_userns(self, spec: bundle.ContainerSpec, storage: Storage, restore: Restore | None) -> Launched:
+    def _launch_userns(
+        self, spec: bundle.ContainerSpec, storage: Storage, restore: Restore | None, slot: slots.Slot | None
+    ) -> Launched:
         """:meth:`launch` of a user-namespaced container (the module's docstring says what differs)."""
         ids = spec.userns
         assert ids is not None
@@ -221,7 +264,11 @@ class Launcher:
                     raise ContainerRuntimeError(f"{spec.id} vanished after runc create", container=spec.id)
                 clock.lap("runc")
                 named_netns.pin(spec.id, made.pid, self.layout.netns, sysctls)
-                result = self.network.add(spec.id, ns) if spec.networked else None
+                result: CniResult | None = None
+                if slot is not None:
+                    result = slots.move_into(self.layout, self.network, slot, spec.id)
+                else:
+                    result = self.network.add(spec.id, ns) if spec.networked else None
                 clock.lap("cni")
                 self.runc.start(spec.id)
                 state = self.runc.state(spec.id)

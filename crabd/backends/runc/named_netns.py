@@ -143,6 +143,22 @@ def pin(netns_id: str, pid: int, directory: Path = DEFAULT_NETNS_DIR, sysctls: M
     return target
 
 
+def bind(netns_id: str, source: Path, directory: Path = DEFAULT_NETNS_DIR) -> Path:
+    """Pin the namespace pinned at ``source`` also at ``<directory>/<netns_id>`` (reserved, so a taken id is refused).
+
+    For a network slot's namespace taken over by a container without a user
+    namespace (slots.py): the container joins it under its own name, and
+    the slot's pin can go.
+    """
+    target = reserve(netns_id, directory)
+    try:
+        _mount(str(source), str(target), None, MS_BIND)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return target
+
+
 def remove(netns_id: str, directory: Path = DEFAULT_NETNS_DIR) -> bool:
     """Unmount and delete ``<directory>/<netns_id>``; False if it was not there."""
     target = path_of(netns_id, directory)

@@ -66,11 +66,11 @@ from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs.layout import SubvolKind, SubvolRef
 from crabd.backends.btrfs.pool import Pool
 from crabd.backends.procdump import Posture
-from crabd.backends.runc import bundle, cleanup, initfs, named_netns, reaper, rootfs, userns_image
+from crabd.backends.runc import bundle, cleanup, initfs, named_netns, reaper, rootfs, slots, userns_image
 from crabd.backends.runc.cli import EMPTY_NETNS, Runc, RuncState, RuncStatus
 from crabd.backends.runc.cni import CniNetwork
 from crabd.backends.runc.idmap import IdRange
-from crabd.backends.runc.launch import Launcher, Restore, Storage, real_lowers
+from crabd.backends.runc.launch import Launched, Launcher, Restore, Storage, real_lowers
 from crabd.backends.runc.naming import check_instance, container_id, container_spec, owned, parse_id
 from crabd.backends.runc.posture import posture_of
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_SANDBOX, ContainerStatus
@@ -145,6 +145,7 @@ class RuncSandboxBackend:
         rootfs_root: Path = rootfs.DEFAULT_ROOTFS_ROOT,
         id_ranges: IdRanges | None = None,
         initfs_dir: Path | None = initfs.DEFAULT_DIR,
+        warm_network_slots: int = 0,
     ) -> None:
         self.instance = check_instance(instance)
         self.pool = pool
@@ -169,9 +170,27 @@ class RuncSandboxBackend:
         self._facts: dict[str, _Facts] = {}
         #: image id -> (lower dir, image env)
         self._images: dict[str, tuple[Path, tuple[str, ...]]] = {}
+        #: Network slots for fresh networked containers (slots.py); None: each runs CNI itself.
+        self._slots = (
+            slots.SlotPool(
+                warm_network_slots,
+                new_id=lambda: slots.new_slot_id(self.instance),
+                make=lambda sid: slots.make_slot(layout, self.network, sid),
+                destroy=lambda sid: slots.destroy_slot(layout, self.network, sid),
+                idle=self._idle,
+                quiet_s=slots.QUIET_S,
+            )
+            if warm_network_slots > 0
+            else None
+        )
         reaper.become_subreaper()
 
     # --- ids --------------------------------------------------------------------------
+
+    def _idle(self) -> bool:
+        """No start in progress (the slot pool refills only then)."""
+        with self._lock:
+            return not self._starting
 
     def _is_own(self, container_id: str) -> bool:
         return parse_id(self.instance, container_id) is not None
@@ -190,6 +209,10 @@ class RuncSandboxBackend:
     # --- engine ---------------------------------------------------------------------
 
     def close(self) -> None:
+        if self._slots is not None:
+            left = self._slots.close()
+            if left:
+                log.warning("network slots not torn down (adoption removes them)", extra={"errors": left})
         with self._lock:
             self._facts.clear()
             self._images.clear()
@@ -333,7 +356,9 @@ class RuncSandboxBackend:
         """Delete the restore dirs; a killed CRIU leaves cgroup hierarchies mounted in its work dir (rootfs.py)."""
         errors: list[str] = []
         for d in self._restore_dirs(cid):
-            errors += rootfs.remove_unmounted(d)
+            # Nothing can be mounted below a path that is not there (and mountinfo is not read for it).
+            if os.path.lexists(d):
+                errors += rootfs.remove_unmounted(d)
         return errors
 
     def posture(self, container_id: str) -> Posture:
@@ -419,20 +444,24 @@ class RuncSandboxBackend:
                     f"container {cid} was not created by this crabd, or is being started already", container=cid
                 )
             self._starting.add(cid)
+        slot = None
         try:
             if checkpoint:
                 created = self._follow_images(cid, created)
-            launched = self._launcher.launch(created.spec, self._storage(cid, created), self._restore(cid, checkpoint))
+            storage, restore = self._storage(cid, created), self._restore(cid, checkpoint)
+            if restore is None and created.spec.networked and self._slots is not None:
+                slot = self._slots.claim()
+            launched = self._launcher.launch(created.spec, storage, restore, slot)
             # Once running: crab's own writes to the subvolume (a restore's files) are done (pool.py).
             self.pool.apply_disk_limit(SubvolRef.sandbox(cid), created.disk_bytes)
             reaper.record(self._init_key(cid), launched.state.pid)
-            t0 = time.monotonic()
-            facts, _ = self._read_facts(cid)
             steps = {f"{k}_s": round(v, 4) for k, v in launched.timings.items()}
-            log.info("runc launched", extra={"container": cid, **steps, "facts_s": round(time.monotonic() - t0, 4)})
+            log.info("runc launched", extra={"container": cid, **steps, "slot": slot.id if slot else ""})
             with self._lock:
-                self._facts[cid] = facts
+                self._facts[cid] = self._launched_facts(cid, created, launched)
         finally:
+            if slot is not None and self._slots is not None:
+                self._slots.done(slot.id)
             # On every path: the images were only read, and a failed restore's CRIU log is kept elsewhere.
             left = self._remove_restore_dirs(cid)
             if left:
@@ -440,6 +469,8 @@ class RuncSandboxBackend:
             with self._lock:
                 self._starting.discard(cid)
                 self._created.pop(cid, None)
+            if self._slots is not None:
+                self._slots.poke()  # idle now, maybe: the pool refills between starts
 
     def stop(self, container_id: str, timeout_s: float) -> None:
         """SIGTERM to init, SIGKILL after ``timeout_s``; the container stays, stopped, for :meth:`status`."""
@@ -604,6 +635,16 @@ class RuncSandboxBackend:
             complete,
         )
 
+    def _launched_facts(self, cid: str, created: _Created, launched: Launched) -> _Facts:
+        """:meth:`_read_facts` of a container just launched, from what made it (no mount table to parse)."""
+        env = (launched.bundle.config().get("process") or {}).get("env") or ()
+        return _Facts(
+            env=tuple(str(e) for e in env),
+            labels=self._labels(cid, created.spec.annotations),
+            lowers=tuple(str(p) for p in created.lowers),
+            ip=str(launched.ip) if launched.ip else "",
+        )
+
     def _facts_of(self, cid: str) -> _Facts:
         with self._lock:
             known = self._facts.get(cid)
@@ -711,6 +752,8 @@ class RuncSandboxBackend:
 
     def _ids(self) -> tuple[set[str], dict[str, RuncState]]:
         """Every id of this instance with any piece on the host, and the runc states of those runc knows."""
+        # Before and after the listing: a slot claimed meanwhile is still named in it, a slot made meanwhile too.
+        held = self._slots.held() if self._slots is not None else frozenset()
         states = {st.id: st for st in self.runc.list(f"{self.instance}-") if self._is_own(st.id)}
         complete, partial = cleanup.bundle_ids(self.layout.bundles)
         names: list[str] = [*states, *complete]
@@ -723,7 +766,9 @@ class RuncSandboxBackend:
         for d in (self.work_root / RESTORE_DIR, self.work_root / CRIU_WORK_DIR):
             if d.is_dir():
                 names += [p.name for p in d.iterdir()]
-        return owned(self.instance, names), states
+        # The network slots this backend holds are no leftovers (slots.py); those of a crashed run are.
+        held |= self._slots.held() if self._slots is not None else frozenset()
+        return owned(self.instance, names) - held, states
 
     def list_instance(self, instance: str) -> dict[str, ContainerStatus]:
         self._check_instance_arg(instance)
