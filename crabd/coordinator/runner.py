@@ -193,6 +193,11 @@ class Session:
     async def _attach_or_spawn(self, conn: InitConnection, *, start: bool = True) -> int:
         """Bind ``conn`` to the session, starting bash if there is none (``start``; else
         :class:`_NoSession`).  Returns the bash's pid in the sandbox, as init reports it."""
+        if not start and not any(p.name == SESSION_NAME and p.alive for p in await conn.list()):
+            # Asked first on this connection: init attaches to a session whose bash has exited
+            # but was not forgotten yet too (its last output and exit status), and a capture
+            # must find no session there, not fail on its exit.
+            raise _NoSession
         try:
             return (await conn.attach(SESSION_NAME)).pid
         except InitSpawnError as exc:
