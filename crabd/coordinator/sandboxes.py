@@ -67,6 +67,10 @@ INIT_READY_TIMEOUT_S = 10.0
 REMOVING = "being removed"
 
 
+#: How long a failed connection into a sandbox waits for a dying init to finish exiting.
+INIT_EXIT_WAIT_S = 1.0
+
+
 def validate_spec(spec: SandboxSpec) -> None:
     if spec.name and not NAME_RE.match(spec.name):
         raise InvalidRequest(f"invalid sandbox name {spec.name!r}: use 1-63 letters, digits, '_', '.', '-'")
@@ -252,6 +256,7 @@ class SandboxManager:
                 conn = await InitConnection.open(netns=Netns(pid, rec.container_id))
             except InitUnavailable as exc:
                 live.closed()
+                await self._init_exit(rec.container_id)
                 await self._running(rec)  # raises SandboxDead if that is why
                 raise InitUnavailable(f"sandbox {rec.name}: {exc.message}", sandbox=rec.id) from exc
             except BaseException:
@@ -261,6 +266,19 @@ class SandboxManager:
             return conn
 
         return connect
+
+    async def _init_exit(self, container_id: str) -> None:
+        """After a failed connection: give a dying init a moment to finish exiting, then forget its status.
+
+        A killed init loses its namespaces early in its exit (setns then fails
+        with ESRCH) but counts as exited, for its pidfd and for /proc, a moment
+        later.  Asked in between, the kept status would still say running and
+        the caller would report init unavailable instead of the sandbox dead.
+        """
+        deadline = time.monotonic() + INIT_EXIT_WAIT_S
+        while self.live_status.get(container_id) is not None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self.live_status.drop(container_id)  # the next lookup asks the runtime
 
     @contextlib.asynccontextmanager
     async def quiesced(self, rec: SandboxRecord, wait_s: float) -> AsyncIterator[None]:
