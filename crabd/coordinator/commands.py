@@ -50,14 +50,15 @@ class Commands:
         )
         turn = self.sandboxes.turns.ensure_open(rec.id)
         started_wall = time.time()
-        outcome = await run_exec(
-            self.sandboxes.connector(rec, st.pid),
-            spec,
-            stdin=stdin,
-            timeout_s=timeout_s,
-            max_output=max_output,
-            sink=sink,
-        )
+        async with self.sandboxes.init_lost_means_dead(rec):
+            outcome = await run_exec(
+                self.sandboxes.connector(rec, st.pid),
+                spec,
+                stdin=stdin,
+                timeout_s=timeout_s,
+                max_output=max_output,
+                sink=sink,
+            )
         return self.sandboxes.turns.record(rec.id, turn, "exec", " ".join(argv), outcome, started_wall)
 
     async def session_run(
@@ -66,7 +67,8 @@ class Commands:
         session = await self.sandboxes.session_for(rec)
         turn = self.sandboxes.turns.ensure_open(rec.id)
         started_wall = time.time()
-        outcome = await session.run(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
+        async with self.sandboxes.init_lost_means_dead(rec):
+            outcome = await session.run(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
         if outcome.session_ended:
             await self._revive_session(rec, session)
         return self.sandboxes.turns.record(rec.id, turn, "session", command, outcome, started_wall)
@@ -97,7 +99,8 @@ class Commands:
                 hint=f"Begin one first: begin_turn() in the SDK, `crabctl turn begin {rec.name}` in a shell.",
             )
         session = await self.sandboxes.session_for(rec)
-        state = await session.capture_state()
+        async with self.sandboxes.init_lost_means_dead(rec):
+            state = await session.capture_state()
         text = state.to_json() if state else None
         limit = self.sandboxes.cfg.quota.max_session_state_bytes
         check_session_state(text, limit, uid=rec.owner_uid, sandbox=rec.name)

@@ -267,6 +267,20 @@ class SandboxManager:
 
         return connect
 
+    @contextlib.asynccontextmanager
+    async def init_lost_means_dead(self, rec: SandboxRecord) -> AsyncIterator[None]:
+        """Init went away in the middle of a call: SandboxDead if that is because the sandbox died.
+
+        A sandbox killed while (or just before) a command runs closes init's
+        connection before its init counts as exited (:meth:`_init_exit`).
+        """
+        try:
+            yield
+        except InitUnavailable:
+            await self._init_exit(rec.container_id)
+            await self._running(rec)  # raises SandboxDead if that is why
+            raise
+
     async def _init_exit(self, container_id: str) -> None:
         """After a failed connection: give a dying init a moment to finish exiting, then forget its status.
 

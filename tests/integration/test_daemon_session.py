@@ -40,27 +40,6 @@ def test_session_exit_revives_a_fresh_session(make_sandbox: Callable[..., Sandbo
     assert sb.session.run("echo $KEEP $PWD").text == "1 /tmp\n"
 
 
-def test_a_session_killed_between_turns_ends_the_next_turn_without_a_session(
-    make_sandbox: Callable[..., Sandbox],
-) -> None:
-    """Something in the sandbox kills the session's bash while no command runs: init keeps it,
-    dead, until crabd forgets it.  The turn end finds no session (it neither fails on the dead
-    bash's exit nor starts a new one), and the next session command revives it with its state."""
-    sb = make_sandbox("bookworm")
-    with sb.turn():
-        sb.session.run("cd /tmp; export KEEP=3")
-    sb.run(["sh", "-c", "kill -9 $(pgrep -x bash)"])
-    sb.begin_turn()
-    sb.run(["true"])
-    t = sb.end_turn(wait=True)
-    assert t.checkpoint_state != "failed", t
-    # The next command finds the dead bash (its end is reported once) and revives the session.
-    r = sb.session.run("echo $KEEP $PWD")
-    if r.session_ended:
-        r = sb.session.run("echo $KEEP $PWD")
-    assert r.text == "3 /tmp\n"
-
-
 def test_session_timeout_restarts_it(make_sandbox: Callable[..., Sandbox]) -> None:
     sb = make_sandbox("bookworm")
     with sb.turn():
