@@ -77,13 +77,12 @@ class RunningStatus:
             return None
         return entry.status
 
-    def watch(
-        self, container_id: str, status: ContainerStatus, read: Callable[[str], ContainerStatus]
-    ) -> ContainerStatus:
-        """Keep ``status`` (just read, running) if a second ``read`` confirms its init; return the newest status.
+    def read(self, container_id: str, read: Callable[[str], ContainerStatus]) -> ContainerStatus:
+        """The runtime's status of the container (``read``), kept if it runs and a second read confirms its init.
 
-        Blocking (it reads the runtime once more): call it off the event loop.
+        Blocking (it asks the runtime): call it off the event loop.
         """
+        status = read(container_id)
         if not (status.exists and status.running and status.pid > 0):
             return status
         try:

@@ -219,8 +219,7 @@ class SandboxManager:
         # Kept while the init lives (livestatus.py): most lookups cost a poll, not a runtime call.
         st = self.live_status.get(rec.container_id)
         if st is None:
-            st = await self._io(self.backend.status, rec.container_id)
-            st = await self._io(self.live_status.watch, rec.container_id, st, self.backend.status)
+            st = await self._io(self.live_status.read, rec.container_id, self.backend.status)
         if not st.exists or not st.running:
             return self._mark_dead(rec, st), st
         rec.ip_address = st.ip_address
@@ -256,8 +255,7 @@ class SandboxManager:
                 conn = await InitConnection.open(netns=Netns(pid, rec.container_id))
             except InitUnavailable as exc:
                 live.closed()
-                await self._init_exit(rec.container_id)
-                await self._running(rec)  # raises SandboxDead if that is why
+                await self._dead_after_init_lost(rec)
                 raise InitUnavailable(f"sandbox {rec.name}: {exc.message}", sandbox=rec.id) from exc
             except BaseException:
                 live.closed()
@@ -277,12 +275,16 @@ class SandboxManager:
         try:
             yield
         except InitUnavailable:
-            await self._init_exit(rec.container_id)
-            await self._running(rec)  # raises SandboxDead if that is why
+            await self._dead_after_init_lost(rec)
             raise
 
+    async def _dead_after_init_lost(self, rec: SandboxRecord) -> None:
+        """SandboxDead if init went away because the sandbox died; returns if it still runs."""
+        await self._init_exit(rec.container_id)
+        await self._running(rec)
+
     async def _init_exit(self, container_id: str) -> None:
-        """After a failed connection: give a dying init a moment to finish exiting, then forget its status.
+        """After init went away: give a dying init a moment to finish exiting, then forget its status.
 
         A killed init loses its namespaces early in its exit (setns then fails
         with ESRCH) but counts as exited, for its pidfd and for /proc, a moment

@@ -24,6 +24,7 @@ namespace.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import socket
@@ -224,6 +225,11 @@ def _connect_here(name: str) -> socket.socket:
     return sock
 
 
+def _close_unclaimed(made: concurrent.futures.Future[socket.socket]) -> None:
+    if not made.cancelled() and made.exception() is None:
+        made.result().close()
+
+
 #: Pause between tries while init's listen backlog is full.
 BACKLOG_RETRY_S = 0.005
 
@@ -234,7 +240,13 @@ async def _socket_in_netns(netns: Netns | None, name: str, timeout: float) -> so
             try:
                 if netns is None:
                     return _connect_here(name)
-                return await asyncio.wrap_future(netns_sockets.submit(netns, lambda: _connect_here(name)))
+                made = netns_sockets.submit(netns, lambda: _connect_here(name))
+                try:
+                    return await asyncio.wrap_future(made)
+                except asyncio.CancelledError:
+                    # Timed out while the socket thread was making it: whatever it makes is nobody's.
+                    made.add_done_callback(_close_unclaimed)
+                    raise
             except BlockingIOError:
                 await asyncio.sleep(BACKLOG_RETRY_S)
 
