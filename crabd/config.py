@@ -12,7 +12,6 @@ import ipaddress
 import os
 import re
 import socket
-import tomllib
 import zlib
 from pathlib import Path
 from typing import Any, Literal
@@ -20,10 +19,13 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+# Re-exported (``X as X``): the file's location is part of this module's interface too.
+from crabd.config_file import DEFAULT_CONFIG_PATH as DEFAULT_CONFIG_PATH
+from crabd.config_file import DEFAULT_SOCKET, read_toml
+from crabd.config_file import config_path as config_path
 from crabd.errors import ConfigError
-from crabd.models import InspectorMode, RetentionPolicy
+from crabd.vocabulary import InspectorMode, RetentionPolicy
 
-DEFAULT_CONFIG_PATH = Path("/etc/crab/crabd.toml")
 #: Most stdout + stderr one command's result may carry: the gRPC message
 #: limit (80 MiB, crabd/daemon/app.py and the SDK) less room for the rest.
 MAX_REPLY_OUTPUT = 64 << 20
@@ -40,7 +42,7 @@ class _Model(BaseModel):
 class PathsConfig(_Model):
     """Where crabd keeps its socket, state and logs."""
 
-    socket: Path = Field(Path("/run/crab/crabd.sock"), description="gRPC unix socket")
+    socket: Path = Field(DEFAULT_SOCKET, description="gRPC unix socket")
     state_dir: Path = Field(Path("/var/lib/crab"), description="registry, checkpoints, blobs")
     log_dir: Path = Field(Path("/var/log/crab"), description="crabd and helper logs")
 
@@ -605,30 +607,13 @@ class CrabConfig(_Model):
     remote: RemoteConfig = RemoteConfig()
 
 
-def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The config file in force: ``explicit``, else ``$CRAB_CONFIG``, else the default."""
-    if explicit is not None:
-        return Path(explicit)
-    env = os.environ.get("CRAB_CONFIG")
-    return Path(env) if env else DEFAULT_CONFIG_PATH
-
-
 def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[str, Any] | None = None) -> CrabConfig:
     """Read and validate the configuration.
 
     ``overrides`` is a nested dict merged over the file (used by command-line
     flags such as ``--state-dir``).
     """
-    p = config_path(path)
-    data: dict[str, Any] = {}
-    if p.exists():
-        try:
-            with p.open("rb") as fh:
-                data = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read {p}: {exc}", path=str(p)) from exc
-    elif path is not None:
-        raise ConfigError(f"config file {p} does not exist", path=str(p), hint="Create it or drop --config.")
+    p, data = read_toml(path)
     for section, values in (overrides or {}).items():
         data.setdefault(section, {}).update(values)
     try:

@@ -2,9 +2,18 @@
 
 The public surface is what this module exports; everything under
 ``crabd.sdk._*`` and the wire types are private.
+
+The errors are imported at once (every call may raise them); the rest on
+first use (:func:`__getattr__`), so ``from crabd.sdk.client import Client``
+(what ``crabctl`` does) loads neither the asyncio client nor the embedded
+daemon's launcher: each CLI call pays for what it uses
+(``tests/unit/test_sdk_imports.py``).
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from crabd.errors import (
     AlreadyExists,
@@ -30,38 +39,79 @@ from crabd.errors import (
     StoreError,
     StoreFull,
 )
-from crabd.models import KeepReason, RetentionPolicy
-from crabd.sdk._requests import CreateOptions
-from crabd.sdk.aio import AsyncClient, AsyncSandbox, AsyncSession
-from crabd.sdk.client import Client, Sandbox, Session
-from crabd.sdk.embedded import EmbeddedDaemon
-from crabd.sdk.models import (
-    BlobProblem,
-    CheckpointDetail,
-    CheckpointFailure,
-    CheckpointInfo,
-    CommandInfo,
-    DaemonStatus,
-    Decision,
-    EngineJob,
-    EngineStatus,
-    ExecResult,
-    GcResult,
-    ImportedCheckpoint,
-    ImportResult,
-    OutputChunk,
-    PathChange,
-    PushResult,
-    QuotaUse,
-    Recovered,
-    SandboxInfo,
-    SyncResult,
-    ThinResult,
-    Tree,
-    TreeSandbox,
-    Turn,
-    VerifyResult,
-)
+
+if TYPE_CHECKING:
+    from crabd.vocabulary import KeepReason, RetentionPolicy
+    from crabd.sdk._requests import CreateOptions
+    from crabd.sdk.aio import AsyncClient, AsyncSandbox, AsyncSession
+    from crabd.sdk.client import Client, Sandbox, Session
+    from crabd.sdk.embedded import EmbeddedDaemon
+    from crabd.sdk.models import (
+        BlobProblem,
+        CheckpointDetail,
+        CheckpointFailure,
+        CheckpointInfo,
+        CommandInfo,
+        DaemonStatus,
+        Decision,
+        EngineJob,
+        EngineStatus,
+        ExecResult,
+        GcResult,
+        ImportedCheckpoint,
+        ImportResult,
+        OutputChunk,
+        PathChange,
+        PushResult,
+        QuotaUse,
+        Recovered,
+        SandboxInfo,
+        SyncResult,
+        ThinResult,
+        Tree,
+        TreeSandbox,
+        Turn,
+        VerifyResult,
+    )
+
+#: Where each lazily exported name is defined.
+_LAZY = {
+    "KeepReason": "crabd.vocabulary",
+    "RetentionPolicy": "crabd.vocabulary",
+    "CreateOptions": "crabd.sdk._requests",
+    "AsyncClient": "crabd.sdk.aio",
+    "AsyncSandbox": "crabd.sdk.aio",
+    "AsyncSession": "crabd.sdk.aio",
+    "Client": "crabd.sdk.client",
+    "Sandbox": "crabd.sdk.client",
+    "Session": "crabd.sdk.client",
+    "EmbeddedDaemon": "crabd.sdk.embedded",
+    "BlobProblem": "crabd.sdk.models",
+    "CheckpointDetail": "crabd.sdk.models",
+    "CheckpointFailure": "crabd.sdk.models",
+    "CheckpointInfo": "crabd.sdk.models",
+    "CommandInfo": "crabd.sdk.models",
+    "DaemonStatus": "crabd.sdk.models",
+    "Decision": "crabd.sdk.models",
+    "EngineJob": "crabd.sdk.models",
+    "EngineStatus": "crabd.sdk.models",
+    "ExecResult": "crabd.sdk.models",
+    "GcResult": "crabd.sdk.models",
+    "ImportedCheckpoint": "crabd.sdk.models",
+    "ImportResult": "crabd.sdk.models",
+    "OutputChunk": "crabd.sdk.models",
+    "PathChange": "crabd.sdk.models",
+    "PushResult": "crabd.sdk.models",
+    "QuotaUse": "crabd.sdk.models",
+    "Recovered": "crabd.sdk.models",
+    "SandboxInfo": "crabd.sdk.models",
+    "SyncResult": "crabd.sdk.models",
+    "ThinResult": "crabd.sdk.models",
+    "Tree": "crabd.sdk.models",
+    "TreeSandbox": "crabd.sdk.models",
+    "Turn": "crabd.sdk.models",
+    "VerifyResult": "crabd.sdk.models",
+}
 
 __all__ = [
     "AlreadyExists",
@@ -122,3 +172,17 @@ __all__ = [
     "Turn",
     "VerifyResult",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A lazily exported name: import its module, and keep the value here for the next use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

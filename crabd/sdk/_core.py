@@ -20,39 +20,40 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, cast
 
 import grpc
 
 from crabd.api import errors as wire_errors
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.errors import ClientClosed, CrabError, InvalidRequest
-from crabd.models import RetentionPolicy
+from crabd.vocabulary import RetentionPolicy
 from crabd.sdk import _requests as rq
 from crabd.sdk._requests import CreateOptions, ExecOptions
-from crabd.sdk.embedded import EmbeddedDaemon
-from crabd.sdk.models import (
-    CheckpointDetail,
-    CheckpointFailure,
-    CheckpointInfo,
-    CheckpointRef,
-    DaemonStatus,
-    EngineStatus,
-    ExecResult,
-    GcResult,
-    ImportResult,
-    OutputChunk,
-    PushResult,
-    QuotaUse,
-    Recovered,
-    SandboxInfo,
-    SyncResult,
-    ThinResult,
-    Tree,
-    Turn,
-    VerifyResult,
-    chunk_from_pb,
-)
+from crabd.sdk import models
+from crabd.sdk.models import ExecResult, OutputChunk, Recovered, SandboxInfo, Turn, chunk_from_pb
+
+if TYPE_CHECKING:
+    from crabd.sdk.embedded import EmbeddedDaemon
+
+    # At run time these are read from ``models`` when a call needs them: their
+    # modules load on first use (see crabd/sdk/models/__init__.py).
+    from crabd.sdk.models import (
+        CheckpointDetail,
+        CheckpointFailure,
+        CheckpointInfo,
+        CheckpointRef,
+        DaemonStatus,
+        EngineStatus,
+        GcResult,
+        ImportResult,
+        PushResult,
+        QuotaUse,
+        SyncResult,
+        ThinResult,
+        Tree,
+        VerifyResult,
+    )
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -213,10 +214,10 @@ class ClientCore(Generic[SB]):
     # --- calls of the public methods (same names, no I/O) -----------------------------------
 
     def _status(self) -> Call[DaemonStatus]:
-        return self._call("DaemonStatus", pb.DaemonStatusRequest(), DaemonStatus.from_pb)
+        return self._call("DaemonStatus", pb.DaemonStatusRequest(), models.DaemonStatus.from_pb)
 
     def _engine_status(self) -> Call[EngineStatus]:
-        return self._call("EngineStatus", pb.EngineStatusRequest(), EngineStatus.from_pb)
+        return self._call("EngineStatus", pb.EngineStatusRequest(), models.EngineStatus.from_pb)
 
     def _create(self, options: CreateOptions) -> Call[SB]:
         return self._call("CreateSandbox", options.request(), lambda m: self._wrap(SandboxInfo.from_pb(m)))
@@ -229,11 +230,11 @@ class ClientCore(Generic[SB]):
 
     def _checkpoints(self, sandbox: str, include_remote: bool = False) -> Call[list[CheckpointInfo]]:
         req = pb.ListCheckpointsRequest(sandbox=sandbox, include_remote=include_remote)
-        return self._call("ListCheckpoints", req, lambda m: [CheckpointInfo.from_pb(c) for c in m.checkpoints])
+        return self._call("ListCheckpoints", req, lambda m: [models.CheckpointInfo.from_pb(c) for c in m.checkpoints])
 
     def _checkpoint(self, checkpoint: CheckpointRef) -> Call[CheckpointDetail]:
         ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
-        return self._call("GetCheckpoint", ref, CheckpointDetail.from_pb)
+        return self._call("GetCheckpoint", ref, models.CheckpointDetail.from_pb)
 
     def _delete_checkpoint(self, checkpoint: CheckpointRef) -> Call[int]:
         ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
@@ -252,24 +253,24 @@ class ClientCore(Generic[SB]):
         return self._call("Fork", req, self._sandboxes, timeout=self.timeout + FORK_PER_SANDBOX_S * n)
 
     def _tree(self, sandbox: str, checkpoint: str) -> Call[Tree]:
-        return self._call("GetTree", pb.TreeRequest(sandbox=sandbox, checkpoint=checkpoint), Tree.from_pb)
+        return self._call("GetTree", pb.TreeRequest(sandbox=sandbox, checkpoint=checkpoint), models.Tree.from_pb)
 
     def _checkpoint_failures(self, sandbox: str) -> Call[list[CheckpointFailure]]:
         req = pb.ListCheckpointsRequest(sandbox=sandbox)
         return self._call("ListCheckpointFailures", req, rq.failures_from_pb)
 
     def _gc(self) -> Call[GcResult]:
-        return self._call("GarbageCollect", pb.GcRequest(), GcResult.from_pb, timeout=STORE_SWEEP_S)
+        return self._call("GarbageCollect", pb.GcRequest(), models.GcResult.from_pb, timeout=STORE_SWEEP_S)
 
     def _quota(self, uid: int | None) -> Call[QuotaUse]:
-        return self._call("GetQuota", pb.QuotaRequest(uid=uid), QuotaUse.from_pb)
+        return self._call("GetQuota", pb.QuotaRequest(uid=uid), models.QuotaUse.from_pb)
 
     def _verify(self) -> Call[VerifyResult]:
-        return self._call("Verify", pb.VerifyRequest(), VerifyResult.from_pb, timeout=STORE_SWEEP_S)
+        return self._call("Verify", pb.VerifyRequest(), models.VerifyResult.from_pb, timeout=STORE_SWEEP_S)
 
     def _push(self, checkpoint: CheckpointRef) -> Call[PushResult]:
         ref = pb.CheckpointRef(checkpoint=rq.checkpoint_id(checkpoint))
-        return self._call("PushCheckpoint", ref, PushResult.from_pb, timeout=PUSH_S)
+        return self._call("PushCheckpoint", ref, models.PushResult.from_pb, timeout=PUSH_S)
 
     def _export(self, checkpoint: CheckpointRef, ancestors: bool) -> Call[bytes]:
         req = pb.ExportCheckpointRequest(checkpoint=rq.checkpoint_id(checkpoint), ancestors=ancestors)
@@ -277,7 +278,7 @@ class ClientCore(Generic[SB]):
 
     def _import(self) -> Call[ImportResult]:
         # The request is the archive's stream of chunks (sdk/_archives.py), sent by the twin.
-        return self._call("ImportCheckpoint", None, ImportResult.from_pb, timeout=ARCHIVE_S)
+        return self._call("ImportCheckpoint", None, models.ImportResult.from_pb, timeout=ARCHIVE_S)
 
     def _import_sandbox(self, checkpoint: CheckpointRef, last_turn: int) -> Call[Recovered]:
         req = pb.ImportSandboxRequest(checkpoint=rq.checkpoint_id(checkpoint), last_turn=last_turn)
@@ -285,7 +286,7 @@ class ClientCore(Generic[SB]):
 
     def _pin(self, checkpoint: CheckpointRef, pinned: bool) -> Call[CheckpointInfo]:
         req = pb.PinRequest(checkpoint=rq.checkpoint_id(checkpoint), pinned=pinned)
-        return self._call("PinCheckpoint", req, CheckpointInfo.from_pb)
+        return self._call("PinCheckpoint", req, models.CheckpointInfo.from_pb)
 
     def _set_retention(self, sandbox: str, policy: RetentionPolicy | None) -> Call[SB]:
         req = rq.retention_request(sandbox, policy)
@@ -293,10 +294,10 @@ class ClientCore(Generic[SB]):
 
     def _thin(self, sandbox: str, dry_run: bool) -> Call[ThinResult]:
         req = pb.ThinRequest(sandbox=sandbox, dry_run=dry_run)
-        return self._call("ThinCheckpoints", req, ThinResult.from_pb, timeout=STORE_SWEEP_S)
+        return self._call("ThinCheckpoints", req, models.ThinResult.from_pb, timeout=STORE_SWEEP_S)
 
     def _sync_store(self) -> Call[SyncResult]:
-        return self._call("SyncStore", pb.SyncStoreRequest(), SyncResult.from_pb, timeout=STORE_SWEEP_S)
+        return self._call("SyncStore", pb.SyncStoreRequest(), models.SyncResult.from_pb, timeout=STORE_SWEEP_S)
 
 
 class SandboxCore(Generic[CL]):
@@ -369,7 +370,7 @@ class SandboxCore(Generic[CL]):
 
     def _checkpoint(self, label: str, kind: str) -> Call[CheckpointInfo]:
         req = pb.CreateCheckpointRequest(sandbox=self.id, label=label, kind=kind)
-        return self.client._call("CreateCheckpoint", req, CheckpointInfo.from_pb)
+        return self.client._call("CreateCheckpoint", req, models.CheckpointInfo.from_pb)
 
     def _restore(self, checkpoint: CheckpointRef | None, turn: int | None) -> Call[SandboxInfo]:
         return self.client._call("Restore", rq.restore_request(self.id, checkpoint, turn), self._keep)

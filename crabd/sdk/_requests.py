@@ -16,13 +16,16 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from crabd.api.v1 import crab_pb2 as pb
-from crabd.config import load_config
+from crabd.config_file import DEFAULT_SOCKET, socket_path
 from crabd.errors import CrabError, InvalidRequest
-from crabd.models import CheckpointPolicy, RecoveryMode, RetentionPolicy
-from crabd.sdk.models import CheckpointFailure
+from crabd.vocabulary import CheckpointPolicy, RecoveryMode, RetentionPolicy
 from crabd.util import validate
+
+if TYPE_CHECKING:
+    from crabd.sdk.models import CheckpointFailure
 
 #: Largest values of the wire's integer fields (protobuf raises a bare ValueError past them).
 INT32_MAX = (1 << 31) - 1
@@ -37,14 +40,18 @@ CHANNEL_OPTIONS = [
 
 
 def default_socket() -> Path:
-    """$CRAB_SOCKET, else the configured socket, else /run/crab/crabd.sock."""
+    """$CRAB_SOCKET, else the configured socket, else /run/crab/crabd.sock.
+
+    The config file's ``[paths] socket`` is read without building crabd's
+    whole configuration (pydantic): see :mod:`crabd.config_file`.
+    """
     env = os.environ.get("CRAB_SOCKET")
     if env:
         return Path(env)
     try:
-        return load_config().paths.socket
+        return socket_path()
     except CrabError:
-        return Path("/run/crab/crabd.sock")
+        return DEFAULT_SOCKET
 
 
 def parse_memory(value: int | str | None) -> int:
@@ -231,4 +238,6 @@ def fork_request(
 
 
 def failures_from_pb(m: pb.ListFailuresResponse) -> list[CheckpointFailure]:
+    from crabd.sdk.models.checkpoint import CheckpointFailure  # on first use: see crabd/sdk/models/__init__.py
+
     return [CheckpointFailure(f.sandbox_id, f.turn, f.kind, f.at, f.error, f.log_path) for f in m.failures]

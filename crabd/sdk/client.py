@@ -21,18 +21,20 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.errors import CrabError
-from crabd.models import RetentionPolicy
+from crabd.vocabulary import RetentionPolicy
 from crabd.sdk import _archives, _docs, models
 from crabd.sdk._core import Call, ClientCore, Event, SandboxCore, SessionCore, documented, takes
 from crabd.sdk._requests import CHANNEL_OPTIONS, CreateOptions, ExecOptions
-from crabd.sdk.embedded import EmbeddedDaemon
-from crabd.sdk.models import CheckpointRef
+
+if TYPE_CHECKING:
+    from crabd.sdk.embedded import EmbeddedDaemon
+    from crabd.sdk.models import CheckpointRef
 
 T = TypeVar("T")
 
@@ -78,6 +80,8 @@ class Client(ClientCore["Sandbox"]):
 
     @classmethod
     def embedded(cls, state_dir: str | Path | None = None, **daemon_args: Any) -> Client:
+        from crabd.sdk.embedded import EmbeddedDaemon  # only here: a plain client never starts one
+
         daemon = EmbeddedDaemon(state_dir=state_dir, **daemon_args)
         daemon.start()
         return cls._owning(daemon)

@@ -31,8 +31,7 @@ from crabd.sdk import (
     SandboxInfo,
     Session,
 )
-from crabd.sdk import aio as aio_module
-from crabd.sdk import client as client_module
+from crabd.sdk import embedded as embedded_module
 from crabd.sdk._core import Call, ClientCore, SandboxCore
 from crabd.sdk._requests import ExecOptions
 
@@ -250,7 +249,8 @@ def _broken_channel(self: object, target: str) -> None:
 def embedded_cls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> type[Client] | type[AsyncClient]:
     """Each client class, with its EmbeddedDaemon replaced by a fake that records start and close."""
     cls: type[Client] | type[AsyncClient] = request.param
-    monkeypatch.setattr(client_module if cls is Client else aio_module, "EmbeddedDaemon", _FakeDaemon)
+    # Both clients import it from its module when .embedded() is called (a plain client never loads it).
+    monkeypatch.setattr(embedded_module, "EmbeddedDaemon", _FakeDaemon)
     _FakeDaemon.instances.clear()
     return cls
 

@@ -4,33 +4,18 @@ One module for each subject, all re-exported here (``from crabd.sdk.models impor
 ``sandbox`` (sandboxes, commands, turns, recoveries), ``checkpoint`` (checkpoints, their
 tree and failures, pushes, thinning, imports) and ``reports`` (crabd's and its engine's
 status, gc, verify, sync, quotas).
+
+``sandbox`` is imported at once (every client needs it); ``checkpoint`` and
+``reports`` on the first use of one of their names (:func:`__getattr__`):
+defining their dataclasses costs ~10 ms, which ``crabctl ps`` or ``crabctl
+sh`` would otherwise pay without using them.
 """
 
 from __future__ import annotations
 
-from crabd.sdk.models.checkpoint import (
-    CheckpointDetail,
-    CheckpointFailure,
-    CheckpointInfo,
-    CheckpointRef,
-    ImportedCheckpoint,
-    ImportResult,
-    PathChange,
-    PushResult,
-    ThinResult,
-    Tree,
-    TreeSandbox,
-)
-from crabd.sdk.models.reports import (
-    BlobProblem,
-    DaemonStatus,
-    EngineJob,
-    EngineStatus,
-    GcResult,
-    QuotaUse,
-    SyncResult,
-    VerifyResult,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from crabd.sdk.models.sandbox import (
     CommandInfo,
     Decision,
@@ -42,6 +27,54 @@ from crabd.sdk.models.sandbox import (
     chunk_from_pb,
     retention_from_pb,
 )
+
+if TYPE_CHECKING:
+    from crabd.sdk.models.checkpoint import (
+        CheckpointDetail,
+        CheckpointFailure,
+        CheckpointInfo,
+        CheckpointRef,
+        ImportedCheckpoint,
+        ImportResult,
+        PathChange,
+        PushResult,
+        ThinResult,
+        Tree,
+        TreeSandbox,
+    )
+    from crabd.sdk.models.reports import (
+        BlobProblem,
+        DaemonStatus,
+        EngineJob,
+        EngineStatus,
+        GcResult,
+        QuotaUse,
+        SyncResult,
+        VerifyResult,
+    )
+
+#: Where each lazily exported name is defined.
+_LAZY = {
+    "CheckpointDetail": "crabd.sdk.models.checkpoint",
+    "CheckpointFailure": "crabd.sdk.models.checkpoint",
+    "CheckpointInfo": "crabd.sdk.models.checkpoint",
+    "CheckpointRef": "crabd.sdk.models.checkpoint",
+    "ImportedCheckpoint": "crabd.sdk.models.checkpoint",
+    "ImportResult": "crabd.sdk.models.checkpoint",
+    "PathChange": "crabd.sdk.models.checkpoint",
+    "PushResult": "crabd.sdk.models.checkpoint",
+    "ThinResult": "crabd.sdk.models.checkpoint",
+    "Tree": "crabd.sdk.models.checkpoint",
+    "TreeSandbox": "crabd.sdk.models.checkpoint",
+    "BlobProblem": "crabd.sdk.models.reports",
+    "DaemonStatus": "crabd.sdk.models.reports",
+    "EngineJob": "crabd.sdk.models.reports",
+    "EngineStatus": "crabd.sdk.models.reports",
+    "GcResult": "crabd.sdk.models.reports",
+    "QuotaUse": "crabd.sdk.models.reports",
+    "SyncResult": "crabd.sdk.models.reports",
+    "VerifyResult": "crabd.sdk.models.reports",
+}
 
 __all__ = [
     "BlobProblem",
@@ -73,3 +106,17 @@ __all__ = [
     "chunk_from_pb",
     "retention_from_pb",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A lazily exported name: import its module, and keep the value here for the next use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crabd.api.v1 import crab_pb2 as pb
-from crabd.models import CheckpointKind, KeepReason
+from crabd.vocabulary import CheckpointKind, KeepReason
 
 
 @dataclass(frozen=True)

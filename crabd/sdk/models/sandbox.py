@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from crabd.api.v1 import crab_pb2 as pb
-from crabd.models import (
+from crabd.vocabulary import (
     CheckpointKind,
     CheckpointPolicy,
     DecisionKind,
