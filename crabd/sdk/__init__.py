@@ -41,7 +41,6 @@ from crabd.errors import (
 )
 
 if TYPE_CHECKING:
-    from crabd.vocabulary import KeepReason, RetentionPolicy
     from crabd.sdk._requests import CreateOptions
     from crabd.sdk.aio import AsyncClient, AsyncSandbox, AsyncSession
     from crabd.sdk.client import Client, Sandbox, Session
@@ -73,6 +72,7 @@ if TYPE_CHECKING:
         Turn,
         VerifyResult,
     )
+    from crabd.vocabulary import KeepReason, RetentionPolicy
 
 #: Where each lazily exported name is defined.
 _LAZY = {
@@ -174,15 +174,18 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """A lazily exported name: import its module, and keep the value here for the next use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+# Defined for the interpreter only: type checkers see the names themselves (imported above), so a
+# misspelt name stays an error for them instead of becoming Any.
+if not TYPE_CHECKING:
 
+    def __getattr__(name: str) -> Any:
+        """A lazily exported name: import its module, and keep the value here for the next use."""
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))

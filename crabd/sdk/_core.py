@@ -27,11 +27,11 @@ import grpc
 from crabd.api import errors as wire_errors
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.errors import ClientClosed, CrabError, InvalidRequest
-from crabd.vocabulary import RetentionPolicy
 from crabd.sdk import _requests as rq
-from crabd.sdk._requests import CreateOptions, ExecOptions
 from crabd.sdk import models
+from crabd.sdk._requests import CreateOptions, ExecOptions
 from crabd.sdk.models import ExecResult, OutputChunk, Recovered, SandboxInfo, Turn, chunk_from_pb
+from crabd.vocabulary import RetentionPolicy
 
 if TYPE_CHECKING:
     from crabd.sdk.embedded import EmbeddedDaemon

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.config_file import DEFAULT_SOCKET, socket_path
 from crabd.errors import CrabError, InvalidRequest
-from crabd.vocabulary import CheckpointPolicy, RecoveryMode, RetentionPolicy
 from crabd.util import validate
+from crabd.vocabulary import CheckpointPolicy, RecoveryMode, RetentionPolicy
 
 if TYPE_CHECKING:
     from crabd.sdk.models import CheckpointFailure

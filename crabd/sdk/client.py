@@ -27,13 +27,12 @@ import grpc
 
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.errors import CrabError
-from crabd.vocabulary import RetentionPolicy
 from crabd.sdk import _archives, _docs, models
 from crabd.sdk._core import Call, ClientCore, Event, SandboxCore, SessionCore, documented, takes
 from crabd.sdk._requests import CHANNEL_OPTIONS, CreateOptions, ExecOptions
+from crabd.vocabulary import RetentionPolicy
 
 if TYPE_CHECKING:
-    from crabd.sdk.embedded import EmbeddedDaemon
     from crabd.sdk.models import CheckpointRef
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from crabd.sdk._requests import default_socket
 # Files crabd accepts, each with what a client must take as the socket.
 VALID = {
     "empty": "",
-    "other sections": '[docker]\ntimeout_s = 5\n[limits]\nmax_pids = 5000\n',
+    "other sections": "[docker]\ntimeout_s = 5\n[limits]\nmax_pids = 5000\n",
     "paths without socket": '[paths]\nstate_dir = "/srv/crab"\n',
     "socket": '[paths]\nsocket = "/srv/crab/crabd.sock"\n',
     "relative socket": '[paths]\nsocket = "crabd.sock"\n',

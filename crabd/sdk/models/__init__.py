@@ -108,15 +108,18 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """A lazily exported name: import its module, and keep the value here for the next use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+# Defined for the interpreter only: type checkers see the names themselves (imported above), so a
+# misspelt name stays an error for them instead of becoming Any.
+if not TYPE_CHECKING:
 
+    def __getattr__(name: str) -> Any:
+        """A lazily exported name: import its module, and keep the value here for the next use."""
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))
