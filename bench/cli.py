@@ -11,7 +11,9 @@ interleaved so that the noise of a busy host falls on both alike):
 * ``crabctl --help`` and ``crabctl --version`` (no daemon involved);
 * ``crabctl ps`` and ``crabctl sh SB true`` against a private crabd (this
   checkout's, its own network) with one running sandbox ``SB``; crabctl
-  finds its socket in a crabd.toml (``$CRAB_CONFIG``), as a user's would.
+  finds its socket in a crabd.toml (``$CRAB_CONFIG``), as a user's would;
+* the floors: ``python -c pass`` and the imports any Python gRPC client of
+  crabd needs (grpc and the generated wire modules).
 
 Each command runs ``--runs`` times per arm; reported are the median and
 the minimum wall time in ms and the exit code (a command the arm lacks
@@ -49,10 +51,13 @@ HERE = str(Path(__file__).resolve().parents[1])
 CRABCTL = Path(sys.executable).with_name("crabctl")
 SANDBOX = "clibench"
 COMMANDS: dict[str, list[str]] = {
-    "crabctl --help": ["--help"],
-    "crabctl --version": ["--version"],
-    "crabctl ps": ["ps"],
-    f"crabctl sh {SANDBOX} true": ["sh", SANDBOX, "true"],
+    "crabctl --help": ["crabctl", "--help"],
+    "crabctl --version": ["crabctl", "--version"],
+    "crabctl ps": ["crabctl", "ps"],
+    f"crabctl sh {SANDBOX} true": ["crabctl", "sh", SANDBOX, "true"],
+    # The floors: an empty interpreter, and what any gRPC client of crabd in Python must import.
+    "python -c pass": ["python", "-c", "pass"],
+    "python: import grpc + crab_pb2(_grpc)": ["python", "-c", "import grpc; from crabd.api.v1 import crab_pb2_grpc"],
 }
 IMPORTS = ["crabd.cli.main", "crabd.sdk.client"]
 
@@ -73,6 +78,12 @@ def arm_env(src: str, mode: str, pycache: Path, config: str) -> dict[str, str]:
     else:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
+
+
+def argv_of(command: list[str]) -> list[str]:
+    """The argv of a COMMANDS entry: the installed crabctl script, or this interpreter."""
+    program, args = command[0], command[1:]
+    return [sys.executable, *args] if program == "python" else crabctl_argv(args)
 
 
 def crabctl_argv(args: list[str]) -> list[str]:
@@ -104,11 +115,11 @@ def measure(arms: list[tuple[str, str]], mode: str, runs: int, config: str, tmp:
     errors: dict[str, dict[str, str]] = {label: {} for label, _ in arms}
     for label, src in arms:  # warm-up: writes the cached mode's bytecode, and the page cache either way
         for args in COMMANDS.values():
-            timed(crabctl_argv(args), envs[label], src)
+            timed(argv_of(args), envs[label], src)
     for _ in range(runs):
         for command, args in COMMANDS.items():
             for label, src in arms:
-                ms, code, err = timed(crabctl_argv(args), envs[label], src)
+                ms, code, err = timed(argv_of(args), envs[label], src)
                 times[label][command].append(ms)
                 codes[label][command] = code
                 if code:
