@@ -30,7 +30,7 @@ from crabd.errors import ClientClosed, CrabError, InvalidRequest
 from crabd.sdk import _requests as rq
 from crabd.sdk import models
 from crabd.sdk._requests import CreateOptions, ExecOptions
-from crabd.sdk.models import ExecResult, OutputChunk, Recovered, SandboxInfo, Turn, chunk_from_pb
+from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo, chunk_from_pb
 from crabd.vocabulary import RetentionPolicy
 
 if TYPE_CHECKING:
@@ -49,9 +49,11 @@ if TYPE_CHECKING:
         ImportResult,
         PushResult,
         QuotaUse,
+        Recovered,
         SyncResult,
         ThinResult,
         Tree,
+        Turn,
         VerifyResult,
     )
 
@@ -282,7 +284,7 @@ class ClientCore(Generic[SB]):
 
     def _import_sandbox(self, checkpoint: CheckpointRef, last_turn: int) -> Call[Recovered]:
         req = pb.ImportSandboxRequest(checkpoint=rq.checkpoint_id(checkpoint), last_turn=last_turn)
-        return self._call("ImportSandbox", req, Recovered.from_pb, timeout=RECOVER_S)
+        return self._call("ImportSandbox", req, models.Recovered.from_pb, timeout=RECOVER_S)
 
     def _pin(self, checkpoint: CheckpointRef, pinned: bool) -> Call[CheckpointInfo]:
         req = pb.PinRequest(checkpoint=rq.checkpoint_id(checkpoint), pinned=pinned)
@@ -326,7 +328,7 @@ class SandboxCore(Generic[CL]):
         return self.info
 
     def _kept(self, reply: Any) -> Recovered:
-        done = Recovered.from_pb(reply)
+        done = models.Recovered.from_pb(reply)
         self.info = done.sandbox
         return done
 
@@ -342,7 +344,7 @@ class SandboxCore(Generic[CL]):
         return self.client._stream("Exec", options.request(self.id, stream=stream), options.timeout)
 
     def _begin_turn(self) -> Call[Turn]:
-        return self.client._call("BeginTurn", self._ref(), Turn.from_pb)
+        return self.client._call("BeginTurn", self._ref(), models.Turn.from_pb)
 
     def _llm_base_url(self, status: DaemonStatus) -> str:
         if not status.proxy_url:
@@ -354,11 +356,11 @@ class SandboxCore(Generic[CL]):
 
     def _end_turn(self, wait: bool, decision: bool) -> Call[Turn]:
         req = pb.EndTurnRequest(sandbox=self.id, wait=wait, defer_decision=not decision)
-        return self.client._call("EndTurn", req, Turn.from_pb)
+        return self.client._call("EndTurn", req, models.Turn.from_pb)
 
     def _turns(self, limit: int) -> Call[list[Turn]]:
         req = rq.turns_request(self.id, limit)
-        return self.client._call("ListTurns", req, lambda m: [Turn.from_pb(t) for t in m.turns])
+        return self.client._call("ListTurns", req, lambda m: [models.Turn.from_pb(t) for t in m.turns])
 
     def _stop(self, timeout: float) -> Call[SandboxInfo]:
         req = rq.stop_request(self.id, timeout)

@@ -24,10 +24,11 @@ import crabd.sdk.models
 
 ROOT = Path(crabd.__file__).resolve().parent.parent
 
-#: Loaded by none of: ``import crabd.sdk.client``, making a ``Client()``, ``ps`` and ``sh`` calls' models.
-#: pydantic (and crabd.config, its one user here): ~90 ms; the asyncio client and the embedded
-#: daemon's launcher; the daemon's records (crabd.models) and the SDK models of checkpoints
-#: and reports (dataclasses: ~15 ms together); importlib.metadata (pydantic's plugin loader).
+#: Loaded by none of: ``import crabd.sdk.client``, making a ``Client()``, the models of ``ps`` and
+#: ``sh`` replies.  pydantic (and crabd.config, its one user here): ~90 ms; the asyncio client and
+#: the embedded daemon's launcher; the daemon's records (crabd.models) and the SDK models of
+#: checkpoints, reports and turns (dataclasses: ~18 ms together); importlib.metadata (pydantic's
+#: plugin loader).
 NOT_ON_THE_SYNC_PATH = [
     "pydantic",
     "pydantic_core",
@@ -38,6 +39,7 @@ NOT_ON_THE_SYNC_PATH = [
     "crabd.models",
     "crabd.sdk.models.checkpoint",
     "crabd.sdk.models.reports",
+    "crabd.sdk.models.turns",
 ]
 
 
@@ -56,7 +58,7 @@ def test_the_sync_client_loads_none_of_the_heavy_modules(tmp_path: Path) -> None
     config.write_text('[paths]\nsocket = "/srv/crab/crabd.sock"\n')
     code = (
         "from crabd.sdk.client import Client\n"
-        "from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo, Turn\n"
+        "from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo\n"
         "c = Client()\n"
         "assert c.socket == '/srv/crab/crabd.sock', c.socket\n"
         "c.close()\n"
@@ -80,6 +82,7 @@ def test_the_sdk_package_loads_only_the_errors_and_exports_every_name_on_use() -
     assert crabd.sdk.RetentionPolicy is crabd.models.RetentionPolicy
     assert crabd.sdk.KeepReason is crabd.models.KeepReason
     assert crabd.sdk.CheckpointInfo is crabd.sdk.models.CheckpointInfo
+    assert crabd.sdk.Turn is crabd.sdk.models.Turn
     for name in crabd.sdk.models.__all__:
         assert getattr(crabd.sdk.models, name) is not None, name
     assert set(crabd.sdk.__all__) <= set(dir(crabd.sdk))

@@ -1,14 +1,15 @@
 """What the SDK hands back: plain, typed, immutable records.
 
 One module for each subject, all re-exported here (``from crabd.sdk.models import X``):
-``sandbox`` (sandboxes, commands, turns, recoveries), ``checkpoint`` (checkpoints, their
-tree and failures, pushes, thinning, imports) and ``reports`` (crabd's and its engine's
-status, gc, verify, sync, quotas).
+``sandbox`` (sandboxes, a command's result and output), ``turns`` (turns, their commands
+and decisions, recoveries), ``checkpoint`` (checkpoints, their tree and failures, pushes,
+thinning, imports) and ``reports`` (crabd's and its engine's status, gc, verify, sync,
+quotas).
 
-``sandbox`` is imported at once (every client needs it); ``checkpoint`` and
-``reports`` on the first use of one of their names (:func:`__getattr__`):
-defining their dataclasses costs ~10 ms, which ``crabctl ps`` or ``crabctl
-sh`` would otherwise pay without using them.
+``sandbox`` is imported at once (every client needs it); the others on the
+first use of one of their names (:func:`__getattr__`): defining their
+dataclasses costs ~13 ms, which ``crabctl ps`` or ``crabctl sh`` would
+otherwise pay without using them.
 """
 
 from __future__ import annotations
@@ -16,17 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from crabd.sdk.models.sandbox import (
-    CommandInfo,
-    Decision,
-    ExecResult,
-    OutputChunk,
-    Recovered,
-    SandboxInfo,
-    Turn,
-    chunk_from_pb,
-    retention_from_pb,
-)
+from crabd.sdk.models.sandbox import ExecResult, OutputChunk, SandboxInfo, chunk_from_pb, retention_from_pb
 
 if TYPE_CHECKING:
     from crabd.sdk.models.checkpoint import (
@@ -52,6 +43,7 @@ if TYPE_CHECKING:
         SyncResult,
         VerifyResult,
     )
+    from crabd.sdk.models.turns import CommandInfo, Decision, Recovered, Turn
 
 #: Where each lazily exported name is defined.
 _LAZY = {
@@ -74,6 +66,10 @@ _LAZY = {
     "QuotaUse": "crabd.sdk.models.reports",
     "SyncResult": "crabd.sdk.models.reports",
     "VerifyResult": "crabd.sdk.models.reports",
+    "CommandInfo": "crabd.sdk.models.turns",
+    "Decision": "crabd.sdk.models.turns",
+    "Recovered": "crabd.sdk.models.turns",
+    "Turn": "crabd.sdk.models.turns",
 }
 
 __all__ = [
