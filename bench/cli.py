@@ -27,7 +27,8 @@ fails fast, and says so).  Two bytecode modes:
 
 Then ``python -X importtime`` of ``crabd.cli.main`` and ``crabd.sdk.client``
 per arm (cached mode): the total and the top modules by their own time.
-Results as JSON (``--out``) and a Markdown table on stdout.  The figures
+Results as JSON (``--out``) and a Markdown table on stdout (median, and the
+minimum in parentheses).  The figures
 are the host's: compare only arms measured side by side.
 """
 
@@ -174,7 +175,7 @@ def table(results: dict[str, Any]) -> str:
             for label in labels:
                 r = per[label][command]
                 failed = f" (exit {r['exit_code']})" if r["exit_code"] else ""
-                cells.append(f"{r['median_ms']:.0f} ms{failed}")
+                cells.append(f"{r['median_ms']:.0f} ({r['min_ms']:.0f}) ms{failed}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
