@@ -145,6 +145,14 @@ async def run_exec(
     )
 
 
+class SessionFoundDead(InitUnavailable):
+    """The session's bash had already exited when a command attached to it; the command did not run.
+
+    The caller revives the session (a fresh bash with the last captured state) and
+    sends the command again: it was never written to any bash.
+    """
+
+
 class _NoSession(Exception):
     """No bash runs, and the caller asked not to start one."""
 
@@ -193,13 +201,17 @@ class Session:
     async def _attach_or_spawn(self, conn: InitConnection, *, start: bool = True) -> int:
         """Bind ``conn`` to the session, starting bash if there is none (``start``; else
         :class:`_NoSession`).  Returns the bash's pid in the sandbox, as init reports it."""
-        if not start and not any(p.name == SESSION_NAME and p.alive for p in await conn.list()):
-            # Asked first on this connection: init attaches to a session whose bash has exited
-            # but was not forgotten yet too (its last output and exit status), and a capture
-            # must find no session there, not fail on its exit.
-            raise _NoSession
         try:
-            return (await conn.attach(SESSION_NAME)).pid
+            attached, listed = await conn.attach_listed(SESSION_NAME)
+            if any(p.name == SESSION_NAME and p.alive for p in listed):
+                return attached.pid
+            # Init kept a session whose bash exited while no command ran (something in the
+            # sandbox killed it): nothing was written to it yet.  A capture finds no session
+            # (the next command revives it with its state); a command must not run into it.
+            if not start:
+                raise _NoSession
+            await conn.forget(SESSION_NAME)
+            raise SessionFoundDead("the session's bash had exited before the command was sent", sandbox="")
         except InitSpawnError as exc:
             if exc.errno == errno_mod.EBUSY:
                 raise SandboxBusy("the sandbox's session is in use by another client", sandbox="") from exc
