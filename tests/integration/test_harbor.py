@@ -21,7 +21,7 @@ from harbor.job import Job
 from harbor.models.job.config import JobConfig
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig
 
-from agents.integrations.harbor import IMPORT_PATH, CrabEnvironment
+from crabd.integrations.harbor import IMPORT_PATH, CrabEnvironment
 from crabd.sdk import Client, EmbeddedDaemon
 from tests.integration.conftest import kill_container
 

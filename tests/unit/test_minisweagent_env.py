@@ -1,4 +1,4 @@
-"""agents.integrations.minisweagent without crabd: step bookkeeping, recovery's replay, rollback, fork, errors.
+"""crabd.integrations.minisweagent without crabd: step bookkeeping, recovery's replay, rollback, fork, errors.
 
 A fake client and sandbox stand for crab's SDK: each command is recorded as
 an *effect* of the turn it ran in; a checkpoint is taken at every turn end
@@ -19,12 +19,12 @@ from minisweagent.environments import get_environment, get_environment_class
 from minisweagent.exceptions import Submitted
 from pydantic import ValidationError
 
-from agents.integrations.minisweagent import CrabEnvironment, CrabEnvironmentError
 from crabd.errors import CrabError, DaemonUnavailable, InitUnavailable, QuotaExceeded, RequestTooLarge, SandboxDead
+from crabd.integrations.minisweagent import CrabEnvironment, CrabEnvironmentError
 from crabd.models import CheckpointPolicy
 from crabd.sdk import ExecResult, OutputChunk
 
-PATH = "agents.integrations.minisweagent.CrabEnvironment"
+PATH = "crabd.integrations.minisweagent.CrabEnvironment"
 Handler = Callable[["FakeSandbox", str], tuple[int, bytes, bytes, bool]]
 
 
@@ -529,7 +529,7 @@ def test_an_owned_client_is_closed_with_the_last_environment_that_uses_it(monkey
         made.append(FakeClient(socket=socket or "default"))
         return made[-1]
 
-    monkeypatch.setattr("agents.integrations.minisweagent.Client", client_factory)
+    monkeypatch.setattr("crabd.integrations.minisweagent.Client", client_factory)
     env = CrabEnvironment(socket="/run/x.sock")
     run(env, "one")
     [child] = env.fork(1)
@@ -540,7 +540,7 @@ def test_an_owned_client_is_closed_with_the_last_environment_that_uses_it(monkey
 
 
 def test_environments_left_alive_are_cleaned_up_at_exit() -> None:
-    from agents.integrations.minisweagent import _cleanup_at_exit
+    from crabd.integrations.minisweagent import _cleanup_at_exit
 
     client = FakeClient()
     left, _, _ = make(client)
