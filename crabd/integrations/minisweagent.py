@@ -309,6 +309,14 @@ class CrabEnvironment:
         return recursive_merge(self.config.model_dump(), platform.uname()._asdict(), crab, kwargs)
 
     def serialize(self) -> dict[str, Any]:
+        """The environment's part of the trajectory (mini-swe-agent saves it after every step).
+
+        Each step carries the id of the checkpoint holding its end state as
+        soon as that checkpoint exists: one still being taken is not waited
+        for here (the agent would wait on it at every step), it is filled
+        in by a later save, and the submitting step waits for all of them.
+        """
+        self._note_checkpoints()
         sb = self._sb
         return {
             "info": {
@@ -331,6 +339,12 @@ class CrabEnvironment:
         lines = output.get("output", "").lstrip().splitlines(keepends=True)
         if lines and lines[0].strip() == SUBMIT_MARKER and output["returncode"] == 0:
             submission = "".join(lines[1:])
+            # The run ends here and the trajectory's last save follows: wait for the steps' checkpoints so
+            # that it names every one (a failure to read them costs the ids, not the submission).
+            try:
+                self._resolve_checkpoints()
+            except CrabEnvironmentError as exc:
+                self.logger.warning("could not read the steps' checkpoints: %s", exc)
             raise Submitted(
                 {"role": "exit", "content": submission, "extra": {"exit_status": "Submitted", "submission": submission}}
             )
@@ -373,6 +387,23 @@ class CrabEnvironment:
                 created = [c.id for c in ckpts if c.turn == 0 and c.sandbox_id == sb.id and c.branch == 0]
                 rec.checkpoint_id = info.origin or (created[0] if created else "")
             elif (t := turns.get(rec.turn)) is not None:
+                rec.checkpoint_id = t.state_checkpoint
+
+    def _note_checkpoints(self) -> None:
+        """Fill in the checkpoint of every step whose turn's checkpoint exists by now, without waiting for any."""
+        sb = self._sb
+        missing = [
+            r for r in (self._origin, *self._steps) if sb and r.turn and r.sandbox_id == sb.id and not r.checkpoint_id
+        ]
+        if sb is None or not missing:
+            return
+        try:
+            turns = {t.number: t for t in sb.turns()}
+        except CrabError as exc:  # the trajectory is saved all the same; checkpoint_of() can ask again
+            self.logger.debug("could not read the turns of %s: %s", sb.name, exc.describe())
+            return
+        for rec in missing:
+            if (t := turns.get(rec.turn)) is not None:
                 rec.checkpoint_id = t.state_checkpoint
 
     def _ref(self, step: int) -> tuple[int | None, str | None]:

@@ -20,7 +20,7 @@ from minisweagent.exceptions import Submitted
 from pydantic import ValidationError
 
 from crabd.errors import CrabError, DaemonUnavailable, InitUnavailable, QuotaExceeded, RequestTooLarge, SandboxDead
-from crabd.integrations.minisweagent import CrabEnvironment, CrabEnvironmentError
+from crabd.integrations.minisweagent import SUBMIT_MARKER, CrabEnvironment, CrabEnvironmentError
 from crabd.models import CheckpointPolicy
 from crabd.sdk import ExecResult, OutputChunk
 
@@ -279,6 +279,34 @@ def test_each_command_is_one_turn_ended_without_waiting_and_the_output_is_mini_s
     assert [s["turn"] for s in info["crab"]["steps"]] == [1, 2, 3]
     tv = env.get_template_vars(extra=1)
     assert tv["crab_sandbox_name"] == "mine" and tv["extra"] == 1 and {"system", "release", "machine"} <= set(tv)
+
+
+def test_the_trajectory_names_each_steps_checkpoint_once_it_exists_and_the_submission_waits_for_them() -> None:
+    env, sb, _ = make()
+    run(env, "ls")
+    sb.hold_checkpoints = True  # step 2's checkpoint is still being taken when the agent saves
+    run(env, "pwd")
+    saved = [s["checkpoint_id"] for s in env.serialize()["info"]["crab"]["steps"]]
+    assert saved == ["sb1-t1", ""]  # what exists is named; what is pending is not waited for
+    sb.hold_checkpoints = False
+    sb.ckpts[2] = "sb1-t2"  # taken since
+    assert [s["checkpoint_id"] for s in env.serialize()["info"]["crab"]["steps"]] == ["sb1-t1", "sb1-t2"]
+    # The submitting step settles them all, so the last save of the run names every checkpoint.
+    sb.handler = lambda sb, command: (0, f"{SUBMIT_MARKER}\n".encode(), b"", False)
+    sb.hold_checkpoints = True
+    listed = sb.checkpoints
+
+    def settle() -> list[Any]:  # crab's checkpoint list waits for the last turn's checkpoint
+        sb.ckpts[3] = "sb1-t3"
+        return listed()
+
+    sb.checkpoints = settle  # type: ignore[method-assign]
+    with pytest.raises(Submitted):
+        run(env, f"echo {SUBMIT_MARKER}")
+    assert sb.calls[-1] == ("end", 3, False, False)  # the turn itself still ends without waiting
+    info = env.serialize()["info"]["crab"]
+    assert [s["checkpoint_id"] for s in info["steps"]] == ["sb1-t1", "sb1-t2", "sb1-t3"]
+    assert info["start"]["checkpoint_id"] == "sb1-created"
 
 
 def test_stdout_and_stderr_come_interleaved_and_the_submit_marker_ends_the_run() -> None:
