@@ -11,7 +11,7 @@ STAMP       := $(VENV)/.crab-installed
 PROTOS      := $(shell find crabd/api -name '*.proto' 2>/dev/null)
 PYTEST_ARGS ?=
 INIT_BIN    := crabd/runtime/init/crab-init
-# Harbor (agents/integrations/harbor.py) needs Python >= 3.12; the main venv is 3.11 (the CPU torch
+# Harbor (crabd/integrations/harbor.py) needs Python >= 3.12; the main venv is 3.11 (the CPU torch
 # wheel of the rl extra is 3.11-only), so Harbor's tests run in a venv of their own.
 # This machine kind has it from pyenv (not on PATH while pyenv's global version is 3.11).
 HARBOR_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
