@@ -108,7 +108,7 @@ def test_fork_spreads_the_children_over_the_hosts(fake: Fakes) -> None:
     cluster, fakes = fake.cluster, fake.hosts
     cluster.create("busybox", name="src", host="a")
     ck = cluster.call("src", "checkpoint_full")
-    kids = as_json(ops("fork", ck["id"], "-n", "6", "--prefix", "g", "--json"))
+    kids = as_json(ops("fork", ck["id"], "-n", "6", "--name-prefix", "g", "--json"))
     per_host = {h: [k["name"] for k in kids if k["host_id"] == h] for h in "abc"}
     assert {h: len(v) for h, v in per_host.items()} == {"a": 2, "b": 2, "c": 2}
     assert all(n.startswith(f"g-{h}-") for h, names in per_host.items() for n in names)
@@ -199,7 +199,7 @@ def test_join_prints_the_hosts_info(fake: Fakes, monkeypatch: pytest.MonkeyPatch
     r = ops("join", "h1", "--socket", "/run/crab/crabd.sock", "--capacity", "8")
     assert r.exit_code == 0, r.output
     assert joined == [("h1", "/run/crab/crabd.sock", 8, "10.0.0.5:6379")]
-    assert "h1 joined: capacity 8, 1 sandboxes, 7 free" in r.stdout
+    assert "h1 joined: capacity 8, 1 sandbox, 7 free" in r.stdout
 
 
 def test_help_and_other_commands_do_not_load_ray() -> None:

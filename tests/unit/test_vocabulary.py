@@ -236,9 +236,9 @@ def test_the_cli_offers_the_choices_and_rejects_others_without_calling_crabd(mon
 
     monkeypatch.setattr(sandboxes, "client", no_client)
     runner = CliRunner()
-    bad = runner.invoke(app, ["create", "--env", "busybox", "--checkpoints", "sometimes"])
+    bad = runner.invoke(app, ["create", "busybox", "--checkpoints", "sometimes"])
     assert bad.exit_code == 2 and "sometimes" in bad.output
-    bad = runner.invoke(app, ["create", "--env", "busybox", "--recovery", "never"])
+    bad = runner.invoke(app, ["create", "busybox", "--recovery", "never"])
     assert bad.exit_code == 2 and "never" in bad.output
 
 
