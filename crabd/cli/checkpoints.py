@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated, Any
@@ -28,9 +29,9 @@ from crabd.cli.common import (
 from crabd.cli.sandboxes import SbArg, field_text
 
 if TYPE_CHECKING:
-    from rich.table import Table
     from rich.tree import Tree as RichTree
 
+    from crabd.cli.common import Columns
     from crabd.sdk.models import CheckpointInfo, SandboxInfo, Tree
 
 CHECKPOINTS = "Checkpoints"
@@ -60,9 +61,9 @@ def _ck_dict(c: CheckpointInfo) -> dict[str, Any]:
     return asdict(c)
 
 
-def _ck_table(cks: list[CheckpointInfo], no_trunc: bool) -> Table:
+def _ck_table(cks: list[CheckpointInfo], no_trunc: bool) -> Columns:
     t = table(
-        "id",
+        "checkpoint id",
         "kind",
         "sandbox",
         "turn",
@@ -76,14 +77,13 @@ def _ck_table(cks: list[CheckpointInfo], no_trunc: bool) -> Table:
         "where",
         "kept for",
         "label",
-        ids=("id", "sandbox", "parent"),
     )
     short = short_ids([c.id for c in cks], no_trunc)
     for c in cks:
         t.add_row(
             short(c.id),
             c.kind,
-            escape(c.sandbox_name),
+            c.sandbox_name,
             str(c.turn),
             str(c.branch),
             short(c.parent_id) or "-",
@@ -94,7 +94,7 @@ def _ck_table(cks: list[CheckpointInfo], no_trunc: bool) -> Table:
             fmt_time(c.created_at),
             _where(c),
             kept_for(c),
-            escape(c.label),
+            c.label,
         )
     return t
 
@@ -103,7 +103,7 @@ def kept_for(c: CheckpointInfo) -> str:
     """Why retention keeps it, for people ("thinned next": no reason left; "not known": e.g. only remote)."""
     if c.kept_for is None:
         return "not known"
-    return ", ".join(str(getattr(r, "value", r)) for r in c.kept_for) or "[yellow]thinned next[/]"
+    return ", ".join(str(getattr(r, "value", r)) for r in c.kept_for) or "thinned next"
 
 
 def _where(c: CheckpointInfo) -> str:
@@ -169,22 +169,23 @@ def ck_inspect(
         ]
         emit_json(data)
         return
-    fields = table("field", "value", show_header=False)
+    fields = table("field", "value", header=False)
     for key, value in _ck_dict(d.checkpoint).items():
         if key == "kept_for":
             fields.add_row("kept for", kept_for(d.checkpoint))
         else:
-            fields.add_row(key, escape(field_text(key, value)))
+            fields.add_row(key, field_text(key, value))
     fields.add_row("lineage", " > ".join(d.lineage))
     if d.session_state:
-        fields.add_row("session cwd", escape(str(d.session_state.get("cwd", ""))))
+        fields.add_row("session cwd", str(d.session_state.get("cwd", "")))
         fields.add_row("session env", plural(len(d.session_state.get("env", {})), "exported variable"))
-    out.print(fields)
+    show(fields)
     if d.changes:
         changes = table("change", "kind", "path")
         for x in d.changes[:files]:
-            changes.add_row(x.change, x.kind, escape(_path(x.path)))
-        out.print(changes)
+            changes.add_row(x.change, x.kind, _path(x.path))
+        sys.stdout.write("\n")
+        show(changes)
         more = len(d.changes) - files
         if more > 0 or d.changes_truncated:
             out.print(f"... {'more than ' if d.changes_truncated else ''}{max(more, 0)} more (use --files N or --json)")
@@ -220,9 +221,9 @@ def ck_failures(
         emit_json([asdict(f) for f in rows])
         return
     short = short_ids([f.sandbox_id for f in rows], no_trunc)
-    t = table("when", "sandbox", "turn", "kind", "error", "CRIU log", ids=("sandbox",))
+    t = table("when", "sandbox id", "turn", "kind", "error", "criu log")
     for f in rows:
-        t.add_row(fmt_time(f.at), short(f.sandbox_id), str(f.turn), f.kind, escape(f.error[:300]), f.log_path or "-")
+        t.add_row(fmt_time(f.at), short(f.sandbox_id), str(f.turn), f.kind, f.error[:300], f.log_path or "-")
     show(t)
 
 

@@ -27,7 +27,6 @@ from crabd.cli.core import CONTEXT, CrabGroup
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.table import Table
 
     from crabd.errors import CrabError
     from crabd.sdk.client import Client
@@ -140,17 +139,39 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def table(*headers: str, ids: tuple[str, ...] = (), **kwargs: Any) -> Table:
-    """A rich table whose id columns (``ids``, among ``headers``) are never cut or wrapped."""
-    from rich.table import Table
+class Columns:
+    """A table as docker prints one: upper-case headers, columns three spaces apart, nothing cut.
 
-    t = Table(**kwargs)
-    for h in headers:
-        if h in ids:
-            t.add_column(h, no_wrap=True, min_width=len(h))
-        else:
-            t.add_column(h)
-    return t
+    Plain text (no rich): a listing prints as fast as Python starts, a wide
+    row runs past the terminal's edge rather than lose part of an id, and
+    ``cut``/``awk`` read it as they read ``docker ps``.
+    """
+
+    def __init__(self, *headers: str, header: bool = True) -> None:
+        self.headers = headers
+        self.header = header
+        self.rows: list[tuple[str, ...]] = []
+
+    def add_row(self, *cells: str) -> None:
+        # One line per row: a cell's own line breaks would break the columns.
+        self.rows.append(tuple(c.replace("\n", " ") for c in cells))
+
+    def render(self) -> str:
+        rows = ([tuple(h.upper() for h in self.headers)] if self.header else []) + self.rows
+        if not rows:
+            return ""
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self.headers))]
+        return "".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in rows)
+
+
+def table(*headers: str, header: bool = True) -> Columns:
+    return Columns(*headers, header=header)
+
+
+def show(t: Columns) -> None:
+    """Print ``t`` on stdout."""
+    sys.stdout.write(t.render())
+    sys.stdout.flush()
 
 
 def escape(text: str) -> str:
@@ -204,11 +225,3 @@ def short_ids(ids: list[str], no_trunc: bool = False) -> Callable[[str], str]:
         return kind + rest[:n] if ident else ident
 
     return short
-
-
-def show(t: Table) -> None:
-    """Print ``t`` with its id columns (``no_wrap``) as wide as their longest cell: ids are never cut."""
-    for col in t.columns:
-        if col.no_wrap:
-            col.min_width = max([len(str(c)) for c in col._cells] + [col.min_width or 0])
-    out.print(t)

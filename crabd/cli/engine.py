@@ -64,7 +64,7 @@ def engine(
     )
     t = table(
         "job",
-        "sandbox",
+        "sandbox id",
         "turn",
         "kind",
         "state",
@@ -74,7 +74,6 @@ def engine(
         "bg ms",
         "exposed ms",
         "checkpoint",
-        ids=("sandbox", "checkpoint"),
     )
     listed = status.jobs[-jobs:] if jobs > 0 else []
     short = short_ids([j.sandbox_id for j in listed] + [j.checkpoint_id for j in listed if j.checkpoint_id], no_trunc)

@@ -28,8 +28,7 @@ from crabd.cli.common import (
 from crabd.cli.core import ExecCommand
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
+    from crabd.cli.common import Columns
     from crabd.sdk.client import Client
     from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo, Turn
 
@@ -56,16 +55,16 @@ def _info_dict(info: SandboxInfo) -> dict[str, object]:
     return asdict(info)
 
 
-def _sandbox_table(infos: list[SandboxInfo], no_trunc: bool) -> Table:
-    t = table("id", "name", "env", "state", "owner", "turn", "ip", "created", ids=("id", "name"))
+def _sandbox_table(infos: list[SandboxInfo], no_trunc: bool) -> Columns:
+    t = table("sandbox id", "name", "env", "state", "owner", "turn", "ip", "created")
     short = short_ids([i.id for i in infos], no_trunc)
     for i in infos:
         state = i.state if i.state != "dead" else f"dead ({i.dead_reason})" if i.dead_reason else "dead"
         t.add_row(
             short(i.id),
-            escape(i.name),
-            escape(i.env),
-            escape(state),
+            i.name,
+            i.env,
+            state,
             str(i.owner_uid),
             f"{i.turn}{' (open)' if i.turn_open else ''}",
             i.ip_address or "-",
@@ -254,16 +253,16 @@ def inspect(
     if as_json:
         emit_json({"sandbox": _info_dict(info), "turns": [_decision_dict(t) for t in turns]})
         return
-    fields = table("field", "value", show_header=False)
+    fields = table("field", "value", header=False)
     for key, value in _info_dict(info).items():
         if key != "turn_open":
-            fields.add_row(key, escape(_current_turn(info, turns) if key == "turn" else field_text(key, value)))
-    out.print(fields)
+            fields.add_row(key, _current_turn(info, turns) if key == "turn" else field_text(key, value))
+    show(fields)
     decided = [t for t in turns if t.decision is not None]
     if not decided:
         return
     short = short_ids([t.checkpoint_id or t.basis_checkpoint for t in decided], no_trunc)
-    dt = table("turn", "decision", "checkpoint", "ms", "why", ids=("checkpoint",))
+    dt = table("turn", "decision", "checkpoint", "ms", "why")
     for t in decided:
         d = t.decision
         assert d is not None
@@ -271,12 +270,12 @@ def inspect(
         more = f" (+{len(d.reasons) - 1} more)" if len(d.reasons) > 1 else ""
         dt.add_row(
             str(t.number),
-            f"[{_DECISION_STYLE.get(d.kind, 'white')}]{d.kind}[/]",
+            d.kind,
             short(t.checkpoint_id)
             or (f"= {short(t.basis_checkpoint)}" if t.basis_checkpoint else "")
             or (t.checkpoint_state if t.checkpoint_state in _UNFINISHED else "-"),
             f"{d.seconds * 1000:.1f}",
-            escape(why[:100] + more),
+            why[:100] + more,
         )
     show(dt)
 
@@ -452,7 +451,7 @@ def daemon_status(as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json(asdict(st))
         return
-    fields = table("field", "value", show_header=False)
+    fields = table("field", "value", header=False)
     for key, value in asdict(st).items():
-        fields.add_row(key, escape(field_text(key, value)))
-    out.print(fields)
+        fields.add_row(key, field_text(key, value))
+    show(fields)

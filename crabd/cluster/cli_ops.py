@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from crabd.cli.common import JsonOpt, emit_json, err, escape, out, plural, show_error, state, table
+from crabd.cli.common import JsonOpt, emit_json, err, escape, out, plural, show, show_error, state, table
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
+    from crabd.cli.common import Columns
     from crabd.cluster.client import Cluster
 
 #: Exit code when no cluster address was given (a usage error, as click's own).
@@ -91,12 +90,10 @@ def _cluster() -> Cluster:
     return _connect(_address())
 
 
-def _sandbox_table(rows: list[dict[str, Any]]) -> Table:
-    t = table("id", "name", "state", "turn", "host", ids=("id", "name"))
+def _sandbox_table(rows: list[dict[str, Any]]) -> Columns:
+    t = table("id", "name", "state", "turn", "host")
     for sb in rows:
-        t.add_row(
-            sb["id"], escape(sb["name"]), str(sb.get("state", "")), str(sb.get("turn", "")), sb.get("host_id", "")
-        )
+        t.add_row(sb["id"], sb["name"], str(sb.get("state", "")), str(sb.get("turn", "")), sb.get("host_id", ""))
     return t
 
 
@@ -149,9 +146,8 @@ def hosts(as_json: JsonOpt = False) -> None:
         return
     t = table("id", "alive", "capacity", "load", "free")
     for r in rows:
-        alive = "yes" if r["alive"] else "[red]no[/red]"
-        t.add_row(escape(r["id"]), alive, str(r["capacity"]), str(r["load"]), str(r["free"]))
-    out.print(t)
+        t.add_row(r["id"], "yes" if r["alive"] else "no", str(r["capacity"]), str(r["load"]), str(r["free"]))
+    show(t)
 
 
 def check(as_json: JsonOpt = False) -> None:
@@ -183,7 +179,7 @@ def ls(as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json(sandboxes)
     else:
-        out.print(_sandbox_table(sandboxes))
+        show(_sandbox_table(sandboxes))
 
 
 def fork(
@@ -199,7 +195,7 @@ def fork(
     if as_json:
         emit_json(kids)
     else:
-        out.print(_sandbox_table(kids))
+        show(_sandbox_table(kids))
 
 
 def migrate(
@@ -252,14 +248,14 @@ def recover(
     if as_json:
         emit_json(report)
     else:
-        t = table("id", "name", "host", "checkpoint", "lost turns", ids=("id", "name", "checkpoint"))
+        t = table("id", "name", "host", "checkpoint", "lost turns")
         for r in report["recovered"]:
             lost = ", ".join(str(n) for n in r["lost_turns"]) or "-"
-            t.add_row(r["sandbox"]["id"], escape(r["sandbox"]["name"]), r["host"], r["checkpoint"], lost)
+            t.add_row(r["sandbox"]["id"], r["sandbox"]["name"], r["host"], r["checkpoint"], lost)
         made = plural(len(report["recovered"]), "sandbox", "sandboxes")
         out.print(f"{made} of {escape(host)} recovered", highlight=False)
         if report["recovered"]:
-            out.print(t)
+            show(t)
         for sb, why in sorted(report["unrecoverable"].items()):
             err.print(f"[red]{escape(sb)}[/red]: not recovered: {escape(why)}", highlight=False)
     if report["unrecoverable"]:

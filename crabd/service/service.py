@@ -454,7 +454,8 @@ class Service:
         counted = sum(int(v) for k, v in rec.stats.items() if k in ("changed", "deleted") and isinstance(v, int))
         truncated = held.truncated or len(changes) < min(MAX_CHANGES_SHOWN, counted)
         lineage = [c.id for c in await asyncio.to_thread(self.catalog.lineage, rec.id)]
-        rec = self.remote.annotate([rec])[0]
+        # Why retention keeps it, as `checkpoint ls` and `pin` say (not "not known").
+        rec = (await self.retention.annotate(self.remote.annotate([rec])))[0]
         return CheckpointDetail(rec, changes, truncated, session_json, lineage)
 
     async def delete_checkpoint(self, caller: Caller, ckpt_id: str) -> int:

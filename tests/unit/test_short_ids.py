@@ -87,3 +87,18 @@ def test_tables_print_the_shortest_prefix_that_keeps_ids_apart() -> None:
     assert alike("ck-0123456789ab") == "ck-012345678"
     assert alike("") == ""
     assert short_ids(["ck-0123456789ab"], no_trunc=True)("ck-0123456789ab") == "ck-0123456789ab"
+
+
+def test_a_described_checkpoint_says_why_it_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`crabctl checkpoint inspect` shows what `checkpoint ls` and `pin` show, not "None"."""
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        rec = await st.service.create(ALICE, spec("a", checkpoints="fs"))
+        head = st.checkpointer.head_id(rec.id)
+        assert head is not None
+        kept = (await st.service.describe_checkpoint(ALICE, head)).checkpoint.kept_for
+        listed = [c.kept_for for c in await st.service.list_checkpoints(ALICE, "a") if c.id == head]
+        assert kept and [kept] == listed
+
+    run(body())
