@@ -302,6 +302,11 @@ def test_engine_status_and_checkpoint_detail_are_records() -> None:
 
     svc.catalog = SimpleNamespace(find=lambda _id: rec, lineage=lambda _id: [rec])  # type: ignore[assignment]
     svc.housekeeping = SimpleNamespace(describe=describe)  # type: ignore[assignment]
+
+    async def as_kept(recs: list[object]) -> list[object]:
+        return recs
+
+    svc.retention = SimpleNamespace(annotate=as_kept)  # type: ignore[assignment]
     detail = asyncio.run(svc.describe_checkpoint(ROOT, "ck-1"))
     assert detail == CheckpointDetail(rec, [], False, '{"cwd": "/"}', ["ck-1"])
     assert convert.detail_to_pb(detail).lineage == ["ck-1"]
