@@ -38,7 +38,10 @@ def export(
         report = {"checkpoint": checkpoint, "output": output, "bytes": size, "seconds": round(seconds, 3)}
         (err.print_json if output == "-" else out.print_json)(data=report)
         return
-    err.print(f"[dim]{escape(checkpoint)} -> {escape(output)}: {size} bytes in {seconds:.2f} s[/dim]", highlight=False)
+    err.print(
+        f"[dim]{escape(checkpoint)} -> {escape(output)}: {plural(size, 'byte')} in {seconds:.2f} s[/dim]",
+        highlight=False,
+    )
 
 
 @ck_app.command("import")
@@ -72,7 +75,7 @@ def import_(
                 highlight=False,
             )
     err.print(
-        f"[dim]{result.stored_blobs} of {plural(result.blobs, 'blob')} new here, {result.bytes} bytes"
+        f"[dim]{result.stored_blobs} of {plural(result.blobs, 'blob')} new here, {plural(result.bytes, 'byte')}"
         f" in {result.seconds:.2f} s; fork it with `crabctl fork {result.checkpoint.id}`[/dim]",
         highlight=False,
     )

@@ -75,7 +75,7 @@ def ck_thin(
     for ck in res.deleted:
         out.print(f"  {ck}", highlight=False)
     if not res.dry_run:
-        out.print(f"{res.bytes_freed} bytes freed", highlight=False)
+        out.print(f"{plural(res.bytes_freed, 'byte')} freed", highlight=False)
 
 
 @ret_app.command("set")

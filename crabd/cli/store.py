@@ -26,7 +26,7 @@ def ck_push(
     else:
         out.print(
             f"{r.checkpoint.id} is remote: {r.uploaded_blobs} of {plural(r.blobs, 'blob')} sent, "
-            f"{r.bytes} bytes in {r.seconds:.2f} s",
+            f"{plural(r.bytes, 'byte')} in {r.seconds:.2f} s",
             highlight=False,
         )
 

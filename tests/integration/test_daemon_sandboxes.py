@@ -218,16 +218,16 @@ def test_cli_round_trip(daemon: EmbeddedDaemon) -> None:
         assert "cli-1" in human.stdout and sid[:8] in human.stdout and sid not in human.stdout
         ex = crabctl("exec", "cli-1", "--", "sh", "-c", "echo hi; exit 4")
         assert ex.returncode == 4 and ex.stdout == "hi\n"
-        # Options go before the command (with or without --); a timed-out command exits 124, as from sh.
-        slow = crabctl("exec", "cli-1", "--timeout", "1", "sleep", "30")
-        assert slow.returncode == 124 and "timed out" in slow.stderr, slow.stderr
-        assert crabctl("exec", "cli-1", "-e", "X=1", "--", "sh", "-c", "echo $X").stdout == "1\n"
         sh = crabctl("sh", "cli-1", "cd /tmp; echo $PWD")
         assert sh.stdout == "/tmp\n"
         assert crabctl("sh", "cli-1", "pwd").stdout == "/tmp\n"
         log = json.loads(crabctl("log", "cli-1", "--json").stdout)
         assert [c["kind"] for t in log for c in t["commands"]] == ["exec", "session", "session"]
         assert "echo hi" in crabctl("log", "cli-1").stdout
+        # Options go before the command (with or without --); a timed-out command exits 124, as from sh.
+        slow = crabctl("exec", "cli-1", "--timeout", "1", "sleep", "30")
+        assert slow.returncode == 124 and "timed out" in slow.stderr, slow.stderr
+        assert crabctl("exec", "cli-1", "-e", "X=1", "--", "sh", "-c", "echo $X").stdout == "1\n"
         st = json.loads(crabctl("daemon", "status", "--json").stdout)
         assert st["socket"] and st["caller_uid"] == 0
         bad = crabctl("exec", "no-such-sb", "--", "true")
