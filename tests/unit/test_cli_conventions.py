@@ -393,13 +393,17 @@ def test_gc_says_its_sizes_are_on_disk(fake: FakeClient, capsys: pytest.CaptureF
 # --- startup cost ---------------------------------------------------------------------------------
 
 
-def _imported(*args: str) -> set[str]:
+def _imported(*args: str, preamble: str = "") -> set[str]:
+    """The modules a crabctl run with ``args`` loaded (in a fresh interpreter; no crabd to reach)."""
     code = (
-        "import sys\nfrom crabd.cli.main import run\nrun(sys.argv[1:])\nprint(sorted(sys.modules), file=sys.stderr)\n"
+        f"import json, sys\n{preamble}"
+        "from crabd.cli.main import run\n"
+        "run(sys.argv[1:])\n"
+        "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n"
     )
     env = {**os.environ, "CRAB_SOCKET": "/nonexistent/crabd.sock"}
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=60)
-    return set(eval(done.stderr.strip().splitlines()[-1]))
+    return set(json.loads(done.stderr.strip().splitlines()[-1]))
 
 
 def test_help_and_usage_errors_load_no_rich_sdk_or_pydantic() -> None:
@@ -412,3 +416,14 @@ def test_help_and_usage_errors_load_no_rich_sdk_or_pydantic() -> None:
 
 def test_a_command_converts_its_values_without_pydantic() -> None:
     assert "typer._adapters" not in _imported("ps")
+
+
+def test_ps_prints_its_table_without_rich() -> None:
+    fake_client = (
+        "import contextlib, crabd.cli.sandboxes as sandboxes\n"
+        "class C:\n"
+        "    def list(self): return []\n"
+        "sandboxes.client = lambda: contextlib.nullcontext(C())\n"
+    )
+    loaded = _imported("ps", preamble=fake_client)
+    assert "crabd.cli.sandboxes" in loaded and not {m for m in loaded if m.split(".")[0] == "rich"}
