@@ -41,6 +41,11 @@ ORDER = (
     *("store", "retention", "quota", "gc", "verify"),
     *("doctor", "env", "host", "daemon", "engine", "cluster"),
 )
+#: The order of a group's own commands, where it is not the order they were added.
+GROUP_ORDER = {
+    "checkpoint": ("create", "ls", "inspect", "rm", "failures", "pin", "unpin", "thin", "export", "import", "push"),
+    "cluster": ("join", "hosts", "check", "ls", "fork", "migrate", "recover", "cert", "ca"),
+}
 
 #: Type names (typer's) shown as crabctl shows them.
 _TYPE_WORDS = {"int": "N", "float": "SECONDS", "str": "TEXT", "Path": "PATH", "bool": ""}
@@ -207,7 +212,7 @@ class CrabGroup(TyperGroup):
             panel = getattr(cmd, "rich_help_panel", None) or "Commands"
             panels.setdefault(panel, []).append((name, cmd.get_short_help_str(limit)))
         order = {p: i for i, p in enumerate(PANELS)}
-        rank = {name: i for i, name in enumerate(ORDER)}
+        rank = {name: i for i, name in enumerate(GROUP_ORDER.get(self.name or "", ORDER))}
         for panel in sorted(panels, key=lambda p: order.get(p, len(PANELS))):
             with formatter.section(panel):
                 formatter.write_dl(sorted(panels[panel], key=lambda row: rank.get(row[0], len(ORDER))))
