@@ -21,7 +21,7 @@ from typer.main import get_command
 
 import crabd.cli.main  # noqa: F401  (mounts every command on the app)
 from crabd.cli.common import app
-from crabd.cli.core import CrabGroup
+from crabd.cli.core import CrabGroup, ExecCommand
 
 ROOT = Path(__file__).resolve().parents[2]
 _TICKED = re.compile(r"`((?:sudo )?crabctl(?: [^`]*)?)`")
@@ -78,16 +78,16 @@ def _commands(line: str) -> Iterator[str]:
 
 def _tokens(text: str) -> list[str]:
     text = re.sub(r"\{[^}]*\}", "X", text.replace("\\|", "|"))  # an f-string's fields: placeholders
+    # Optional parts ([--name N], [SB]) are checked as if given.
+    text = text.replace("[OPTIONS]", "").replace("[", " ").replace("]", " ")
     try:
         words = shlex.split(text)
     except ValueError:
         words = text.split()
     out: list[str] = []
     for w in words:
-        if w in ("sudo", "[OPTIONS]"):
+        if w == "sudo":
             continue
-        if w.startswith("[") and w.endswith("]"):  # [--json], [SB], [--]: optional, still checked
-            w = w[1:-1]
         out.append(w)
     return out[1:]  # less "crabctl"
 
@@ -137,6 +137,8 @@ def problem(text: str) -> str | None:
             cmd, path, args = sub, f"{path} {first}", 0
             i += 1
             continue
+        if isinstance(cmd, ExecCommand) and args >= 1:
+            return None  # exec's command begins: its words are its own
         positional = [p for p in cmd.params if type(p).__name__ in ("Argument", "TyperArgument")]
         if not any(p.nargs == -1 for p in positional) and args >= len(positional):
             return f"`{path}` takes {len(positional)} argument(s); {t!r} is one more"
@@ -170,6 +172,8 @@ def test_mentions_are_found() -> None:
         ("crabctl create bookworm -e FOO=bar --name web", False),
         ("crabctl checkpoint ...", False),
         ("crabctl doctor [--json]", False),
+        ("crabctl create IMAGE [--name N] [-e KEY=VAL ...]", False),
+        ("crabctl exec SB ls -l", False),
     ],
 )
 def test_the_walker_tells_right_from_wrong(text: str, wrong: bool) -> None:
