@@ -66,9 +66,6 @@ class _LazyConsole:
 out = cast("Console", _LazyConsole(stderr=False))
 err = cast("Console", _LazyConsole(stderr=True))
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON (errors too, on stderr).")]
-NoTruncOpt = Annotated[bool, typer.Option("--no-trunc", help="Print whole ids (default: short unique prefixes).")]
-
 
 class _State:
     debug = False
@@ -81,6 +78,18 @@ class _State:
 
 
 state = _State()
+
+
+def _json(value: bool) -> bool:
+    # Once parsed, the flag decides how errors print (before: crabd.cli.main.run's look at argv).
+    state.json = value
+    return value
+
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", callback=_json, help="Print machine-readable JSON (errors too, on stderr).")
+]
+NoTruncOpt = Annotated[bool, typer.Option("--no-trunc", help="Print whole ids (default: short unique prefixes).")]
 
 
 def _version(value: bool) -> None:

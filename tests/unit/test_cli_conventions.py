@@ -427,3 +427,11 @@ def test_ps_prints_its_table_without_rich() -> None:
     )
     loaded = _imported("ps", preamble=fake_client)
     assert "crabd.cli.sandboxes" in loaded and not {m for m in loaded if m.split(".")[0] == "rich"}
+
+
+def test_a_commands_own_json_flag_is_not_crabctls(fake: FakeClient, capsys: pytest.CaptureFixture[str]) -> None:
+    # `exec SB ls --json`: --json is the command's; an error prints for people.
+    code, _, err = crabctl(capsys, "exec", "nowhere", "ls", "--json")
+    assert code == 1 and err.startswith("error: no sandbox 'nowhere'")
+    code, _, err = crabctl(capsys, "exec", "nowhere", "--json", "ls")
+    assert code == 1 and json.loads(err)["error"]["type"] == "SandboxNotFound"
