@@ -31,7 +31,7 @@ task of its own: a request that gives up does not cut it short.
 **Listing** does not wait: a sandbox not yet adopted is listed as its
 registry row says (``running`` if it was running when crabd stopped, also
 one that died meanwhile), without a container lookup; ``get`` of it gives
-the adopted truth.  Counts (quotas, ``crabctl status``) are the registry's.
+the adopted truth.  Counts (quotas, ``crabctl daemon status``) are the registry's.
 
 **Failure.**  A step that fails with a runtime error (Docker/runc, the
 freezer: a crowded host right after a restart is slow, not broken) is tried
