@@ -145,11 +145,12 @@ async def run_exec(
     )
 
 
-class SessionFoundDead(InitUnavailable):
+class SessionFoundDead(Exception):
     """The session's bash had already exited when a command attached to it; the command did not run.
 
-    The caller revives the session (a fresh bash with the last captured state) and
-    sends the command again: it was never written to any bash.
+    Not a CrabError: the caller (``Commands.session_run``) revives the session (a
+    fresh bash with the last captured state) and sends the command again, since it
+    was never written to any bash; other callers see :class:`InitUnavailable`.
     """
 
 
@@ -211,7 +212,7 @@ class Session:
             if not start:
                 raise _NoSession
             await conn.forget(SESSION_NAME)
-            raise SessionFoundDead("the session's bash had exited before the command was sent", sandbox="")
+            raise SessionFoundDead("the session's bash had exited before the command was sent")
         except InitSpawnError as exc:
             if exc.errno == errno_mod.EBUSY:
                 raise SandboxBusy("the sandbox's session is in use by another client", sandbox="") from exc
@@ -416,9 +417,12 @@ class Session:
     async def apply(self, state: session_state.SessionState, *, timeout_s: float = 60.0) -> None:
         """Make the running bash's state ``state`` without replacing it (its background jobs live on)."""
         async with self._lock:
-            outcome = await self._run_locked(
-                session_state.render_restore_script(state), timeout_s=timeout_s, max_output=1 << 20, sink=None
-            )
+            try:
+                outcome = await self._run_locked(
+                    session_state.render_restore_script(state), timeout_s=timeout_s, max_output=1 << 20, sink=None
+                )
+            except SessionFoundDead as exc:
+                raise InitUnavailable(f"the session's state was not re-applied: {exc}", sandbox="") from exc
         if outcome.session_ended:
             raise InitUnavailable(
                 "the session died while its state was re-applied: " + outcome.stderr[-500:].decode("utf-8", "replace"),
