@@ -81,7 +81,9 @@ def parse_marker(text: str) -> Decision | None:
     try:
         action = Action(m["action"])
     except ValueError:
-        raise MarkerError(f"unknown doctest action {m['action']!r} in {text.strip()!r}: one of run, parse-only, skip")
+        raise MarkerError(
+            f"unknown doctest action {m['action']!r} in {text.strip()!r}: one of run, parse-only, skip"
+        ) from None
     reason = (m["reason"] or "").strip()
     if action is not Action.RUN and not reason:
         raise MarkerError(f"doctest {action} needs a reason in parentheses: {text.strip()!r}")

@@ -17,8 +17,16 @@ import pytest
 
 from crabd.sdk import Client, EmbeddedDaemon
 from tests.conftest import REPO
-from tests.docblocks import Action, Block, all_blocks, missing_claims, python_claims, shell_commands, shell_script
-from tests.docblocks import split_output
+from tests.docblocks import (
+    Action,
+    Block,
+    all_blocks,
+    missing_claims,
+    python_claims,
+    shell_commands,
+    shell_script,
+    split_output,
+)
 
 RUN = [b for b in all_blocks(REPO) if b.decision is not None and b.decision.action is Action.RUN]
 BLOCK_TIMEOUT_S = 900
