@@ -12,11 +12,12 @@ from crabd.sdk import AsyncClient, Client, EmbeddedDaemon
 
 def test_with_fork_leaves_no_sandbox_behind(client: Client) -> None:
     with client.create("busybox") as sb:
-        sb.session.run("echo v1 > /root/notes")
-        with sb.fork(3) as branches:
+        sb.run(["sh", "-c", "echo v1 > /tmp/notes"])  # busybox: no bash, so no session
+        ck = sb.checkpoint()
+        with sb.fork(3, ck) as branches:
             assert len(branches) == 3
             ids = [b.id for b in branches]
-            assert {b.run(["cat", "/root/notes"]).text for b in branches} == {"v1\n"}
+            assert {b.run(["cat", "/tmp/notes"]).text for b in branches} == {"v1\n"}
             branches[0].remove()  # one removed early is fine at exit
         assert [s.id for s in client.list()] == [sb.id]
         with pytest.raises(SandboxNotFound):
