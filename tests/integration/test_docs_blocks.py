@@ -29,6 +29,14 @@ from tests.docblocks import (
 )
 
 RUN = [b for b in all_blocks(REPO) if b.decision is not None and b.decision.action is Action.RUN]
+
+
+def _param(block: Block) -> object:
+    # A block that takes a full checkpoint, or leaves a process running into one, needs CRIU.
+    needs_criu = "full" in block.code or " &" in block.code
+    return pytest.param(block, id=block.where, marks=[pytest.mark.criu] if needs_criu else [])
+
+
 BLOCK_TIMEOUT_S = 900
 
 
@@ -73,7 +81,7 @@ def _run_shell(block: Block, env: dict[str, str], cwd: Path) -> None:
     assert len(runs) == len(commands), f"{block.where} stopped early:\n{done.stdout}\n{done.stderr}"
 
 
-@pytest.mark.parametrize("block", RUN, ids=lambda b: b.where)
+@pytest.mark.parametrize("block", [_param(b) for b in RUN])
 def test_block_runs_as_written_and_leaves_nothing(block: Block, daemon: EmbeddedDaemon, tmp_path: Path) -> None:
     with Client(daemon.socket) as client:
         before = {sb.id for sb in client.list()}
