@@ -32,8 +32,8 @@ from crabd.errors import (
 )
 from crabd.models import KeepReason, RetentionPolicy
 from crabd.sdk._requests import CreateOptions
-from crabd.sdk.aio import AsyncClient, AsyncSandbox, AsyncSession
-from crabd.sdk.client import Client, Sandbox, Session
+from crabd.sdk.aio import AsyncClient, AsyncForkSet, AsyncSandbox, AsyncSession
+from crabd.sdk.client import Client, ForkSet, Sandbox, Session
 from crabd.sdk.embedded import EmbeddedDaemon
 from crabd.sdk.models import (
     BlobProblem,
@@ -67,6 +67,7 @@ __all__ = [
     "AlreadyExists",
     "ArchiveRejected",
     "AsyncClient",
+    "AsyncForkSet",
     "AsyncSandbox",
     "AsyncSession",
     "BlobProblem",
@@ -89,6 +90,7 @@ __all__ = [
     "EngineJob",
     "EngineStatus",
     "ExecResult",
+    "ForkSet",
     "GcResult",
     "ImportResult",
     "ImportedCheckpoint",
