@@ -61,8 +61,16 @@ link_commands() {
     done
 }
 
+# crab-init (the sandboxes' PID 1) ships as C source; the install's crabd looks for its binary in
+# /opt/crab/lib, which crabd.service keeps read-only (ProtectSystem=strict): compile it now, as root.
+build_init() {
+    (cd / && "$CRAB_VENV/bin/python" -c 'from crabd.runtime import initbin; initbin.is_built() or print(initbin.build())') \
+        | while read -r built; do log "compiled $built"; done
+}
+
 want=$(fingerprint)
 if [ -x "$CRAB_VENV/bin/crabd" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ]; then
+    build_init
     link_commands
     log "crab in $CRAB_VENV is current (crabctl, crabd in $CRAB_BIN_DIR)"
     exit 0
@@ -93,6 +101,7 @@ extras=${CRAB_INSTALL_EXTRAS:+[$CRAB_INSTALL_EXTRAS]}
 # rather than adding all of dist-packages to sys.path (as in the checkout's venv, see the Makefile).
 site=$("$CRAB_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"; fi
+build_init
 echo "$want" >"$STAMP"
 link_commands
 version=$("$CRAB_VENV/bin/python" -c 'from importlib.metadata import version; print(version("crabd"))')
