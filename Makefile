@@ -50,8 +50,8 @@ $(INIT_BIN): crabd/runtime/init/crab-init.c
 # venv rather than adding all of dist-packages to sys.path, so no other Debian
 # module can shadow a pinned dependency.
 $(STAMP): pyproject.toml setup.py $(PROTOS)
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(TIMED) venv $(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench,rl,remote,cluster,minisweagent,skyrl,gem]'
+	@$(TIMED) venv sh -c "{ test -x $(PY) || $(PYTHON) -m venv $(VENV); } && \
+	  $(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench,rl,remote,cluster,minisweagent,skyrl,gem]'"
 	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc "$$site/bcc"; fi
 	@touch $(STAMP)
@@ -61,8 +61,8 @@ harbor-venv: $(HARBOR_STAMP)
 
 $(HARBOR_STAMP): pyproject.toml setup.py $(PROTOS)
 	@test -n "$(HARBOR_PYTHON)" || { echo "[setup] Harbor needs Python >= 3.12: none found (set HARBOR_PYTHON)"; exit 1; }
-	@test -x $(HARBOR_VENV)/bin/python || $(HARBOR_PYTHON) -m venv $(HARBOR_VENV)
-	@$(TIMED) harbor-venv $(HARBOR_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,remote,harbor]'
+	@$(TIMED) harbor-venv sh -c "{ test -x $(HARBOR_VENV)/bin/python || $(HARBOR_PYTHON) -m venv $(HARBOR_VENV); } && \
+	  $(HARBOR_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,remote,harbor]'"
 	@site=$$($(HARBOR_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc "$$site/bcc"; fi
 	@touch $(HARBOR_STAMP)
