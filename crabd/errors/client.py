@@ -43,17 +43,17 @@ def unreachable(socket_path: str, detail: str) -> DaemonUnavailable:
         probe.connect(socket_path)
     except (FileNotFoundError, NotADirectoryError):
         return DaemonUnavailable(
-            f"crabd is not running: there is no socket at {socket_path}",
+            f"cannot reach crabd at {socket_path}: no socket there (crabd is not running)",
             socket=socket_path,
             hint="Start crabd (`systemctl start crabd`), or give the socket it serves (--socket or $CRAB_SOCKET).",
         )
     except PermissionError:
         return DaemonUnavailable(
-            f"permission denied on crabd's socket {socket_path}", socket=socket_path, hint=_membership_hint()
+            f"cannot reach crabd at {socket_path}: permission denied", socket=socket_path, hint=_membership_hint()
         )
     except ConnectionRefusedError:
         return DaemonUnavailable(
-            f"crabd is not running: nothing listens on {socket_path} (a stale socket left by a crabd that stopped)",
+            f"cannot reach crabd at {socket_path}: nothing listens on it (a stale socket: crabd is not running)",
             socket=socket_path,
             hint="Start crabd (`systemctl start crabd`); it replaces the stale socket.",
         )
@@ -62,7 +62,7 @@ def unreachable(socket_path: str, detail: str) -> DaemonUnavailable:
     finally:
         probe.close()
     return DaemonUnavailable(
-        f"crabd at {socket_path} failed the call: {detail}",
+        f"cannot reach crabd at {socket_path}: {detail} (it accepts connections: the call itself failed)",
         socket=socket_path,
         hint="crabd may have restarted during the call; retry, and see its log (`journalctl -u crabd`) if it recurs.",
     )

@@ -51,7 +51,7 @@ def stale_socket(path: Path) -> None:
 def test_no_socket_says_crabd_is_not_running(short_dir: Path) -> None:
     err = wire.decode(FakeRpcError(), socket=str(short_dir / "crabd.sock"))
     assert isinstance(err, DaemonUnavailable)
-    assert "not running" in err.message and "no socket" in err.message
+    assert err.message.endswith("crabd.sock: no socket there (crabd is not running)")
     assert "systemctl start crabd" in err.hint and "group" not in err.hint
 
 
@@ -69,7 +69,7 @@ def test_a_live_socket_blames_the_call_not_the_setup(short_dir: Path) -> None:
         server.bind(str(path))
         server.listen(1)
         err = wire.decode(FakeRpcError(), socket=str(path))
-    assert "failed the call" in err.message and "failed to connect to all addresses" in err.message
+    assert "the call itself failed" in err.message and "failed to connect to all addresses" in err.message
     assert "systemctl start" not in err.hint and "group" not in err.hint
 
 
@@ -104,7 +104,7 @@ def test_permission_denied_explains_membership(denied: None, monkeypatch: pytest
     monkeypatch.setattr(os, "getgroups", lambda: [100])
     err = wire.decode(FakeRpcError(), socket="/run/crab/crabd.sock")
     assert isinstance(err, DaemonUnavailable)
-    assert err.message == "permission denied on crabd's socket /run/crab/crabd.sock"
+    assert err.message == "cannot reach crabd at /run/crab/crabd.sock: permission denied"
     assert "`usermod -aG crab alice`" in err.hint and "log out and in again" in err.hint
     assert "systemctl" not in err.hint
 
