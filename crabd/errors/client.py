@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+# At the top, not in the functions that use them: a caller that dropped privileges after start-up
+# (a test's child that became another uid) may no longer read its interpreter's lib-dynload.
+import grp
+import os
+import pwd
+import socket as _socket
+
 from crabd.errors.base import CrabError
 
 
@@ -33,8 +40,6 @@ def unreachable(socket_path: str, detail: str) -> DaemonUnavailable:
     A connect that succeeds means crabd answers and the failure came later (crabd
     restarted in the middle of the call, say).  Runs only after a failure, never per call.
     """
-    import socket as _socket
-
     if not socket_path:
         return DaemonUnavailable(f"cannot reach crabd: {detail}", socket=socket_path)
     probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -70,10 +75,6 @@ def unreachable(socket_path: str, detail: str) -> DaemonUnavailable:
 
 def _membership_hint() -> str:
     """What to do about a refused socket: join group crab, or log in again after joining it."""
-    import grp
-    import os
-    import pwd
-
     try:
         user = pwd.getpwuid(os.getuid()).pw_name
     except KeyError:
