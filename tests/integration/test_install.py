@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,3 +125,21 @@ def test_a_missing_socket_says_crabd_is_not_running(installed: None, users: dict
     assert gone.returncode != 0
     text = " ".join((gone.stdout + gone.stderr).split())
     assert "no socket there (crabd is not running)" in text and "systemctl start crabd" in text, text
+
+
+def test_a_second_install_rebuilds_nothing(installed: None) -> None:
+    python = VENV / "bin" / "python"
+    before = (python.lstat().st_mtime_ns, (VENV / ".crab-fingerprint").stat().st_mtime_ns)
+    start = time.monotonic()
+    again = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install-crab.sh")],
+        env={**os.environ, "BUILD_PYTHON": "/nonexistent"},  # a rebuild would fail: there is nothing to build with
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = time.monotonic() - start
+    assert again.returncode == 0, again.stderr
+    assert "is current" in again.stderr and "building" not in again.stderr
+    assert took < 5, f"a second install took {took:.1f} s"
+    assert (python.lstat().st_mtime_ns, (VENV / ".crab-fingerprint").stat().st_mtime_ns) == before
