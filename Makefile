@@ -49,9 +49,12 @@ $(INIT_BIN): crabd/runtime/init/crab-init.c
 # python3-bpfcc (pure Python over libbcc via ctypes); it is linked into the
 # venv rather than adding all of dist-packages to sys.path, so no other Debian
 # module can shadow a pinned dependency.
+# --no-compile: pip would byte-compile every module of every package (torch, Ray, ...), most never
+# imported; that was more than half of this step on a fresh machine (159-209 s with it, 78-100 s
+# without, measured back to back).  Python compiles what is imported, once, on first use (~2 s).
 $(STAMP): pyproject.toml setup.py $(PROTOS)
 	@$(TIMED) venv sh -c "{ test -x $(PY) || $(PYTHON) -m venv $(VENV); } && \
-	  $(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench,rl,remote,cluster,minisweagent,skyrl,gem]'"
+	  $(PY) -m pip install -q --disable-pip-version-check --no-compile -e '.[dev,bench,rl,remote,cluster,minisweagent,skyrl,gem]'"
 	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc "$$site/bcc"; fi
 	@touch $(STAMP)
