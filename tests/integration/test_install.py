@@ -102,6 +102,8 @@ def test_a_member_of_group_crab_runs_crabctl(crabd: EmbeddedDaemon, users: dict[
     assert where.stdout.strip() == str(BIN_DIR / "crabctl"), where
     helped = as_user(USER_IN_GROUP, "crabctl", "--help")
     assert helped.returncode == 0 and "Usage" in helped.stdout, helped.stderr
+    version = as_user(USER_IN_GROUP, "crabctl", "--version")
+    assert version.returncode == 0 and version.stdout.strip(), version.stderr
     listed = as_user(USER_IN_GROUP, "crabctl", "--socket", str(crabd.socket), "ps", "--json")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.strip() == "[]"  # the member sees none of root's sandboxes (there are none)
