@@ -41,7 +41,8 @@ KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 # systemd: only for `systemd-analyze` (the unit's tests check it offline; no systemd needs to run).
 # btrfs-progs, containernetworking-plugins: the runc backend's snapshot pool and CNI networking (issue 19).
 # gcc, libc6-dev: crab-init is compiled (statically) on the host that runs it (crabd/util/resources.py).
-APT_PACKAGES=(docker.io debootstrap python3-bpfcc bpfcc-tools busybox-static zstd iproute2 iptables ca-certificates systemd btrfs-progs containernetworking-plugins gcc libc6-dev)
+# python3-venv: the host-wide install /opt/crab/venv is a venv of Debian's python3 (scripts/install-crab.sh).
+APT_PACKAGES=(docker.io debootstrap python3-bpfcc bpfcc-tools busybox-static zstd iproute2 iptables ca-certificates systemd btrfs-progs containernetworking-plugins gcc libc6-dev python3-venv)
 
 log() { printf '[setup-host] %s\n' "$*" >&2; }
 die() { printf '[setup-host] ERROR: %s\n' "$*" >&2; exit 1; }

@@ -152,6 +152,9 @@ class FakeInit:
     async def attach(self, name: str) -> None:
         raise InitSpawnError(f"no process named {name}", errno=errno.ENOENT)
 
+    async def attach_listed(self, name: str) -> None:
+        raise InitSpawnError(f"no process named {name}", errno=errno.ENOENT)
+
     async def spawn(self, spec: object) -> None:
         raise InitSpawnError(
             "spawn failed", errno=errno.ENOENT, init_message="exec /bin/bash: No such file or directory"

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from crabd.errors import CrabError, DaemonUnavailable, error_class
+from crabd.errors.client import unreachable
 
 METADATA_KEY = "crab-error"
 
@@ -67,7 +68,7 @@ def decode(exc: grpc.RpcError, *, socket: str = "") -> CrabError:
     details_fn = getattr(exc, "details", None)
     text = details_fn() if callable(details_fn) else str(exc)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or code is None:
-        return DaemonUnavailable(f"cannot reach crabd at {socket or 'its socket'}: {text}", socket=socket)
+        return unreachable(socket, text)  # says which: no socket, no permission, or a stale one
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DaemonUnavailable(
             f"crabd did not answer in time: {text}",

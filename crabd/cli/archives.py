@@ -13,14 +13,16 @@ from typing import Annotated
 
 import typer
 
-from crabd.cli.checkpoints import ck_app
-from crabd.cli.common import JsonOpt, client, emit_json, err, out
+from crabd.cli.checkpoints import CkArg, ck_app
+from crabd.cli.common import JsonOpt, client, emit_json, err, escape, out, plural
 
 
 @ck_app.command("export")
 def export(
-    checkpoint: Annotated[str, typer.Argument(help="The checkpoint to export (ck-...).")],
-    output: Annotated[str, typer.Option("-o", "--output", help="The archive file to write; - for stdout.")],
+    checkpoint: CkArg,
+    output: Annotated[
+        str, typer.Option("-o", "--output", metavar="FILE", help="The archive file to write; - for stdout.")
+    ],
     ancestors: Annotated[
         bool, typer.Option("--ancestors", help="Its ancestors on its line too, so earlier turns restore after import.")
     ] = False,
@@ -36,12 +38,15 @@ def export(
         report = {"checkpoint": checkpoint, "output": output, "bytes": size, "seconds": round(seconds, 3)}
         (err.print_json if output == "-" else out.print_json)(data=report)
         return
-    err.print(f"[dim]{checkpoint} -> {output}: {size} bytes in {seconds:.2f} s[/dim]")
+    err.print(
+        f"[dim]{escape(checkpoint)} -> {escape(output)}: {plural(size, 'byte')} in {seconds:.2f} s[/dim]",
+        highlight=False,
+    )
 
 
 @ck_app.command("import")
 def import_(
-    archive: Annotated[str, typer.Argument(help="The archive file to import; - for stdin.")],
+    archive: Annotated[str, typer.Argument(metavar="FILE", help="The archive file to import; - for stdin.")],
     as_json: JsonOpt = False,
 ) -> None:
     """Import a portable archive as your checkpoints (verified whole before anything is visible)."""
@@ -62,14 +67,15 @@ def import_(
     for item in result.checkpoints:
         ck = item.checkpoint
         state = "already here" if item.already_present else "imported"
-        out.print(f"{ck.id} {ck.kind} {ck.sandbox_name} turn {ck.turn}: {state}", highlight=False)
+        out.print(f"{ck.id} {ck.kind} {escape(ck.sandbox_name)} turn {ck.turn}: {state}", highlight=False)
         if item.process_image_dropped:
             err.print(
                 f"[yellow]warning:[/yellow] {ck.id}: process image not imported (files and session were):"
-                f" {item.process_image_dropped}",
+                f" {escape(item.process_image_dropped)}",
                 highlight=False,
             )
     err.print(
-        f"[dim]{result.stored_blobs} of {result.blobs} blobs new here, {result.bytes} bytes"
-        f" in {result.seconds:.2f} s; fork it with `crabctl fork {result.checkpoint.id}`[/dim]"
+        f"[dim]{result.stored_blobs} of {plural(result.blobs, 'blob')} new here, {plural(result.bytes, 'byte')}"
+        f" in {result.seconds:.2f} s; fork it with `crabctl fork {result.checkpoint.id}`[/dim]",
+        highlight=False,
     )

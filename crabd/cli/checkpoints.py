@@ -3,22 +3,43 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
-from rich.table import Table
-from rich.tree import Tree as RichTree
 
-from crabd.cli.common import JsonOpt, app, client, emit_json, err, fmt_time, out
-from crabd.errors import CheckpointNotFound, InvalidRequest
-from crabd.models import CheckpointKind
-from crabd.sdk.models import CheckpointInfo, SandboxInfo, Tree
+from crabd.cli.common import (
+    JsonOpt,
+    NoTruncOpt,
+    app,
+    client,
+    emit_json,
+    err,
+    escape,
+    fmt_time,
+    out,
+    plural,
+    short_ids,
+    show,
+    sub_app,
+    table,
+)
+from crabd.cli.sandboxes import SbArg, field_text
 
-ck_app = typer.Typer(no_args_is_help=True, help="Checkpoints: create, list, inspect, delete.")
-app.add_typer(ck_app, name="checkpoint")
+if TYPE_CHECKING:
+    from rich.tree import Tree as RichTree
+
+    from crabd.cli.common import Columns
+    from crabd.sdk.models import CheckpointInfo, SandboxInfo, Tree
+
+CHECKPOINTS = "Checkpoints"
+ck_app = sub_app("Checkpoints: create, list, inspect, delete, pin, export, import, push.")
+app.add_typer(ck_app, name="checkpoint", rich_help_panel=CHECKPOINTS)
+
+CkArg = Annotated[str, typer.Argument(metavar="CK", help="A checkpoint: its id (ck-...) or a unique prefix of it.")]
+CksArg = Annotated[list[str], typer.Argument(metavar="CK", help="Checkpoints: ids (ck-...) or unique prefixes.")]
 
 
 def _size(n: int) -> str:
@@ -40,9 +61,9 @@ def _ck_dict(c: CheckpointInfo) -> dict[str, Any]:
     return asdict(c)
 
 
-def _ck_table(cks: list[CheckpointInfo]) -> Table:
-    table = Table(
-        "id",
+def _ck_table(cks: list[CheckpointInfo], no_trunc: bool) -> Columns:
+    t = table(
+        "checkpoint id",
         "kind",
         "sandbox",
         "turn",
@@ -57,14 +78,15 @@ def _ck_table(cks: list[CheckpointInfo]) -> Table:
         "kept for",
         "label",
     )
+    short = short_ids([c.id for c in cks], no_trunc)
     for c in cks:
-        table.add_row(
-            c.id,
+        t.add_row(
+            short(c.id),
             c.kind,
             c.sandbox_name,
             str(c.turn),
             str(c.branch),
-            c.parent_id or "-",
+            short(c.parent_id) or "-",
             f"+{c.changed} -{c.deleted}",
             _size(c.new_bytes),
             f"{c.freeze_s * 1000:.1f} ms",
@@ -74,14 +96,14 @@ def _ck_table(cks: list[CheckpointInfo]) -> Table:
             kept_for(c),
             c.label,
         )
-    return table
+    return t
 
 
 def kept_for(c: CheckpointInfo) -> str:
-    """Why retention keeps it, for people ("thinned next": no reason left; "-": not known)."""
+    """Why retention keeps it, for people ("thinned next": no reason left; "not known": e.g. only remote)."""
     if c.kept_for is None:
-        return "-"
-    return ", ".join(r.value for r in c.kept_for) or "[yellow]thinned next[/]"
+        return "not known"
+    return ", ".join(str(getattr(r, "value", r)) for r in c.kept_for) or "thinned next"
 
 
 def _where(c: CheckpointInfo) -> str:
@@ -92,7 +114,7 @@ def _where(c: CheckpointInfo) -> str:
 
 @ck_app.command("create")
 def ck_create(
-    sandbox: str,
+    sandbox: SbArg,
     label: Annotated[str, typer.Option("--label", "-l", help="A note kept with the checkpoint.")] = "",
     full: Annotated[
         bool | None, typer.Option("--full/--fs", help="Dump every process too (default: the sandbox's policy).")
@@ -100,7 +122,7 @@ def ck_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Take a checkpoint of a sandbox now."""
-    kind = "" if full is None else CheckpointKind.FULL if full else CheckpointKind.FS
+    kind = "" if full is None else "full" if full else "fs"
     with client() as c:
         ck = c.get(sandbox).checkpoint(label, kind=kind)
     if as_json:
@@ -114,10 +136,11 @@ def ck_create(
 
 @ck_app.command("ls")
 def ck_ls(
-    sandbox: Annotated[str, typer.Argument(help="Only this sandbox's checkpoints.")] = "",
+    sandbox: Annotated[str, typer.Argument(metavar="SB", help="Only this sandbox's checkpoints.")] = "",
     remote: Annotated[
         bool, typer.Option("--remote", help="Also those only the remote tier holds (as of `crabctl store sync`).")
     ] = False,
+    no_trunc: NoTruncOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """List checkpoints (yours; root sees all) and where each is: local, remote, or both."""
@@ -126,12 +149,12 @@ def ck_ls(
     if as_json:
         emit_json([_ck_dict(k) for k in cks])
     else:
-        out.print(_ck_table(cks))
+        show(_ck_table(cks, no_trunc))
 
 
 @ck_app.command("inspect")
 def ck_inspect(
-    checkpoint: str,
+    checkpoint: CkArg,
     files: Annotated[int, typer.Option("--files", help="Show up to N changed paths.")] = 50,
     as_json: JsonOpt = False,
 ) -> None:
@@ -146,19 +169,23 @@ def ck_inspect(
         ]
         emit_json(data)
         return
-    table = Table("field", "value", show_header=False)
+    fields = table("field", "value", header=False)
     for key, value in _ck_dict(d.checkpoint).items():
-        table.add_row(key, fmt_time(value) if key == "created_at" else str(value))
-    table.add_row("lineage", " > ".join(d.lineage))
+        if key == "kept_for":
+            fields.add_row("kept for", kept_for(d.checkpoint))
+        else:
+            fields.add_row(key, field_text(key, value))
+    fields.add_row("lineage", " > ".join(d.lineage))
     if d.session_state:
-        table.add_row("session cwd", str(d.session_state.get("cwd", "")))
-        table.add_row("session env", f"{len(d.session_state.get('env', {}))} exported variables")
-    out.print(table)
+        fields.add_row("session cwd", str(d.session_state.get("cwd", "")))
+        fields.add_row("session env", plural(len(d.session_state.get("env", {})), "exported variable"))
+    show(fields)
     if d.changes:
-        changes = Table("change", "kind", "path")
+        changes = table("change", "kind", "path")
         for x in d.changes[:files]:
             changes.add_row(x.change, x.kind, _path(x.path))
-        out.print(changes)
+        sys.stdout.write("\n")
+        show(changes)
         more = len(d.changes) - files
         if more > 0 or d.changes_truncated:
             out.print(f"... {'more than ' if d.changes_truncated else ''}{max(more, 0)} more (use --files N or --json)")
@@ -166,24 +193,25 @@ def ck_inspect(
 
 @ck_app.command("rm")
 def ck_rm(
-    checkpoints: Annotated[list[str], typer.Argument(help="Checkpoint ids.")],
+    checkpoints: CksArg,
     as_json: JsonOpt = False,
 ) -> None:
     """Delete checkpoints.  Their children stay restorable; data only they used is freed."""
     done: list[tuple[str, int]] = []
     with client() as c:
         for ref in checkpoints:
-            done.append((ref, c.delete_checkpoint(ref)))
+            done.append((ref, c.delete_checkpoint(ref)))  # (crabd resolves a prefix; it is echoed as given)
     if as_json:
         emit_json({"removed": [{"id": ref, "bytes_freed": freed} for ref, freed in done]})
     else:
         for ref, freed in done:
-            out.print(f"{ref}  freed {_size(freed)}")
+            out.print(f"{escape(ref)}  freed {_size(freed)}")
 
 
 @ck_app.command("failures")
 def ck_failures(
-    sandbox: Annotated[str, typer.Argument(help="Only this sandbox's.")] = "",
+    sandbox: Annotated[str, typer.Argument(metavar="SB", help="Only this sandbox's.")] = "",
+    no_trunc: NoTruncOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Checkpoints that were attempted and not made, and why (with CRIU's log when CRIU failed)."""
@@ -192,24 +220,29 @@ def ck_failures(
     if as_json:
         emit_json([asdict(f) for f in rows])
         return
-    table = Table("when", "sandbox", "turn", "kind", "error", "CRIU log")
+    short = short_ids([f.sandbox_id for f in rows], no_trunc)
+    t = table("when", "sandbox id", "turn", "kind", "error", "criu log")
     for f in rows:
-        table.add_row(fmt_time(f.at), f.sandbox_id, str(f.turn), f.kind, f.error[:300], f.log_path or "-")
-    out.print(table)
+        t.add_row(fmt_time(f.at), short(f.sandbox_id), str(f.turn), f.kind, f.error[:300], f.log_path or "-")
+    show(t)
 
 
-@app.command()
-def recover(sandbox: str, as_json: JsonOpt = False) -> None:
+@app.command(rich_help_panel="Sandboxes")
+def recover(sandbox: SbArg, as_json: JsonOpt = False) -> None:
     """Recreate a sandbox whose container died (killed, OOM, host reboot) from its latest checkpoint."""
     with client() as c:
         done = c.get(sandbox).recover()
     if as_json:
         emit_json(asdict(done))
         return
-    what = "processes and files" if done.kind is CheckpointKind.FULL else "files and shell state (no processes)"
-    out.print(f"{done.sandbox.name} recreated from {done.checkpoint} (turn {done.checkpoint_turn}): {what}")
+    what = "processes and files" if done.kind == "full" else "files and shell state (no processes)"
+    out.print(
+        f"{escape(done.sandbox.name)} recreated from {done.checkpoint} (turn {done.checkpoint_turn}): {what}",
+        highlight=False,
+    )
     if done.lost_turns:
-        err.print(f"[yellow]lost: the effects of turns {', '.join(map(str, done.lost_turns))}[/yellow]")
+        lost = ", ".join(map(str, done.lost_turns))
+        err.print(f"[yellow]lost: the effects of turn{'s' if len(done.lost_turns) > 1 else ''} {lost}[/yellow]")
     _print_not_restored(done.not_restored)
 
 
@@ -223,13 +256,13 @@ def _sources(info: SandboxInfo) -> str:
 def _print_not_restored(items: list[str], name: str = "") -> None:
     """What a restore, fork or recovery could not bring back (on stderr, so scripts still parse stdout)."""
     for item in items:
-        err.print(f"[yellow]not restored{f' in {name}' if name else ''}: {escape(item)}[/yellow]")
+        err.print(f"[yellow]not restored{f' in {escape(name)}' if name else ''}: {escape(item)}[/yellow]")
 
 
-@app.command()
+@app.command(rich_help_panel=CHECKPOINTS)
 def restore(
-    sandbox: str,
-    checkpoint: Annotated[str, typer.Argument(help="Checkpoint id (or use --turn).")] = "",
+    sandbox: SbArg,
+    checkpoint: Annotated[str, typer.Argument(metavar="CK", help="Checkpoint id or prefix (or use --turn).")] = "",
     turn: Annotated[
         int | None, typer.Option("--turn", "-t", help="Restore the state this turn ended in (0: the start).")
     ] = None,
@@ -237,7 +270,7 @@ def restore(
 ) -> None:
     """Roll a sandbox back (or forward) in place: its files and session become the checkpoint's."""
     if bool(checkpoint) == (turn is not None):
-        raise InvalidRequest("name a checkpoint or give --turn N (not both)")
+        raise typer.BadParameter("name a checkpoint CK or give --turn N (one of them, not both)")
     t0 = time.monotonic()
     with client() as c:
         sb = c.get(sandbox)
@@ -246,22 +279,30 @@ def restore(
         emit_json(asdict(info))
     else:
         out.print(
-            f"{info.name} now at {info.head} (branch {info.branch}) in {time.monotonic() - t0:.2f} s{_sources(info)}"
+            f"{escape(info.name)} now at {info.head} (branch {info.branch}) in {time.monotonic() - t0:.2f} s"
+            f"{_sources(info)}",
+            highlight=False,
         )
         _print_not_restored(info.not_restored)
 
 
-@app.command()
+@app.command(rich_help_panel=CHECKPOINTS)
 def fork(
-    source: Annotated[str, typer.Argument(help="A checkpoint id, or a sandbox (its latest checkpoint).")],
-    n: Annotated[int, typer.Option("-n", help="How many sandboxes to make.")] = 1,
-    name_prefix: Annotated[str, typer.Option("--name", help="Name them <name>-1 .. <name>-N.")] = "",
+    source: Annotated[
+        str, typer.Argument(metavar="CK|SB", help="A checkpoint (id or prefix), or a sandbox (its latest checkpoint).")
+    ],
+    n: Annotated[int, typer.Option("-n", "--count", min=1, help="How many sandboxes to make.")] = 1,
+    name_prefix: Annotated[
+        str, typer.Option("--name-prefix", metavar="PREFIX", help="Name them PREFIX-1 .. PREFIX-N.")
+    ] = "",
     turn: Annotated[
         int | None, typer.Option("--turn", "-t", help="With a sandbox: the state at the end of this turn of it.")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Start N new sandboxes from a checkpoint, each with its own container and network identity."""
+    from crabd.errors import CheckpointNotFound
+
     t0 = time.monotonic()
     with client() as c:
         sbs = None
@@ -275,25 +316,28 @@ def fork(
         emit_json([asdict(i) for i in infos])
         return
     for i in infos:
-        out.print(f"{i.id} {i.name} {i.ip_address or ''}".rstrip())
+        out.print(f"{i.id} {i.name} {i.ip_address or ''}".rstrip(), markup=False, highlight=False)
         _print_not_restored(i.not_restored, i.name)
-    err.print(f"[dim]{len(infos)} sandboxes from {infos[0].origin} in {time.monotonic() - t0:.2f} s[/dim]")
+    made = plural(len(infos), "sandbox", "sandboxes")
+    err.print(f"[dim]{made} from {infos[0].origin} in {time.monotonic() - t0:.2f} s[/dim]", highlight=False)
 
 
 def render_tree(tree: Tree) -> RichTree:
+    from rich.tree import Tree as RichTree
+
     heads: dict[str, list[str]] = {}
     for sb in tree.sandboxes:
         at = sb.head or sb.origin
         if at:
-            heads.setdefault(at, []).append(f"{sb.name} ({sb.state})")
+            heads.setdefault(at, []).append(escape(f"{sb.name} ({sb.state})"))
     top = RichTree("[bold]checkpoints[/bold]" + (" [yellow](truncated)[/yellow]" if tree.truncated else ""))
 
     def label(c: CheckpointInfo) -> str:
-        text = f"[cyan]{c.id}[/cyan] {c.sandbox_name} turn {c.turn}" + (
-            " [magenta]full[/magenta]" if c.kind is CheckpointKind.FULL else ""
+        text = f"[cyan]{c.id}[/cyan] {escape(c.sandbox_name)} turn {c.turn}" + (
+            " [magenta]full[/magenta]" if c.kind == "full" else ""
         )
         if c.label:
-            text += f" [dim]{c.label}[/dim]"
+            text += f" [dim]{escape(c.label)}[/dim]"
         text += f" [dim]+{c.changed} -{c.deleted}, {_size(c.new_bytes)}[/dim]"
         if c.id in heads:
             text += " [green]◀ " + ", ".join(heads[c.id]) + "[/green]"
@@ -307,12 +351,14 @@ def render_tree(tree: Tree) -> RichTree:
     return top
 
 
-@app.command(name="tree")
+@app.command(name="tree", rich_help_panel=CHECKPOINTS)
 def tree_cmd(
-    target: Annotated[str, typer.Argument(help="A sandbox, or a checkpoint id.")],
+    target: Annotated[str, typer.Argument(metavar="SB|CK", help="A sandbox, or a checkpoint (id or prefix).")],
     as_json: JsonOpt = False,
 ) -> None:
     """Draw the lineage of checkpoints, rollbacks and forks around a sandbox."""
+    from crabd.errors import CheckpointNotFound
+
     with client() as c:
         tree = None
         if target.startswith("ck-"):
@@ -326,34 +372,43 @@ def tree_cmd(
         out.print(render_tree(tree))
 
 
-@app.command()
+@app.command(rich_help_panel="Store")
 def gc(as_json: JsonOpt = False) -> None:
-    """Remove stored blobs that no checkpoint references (root only)."""
+    """Remove stored blobs that no checkpoint references (root only); sizes are on disk (compressed)."""
     with client() as c:
         r = c.gc()
     if as_json:
         emit_json(asdict(r))
     else:
         out.print(
-            f"removed {r.blobs_removed} blobs ({_size(r.bytes_freed + r.tmp_bytes_freed)}); "
-            f"{r.live_blobs} live blobs ({_size(r.live_bytes)}) in {r.seconds:.2f} s"
+            f"removed {plural(r.blobs_removed, 'blob')} ({_size(r.bytes_freed + r.tmp_bytes_freed)} on disk); "
+            f"{plural(r.live_blobs, 'live blob')} ({_size(r.live_bytes)} on disk, compressed) in {r.seconds:.2f} s",
+            highlight=False,
         )
 
 
-@app.command()
+@app.command(rich_help_panel="Store")
 def verify(as_json: JsonOpt = False) -> None:
-    """Re-hash stored checkpoint data; name any corrupt blob and the checkpoints that need it."""
+    """Re-hash stored checkpoint data; name any corrupt blob and the checkpoints that need it.
+
+    The size it reports is of the content it re-hashed (uncompressed), where
+    `crabctl gc` reports the blobs' size on disk (compressed).
+    """
     with client() as c:
         r = c.verify()
     if as_json:
         emit_json({**asdict(r), "ok": r.ok})
     else:
-        out.print(f"checked {r.blobs_checked} blobs ({_size(r.bytes_checked)}) in {r.seconds:.2f} s")
+        out.print(
+            f"checked {plural(r.blobs_checked, 'blob')} ({_size(r.bytes_checked)} of content, uncompressed) "
+            f"in {r.seconds:.2f} s",
+            highlight=False,
+        )
         for p in r.problems:
-            err.print(f"[red]{p.blob}[/red]: {p.problem}")
-            err.print(f"  needed by checkpoints: {', '.join(p.checkpoints) or '-'}")
+            err.print(f"[red]{p.blob}[/red]: {escape(p.problem)}", highlight=False)
+            err.print(f"  needed by checkpoints: {', '.join(p.checkpoints) or '-'}", highlight=False)
             if p.sandboxes:
-                err.print(f"  and the current files of sandboxes: {', '.join(p.sandboxes)}")
-        out.print("all intact" if r.ok else f"[red]{len(r.problems)} damaged blobs[/red]")
+                err.print(f"  and the current files of sandboxes: {', '.join(p.sandboxes)}", highlight=False)
+        out.print("all intact" if r.ok else f"[red]{plural(len(r.problems), 'damaged blob')}[/red]")
     if not r.ok:
         raise typer.Exit(1)

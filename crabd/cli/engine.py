@@ -7,22 +7,22 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from crabd.cli.common import JsonOpt, app, client, emit_json, out
+from crabd.cli.common import JsonOpt, NoTruncOpt, app, client, emit_json, out, short_ids, show, table
 
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
-@app.command()
+@app.command(rich_help_panel="Host")
 def engine(
+    no_trunc: NoTruncOpt = False,
     as_json: JsonOpt = False,
     prometheus: Annotated[
         bool, typer.Option("--prometheus", help="Print the metrics in Prometheus text format.")
     ] = False,
-    jobs: Annotated[int, typer.Option("--jobs", help="How many of the most recent jobs to list.")] = 20,
+    jobs: Annotated[int, typer.Option("--jobs", metavar="N", help="How many of the most recent jobs to list.")] = 20,
 ) -> None:
     """Show the host engine: queue depth, waits, exposed delay, recent checkpoint jobs."""
     with client() as c:
@@ -62,13 +62,25 @@ def engine(
         )
         + f"; longest exclusive hold {_ms(lock.get('max_exclusive_hold_s'))} ms"
     )
-    table = Table(
-        "job", "sandbox", "turn", "kind", "state", "prio", "wait ms", "run ms", "bg ms", "exposed ms", "checkpoint"
+    t = table(
+        "job",
+        "sandbox id",
+        "turn",
+        "kind",
+        "state",
+        "prio",
+        "wait ms",
+        "run ms",
+        "bg ms",
+        "exposed ms",
+        "checkpoint",
     )
-    for j in status.jobs[-jobs:] if jobs > 0 else []:
-        table.add_row(
+    listed = status.jobs[-jobs:] if jobs > 0 else []
+    short = short_ids([j.sandbox_id for j in listed] + [j.checkpoint_id for j in listed if j.checkpoint_id], no_trunc)
+    for j in listed:
+        t.add_row(
             str(j.id),
-            j.sandbox_id,
+            short(j.sandbox_id),
             "-" if j.turn is None else str(j.turn),
             j.kind,
             j.state + (f" ({j.error})" if j.error else ""),
@@ -77,6 +89,6 @@ def engine(
             _ms(j.run_s),
             _ms(j.demoted_s),
             _ms(j.exposed_s),
-            j.checkpoint_id or "-",
+            short(j.checkpoint_id) or "-",
         )
-    out.print(table)
+    show(t)

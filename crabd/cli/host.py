@@ -11,11 +11,10 @@ from typing import Annotated
 
 import typer
 
-from crabd.cli.common import JsonOpt, app, emit_json
-from crabd.host import provision, service_install
+from crabd.cli.common import JsonOpt, app, emit_json, sub_app
 
-host_app = typer.Typer(no_args_is_help=True, help="Set this host up for crab (runs locally, as root).")
-app.add_typer(host_app, name="host")
+host_app = sub_app("Set this host up for crab (runs locally, as root).")
+app.add_typer(host_app, name="host", rich_help_panel="Host")
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="List what would change; change nothing.")]
 
@@ -38,6 +37,8 @@ def setup(
 
     Idempotent: each step checks first and changes only what is missing.
     """
+    from crabd.host import provision
+
     steps = provision.setup(dry_run=dry_run, skip_images=skip_images, echo=_echo)
     for line in steps[0].log:  # a dry run's script log (a real run's went to stderr as it ran)
         _echo(line)
@@ -64,14 +65,19 @@ def install_service(
     ] = False,
     prefix: Annotated[
         Path | None,
-        typer.Option("--prefix", help="The environment whose bin/crabd the unit runs (default: this one)."),
+        typer.Option(
+            "--prefix", metavar="DIR", help="The environment whose bin/crabd the unit runs (default: this one)."
+        ),
     ] = None,
     root: Annotated[
-        Path, typer.Option("--root", help="Install under this directory instead of / (no group, no service).")
+        Path,
+        typer.Option("--root", metavar="DIR", help="Install under this directory instead of / (no group, no service)."),
     ] = Path("/"),
     as_json: JsonOpt = False,
 ) -> None:
     """Install crabd's systemd unit, sysusers and tmpfiles files, the crab group, and start crabd where systemd runs."""
+    from crabd.host import service_install
+
     report = service_install.install(root=root, prefix=prefix, dry_run=dry_run, start=not no_start)
     if as_json:
         emit_json({"dry_run": dry_run, **report.as_dict()})

@@ -6,15 +6,16 @@ from dataclasses import asdict
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from crabd.cli.checkpoints import _size
-from crabd.cli.common import JsonOpt, app, client, emit_json, out
+from crabd.cli.common import JsonOpt, app, client, emit_json, out, plural
 
 
-@app.command()
+@app.command(rich_help_panel="Store")
 def quota(
-    uid: Annotated[int | None, typer.Option("--uid", help="Another uid's (root only); default: yours")] = None,
+    uid: Annotated[
+        int | None, typer.Option("--uid", metavar="UID", help="Another uid's (root only); default: yours")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show your use of sandboxes, forks and checkpoint store against your quotas."""
@@ -23,6 +24,8 @@ def quota(
     if as_json:
         emit_json(asdict(q))
         return
+    from rich.table import Table
+
     table = Table(show_header=True, header_style="bold", title=f"uid {q.uid}" + ("" if q.limited else " (exempt)"))
     table.add_column("quota")
     table.add_column("used", justify="right")
@@ -30,7 +33,7 @@ def quota(
     table.add_row("sandboxes", str(q.sandboxes), str(q.max_sandboxes))
     table.add_row("sandboxes being forked", str(q.forks_in_flight), str(q.max_concurrent_forks))
     table.add_row(
-        f"checkpoint store ({q.checkpoints} checkpoints + live sandboxes' files)",
+        f"checkpoint store ({plural(q.checkpoints, 'checkpoint')} + live sandboxes' files)",
         _size(q.store_bytes),
         _size(q.max_store_bytes),
     )
@@ -38,4 +41,4 @@ def quota(
     table.add_row("turns kept per sandbox", "", str(q.turns_kept))
     out.print(table)
     if not q.limited:
-        out.print("root is exempt ([quota] exempt_root): the limits above are not applied to it")
+        out.print("root is exempt ([quota] exempt_root): the limits above are not applied to it", markup=False)

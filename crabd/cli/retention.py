@@ -8,13 +8,12 @@ from typing import Annotated
 
 import typer
 
-from crabd.cli.checkpoints import ck_app, kept_for
-from crabd.cli.common import JsonOpt, app, client, emit_json, out
-from crabd.errors import InvalidRequest
-from crabd.models import RetentionPolicy
+from crabd.cli.checkpoints import CksArg, ck_app, kept_for
+from crabd.cli.common import JsonOpt, app, client, emit_json, escape, out, plural, sub_app
+from crabd.cli.sandboxes import SbArg
 
-ret_app = typer.Typer(no_args_is_help=True, help="Retention policies: which checkpoints each sandbox keeps.")
-app.add_typer(ret_app, name="retention")
+ret_app = sub_app("Retention policies: which checkpoints each sandbox keeps.")
+app.add_typer(ret_app, name="retention", rich_help_panel="Store")
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -23,13 +22,15 @@ def parse_duration(text: str) -> float:
     """Seconds in ``text``: a number with an optional unit s, m, h, d or w (``90m``, ``7d``, ``3600``)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
     if m is None:
+        from crabd.errors import InvalidRequest
+
         raise InvalidRequest(f"{text!r} is not a duration; write e.g. 3600, 90m, 12h or 7d")
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
 @ck_app.command("pin")
 def ck_pin(
-    checkpoints: Annotated[list[str], typer.Argument(help="Checkpoints no retention policy may thin.")],
+    checkpoints: CksArg,
     as_json: JsonOpt = False,
 ) -> None:
     """Pin checkpoints: retention never thins them (`unpin` gives them back to the policy)."""
@@ -38,7 +39,7 @@ def ck_pin(
 
 @ck_app.command("unpin")
 def ck_unpin(
-    checkpoints: Annotated[list[str], typer.Argument(help="Checkpoints to give back to the policy.")],
+    checkpoints: CksArg,
     as_json: JsonOpt = False,
 ) -> None:
     """Unpin checkpoints: their sandbox's retention policy may thin them again."""
@@ -52,12 +53,12 @@ def _pin(checkpoints: list[str], pinned: bool, as_json: bool) -> None:
         emit_json([asdict(ck) for ck in done])
         return
     for ck in done:
-        out.print(f"{ck.id}  {'pinned' if ck.pinned else 'unpinned'}  kept for: {kept_for(ck)}")
+        out.print(f"{ck.id}  {'pinned' if ck.pinned else 'unpinned'}  kept for: {kept_for(ck)}", highlight=False)
 
 
 @ck_app.command("thin")
 def ck_thin(
-    sandbox: str,
+    sandbox: SbArg,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be deleted.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -68,31 +69,37 @@ def ck_thin(
         emit_json(asdict(res))
         return
     verb = "would delete" if res.dry_run else "deleted"
-    out.print(f"{res.policy}: {verb} {len(res.deleted)}, kept {res.kept}")
+    out.print(
+        f"{escape(res.policy)}: {verb} {plural(len(res.deleted), 'checkpoint')}, kept {res.kept}", highlight=False
+    )
     for ck in res.deleted:
-        out.print(f"  {ck}")
+        out.print(f"  {ck}", highlight=False)
     if not res.dry_run:
-        out.print(f"{res.bytes_freed} bytes freed")
+        out.print(f"{plural(res.bytes_freed, 'byte')} freed", highlight=False)
 
 
 @ret_app.command("set")
 def ret_set(
-    sandbox: str,
+    sandbox: SbArg,
     keep_last: Annotated[int, typer.Option("--keep-last", help="Keep the newest N checkpoints.")] = 0,
     hourly: Annotated[int, typer.Option("--hourly", help="Keep the newest of each of the last N hours.")] = 0,
     daily: Annotated[int, typer.Option("--daily", help="Keep the newest of each of the last N days.")] = 0,
-    within: Annotated[str, typer.Option("--within", help="Keep everything younger than this (e.g. 12h, 7d).")] = "",
+    within: Annotated[
+        str, typer.Option("--within", metavar="AGE", help="Keep everything younger than this (e.g. 12h, 7d).")
+    ] = "",
     default: Annotated[
         bool, typer.Option("--default", help="Drop the sandbox's own policy: the daemon's default applies.")
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Give a sandbox its own retention policy (rules add up: a checkpoint any rule keeps is kept)."""
+    from crabd.models import RetentionPolicy
+
     chosen = bool(keep_last or hourly or daily or within)
     if default == chosen:
-        raise InvalidRequest(
-            "give either --default or at least one of --keep-last, --hourly, --daily, --within",
-            hint="e.g. `crabctl retention set SB --keep-last 50 --daily 7`",
+        raise typer.BadParameter(
+            "give either --default or at least one of --keep-last, --hourly, --daily, --within "
+            "(e.g. `crabctl retention set SB --keep-last 50 --daily 7`)"
         )
     policy = None if default else RetentionPolicy(keep_last, hourly, daily, parse_duration(within) if within else 0.0)
     with client() as c:
@@ -101,11 +108,11 @@ def ret_set(
         emit_json(asdict(sb.info))
         return
     words = sb.info.retention.describe() if sb.info.retention is not None else "the daemon's default"
-    out.print(f"{sb.info.name}: {words}")
+    out.print(f"{escape(sb.info.name)}: {escape(words)}", highlight=False)
 
 
 @ret_app.command("show")
-def ret_show(sandbox: str, as_json: JsonOpt = False) -> None:
+def ret_show(sandbox: SbArg, as_json: JsonOpt = False) -> None:
     """A sandbox's policy, and why each of its checkpoints is kept."""
     with client() as c:
         sb = c.get(sandbox)
@@ -120,6 +127,7 @@ def ret_show(sandbox: str, as_json: JsonOpt = False) -> None:
             }
         )
         return
-    out.print(f"{sb.info.name}: {policy.describe() if policy is not None else 'the daemon default [retention]'}")
+    words = policy.describe() if policy is not None else "the daemon's default [retention]"
+    out.print(f"{escape(sb.info.name)}: {escape(words)}", highlight=False)
     for k in cks:
-        out.print(f"  {k.id}  turn {k.turn}  {kept_for(k)}")
+        out.print(f"  {k.id}  turn {k.turn}  {kept_for(k)}", highlight=False)

@@ -2,34 +2,66 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
-from rich.table import Table
 
-from crabd.cli.common import JsonOpt, app, client, emit_json, err, fmt_time, out
-from crabd.errors import InvalidRequest
-from crabd.models import CheckpointPolicy, DecisionKind, RecoveryMode, TurnCheckpointState
-from crabd.sdk import CreateOptions
-from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo, Turn
+from crabd.cli.common import (
+    JsonOpt,
+    NoTruncOpt,
+    app,
+    client,
+    emit_json,
+    err,
+    escape,
+    fmt_time,
+    out,
+    short_ids,
+    show,
+    sub_app,
+    table,
+)
+from crabd.cli.core import ExecCommand
 
-daemon_app = typer.Typer(no_args_is_help=True, help="The crabd daemon.")
-app.add_typer(daemon_app, name="daemon")
+if TYPE_CHECKING:
+    from crabd.cli.common import Columns
+    from crabd.sdk.client import Client
+    from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo, Turn
+
+daemon_app = sub_app("The crabd daemon.")
+app.add_typer(daemon_app, name="daemon", rich_help_panel="Host")
+
+SANDBOXES = "Sandboxes"
+#: Exit code of a command that ran out of time, from `exec` and `sh` alike (as timeout(1)'s).
+TIMEOUT_EXIT = 124
+
+SbArg = Annotated[str, typer.Argument(metavar="SB", help="A sandbox: its name, id, or a unique prefix of its id.")]
+EnvOpt = Annotated[
+    list[str] | None, typer.Option("--env", "-e", metavar="KEY=VAL", help="An environment variable (repeatable).")
+]
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout", metavar="SECONDS", help=f"Stop it after this long (exit {TIMEOUT_EXIT}); 0: crabd's default."
+    ),
+]
 
 
 def _info_dict(info: SandboxInfo) -> dict[str, object]:
     return asdict(info)
 
 
-def _sandbox_table(infos: list[SandboxInfo]) -> Table:
-    table = Table("id", "name", "env", "state", "owner", "turn", "ip", "created")
+def _sandbox_table(infos: list[SandboxInfo], no_trunc: bool) -> Columns:
+    t = table("sandbox id", "name", "env", "state", "owner", "turn", "ip", "created")
+    short = short_ids([i.id for i in infos], no_trunc)
     for i in infos:
         state = i.state if i.state != "dead" else f"dead ({i.dead_reason})" if i.dead_reason else "dead"
-        table.add_row(
-            i.id,
+        t.add_row(
+            short(i.id),
             i.name,
             i.env,
             state,
@@ -38,90 +70,96 @@ def _sandbox_table(infos: list[SandboxInfo]) -> Table:
             i.ip_address or "-",
             fmt_time(i.created_at),
         )
-    return table
+    return t
 
 
-@app.command()
-def ps(as_json: JsonOpt = False) -> None:
+@app.command(rich_help_panel=SANDBOXES)
+def ps(no_trunc: NoTruncOpt = False, as_json: JsonOpt = False) -> None:
     """List sandboxes (yours; root sees all)."""
     with client() as c:
         infos = [s.info for s in c.list()]
     if as_json:
         emit_json([_info_dict(i) for i in infos])
     else:
-        out.print(_sandbox_table(infos))
+        show(_sandbox_table(infos, no_trunc))
 
 
-def _parse_env(pairs: list[str] | None) -> dict[str, str]:
+def parse_env(pairs: list[str] | None) -> dict[str, str]:
+    """``-e KEY=VAL`` options as a mapping (a usage error names the one that is not KEY=VAL)."""
     env: dict[str, str] = {}
     for item in pairs or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise InvalidRequest(f"--env-var {item!r} must look like KEY=VALUE")
+            raise typer.BadParameter(
+                f"{item!r} is not KEY=VAL (-e/--env sets an environment variable; "
+                "the env image is positional: `crabctl create IMAGE`)",
+                param_hint="'-e' / '--env'",
+            )
         env[key] = value
     return env
 
 
-#: crabctl create's defaults are the SDK's (one place for both).
-_CREATE = CreateOptions(env="")
-_CREATE_POLICY = CheckpointPolicy(_CREATE.checkpoints)
-_CREATE_RECOVERY = RecoveryMode(_CREATE.recovery)
-
-
-@app.command()
+@app.command(rich_help_panel=SANDBOXES)
 def create(
-    env: Annotated[str, typer.Option("--env", help="Env image name (see `crabctl env ls`).")],
-    name: Annotated[str, typer.Option("--name", help="Sandbox name (default: generated).")] = _CREATE.name,
-    cpus: Annotated[float, typer.Option("--cpus", help="CPU limit (0 = none).")] = _CREATE.cpus,
-    memory: Annotated[str, typer.Option("--memory", help="Memory limit, e.g. 512m, 2g (0 = none).")] = "0",
-    pids: Annotated[int, typer.Option("--pids", help="Process limit (0 = crab's default).")] = _CREATE.pids,
+    image: Annotated[str, typer.Argument(metavar="IMAGE", help="The env image, e.g. bookworm (`crabctl env ls`).")],
+    name: Annotated[str | None, typer.Option("--name", help="Sandbox name (default: generated).")] = None,
+    env: EnvOpt = None,
+    cpus: Annotated[float | None, typer.Option("--cpus", metavar="N", help="CPU limit (0 = none).")] = None,
+    memory: Annotated[
+        str | None, typer.Option("--memory", "-m", metavar="SIZE", help="Memory limit, e.g. 512m, 2g (0 = none).")
+    ] = None,
+    pids: Annotated[int | None, typer.Option("--pids", help="Process limit (0 = crab's default).")] = None,
     disk: Annotated[
-        str, typer.Option("--disk", help="Disk limit, e.g. 512m, 2g (0 = crab's default; runc+btrfs only).")
-    ] = "0",
+        str | None,
+        typer.Option("--disk", metavar="SIZE", help="Disk limit, e.g. 512m, 2g (0 = crab's default; runc+btrfs only)."),
+    ] = None,
     network: Annotated[
-        bool, typer.Option("--network/--no-network", help="Give the sandbox a network.")
-    ] = _CREATE.network,
-    env_var: Annotated[list[str] | None, typer.Option("--env-var", "-e", help="KEY=VALUE (repeatable).")] = None,
-    workdir: Annotated[str, typer.Option("--workdir", "-w", help="Working directory.")] = _CREATE.workdir,
+        bool | None, typer.Option("--network/--no-network", help="Give the sandbox a network (default: no).")
+    ] = None,
+    workdir: Annotated[str | None, typer.Option("--workdir", "-w", metavar="DIR", help="Working directory.")] = None,
     checkpoints: Annotated[
-        CheckpointPolicy,
+        Literal["auto", "fs", "full", "none"] | None,
         typer.Option(
             "--checkpoints",
-            help="auto: what the inspector finds each turn needs; fs: files every turn end; "
+            help="auto (default): what the inspector finds each turn needs; fs: files every turn end; "
             "full: processes too; none: only on request.",
         ),
-    ] = _CREATE_POLICY,
+    ] = None,
     recovery: Annotated[
-        RecoveryMode,
-        typer.Option("--recovery", help="manual: `crabctl recover`; auto: crabd recovers a dead sandbox itself."),
-    ] = _CREATE_RECOVERY,
+        Literal["manual", "auto"] | None,
+        typer.Option(
+            "--recovery", help="manual (default): `crabctl recover`; auto: crabd recovers a dead sandbox itself."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create and start a sandbox."""
-    options = CreateOptions(
-        env,
-        name=name,
-        cpus=cpus,
-        memory=memory,
-        pids=pids,
-        disk=disk,
-        network=network,
-        env_vars=_parse_env(env_var),
-        workdir=workdir,
-        checkpoints=checkpoints,
-        recovery=recovery,
-    )
+    """Create and start a sandbox from the env IMAGE; print its id and name."""
+    from crabd.sdk import CreateOptions
+
+    given: dict[str, Any] = {
+        "name": name,
+        "cpus": cpus,
+        "memory": memory,
+        "pids": pids,
+        "disk": disk,
+        "network": network,
+        "workdir": workdir,
+        "checkpoints": checkpoints,
+        "recovery": recovery,
+    }
+    # What is not given is the SDK's default (one place for both).
+    options = CreateOptions(image, env_vars=parse_env(env), **{k: v for k, v in given.items() if v is not None})
     with client() as c:
         sb = c.create_from(options)
     if as_json:
         emit_json(_info_dict(sb.info))
     else:
-        out.print(f"{sb.info.id} {sb.info.name}")
+        out.print(f"{sb.info.id} {sb.info.name}", markup=False, highlight=False)
 
 
-_DECISION_STYLE = {DecisionKind.SKIP: "green", DecisionKind.FS: "cyan", DecisionKind.FULL: "magenta"}
+_DECISION_STYLE = {"skip": "green", "fs": "cyan", "full": "magenta"}
 #: Turn checkpoint states worth showing where the checkpoint's id would be.
-_UNFINISHED = (TurnCheckpointState.PENDING, TurnCheckpointState.FAILED, TurnCheckpointState.LOST)
+_UNFINISHED = ("pending", "failed", "lost")
 
 
 def _decision_dict(t: Turn) -> dict[str, object]:
@@ -150,14 +188,55 @@ def _current_turn(info: SandboxInfo, turns: list[Turn]) -> str:
     return f"{info.turn} (open{kind})"
 
 
-@app.command()
+def field_text(key: str, value: object) -> str:
+    """One field of an inspected object, for people: times as times, sizes and lists readable."""
+    if key.endswith("_at") and isinstance(value, (int, float)):
+        return fmt_time(value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    return "-" if value is None or value == "" else str(value)
+
+
+def _show_turn(info: SandboxInfo, found: Turn, as_json: bool) -> None:
+    if as_json:
+        emit_json(_decision_dict(found))
+        return
+    turn, d = found.number, found.decision
+    if d is None:
+        out.print(f"turn {turn}: no decision (open, or the sandbox's policy is not auto)")
+        return
+    head = f"turn {turn}: [{_DECISION_STYLE.get(d.kind, 'white')}]{d.kind}[/]"
+    head += f" by the {escape(d.inspector)} inspector in {d.seconds * 1000:.1f} ms"
+    if found.checkpoint_id:
+        head += f", checkpoint {found.checkpoint_id}"
+    elif found.basis_checkpoint:
+        head += f" (ended in the state of {found.basis_checkpoint})"
+    else:
+        head += f" ({found.checkpoint_state})"
+    out.print(head, highlight=False)
+    if found.checkpoint_error:
+        out.print(f"  [red]checkpoint {found.checkpoint_state}:[/red] {escape(found.checkpoint_error)}")
+    if d.paired_with:
+        out.print(f"  processes unchanged: reuses the process image of {d.paired_with}")
+    for r in d.reasons:
+        out.print(f"  - {escape(r)}", highlight=False)
+    if d.shadow_kind:
+        out.print(f"  scan inspector (shadow): {d.shadow_kind}")
+
+
+@app.command(rich_help_panel=SANDBOXES)
 def inspect(
-    sandbox: str,
+    sandbox: SbArg,
     turn: Annotated[int | None, typer.Option("--turn", "-t", help="Explain this turn's decision in full.")] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Decisions of the last N turns.")] = 20,
+    no_trunc: NoTruncOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Show one sandbox, and what the inspector decided at its turn ends, and why."""
+    from crabd.errors import InvalidRequest
+
     with client() as c:
         sb = c.get(sandbox)
         info = sb.info
@@ -165,70 +244,47 @@ def inspect(
     if turn is not None:
         found = [t for t in turns if t.number == turn]
         if not found:
-            err.print(f"sandbox {info.name} has no turn {turn} (its last is {info.turn})")
-            raise typer.Exit(1)
-        one = _decision_dict(found[0])
-        if as_json:
-            emit_json(one)
-            return
-        d = found[0].decision
-        if d is None:
-            out.print(f"turn {turn}: no decision (open, or the sandbox's policy is not auto)")
-            return
-        head = f"turn {turn}: [{_DECISION_STYLE.get(d.kind, 'white')}]{d.kind}[/]"
-        head += f" by the {d.inspector} inspector in {d.seconds * 1000:.1f} ms"
-        t0 = found[0]
-        if t0.checkpoint_id:
-            head += f", checkpoint {t0.checkpoint_id}"
-        elif t0.basis_checkpoint:
-            head += f" (ended in the state of {t0.basis_checkpoint})"
-        else:
-            head += f" ({t0.checkpoint_state})"
-        out.print(head)
-        if t0.checkpoint_error:
-            out.print(f"  [red]checkpoint {t0.checkpoint_state}:[/red] {t0.checkpoint_error}")
-        if d.paired_with:
-            out.print(f"  processes unchanged: reuses the process image of {d.paired_with}")
-        for r in d.reasons:
-            out.print(f"  - {r}")
-        if d.shadow_kind:
-            out.print(f"  scan inspector (shadow): {d.shadow_kind}")
+            raise InvalidRequest(
+                f"sandbox {info.name} has no turn {turn} (its last is {info.turn})",
+                hint=f"See its turns with `crabctl log {info.name}`.",
+            )
+        _show_turn(info, found[0], as_json)
         return
     if as_json:
         emit_json({"sandbox": _info_dict(info), "turns": [_decision_dict(t) for t in turns]})
         return
-    table = Table("field", "value", show_header=False)
+    fields = table("field", "value", header=False)
     for key, value in _info_dict(info).items():
-        if key == "turn":
-            value = _current_turn(info, turns)
         if key != "turn_open":
-            table.add_row(key, str(value))
-    out.print(table)
+            fields.add_row(key, _current_turn(info, turns) if key == "turn" else field_text(key, value))
+    show(fields)
     decided = [t for t in turns if t.decision is not None]
-    if decided:
-        dt = Table("turn", "decision", "checkpoint", "ms", "why")
-        for t in decided:
-            d = t.decision
-            assert d is not None
-            why = d.reasons[0] if d.reasons else ""
-            more = f" (+{len(d.reasons) - 1} more)" if len(d.reasons) > 1 else ""
-            dt.add_row(
-                str(t.number),
-                f"[{_DECISION_STYLE.get(d.kind, 'white')}]{d.kind}[/]",
-                t.checkpoint_id
-                or (f"= {t.basis_checkpoint}" if t.basis_checkpoint else "")
-                or (t.checkpoint_state if t.checkpoint_state in _UNFINISHED else "-"),
-                f"{d.seconds * 1000:.1f}",
-                why[:100] + more,
-            )
-        out.print(dt)
+    if not decided:
+        return
+    short = short_ids([t.checkpoint_id or t.basis_checkpoint for t in decided], no_trunc)
+    dt = table("turn", "decision", "checkpoint", "ms", "why")
+    for t in decided:
+        d = t.decision
+        assert d is not None
+        why = d.reasons[0] if d.reasons else ""
+        more = f" (+{len(d.reasons) - 1} more)" if len(d.reasons) > 1 else ""
+        dt.add_row(
+            str(t.number),
+            d.kind,
+            short(t.checkpoint_id)
+            or (f"= {short(t.basis_checkpoint)}" if t.basis_checkpoint else "")
+            or (t.checkpoint_state if t.checkpoint_state in _UNFINISHED else "-"),
+            f"{d.seconds * 1000:.1f}",
+            why[:100] + more,
+        )
+    show(dt)
 
 
 def _print_result(result: ExecResult, as_json: bool, streamed: bool) -> None:
     if as_json:
         emit_json(
             {
-                "exit_code": result.exit_code,
+                "exit_code": TIMEOUT_EXIT if result.timed_out else result.exit_code,
                 "timed_out": result.timed_out,
                 "stdout": result.stdout.decode("utf-8", "replace"),
                 "stderr": result.stderr.decode("utf-8", "replace"),
@@ -245,11 +301,14 @@ def _print_result(result: ExecResult, as_json: bool, streamed: bool) -> None:
         sys.stdout.buffer.write(result.stdout)
         sys.stderr.buffer.write(result.stderr)
     if result.timed_out:
+        sys.stdout.flush()
         err.print(f"[yellow]crab: command timed out after {result.duration_s:.1f} s[/yellow]")
 
 
 def _run(items: Iterator[OutputChunk | ExecResult], as_json: bool) -> int:
-    """Stream a command's output (or print its result as JSON); its exit code."""
+    """Stream a command's output (or print its result as JSON); its exit code (124: it timed out)."""
+    from crabd.sdk.models import ExecResult, OutputChunk
+
     result: ExecResult | None = None
     streamed = False
     for item in items:
@@ -263,85 +322,125 @@ def _run(items: Iterator[OutputChunk | ExecResult], as_json: bool) -> int:
     assert result is not None
     # Output that never streamed (e.g. "cannot execute") is in the result only.
     _print_result(result, as_json, streamed=streamed)
-    return result.exit_code
+    return TIMEOUT_EXIT if result.timed_out else result.exit_code
 
 
 def _run_and_exit(items: Iterator[OutputChunk | ExecResult], as_json: bool) -> NoReturn:
     raise typer.Exit(_run(items, as_json))
 
 
-@app.command(name="exec", context_settings={"allow_interspersed_args": False})
+@app.command(name="exec", cls=ExecCommand, rich_help_panel=SANDBOXES)
 def exec_(
-    sandbox: str,
-    command: Annotated[list[str], typer.Argument(help="Program and arguments (after --).")],
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds (0 = daemon default).")] = 0.0,
-    workdir: Annotated[str, typer.Option("--workdir", "-w")] = "",
-    user: Annotated[str, typer.Option("--user", "-u", help="uid or uid:gid inside the sandbox.")] = "",
-    env_var: Annotated[list[str] | None, typer.Option("--env-var", "-e", help="KEY=VALUE (repeatable).")] = None,
+    sandbox: SbArg,
+    command: Annotated[list[str], typer.Argument(metavar="CMD", help="Program and arguments (after --).")],
+    timeout: TimeoutOpt = 0.0,
+    workdir: Annotated[str, typer.Option("--workdir", "-w", metavar="DIR", help="Working directory.")] = "",
+    user: Annotated[str, typer.Option("--user", "-u", metavar="UID[:GID]", help="Run as this uid inside.")] = "",
+    env: EnvOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run one command in a sandbox; exits with the command's exit code."""
-    if command and command[0] == "--":
-        command = command[1:]
+    """Run one command in a sandbox: `crabctl exec SB [OPTIONS] -- CMD...`; exits with its exit code."""
+    env_vars = parse_env(env)
     with client() as c:
         sb = c.get(sandbox)
-        items = sb.stream(command, timeout=timeout, workdir=workdir, user=user, env=_parse_env(env_var))
+        items = sb.stream(command, timeout=timeout, workdir=workdir, user=user, env=env_vars)
         _run_and_exit(items, as_json)
 
 
-@app.command(name="sh")
+@app.command(name="sh", rich_help_panel=SANDBOXES)
 def sh(
-    sandbox: str,
-    command: Annotated[str, typer.Argument(help="bash text to run in the sandbox's persistent session.")],
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds (0 = daemon default).")] = 0.0,
-    turn: Annotated[
+    sandbox: SbArg,
+    script: Annotated[str, typer.Argument(metavar="SCRIPT", help="bash text to run in the sandbox's session.")],
+    timeout: TimeoutOpt = 0.0,
+    as_turn: Annotated[
         bool,
         typer.Option(
-            "--turn", help="Run it as one whole turn: begin a turn, run, end the turn (even if the command fails)."
+            "--as-turn", help="Run it as one whole turn: begin a turn, run, end the turn (even if the command fails)."
         ),
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run a command in the sandbox's persistent shell session (cd/export persist).
+    """Run bash in the sandbox's persistent shell session (cd/export persist).
 
-    Without --turn (and outside `crabctl turn begin|end`) the command goes into
-    the sandbox's open implicit turn, with the commands before it.
+    Without --as-turn (and outside `crabctl turn begin|end`) the command goes
+    into the sandbox's open implicit turn, with the commands before it.
     """
     with client() as c:
         sb = c.get(sandbox)
-        if not turn:
-            _run_and_exit(sb.session.stream(command, timeout=timeout), as_json)
+        if not as_turn:
+            _run_and_exit(sb.session.stream(script, timeout=timeout), as_json)
         # As the SDK's Sandbox.turn(): the turn ends even if the command (or crabctl) is cut short.
         with sb.turn():
-            code = _run(sb.session.stream(command, timeout=timeout), as_json)
+            code = _run(sb.session.stream(script, timeout=timeout), as_json)
     raise typer.Exit(code)
 
 
-@app.command()
-def stop(sandbox: str, timeout: Annotated[float, typer.Option("--timeout")] = 0.0, as_json: JsonOpt = False) -> None:
+@app.command(rich_help_panel=SANDBOXES)
+def stop(
+    sandbox: SbArg,
+    timeout: Annotated[
+        float, typer.Option("--timeout", metavar="SECONDS", help="Grace before it is killed (0: crabd's default).")
+    ] = 0.0,
+    as_json: JsonOpt = False,
+) -> None:
     """Stop a sandbox's container (it can then only be removed)."""
     with client() as c:
         info = c.get(sandbox).stop(timeout)
-    emit_json(_info_dict(info)) if as_json else out.print(f"{info.id} {info.state}")
+    if as_json:
+        emit_json(_info_dict(info))
+    else:
+        out.print(f"{info.id} {info.state}", markup=False, highlight=False)
 
 
-@app.command()
+def forks_of(c: Client, root_id: str) -> list[str]:
+    """The ids of the caller's sandboxes forked from ``root_id`` and from its forks, deepest first.
+
+    A fork records the checkpoint it started from (its ``origin``); the
+    checkpoint records its sandbox.  Only the caller's own sandboxes count
+    (root's listing has everyone's: it still takes only its own).
+    """
+    mine = [s.info for s in c.list() if s.info.owner_uid == os.getuid()]
+    taken_by = {k.id: k.sandbox_id for k in c.checkpoints()}
+    family = {root_id}
+    order: list[str] = []
+    grew = True
+    while grew:
+        grew = False
+        for i in mine:
+            if i.id not in family and taken_by.get(i.origin) in family:
+                family.add(i.id)
+                order.append(i.id)
+                grew = True
+    return order[::-1]
+
+
+@app.command(rich_help_panel=SANDBOXES)
 def rm(
-    sandboxes: Annotated[list[str], typer.Argument(help="Sandbox ids or names.")],
+    sandboxes: Annotated[list[str], typer.Argument(metavar="SB", help="Sandboxes: names, ids or id prefixes.")],
     force: Annotated[bool, typer.Option("--force", "-f", help="Remove even if running.")] = False,
+    with_forks: Annotated[
+        bool, typer.Option("--with-forks", help="Also remove the sandboxes forked from them (and from those).")
+    ] = False,
     keep_checkpoints: Annotated[
         bool, typer.Option("--keep-checkpoints", help="Keep their checkpoints, to fork them later.")
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Remove sandboxes (their containers, records, and checkpoints no other sandbox needs)."""
-    removed = []
+    removed: list[str] = []
     with client() as c:
         for ref in sandboxes:
             sb = c.get(ref)
-            sb.remove(force=force, keep_checkpoints=keep_checkpoints)
-            removed.append(sb.id)
-    emit_json({"removed": removed}) if as_json else out.print("\n".join(removed))
+            family = [*forks_of(c, sb.id), sb.id] if with_forks else [sb.id]
+            for sid in family:
+                if sid in removed:
+                    continue
+                c.get(sid).remove(force=force, keep_checkpoints=keep_checkpoints)
+                removed.append(sid)
+    if as_json:
+        emit_json({"removed": removed})
+    else:
+        out.print("\n".join(removed), markup=False, highlight=False)
 
 
 @daemon_app.command("status")
@@ -352,7 +451,7 @@ def daemon_status(as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json(asdict(st))
         return
-    table = Table("field", "value", show_header=False)
+    fields = table("field", "value", header=False)
     for key, value in asdict(st).items():
-        table.add_row(key, fmt_time(value) if key == "started_at" else str(value))
-    out.print(table)
+        fields.add_row(key, field_text(key, value))
+    show(fields)

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated
 
 import typer
 
-from crabd.cli.checkpoints import ck_app
-from crabd.cli.common import JsonOpt, app, client, emit_json, err, out
+from crabd.cli.checkpoints import CkArg, ck_app
+from crabd.cli.common import JsonOpt, app, client, emit_json, err, out, plural, sub_app
 
-store_app = typer.Typer(no_args_is_help=True, help="The remote checkpoint tier (an S3-compatible bucket).")
-app.add_typer(store_app, name="store")
+store_app = sub_app("The remote checkpoint tier (an S3-compatible bucket).")
+app.add_typer(store_app, name="store", rich_help_panel="Store")
 
 
 @ck_app.command("push")
 def ck_push(
-    checkpoint: Annotated[str, typer.Argument(help="The checkpoint to upload now.")],
+    checkpoint: CkArg,
     as_json: JsonOpt = False,
 ) -> None:
     """Upload a checkpoint to the remote tier now (crabd does it in the background anyway) and wait."""
@@ -26,8 +25,9 @@ def ck_push(
         emit_json(asdict(r))
     else:
         out.print(
-            f"{r.checkpoint.id} is remote: {r.uploaded_blobs} of {r.blobs} blobs sent, "
-            f"{r.bytes} bytes in {r.seconds:.2f} s"
+            f"{r.checkpoint.id} is remote: {r.uploaded_blobs} of {plural(r.blobs, 'blob')} sent, "
+            f"{plural(r.bytes, 'byte')} in {r.seconds:.2f} s",
+            highlight=False,
         )
 
 
@@ -40,8 +40,9 @@ def store_sync(as_json: JsonOpt = False) -> None:
         emit_json(asdict(r))
         return
     out.print(
-        f"{r.manifests} checkpoints in the remote tier: {len(r.added)} newly known, "
-        f"{len(r.forgotten)} gone from the bucket"
+        f"{plural(r.manifests, 'checkpoint')} in the remote tier: {len(r.added)} newly known, "
+        f"{len(r.forgotten)} gone from the bucket",
+        highlight=False,
     )
     for ckpt_id in r.damaged:
         err.print(f"[red]{ckpt_id}[/red]: its manifest is damaged; it cannot be fetched")

@@ -4,34 +4,33 @@ A turn is one agent action.  A command run outside ``turn begin``/``turn
 end`` goes into an *implicit* turn, which stays open until the next ``turn
 begin`` (or ``turn end``) closes it: a shell-driven agent that wants a
 checkpoint boundary per action brackets each action with ``turn begin`` and
-``turn end``, or runs it with ``crabctl sh SB CMD --turn``.
+``turn end``, or runs it with ``crabctl sh SB --as-turn SCRIPT``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
-from crabd.cli.common import JsonOpt, app, client, emit_json, fmt_time, out
-from crabd.models import TurnCheckpointState
-from crabd.sdk.models import Turn
+from crabd.cli.common import JsonOpt, app, client, emit_json, escape, fmt_time, out, sub_app
+from crabd.cli.sandboxes import SbArg
 
-turn_app = typer.Typer(no_args_is_help=True, help="Explicit turns: one agent action each, checkpointed at its end.")
-app.add_typer(turn_app, name="turn")
+if TYPE_CHECKING:
+    from crabd.sdk.models import Turn
+
+turn_app = sub_app("Explicit turns: one agent action each, checkpointed at its end.")
+app.add_typer(turn_app, name="turn", rich_help_panel="Turns")
 
 
 def checkpoint_text(t: Turn) -> str:
     """A turn's checkpoint in a few words: its state, and the checkpoint it took or ended in."""
     if not t.checkpoint_state:
         return "open" if t.open else "-"
-    if t.checkpoint_state == TurnCheckpointState.DONE and t.checkpoint_id:
+    if t.checkpoint_state == "done" and t.checkpoint_id:
         return f"done {t.checkpoint_id}"
-    if t.checkpoint_state == TurnCheckpointState.SKIPPED and t.basis_checkpoint:
+    if t.checkpoint_state == "skipped" and t.basis_checkpoint:
         return f"skipped (= {t.basis_checkpoint})"
     if t.checkpoint_error:
         return f"{t.checkpoint_state}: {t.checkpoint_error}"
@@ -39,7 +38,7 @@ def checkpoint_text(t: Turn) -> str:
 
 
 @turn_app.command("begin")
-def begin(sandbox: str, as_json: JsonOpt = False) -> None:
+def begin(sandbox: SbArg, as_json: JsonOpt = False) -> None:
     """Begin a turn and print its number (an implicit turn still open is ended first)."""
     with client() as c:
         t = c.get(sandbox).begin_turn()
@@ -48,7 +47,7 @@ def begin(sandbox: str, as_json: JsonOpt = False) -> None:
 
 @turn_app.command("end")
 def end(
-    sandbox: str,
+    sandbox: SbArg,
     wait: Annotated[
         bool,
         typer.Option("--wait", help="Return once the turn's checkpoint is taken (or skipped): exit 1 if it failed."),
@@ -66,9 +65,9 @@ def end(
     emit_json(asdict(t)) if as_json else out.print(f"turn {t.number}: {escape(checkpoint_text(t))}", highlight=False)
 
 
-@app.command()
+@app.command(rich_help_panel="Turns")
 def log(
-    sandbox: str,
+    sandbox: SbArg,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Last N turns.")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -90,6 +89,9 @@ def log(
         if not t.commands:
             out.print("  [dim](no commands)[/dim]")
             continue
+        from rich.table import Table
+        from rich.text import Text
+
         table = Table.grid(padding=(0, 2), pad_edge=False)
         for _ in range(4):
             table.add_column(no_wrap=True)

@@ -17,13 +17,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich.table import Table
 
-from crabd.cli.common import JsonOpt, emit_json, err, out, show_error, state
-from crabd.config import load_config
-from crabd.errors import CrabError, InvalidRequest
+from crabd.cli.common import JsonOpt, emit_json, err, escape, out, plural, show, show_error, state, table
 
 if TYPE_CHECKING:
+    from crabd.cli.common import Columns
     from crabd.cluster.client import Cluster
 
 #: Exit code when no cluster address was given (a usage error, as click's own).
@@ -48,6 +46,8 @@ def _join(host_id: str, socket_path: str, capacity: int, address: str) -> dict[s
 
 def _reached(address: str, how: Callable[[], T]) -> T:
     """``how()``, with Ray's failure to reach ``address`` reported as crab's error."""
+    from crabd.errors import CrabError
+
     try:
         return how()
     except (ConnectionError, TimeoutError) as exc:
@@ -58,6 +58,8 @@ def _reached(address: str, how: Callable[[], T]) -> T:
 
 
 def _address() -> str:
+    from crabd.errors import InvalidRequest
+
     if not state.cluster:
         show_error(
             InvalidRequest(
@@ -73,6 +75,8 @@ def _address() -> str:
 @contextlib.contextmanager
 def _reported() -> Iterator[None]:
     """A CrabError inside ends the command as crabctl's main() would (tracebacks only with --debug)."""
+    from crabd.errors import CrabError
+
     try:
         yield
     except CrabError as exc:
@@ -86,11 +90,11 @@ def _cluster() -> Cluster:
     return _connect(_address())
 
 
-def _sandbox_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("id", "name", "state", "turn", "host")
+def _sandbox_table(rows: list[dict[str, Any]]) -> Columns:
+    t = table("id", "name", "state", "turn", "host")
     for sb in rows:
-        table.add_row(sb["id"], sb["name"], str(sb.get("state", "")), str(sb.get("turn", "")), sb.get("host_id", ""))
-    return table
+        t.add_row(sb["id"], sb["name"], str(sb.get("state", "")), str(sb.get("turn", "")), sb.get("host_id", ""))
+    return t
 
 
 # --- hosts ----------------------------------------------------------------------------
@@ -106,9 +110,13 @@ def join(
     as_json: JsonOpt = False,
 ) -> None:
     """Make this host's crabd part of the cluster: start its agent on this node and register it."""
+    from crabd.errors import InvalidRequest
+
     address = _address()
     with _reported():
         if socket is None:
+            from crabd.config import load_config
+
             socket = state.socket or str(load_config(state.config).paths.socket)
         try:
             info = _join(host, socket, capacity, address)
@@ -123,7 +131,7 @@ def join(
         return
     out.print(
         f"{info.get('host_id', host)} joined: capacity {info.get('capacity', capacity)}, "
-        f"{info.get('sandboxes', 0)} sandboxes, {info.get('free', '-')} free"
+        f"{plural(info.get('sandboxes', 0), 'sandbox', 'sandboxes')}, {info.get('free', '-')} free"
         + (f" (crabd {info['crabd_version']} on {info.get('hostname', '?')})" if info.get("crabd_version") else "")
     )
 
@@ -136,19 +144,21 @@ def hosts(as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json(rows)
         return
-    table = Table("id", "alive", "capacity", "load", "free")
+    t = table("id", "alive", "capacity", "load", "free")
     for r in rows:
-        alive = "yes" if r["alive"] else "[red]no[/red]"
-        table.add_row(r["id"], alive, str(r["capacity"]), str(r["load"]), str(r["free"]))
-    out.print(table)
+        t.add_row(r["id"], "yes" if r["alive"] else "no", str(r["capacity"]), str(r["load"]), str(r["free"]))
+    show(t)
 
 
-def check() -> None:
+def check(as_json: JsonOpt = False) -> None:
     """Probe every known host; the ones that are gone (now marked dead) are listed."""
     with _reported():
         c = _cluster()
         known = c.registry.hosts()
         dead = c.check()
+    if as_json:
+        emit_json({"hosts": sorted(known), "dead": sorted(dead)})
+        return
     if not known:
         out.print("no hosts in the cluster (join them with `crabctl --cluster ADDR cluster join ...`)")
     elif not dead:
@@ -169,23 +179,23 @@ def ls(as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json(sandboxes)
     else:
-        out.print(_sandbox_table(sandboxes))
+        show(_sandbox_table(sandboxes))
 
 
 def fork(
     checkpoint: Annotated[str, typer.Argument(help="The checkpoint to fork (any host's; fetched from the bucket).")],
     n: Annotated[int, typer.Option("-n", "--count", min=1, help="How many sandboxes.")] = 1,
-    prefix: Annotated[str, typer.Option("--prefix", help="Name children <prefix>-<host>-<i>.")] = "",
+    name_prefix: Annotated[str, typer.Option("--name-prefix", metavar="PREFIX", help="Name them PREFIX-HOST-I.")] = "",
     host: Annotated[str, typer.Option("--host", help="Make all of them on this host (default: spread).")] = "",
     as_json: JsonOpt = False,
 ) -> None:
     """N forks of CHECKPOINT spread over the hosts with free capacity (all or nothing)."""
     with _reported():
-        kids = _cluster().fork(checkpoint, n, name_prefix=prefix, host=host)
+        kids = _cluster().fork(checkpoint, n, name_prefix=name_prefix, host=host)
     if as_json:
         emit_json(kids)
     else:
-        out.print(_sandbox_table(kids))
+        show(_sandbox_table(kids))
 
 
 def migrate(
@@ -200,13 +210,15 @@ def migrate(
         emit_json(moved)
         return
     sb = moved["sandbox"]
-    out.print(f"{sb['id']} ({sb['name']}) moved from {moved['from']} to {moved['to']} via {moved['checkpoint']}")
+    out.print(
+        f"{sb['id']} ({escape(sb['name'])}) moved from {moved['from']} to {moved['to']} via {moved['checkpoint']}"
+    )
     out.print(
         f"paused {moved['paused_s']:.2f} s: checkpoint {moved['checkpoint_s']:.2f} s, "
         f"push {moved['push_s']:.2f} s, import {moved['import_s']:.2f} s"
     )
     for what in moved.get("not_restored") or []:
-        err.print(f"[yellow]not restored:[/yellow] {what}", highlight=False)
+        err.print(f"[yellow]not restored:[/yellow] {escape(what)}", highlight=False)
 
 
 def recover(
@@ -220,6 +232,8 @@ def recover(
 
     Exit code 1 when any could not be recovered.
     """
+    from crabd.errors import InvalidRequest
+
     with _reported():
         c = _cluster()
         if host not in c.registry.hosts():
@@ -234,15 +248,16 @@ def recover(
     if as_json:
         emit_json(report)
     else:
-        table = Table("id", "name", "host", "checkpoint", "lost turns")
+        t = table("id", "name", "host", "checkpoint", "lost turns")
         for r in report["recovered"]:
-            lost = ", ".join(str(t) for t in r["lost_turns"]) or "-"
-            table.add_row(r["sandbox"]["id"], r["sandbox"]["name"], r["host"], r["checkpoint"], lost)
-        out.print(f"{len(report['recovered'])} sandboxes of {host} recovered")
+            lost = ", ".join(str(n) for n in r["lost_turns"]) or "-"
+            t.add_row(r["sandbox"]["id"], r["sandbox"]["name"], r["host"], r["checkpoint"], lost)
+        made = plural(len(report["recovered"]), "sandbox", "sandboxes")
+        out.print(f"{made} of {escape(host)} recovered", highlight=False)
         if report["recovered"]:
-            out.print(table)
+            show(t)
         for sb, why in sorted(report["unrecoverable"].items()):
-            err.print(f"[red]{sb}[/red]: not recovered: {why}", highlight=False)
+            err.print(f"[red]{escape(sb)}[/red]: not recovered: {escape(why)}", highlight=False)
     if report["unrecoverable"]:
         raise typer.Exit(1)
 

@@ -31,12 +31,17 @@ task of its own: a request that gives up does not cut it short.
 **Listing** does not wait: a sandbox not yet adopted is listed as its
 registry row says (``running`` if it was running when crabd stopped, also
 one that died meanwhile), without a container lookup; ``get`` of it gives
-the adopted truth.  Counts (quotas, ``crabctl status``) are the registry's.
+the adopted truth.  Counts (quotas, ``crabctl daemon status``) are the registry's.
 
-**Failure.**  An adoption that fails (Docker/runc, the freezer, a bug) is
-logged and the sandbox is marked ``dead`` with the reason, so a request for
-it gets SandboxDead, never a hang; recovery (policy ``auto``) may then
-bring it back from its checkpoint.
+**Failure.**  A step that fails with a runtime error (Docker/runc, the
+freezer: a crowded host right after a restart is slow, not broken) is tried
+again after :data:`RETRY_DELAYS`, from the row as it is then (every step is
+idempotent: a removal, a rollback, a thaw, the inspector's watch).  Only
+then, or at once for a bug, is it logged and the sandbox marked ``dead``
+with the reason, so a request for it gets SandboxDead, never a hang;
+recovery (policy ``auto``) may then bring it back from its checkpoint.
+Marking a live sandbox dead loses its processes to that recovery, so one
+hiccup must not do it.
 
 **Concurrency.**  :data:`WORKERS` sandboxes are adopted at once: each is a
 few short blocking calls (worker threads) and the event loop must keep
@@ -63,6 +68,9 @@ log = logging.getLogger("crabd.adoption")
 #: Sandboxes adopted at once (each a few blocking calls in worker threads).
 WORKERS = 8
 
+#: Waits before the second and third try of a sandbox whose adoption failed with a runtime error.
+RETRY_DELAYS = (0.5, 2.0)
+
 
 @dataclass
 class Adopted:
@@ -82,6 +90,8 @@ class Adopted:
     failed: int = 0
     #: Sandboxes a request needed before a worker reached them: adopted first.
     on_demand: int = 0
+    #: Tries repeated after a runtime error (whatever their end).
+    retried: int = 0
 
 
 class Adoption:
@@ -98,10 +108,12 @@ class Adoption:
         on_adopted: Callable[[SandboxRecord], Awaitable[None]] | None = None,
         *,
         workers: int = WORKERS,
+        retry_delays: tuple[float, ...] = RETRY_DELAYS,
     ) -> None:
         self.manager = manager
         self.on_adopted = on_adopted
         self.workers = max(1, workers)
+        self.retry_delays = retry_delays
         self.counts = Adopted()
         #: Set once every sandbox is adopted and the orphans are removed.
         self.done = asyncio.Event()
@@ -186,11 +198,9 @@ class Adoption:
             delay = delay_point("adopt.sandbox")
             if delay:
                 await asyncio.sleep(delay)
-            rec = self.manager.row(sandbox_id)  # the row as it is now
-            if rec is not None:
-                outcome = await self._adopt(rec)
-                if outcome:
-                    setattr(self.counts, outcome, getattr(self.counts, outcome) + 1)
+            outcome = await self._adopt_retrying(sandbox_id)
+            if outcome:
+                setattr(self.counts, outcome, getattr(self.counts, outcome) + 1)
         except Exception as exc:  # a bug must not leave the sandbox half-adopted and its waiters hanging
             self.counts.failed += 1
             why = exc.message if isinstance(exc, CrabError) else f"{type(exc).__name__}: {exc}"
@@ -201,6 +211,24 @@ class Adoption:
                 log.error("sandbox not marked dead", extra={"sandbox": sandbox_id, "error": str(again)})
         finally:
             self._running.pop(sandbox_id, None)
+
+    async def _adopt_retrying(self, sandbox_id: str) -> str:
+        """Adopt the row as it is now; a runtime error is tried again after each of ``retry_delays``."""
+        for delay in (*self.retry_delays, None):
+            rec = self.manager.row(sandbox_id)
+            if rec is None:
+                return ""
+            try:
+                return await self._adopt(rec)
+            except CrabError as exc:
+                if delay is None:
+                    raise
+                self.counts.retried += 1
+                log.warning(
+                    "adoption failed; trying again", extra={"sandbox": sandbox_id, "error": exc.message, "in_s": delay}
+                )
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # the loop's last try returns or raises
 
     async def _adopt(self, rec: SandboxRecord) -> str:
         """Adopt one row; the :class:`Adopted` field it counts in ("" for a row with nothing to do)."""

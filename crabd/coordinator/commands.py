@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import time
 
-from crabd.coordinator.runner import ChunkSink, Session, run_exec
+from crabd.coordinator.runner import ChunkSink, Session, SessionFoundDead, run_exec
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
 from crabd.coordinator.turns import check_session_state
-from crabd.errors import CrabError, InvalidRequest
+from crabd.errors import CrabError, InitUnavailable, InvalidRequest
 from crabd.models import ExecOutcome, SandboxRecord, TurnRecord
 from crabd.runtime import session_state
 from crabd.runtime.initproto import SpawnSpec
@@ -68,7 +68,16 @@ class Commands:
         turn = self.sandboxes.turns.ensure_open(rec.id)
         started_wall = time.time()
         async with self.sandboxes.init_lost_means_dead(rec):
-            outcome = await session.run(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
+            try:
+                outcome = await session.run(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
+            except SessionFoundDead:
+                # Killed from inside the sandbox between commands; the command never ran.
+                log.warning("the session's bash had exited; reviving it", extra={"sandbox": rec.id})
+                await self._revive_session(rec, session)
+                try:
+                    outcome = await session.run(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
+                except SessionFoundDead as exc:  # the fresh bash died at once too
+                    raise InitUnavailable(f"the session could not be revived: {exc}", sandbox=rec.id) from exc
         if outcome.session_ended:
             await self._revive_session(rec, session)
         return self.sandboxes.turns.record(rec.id, turn, "session", command, outcome, started_wall)

@@ -257,7 +257,7 @@ class TurnInspection:
         d, basis = await self._decide(rec, session_json)
         await asyncio.to_thread(self.sandboxes.registry.set_decision, rec.id, turn, d.to_json(), None)
         # Skips are the common case (every read-only turn of every sandbox): at DEBUG, so that a
-        # host with a thousand sandboxes does not write a log line per skip (crabctl turns has them).
+        # host with a thousand sandboxes does not write a log line per skip (`crabctl inspect SB` has them).
         log.log(
             logging.DEBUG if d.kind == SKIP else logging.INFO,
             "turn decided",

@@ -145,6 +145,15 @@ async def run_exec(
     )
 
 
+class SessionFoundDead(Exception):
+    """The session's bash had already exited when a command attached to it; the command did not run.
+
+    Not a CrabError: the caller (``Commands.session_run``) revives the session (a
+    fresh bash with the last captured state) and sends the command again, since it
+    was never written to any bash; other callers see :class:`InitUnavailable`.
+    """
+
+
 class _NoSession(Exception):
     """No bash runs, and the caller asked not to start one."""
 
@@ -193,13 +202,17 @@ class Session:
     async def _attach_or_spawn(self, conn: InitConnection, *, start: bool = True) -> int:
         """Bind ``conn`` to the session, starting bash if there is none (``start``; else
         :class:`_NoSession`).  Returns the bash's pid in the sandbox, as init reports it."""
-        if not start and not any(p.name == SESSION_NAME and p.alive for p in await conn.list()):
-            # Asked first on this connection: init attaches to a session whose bash has exited
-            # but was not forgotten yet too (its last output and exit status), and a capture
-            # must find no session there, not fail on its exit.
-            raise _NoSession
         try:
-            return (await conn.attach(SESSION_NAME)).pid
+            attached, listed = await conn.attach_listed(SESSION_NAME)
+            if any(p.name == SESSION_NAME and p.alive for p in listed):
+                return attached.pid
+            # Init kept a session whose bash exited while no command ran (something in the
+            # sandbox killed it): nothing was written to it yet.  A capture finds no session
+            # (the next command revives it with its state); a command must not run into it.
+            if not start:
+                raise _NoSession
+            await conn.forget(SESSION_NAME)
+            raise SessionFoundDead("the session's bash had exited before the command was sent")
         except InitSpawnError as exc:
             if exc.errno == errno_mod.EBUSY:
                 raise SandboxBusy("the sandbox's session is in use by another client", sandbox="") from exc
@@ -404,9 +417,12 @@ class Session:
     async def apply(self, state: session_state.SessionState, *, timeout_s: float = 60.0) -> None:
         """Make the running bash's state ``state`` without replacing it (its background jobs live on)."""
         async with self._lock:
-            outcome = await self._run_locked(
-                session_state.render_restore_script(state), timeout_s=timeout_s, max_output=1 << 20, sink=None
-            )
+            try:
+                outcome = await self._run_locked(
+                    session_state.render_restore_script(state), timeout_s=timeout_s, max_output=1 << 20, sink=None
+                )
+            except SessionFoundDead as exc:
+                raise InitUnavailable(f"the session's state was not re-applied: {exc}", sandbox="") from exc
         if outcome.session_ended:
             raise InitUnavailable(
                 "the session died while its state was re-applied: " + outcome.stderr[-500:].decode("utf-8", "replace"),

@@ -118,7 +118,7 @@ def resolve_turn(registry: Registry, catalog: Catalog, rec: SandboxRecord, numbe
     if t is None:
         raise InvalidRequest(
             f"sandbox {rec.name} has no turn {number} (its last is {rec.turn})",
-            hint=f"List them with `crabctl turns {rec.name}`.",
+            hint=f"List them with `crabctl log {rec.name}`.",
         )
     if t.ended_at is None:
         raise InvalidRequest(

@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
@@ -70,7 +71,6 @@ from crabd.engine import HostEngine
 from crabd.errors import CrabError
 from crabd.inspector.choose import open_inspector
 from crabd.inspector.decide import Inspector
-from crabd.proxy.server import OpenAIProxy
 from crabd.runtime import initbin
 from crabd.service.llm_gate import ServiceGate
 from crabd.service.quota import Quotas
@@ -83,6 +83,9 @@ from crabd.store.remote.tier import RemoteTier
 from crabd.trust.provenance import Provenance
 from crabd.trust.references import ReferenceChecker
 from crabd.util.aiolock import RWLock
+
+if TYPE_CHECKING:
+    from crabd.proxy.server import OpenAIProxy
 
 log = logging.getLogger("crabd")
 
@@ -403,6 +406,10 @@ class Daemon:
     async def _start_proxy(self, service: Service, engine: HostEngine) -> None:
         """The OpenAI proxy, if enabled."""
         if self.cfg.proxy.enabled:
+            # Imported only here: aiohttp is ~140 ms of a start-up that decides how soon crabd serves
+            # again after a crash, and the proxy is off by default.
+            from crabd.proxy.server import OpenAIProxy
+
             self._proxy = OpenAIProxy(self.cfg.proxy, ServiceGate(service), engine.prometheus)
             await self._proxy.start()
             service.proxy_url = self._proxy.url

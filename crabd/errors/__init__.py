@@ -31,6 +31,7 @@ each under its parent)::
             SessionCommandError: a session command cannot be sent as given
             SessionStateError: a session state capture or document is malformed
             ArchiveRejected: a checkpoint archive is malformed, hostile or does not fit; nothing was imported
+            AmbiguousReference: an id prefix names more than one of the caller's sandboxes or checkpoints
         QuotaExceeded: a per-uid quota refuses the request
         NotFound: an id or name does not exist (or is not visible to the caller)
             SandboxNotFound: no sandbox with this id or name
@@ -100,6 +101,7 @@ from crabd.errors.host import (
 )
 from crabd.errors.request import (
     AlreadyExists,
+    AmbiguousReference,
     ArchiveRejected,
     InvalidRequest,
     NotFound,
@@ -134,6 +136,7 @@ from crabd.errors.store import (
 
 __all__ = [
     "AlreadyExists",
+    "AmbiguousReference",
     "ArchiveRejected",
     "BpfError",
     "CheckpointFailed",

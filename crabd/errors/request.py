@@ -107,3 +107,19 @@ class ArchiveRejected(InvalidRequest):
         super().__init__(message, hint=hint)
         self.member = member
         self.reason = reason
+
+
+class AmbiguousReference(InvalidRequest):
+    """A short id (a prefix of an id) names more than one of the caller's sandboxes or checkpoints.
+
+    Attributes: ``ref`` (as given), ``kind`` ("sandbox" or "checkpoint") and
+    ``candidates`` (the ids it begins, only among the caller's own).
+    """
+
+    default_hint = "Give more of the id (`crabctl ps` and `crabctl checkpoint ls --no-trunc` print whole ids)."
+
+    def __init__(self, message: str, *, ref: str, kind: str, candidates: list[str], hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.ref = ref
+        self.kind = kind
+        self.candidates = candidates

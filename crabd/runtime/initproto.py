@@ -368,6 +368,49 @@ class InitConnection:
         _, p = await self._expect(ATTACHED)
         return Attached(*struct.unpack(">IIQQ", p))
 
+    async def attach_listed(self, name: str) -> tuple[Attached, list[PersistentInfo]]:
+        """ATTACH to ``name`` and LIST init's processes, in one round trip.
+
+        Init answers requests in order: ATTACHED (or ERROR), then whatever it
+        kept for the process while nobody was attached (output, control bytes,
+        and the EXIT of a process that already ended), then LIST_OK.  So the
+        list says whether the process was still alive *after* the attach:
+        a session bash that something in the sandbox killed while no command
+        ran is attached to as a finished process, and a command written to it
+        would be refused ("no open stdin") without ever running.
+
+        Frames of a live process that arrive in between are kept for
+        :meth:`next_event`; those of a process the list reports dead are
+        dropped (they belong to a process no command will run in).  An ERROR
+        for the ATTACH is raised only after LIST_OK is read, so the
+        connection stays in step for the caller's next request.
+        """
+        try:
+            self._writer.write(encode_frame(ATTACH, _str(name)) + encode_frame(LIST))
+            await self._writer.drain()
+        except (OSError, ConnectionError) as exc:
+            raise InitUnavailable(f"lost the connection to crab's init: {exc}", sandbox="") from exc
+        kind, payload = await self._recv()
+        refused = _parse_error(payload) if kind == ERROR else None
+        if refused is None and kind != ATTACHED:
+            raise InitProtocolError(f"unexpected frame 0x{kind:02x} from init (wanted ATTACHED)")
+        attached = None if refused is not None else Attached(*struct.unpack(">IIQQ", payload))
+        held: list[tuple[int, bytes]] = []
+        while True:
+            kind, listed = await self._recv()
+            if kind == LIST_OK:
+                break
+            if kind == ERROR:  # the LIST's own answer (init answers each request once)
+                raise _parse_error(listed)
+            held.append((kind, listed))
+        if refused is not None:
+            raise refused
+        assert attached is not None
+        procs = parse_list(listed)
+        if any(p.name == name and p.alive for p in procs):
+            self._pending[:0] = held
+        return attached, procs
+
     async def detach(self) -> None:
         await self._send(DETACH)
         while True:

@@ -42,8 +42,8 @@ from crabd.errors import (
 
 if TYPE_CHECKING:
     from crabd.sdk._requests import CreateOptions
-    from crabd.sdk.aio import AsyncClient, AsyncSandbox, AsyncSession
-    from crabd.sdk.client import Client, Sandbox, Session
+    from crabd.sdk.aio import AsyncClient, AsyncForkSet, AsyncSandbox, AsyncSession
+    from crabd.sdk.client import Client, ForkSet, Sandbox, Session
     from crabd.sdk.embedded import EmbeddedDaemon
     from crabd.sdk.models import (
         BlobProblem,
@@ -80,9 +80,11 @@ _LAZY = {
     "RetentionPolicy": "crabd.vocabulary",
     "CreateOptions": "crabd.sdk._requests",
     "AsyncClient": "crabd.sdk.aio",
+    "AsyncForkSet": "crabd.sdk.aio",
     "AsyncSandbox": "crabd.sdk.aio",
     "AsyncSession": "crabd.sdk.aio",
     "Client": "crabd.sdk.client",
+    "ForkSet": "crabd.sdk.client",
     "Sandbox": "crabd.sdk.client",
     "Session": "crabd.sdk.client",
     "EmbeddedDaemon": "crabd.sdk.embedded",
@@ -117,6 +119,7 @@ __all__ = [
     "AlreadyExists",
     "ArchiveRejected",
     "AsyncClient",
+    "AsyncForkSet",
     "AsyncSandbox",
     "AsyncSession",
     "BlobProblem",
@@ -139,6 +142,7 @@ __all__ = [
     "EngineJob",
     "EngineStatus",
     "ExecResult",
+    "ForkSet",
     "GcResult",
     "ImportResult",
     "ImportedCheckpoint",

@@ -36,7 +36,9 @@ CLIENT = {
     "thin": """Thin a sandbox's checkpoints by its retention policy now; ``dry_run``: only say which
         would go.  Heads, line ends, fork origins, branch points, roots and pinned checkpoints are
         never thinned (docs/retention.md).""",
-    "fork": "``n`` new, independent sandboxes with the checkpoint's files and session state.",
+    "fork": """``n`` new, independent sandboxes with the checkpoint's files and session state: a list
+        that is also a context manager (``with``, or ``async with`` for the async client) removing
+        them at exit.""",
     "tree": "The checkpoint tree of one sandbox, or the tree that holds one checkpoint.",
     "checkpoint_failures": "Checkpoints that were attempted and not made, newest first, with why (and CRIU's log).",
     "gc": "Remove blobs nothing references (root only).",
@@ -111,7 +113,9 @@ SANDBOX = {
         ``info.not_restored`` lists what could not be brought back.
         """,
     "fork": """``n`` new sandboxes from ``checkpoint``, or from the state at the end of ``turn=N``
-        (default: this sandbox's latest checkpoint).""",
+        (default: this sandbox's latest checkpoint).  The result is a list that is also a context
+        manager: ``with sb.fork(3) as branches:`` (``async with await sb.fork(3) as ...``) removes
+        them at exit.""",
     "tree": "This sandbox's checkpoint tree.",
     "recover": """Recreate this sandbox, whose container died, from its latest checkpoint.
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
-from crabd.errors import CrabError
+from crabd.errors import CrabError, SandboxNotFound
 from crabd.sdk import _archives, _docs, models
 from crabd.sdk._core import Call, ClientCore, Event, SandboxCore, SessionCore, documented, takes
 from crabd.sdk._requests import CHANNEL_OPTIONS, CreateOptions, ExecOptions
@@ -42,6 +42,36 @@ async def _result(events: AsyncIterator[Event]) -> models.ExecResult:
             result = item
     assert result is not None
     return result
+
+
+class AsyncForkSet(builtins.list["AsyncSandbox"]):
+    """The sandboxes one fork made: a plain list, and an async context manager that removes them at exit.
+
+    ``async with await sb.fork(3) as branches:`` removes every sandbox still in
+    the list when the block ends, also on error; callers that keep the list and
+    remove the forks themselves see a list as before.
+    """
+
+    async def aclose(self) -> None:
+        """Remove every sandbox in the set, concurrently (one already removed is skipped).
+
+        Every removal is tried; then the first failure, if any, is raised.
+        """
+        done = await asyncio.gather(*(sb.remove(force=True) for sb in self), return_exceptions=True)
+        for outcome in done:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, SandboxNotFound):
+                raise outcome
+
+    async def __aenter__(self) -> AsyncForkSet:
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        if e is None:
+            await self.aclose()
+            return
+        # Still remove them, but never mask the body's own error with a removal's.
+        with contextlib.suppress(CrabError):
+            await self.aclose()
 
 
 @documented(_docs.CLIENT, aliases=_docs.ASYNC_ALIASES)
@@ -135,10 +165,11 @@ class AsyncClient(ClientCore["AsyncSandbox"]):
     async def thin(self, sandbox: str, *, dry_run: bool = False) -> models.ThinResult:
         return await self._send(self._thin(sandbox, dry_run))
 
-    async def fork(
-        self, checkpoint: CheckpointRef, n: int = 1, *, name_prefix: str = ""
-    ) -> builtins.list[AsyncSandbox]:
-        return await self._send(self._fork(n, name_prefix=name_prefix, checkpoint=checkpoint))
+    async def fork(self, checkpoint: CheckpointRef, n: int = 1, *, name_prefix: str = "") -> AsyncForkSet:
+        made: builtins.list[AsyncSandbox] = await self._send(
+            self._fork(n, name_prefix=name_prefix, checkpoint=checkpoint)
+        )
+        return AsyncForkSet(made)
 
     async def tree(self, *, sandbox: str = "", checkpoint: str = "") -> models.Tree:
         return await self._send(self._tree(sandbox, checkpoint))
@@ -271,9 +302,10 @@ class AsyncSandbox(SandboxCore[AsyncClient]):
 
     async def fork(
         self, n: int = 1, checkpoint: CheckpointRef | None = None, *, name_prefix: str = "", turn: int | None = None
-    ) -> list[AsyncSandbox]:
+    ) -> AsyncForkSet:
         call = self.client._fork(n, name_prefix=name_prefix, checkpoint=checkpoint, sandbox=self.id, turn=turn)
-        return await self.client._send(call)
+        made: list[AsyncSandbox] = await self.client._send(call)
+        return AsyncForkSet(made)
 
     async def tree(self) -> models.Tree:
         return await self.client._send(self.client._tree(self.id, ""))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
-from crabd.errors import CrabError
+from crabd.errors import CrabError, SandboxNotFound
 from crabd.sdk import _archives, _docs, models
 from crabd.sdk._core import Call, ClientCore, Event, SandboxCore, SessionCore, documented, takes
 from crabd.sdk._requests import CHANNEL_OPTIONS, CreateOptions, ExecOptions
@@ -46,6 +46,42 @@ def _result(events: Iterator[Event]) -> models.ExecResult:
             result = item
     assert result is not None
     return result
+
+
+class ForkSet(builtins.list["Sandbox"]):
+    """The sandboxes one fork made: a plain list, and a context manager that removes them at exit.
+
+    ``with sb.fork(3) as branches:`` removes every sandbox still in the list
+    when the block ends, also on error; callers that keep the list and remove
+    the forks themselves see a list as before.
+    """
+
+    def close(self) -> None:
+        """Remove every sandbox in the set (one already removed is skipped).
+
+        Every removal is tried; then the first failure, if any, is raised.
+        """
+        failed: builtins.list[CrabError] = []
+        for sb in self:
+            try:
+                sb.remove(force=True)
+            except SandboxNotFound:
+                continue
+            except CrabError as exc:
+                failed.append(exc)
+        if failed:
+            raise failed[0]
+
+    def __enter__(self) -> ForkSet:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        if e is None:
+            self.close()
+            return
+        # Still remove them, but never mask the body's own error with a removal's.
+        with contextlib.suppress(CrabError):
+            self.close()
 
 
 @documented(_docs.CLIENT)
@@ -137,8 +173,9 @@ class Client(ClientCore["Sandbox"]):
     def thin(self, sandbox: str, *, dry_run: bool = False) -> models.ThinResult:
         return self._send(self._thin(sandbox, dry_run))
 
-    def fork(self, checkpoint: CheckpointRef, n: int = 1, *, name_prefix: str = "") -> builtins.list[Sandbox]:
-        return self._send(self._fork(n, name_prefix=name_prefix, checkpoint=checkpoint))
+    def fork(self, checkpoint: CheckpointRef, n: int = 1, *, name_prefix: str = "") -> ForkSet:
+        made: builtins.list[Sandbox] = self._send(self._fork(n, name_prefix=name_prefix, checkpoint=checkpoint))
+        return ForkSet(made)
 
     def tree(self, *, sandbox: str = "", checkpoint: str = "") -> models.Tree:
         return self._send(self._tree(sandbox, checkpoint))
@@ -271,9 +308,10 @@ class Sandbox(SandboxCore[Client]):
 
     def fork(
         self, n: int = 1, checkpoint: CheckpointRef | None = None, *, name_prefix: str = "", turn: int | None = None
-    ) -> list[Sandbox]:
+    ) -> ForkSet:
         call = self.client._fork(n, name_prefix=name_prefix, checkpoint=checkpoint, sandbox=self.id, turn=turn)
-        return self.client._send(call)
+        made: list[Sandbox] = self.client._send(call)
+        return ForkSet(made)
 
     def tree(self) -> models.Tree:
         return self.client._send(self.client._tree(self.id, ""))

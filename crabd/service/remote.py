@@ -14,6 +14,7 @@ from dataclasses import replace
 from crabd.coordinator.replication import Replication
 from crabd.errors import CheckpointNotFound, InvalidRequest, PermissionDenied
 from crabd.models import Caller, CheckpointRecord
+from crabd.service import refs
 from crabd.store.catalog import Catalog
 from crabd.store.remote.manifest import record_from_meta, valid_checkpoint_id
 from crabd.store.remote.tier import SyncReport, Transfer
@@ -33,10 +34,17 @@ def check_owner(caller: Caller, owner_uid: int, ckpt_id: str) -> None:
 
 
 def readable_checkpoint(catalog: Catalog, caller: Caller, ckpt_id: str) -> CheckpointRecord:
-    """The local checkpoint ``ckpt_id`` if ``caller`` may use it (else InvalidRequest, NotFound, PermissionDenied)."""
+    """The local checkpoint ``ckpt_id`` if ``caller`` may use it (else InvalidRequest, NotFound, PermissionDenied).
+
+    ``ckpt_id`` may be a unique prefix of the id of one of the caller's checkpoints (``refs``).
+    """
     if not ckpt_id:
         raise InvalidRequest("no checkpoint named in the request")
     rec = catalog.find(ckpt_id)
+    if rec is None and refs.maybe_checkpoint_prefix(ckpt_id):
+        mine = catalog.list_checkpoints(owner_uid=None if caller.is_root else caller.uid)
+        full = refs.unique(ckpt_id, (c.id for c in mine), "checkpoint")
+        rec = catalog.find(full) if full else None
     if rec is None:
         raise CheckpointNotFound(f"no checkpoint {ckpt_id!r}", checkpoint=ckpt_id)
     check_owner(caller, rec.owner_uid, ckpt_id)

@@ -11,7 +11,7 @@ from crabd.models import CheckpointRecord
 
 @dataclass(frozen=True)
 class DaemonStatus:
-    """``crabctl status``: this crabd, as the caller sees it."""
+    """``crabctl daemon status``: this crabd, as the caller sees it."""
 
     version: str
     pid: int

@@ -64,6 +64,7 @@ from crabd.models import (
 )
 from crabd.runtime import session_state
 from crabd.runtime.session_state import SessionState
+from crabd.service import refs
 from crabd.service.archives import ArchiveEdge
 from crabd.service.limits import RequestLimits, fit_output
 from crabd.service.quota import Quotas, QuotaUse
@@ -148,11 +149,27 @@ class Service:
         Not waiting for its adoption after a restart (the owner never changes):
         what then acts on the sandbox looks it up through the gate.
         """
-        return self._allowed(caller, ref, self.sandboxes.row(ref) if ref else None).id
+        rec = self.sandboxes.row(ref) if ref else None
+        if rec is None and ref:
+            full = self._sandbox_prefix(caller, ref)
+            rec = self.sandboxes.row(full) if full else None
+        return self._allowed(caller, ref, rec).id
 
     async def _lookup(self, caller: Caller, ref: str) -> SandboxRecord:
-        """The sandbox ``ref`` names, adopted (``SandboxManager.get``), if ``caller`` may act on it."""
-        return self._allowed(caller, ref, await self.sandboxes.get(ref) if ref else None)
+        """The sandbox ``ref`` names (its id, name, or a unique prefix of the id of one of the caller's),
+        adopted (``SandboxManager.get``), if ``caller`` may act on it."""
+        rec = await self.sandboxes.get(ref) if ref else None
+        if rec is None and ref:
+            full = self._sandbox_prefix(caller, ref)
+            rec = await self.sandboxes.get(full) if full else None
+        return self._allowed(caller, ref, rec)
+
+    def _sandbox_prefix(self, caller: Caller, ref: str) -> str | None:
+        """The id of the caller's one sandbox whose id begins with ``ref`` (``refs``)."""
+        if not refs.maybe_sandbox_prefix(ref):
+            return None
+        mine = self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)
+        return refs.unique(ref, (r.id for r in mine), "sandbox", {r.id: r.name for r in mine})
 
     def _allowed(self, caller: Caller, ref: str, rec: SandboxRecord | None) -> SandboxRecord:
         if not ref:
@@ -239,7 +256,9 @@ class Service:
     async def create(self, caller: Caller, spec: SandboxSpec) -> SandboxRecord:
         """A new sandbox (its checkpoint and recovery policies were parsed at the edge: ``api/convert.py``)."""
         if not spec.env:
-            raise InvalidRequest("no env given", hint="Pass an env name, e.g. --env bookworm (`crabctl env ls`).")
+            raise InvalidRequest(
+                "no env given", hint="Name the env image, e.g. `crabctl create bookworm` (`crabctl env ls`)."
+            )
         validate.env_vars(spec.env_vars)
         self._command_size(sum(len(k) + len(v) + 2 for k, v in spec.env_vars.items()), "the environment")
         spec = self.limits.resources(spec)
@@ -435,7 +454,8 @@ class Service:
         counted = sum(int(v) for k, v in rec.stats.items() if k in ("changed", "deleted") and isinstance(v, int))
         truncated = held.truncated or len(changes) < min(MAX_CHANGES_SHOWN, counted)
         lineage = [c.id for c in await asyncio.to_thread(self.catalog.lineage, rec.id)]
-        rec = self.remote.annotate([rec])[0]
+        # Why retention keeps it, as `checkpoint ls` and `pin` say (not "not known").
+        rec = (await self.retention.annotate(self.remote.annotate([rec])))[0]
         return CheckpointDetail(rec, changes, truncated, session_json, lineage)
 
     async def delete_checkpoint(self, caller: Caller, ckpt_id: str) -> int:

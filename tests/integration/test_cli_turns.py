@@ -19,7 +19,7 @@ def shape(crabctl: Crabctl, sandbox: str) -> list[tuple[int, bool, bool, int]]:
 def sandbox(crabctl: Crabctl, request: pytest.FixtureRequest) -> Iterator[str]:
     """A bookworm sandbox (bash) for one test, removed after it; its name."""
     name = "cli-turn-" + request.node.name.removeprefix("test_")[:20].replace("_", "-")
-    sid = js(crabctl, "create", "--env", "bookworm", "--name", name)["id"]
+    sid = js(crabctl, "create", "bookworm", "--name", name)["id"]
     try:
         yield name
     finally:
@@ -39,7 +39,7 @@ def test_begin_two_commands_end_wait_is_one_explicit_turn(crabctl: Crabctl, sand
     again = crabctl("turn", "begin", sandbox)
     assert again.returncode == 1 and "already open" in again.stderr
     assert f"crabctl turn end {sandbox}" in again.stderr and "Traceback" not in again.stderr
-    nested = crabctl("sh", sandbox, "echo never", "--turn")
+    nested = crabctl("sh", sandbox, "--as-turn", "echo never")
     assert nested.returncode == 1 and "already open" in nested.stderr and "never" not in nested.stdout
 
     ended = js(crabctl, "turn", "end", sandbox, "--wait")
@@ -71,7 +71,7 @@ def test_sh_turn_makes_one_turn_per_call(crabctl: Crabctl, sandbox: str) -> None
     assert f"crabctl turn begin {sandbox}" in nothing.stderr and "Traceback" not in nothing.stderr
     assert shape(crabctl, sandbox) == before
 
-    outputs = [crabctl("sh", sandbox, f"echo step {i}", "--turn") for i in range(3)]
+    outputs = [crabctl("sh", sandbox, "--as-turn", f"echo step {i}") for i in range(3)]
     assert [(o.returncode, o.stdout) for o in outputs] == [(0, f"step {i}\n") for i in range(3)]
     turns = js(crabctl, "log", sandbox)[len(before) :]
     assert len(turns) == 3
@@ -83,11 +83,11 @@ def test_sh_turn_makes_one_turn_per_call(crabctl: Crabctl, sandbox: str) -> None
 
 
 def test_sh_turn_ends_the_turn_when_the_command_fails(crabctl: Crabctl, sandbox: str) -> None:
-    failed = crabctl("sh", sandbox, "echo before; (exit 3)", "--turn")
+    failed = crabctl("sh", sandbox, "--as-turn", "echo before; (exit 3)")
     assert failed.returncode == 3 and failed.stdout == "before\n"
-    timed_out = crabctl("sh", sandbox, "sleep 30", "--turn", "--timeout", "1")
+    timed_out = crabctl("sh", sandbox, "--as-turn", "--timeout", "1", "sleep 30")
     assert timed_out.returncode == 124 and "timed out" in timed_out.stderr
-    as_json = crabctl("sh", sandbox, "(exit 5)", "--turn", "--json")
+    as_json = crabctl("sh", sandbox, "--as-turn", "--json", "(exit 5)")
     assert as_json.returncode == 5 and json.loads(as_json.stdout)["exit_code"] == 5
 
     turns = js(crabctl, "log", sandbox)[-3:]

@@ -208,6 +208,38 @@ def test_persistent_process_ring_and_attach(init: Init) -> None:
     run(go())
 
 
+def test_attach_listed_tells_a_live_session_from_one_that_already_exited(init: Init) -> None:
+    """One round trip says whether the attached process still runs.  A live one's kept output
+    comes next; a finished one's kept frames are dropped and the connection stays in step
+    (a forget right after works); a missing one is ENOENT, and the connection stays usable."""
+    name, _ = init
+
+    async def go() -> None:
+        async with await InitConnection.open(name) as c:
+            await c.spawn(SpawnSpec(argv=["sh"], env=ENV, name="live", persistent=True))
+            await c.write_stdin(b"echo kept\n")
+        async with await InitConnection.open(name) as c:
+            await c.spawn(SpawnSpec(argv=["sh"], env=ENV, name="gone", persistent=True))
+            await c.write_stdin(b"echo last; exit 3\n")
+        await asyncio.sleep(0.5)
+        async with await InitConnection.open(name) as c:
+            _, listed = await c.attach_listed("live")
+            assert {p.name: p.alive for p in listed} == {"live": True, "gone": False}
+            assert await c.next_event() == Stdout(b"kept\n")
+            await c.write_stdin(b"exit 0\n")
+            assert await c.next_event() == Exit(0)
+        async with await InitConnection.open(name) as c:
+            _, listed = await c.attach_listed("gone")
+            assert not next(p for p in listed if p.name == "gone").alive
+            await c.forget("gone")
+            with pytest.raises(InitSpawnError) as info:
+                await c.attach_listed("gone")
+            assert info.value.errno == 2  # ENOENT
+            assert [p.name for p in await c.list()] == ["live"]
+
+    run(go())
+
+
 def test_background_grandchild_does_not_delay_exit(init: Init) -> None:
     name, _ = init
     t0 = time.monotonic()

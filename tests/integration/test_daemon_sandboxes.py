@@ -208,14 +208,14 @@ def test_cli_round_trip(daemon: EmbeddedDaemon) -> None:
     def crabctl(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([CRABCTL, *args], capture_output=True, text=True, timeout=120, env=env)
 
-    made = crabctl("create", "--env", "bookworm", "--name", "cli-1", "--json")
+    made = crabctl("create", "bookworm", "--name", "cli-1", "--json")
     assert made.returncode == 0, made.stderr
     sid = json.loads(made.stdout)["id"]
     try:
         ps = json.loads(crabctl("ps", "--json").stdout)
         assert sid in {s["id"] for s in ps}
         human = crabctl("ps")
-        assert "cli-1" in human.stdout
+        assert "cli-1" in human.stdout and sid[:8] in human.stdout and sid not in human.stdout
         ex = crabctl("exec", "cli-1", "--", "sh", "-c", "echo hi; exit 4")
         assert ex.returncode == 4 and ex.stdout == "hi\n"
         sh = crabctl("sh", "cli-1", "cd /tmp; echo $PWD")
@@ -224,6 +224,10 @@ def test_cli_round_trip(daemon: EmbeddedDaemon) -> None:
         log = json.loads(crabctl("log", "cli-1", "--json").stdout)
         assert [c["kind"] for t in log for c in t["commands"]] == ["exec", "session", "session"]
         assert "echo hi" in crabctl("log", "cli-1").stdout
+        # Options go before the command (with or without --); a timed-out command exits 124, as from sh.
+        slow = crabctl("exec", "cli-1", "--timeout", "1", "sleep", "30")
+        assert slow.returncode == 124 and "timed out" in slow.stderr, slow.stderr
+        assert crabctl("exec", "cli-1", "-e", "X=1", "--", "sh", "-c", "echo $X").stdout == "1\n"
         st = json.loads(crabctl("daemon", "status", "--json").stdout)
         assert st["socket"] and st["caller_uid"] == 0
         bad = crabctl("exec", "no-such-sb", "--", "true")

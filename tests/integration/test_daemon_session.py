@@ -40,6 +40,26 @@ def test_session_exit_revives_a_fresh_session(make_sandbox: Callable[..., Sandbo
     assert sb.session.run("echo $KEEP $PWD").text == "1 /tmp\n"
 
 
+def test_a_session_killed_between_turns_is_revived_by_the_next_command(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    """Something in the sandbox kills the session's bash while no command runs: init keeps it,
+    dead, until crabd forgets it.  The turn end finds no session (it neither fails on the dead
+    bash's exit nor starts a new one), and the next session command revives the session with its
+    last captured state and runs in it, once, reported as an ordinary command."""
+    sb = make_sandbox("bookworm")
+    with sb.turn():
+        sb.session.run("cd /tmp; export KEEP=3")
+    sb.run(["sh", "-c", "kill -9 $(pgrep -x bash)"])
+    sb.begin_turn()
+    sb.run(["true"])
+    t = sb.end_turn(wait=True)
+    assert t.checkpoint_state != "failed", t
+    r = sb.session.run("echo $KEEP $PWD; echo ran >> /tmp/count")
+    assert (r.exit_code, r.session_ended, r.text) == (0, False, "3 /tmp\n")
+    assert sb.run(["cat", "/tmp/count"]).text == "ran\n"  # the command ran exactly once
+
+
 def test_session_timeout_restarts_it(make_sandbox: Callable[..., Sandbox]) -> None:
     sb = make_sandbox("bookworm")
     with sb.turn():

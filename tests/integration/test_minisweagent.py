@@ -1,4 +1,4 @@
-"""mini-swe-agent's own agent loop in crab sandboxes (agents.integrations.minisweagent; docs/minisweagent.md).
+"""mini-swe-agent's own agent loop in crab sandboxes (crabd.integrations.minisweagent; docs/minisweagent.md).
 
 The model is mini-swe-agent's DeterministicModel, scripted with a task's
 oracle commands and then the submit command; the task's verifier judges.
@@ -22,14 +22,14 @@ from minisweagent.environments import get_environment
 from minisweagent.models.test_models import DeterministicModel, make_output
 
 from agents import tasks
-from agents.integrations.minisweagent import SUBMIT_MARKER, CrabEnvironment, CrabEnvironmentError
 from crabd.errors import DaemonUnavailable, ImageError
+from crabd.integrations.minisweagent import SUBMIT_MARKER, CrabEnvironment, CrabEnvironmentError
 from crabd.sdk import Client, EmbeddedDaemon
 from tests.conftest import REPO
 from tests.integration.conftest import kill_container
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.criu, pytest.mark.slow]
-PATH = "agents.integrations.minisweagent.CrabEnvironment"
+PATH = "crabd.integrations.minisweagent.CrabEnvironment"
 KV = tasks.find("shell/kv-server")  # its server, started at step 2, must stay alive for steps 3 and 4
 #: mini-swe-agent's own default configuration (agent templates, environment variables, observation template).
 DEFAULTS: dict[str, Any] = get_config_from_spec("default.yaml")

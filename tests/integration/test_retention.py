@@ -33,7 +33,7 @@ def test_retention_thins_by_policy_and_keeps_lines_pins_and_exact_restores(
 
             # Bad input changes nothing.
             bad = crabctl("retention", "set", "ret")
-            assert bad.returncode == 1 and "--keep-last" in bad.stderr and "Traceback" not in bad.stderr
+            assert bad.returncode == 2 and "--keep-last" in bad.stderr and "Traceback" not in bad.stderr
             bad = crabctl("retention", "set", "ret", "--keep-last", "-1")
             assert bad.returncode != 0
             assert len(js(crabctl, "checkpoint", "ls", "ret")) == 9
@@ -53,7 +53,7 @@ def test_retention_thins_by_policy_and_keeps_lines_pins_and_exact_restores(
             assert why[before[0]["id"]] == ["root"] and why[pinned] == ["pinned"]
             assert why[before[-1]["id"]] == ["head", "last"]
             human = crabctl("checkpoint", "ls", "ret").stdout
-            assert "kept for" in human and "pinned" in human and "root" in human
+            assert "KEPT FOR" in human and "pinned" in human and "root" in human
             assert js(crabctl, "verify")["ok"] is True
 
             # Every kept checkpoint restores exactly; full ones with the process.  No thinning meanwhile: each

@@ -21,7 +21,7 @@ import pytest
 
 from crabd.backends.runc import cni, slots
 from crabd.daemon.app import instance_id
-from crabd.sdk import Client, EmbeddedDaemon
+from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from tests.integration.conftest import daemon_with_config, instance_containers
 from tests.integration.test_isolation import _probe, _serve
 
@@ -116,7 +116,7 @@ def test_a_sandbox_from_a_slot_takes_a_full_checkpoint_and_forks(daemon: Embedde
     c.create("busybox", network=True).remove(force=True)  # the pool runs (from here on, whatever ran before)
     ips = {_slot_ip(s) for s in _wait_slots(daemon, 2)}
     sb = c.create("bookworm", network=True)
-    clones = []
+    clones: list[Sandbox] = []
     try:
         ip = sb.refresh().ip_address
         assert ip in ips

@@ -116,7 +116,7 @@ def test_a_failed_adoption_reads_dead_not_hung(tmp_path: Path, monkeypatch: pyte
     async def body() -> None:
         ok = await st.service.create(ALICE, spec("ok", checkpoints="none"))
         bad = await st.service.create(ALICE, spec("bad", checkpoints="none"))
-        adoption = Adoption(st.sandboxes, workers=1)
+        adoption = Adoption(st.sandboxes, workers=1, retry_delays=(0.01, 0.01))
         await adoption.prepare()
         st.faults.arm("backend.thaw")  # the freezer refuses: its adoption fails
         # Requested before any worker runs: adopted on demand, and the failure is the answer.
@@ -127,9 +127,31 @@ def test_a_failed_adoption_reads_dead_not_hung(tmp_path: Path, monkeypatch: pyte
             await asyncio.wait_for(st.service.session_state(ALICE, bad.id), 5)
         st.faults.disarm("backend.thaw")
         counts = await asyncio.wait_for(adoption.run(), 5)
-        assert counts == Adopted(adopted=1, failed=1, on_demand=1)
+        assert counts == Adopted(adopted=1, failed=1, on_demand=1, retried=2)
+        assert st.faults.calls["backend.thaw"] == 3 + 1  # three tries of `bad`, one of `ok`
         fine = await st.service.get(ALICE, ok.id)
         assert fine.state is SandboxState.RUNNING
+
+    run(body())
+
+
+def test_a_runtime_hiccup_during_adoption_is_tried_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One failed thaw must not mark a live sandbox dead (recovery would then replace its processes)."""
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        sb = await st.service.create(ALICE, spec("sb", checkpoints="none"))
+        adoption = Adoption(st.sandboxes, workers=1, retry_delays=(0.2, 0.2))
+        await adoption.prepare()
+        st.faults.arm("backend.thaw")
+        waiting = asyncio.ensure_future(st.service.get(ALICE, sb.id))
+        while st.faults.calls.get("backend.thaw", 0) < 1:
+            await asyncio.sleep(0.01)
+        st.faults.disarm("backend.thaw")  # the runtime recovers before the second try
+        got = await asyncio.wait_for(waiting, 5)
+        assert got.state is SandboxState.RUNNING and not got.dead_reason
+        counts = await asyncio.wait_for(adoption.run(), 5)
+        assert counts == Adopted(adopted=1, on_demand=1, retried=1)
 
     run(body())
 

@@ -1,4 +1,4 @@
-"""crabctl turn begin|end, sh --turn and log against a fake SDK (a real crabd: tests/integration/)."""
+"""crabctl turn begin|end, sh --as-turn and log against a fake SDK (a real crabd: tests/integration/)."""
 
 from __future__ import annotations
 
@@ -87,14 +87,14 @@ def test_turn_begin_prints_the_number_and_end_the_checkpoint(monkeypatch: pytest
 @pytest.mark.parametrize("code", [0, 3])
 def test_sh_turn_brackets_the_command_and_exits_with_its_code(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
     sb = FakeSandbox(exit_code=code)
-    done = invoke(monkeypatch, sb, "sh", "sb", "make", "--turn")
+    done = invoke(monkeypatch, sb, "sh", "sb", "make", "--as-turn")
     assert done.exit_code == code and done.output == "out\n"
     assert sb.calls == ["begin", "run make", "end wait=False decision=False"]
 
 
 def test_sh_turn_ends_the_turn_when_the_command_breaks(monkeypatch: pytest.MonkeyPatch) -> None:
     sb = FakeSandbox(fail=SandboxDead("the container died", sandbox="sb-1"))
-    done = invoke(monkeypatch, sb, "sh", "sb", "make", "--turn")
+    done = invoke(monkeypatch, sb, "sh", "sb", "make", "--as-turn")
     assert isinstance(done.exception, SandboxDead)
     assert sb.calls == ["begin", "run make", "end wait=False decision=False"]
 

@@ -1,4 +1,4 @@
-"""agents.integrations.harbor without crabd: error mapping, the Dockerfile plan, recovery's re-doing.
+"""crabd.integrations.harbor without crabd: error mapping, the Dockerfile plan, recovery's re-doing.
 
 A fake client and sandbox stand for crab's async SDK.  Each session command
 is recorded as an *effect* of the turn it ran in; every turn end is a
@@ -27,15 +27,6 @@ from harbor.environments.base import SandboxBuildFailedError
 from harbor.models.task.config import EnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
-from agents.integrations import harbor as crab_harbor
-from agents.integrations.harbor import (
-    CrabdUnavailableError,
-    CrabEnvironment,
-    CrabEnvironmentError,
-    exec_text,
-    harbor_error,
-)
-from agents.integrations.harbor_dockerfile import CopyStep, RunStep, plan_dockerfile
 from crabd.errors import (
     CrabError,
     DaemonUnavailable,
@@ -44,6 +35,15 @@ from crabd.errors import (
     SandboxDead,
     SandboxNotFound,
 )
+from crabd.integrations import harbor as crab_harbor
+from crabd.integrations.harbor import (
+    CrabdUnavailableError,
+    CrabEnvironment,
+    CrabEnvironmentError,
+    exec_text,
+    harbor_error,
+)
+from crabd.integrations.harbor_dockerfile import CopyStep, RunStep, plan_dockerfile
 from crabd.sdk import ExecResult
 
 # --- error mapping ------------------------------------------------------------------------------------

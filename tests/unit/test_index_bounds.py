@@ -170,6 +170,11 @@ def test_a_short_delta_is_listed_as_truncated() -> None:
     svc.catalog = SimpleNamespace(find=lambda _id: rec, lineage=lambda _id: [rec])  # type: ignore[assignment]
     svc.housekeeping = SimpleNamespace(describe=describe)  # type: ignore[assignment]
     svc.remote = RemoteCheckpoints(svc.catalog)
+
+    async def as_kept(recs: list[object]) -> list[object]:
+        return recs
+
+    svc.retention = SimpleNamespace(annotate=as_kept)  # type: ignore[assignment]
     detail = asyncio.run(svc.describe_checkpoint(Caller(uid=0, gid=0, pid=1), "ck-1"))
     assert len(detail.changes) == 300 and detail.truncated
     rec = dataclasses.replace(rec, stats={"changed": 280, "deleted": 20})

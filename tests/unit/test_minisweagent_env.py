@@ -1,4 +1,4 @@
-"""agents.integrations.minisweagent without crabd: step bookkeeping, recovery's replay, rollback, fork, errors.
+"""crabd.integrations.minisweagent without crabd: step bookkeeping, recovery's replay, rollback, fork, errors.
 
 A fake client and sandbox stand for crab's SDK: each command is recorded as
 an *effect* of the turn it ran in; a checkpoint is taken at every turn end
@@ -19,12 +19,12 @@ from minisweagent.environments import get_environment, get_environment_class
 from minisweagent.exceptions import Submitted
 from pydantic import ValidationError
 
-from agents.integrations.minisweagent import CrabEnvironment, CrabEnvironmentError
 from crabd.errors import CrabError, DaemonUnavailable, InitUnavailable, QuotaExceeded, RequestTooLarge, SandboxDead
+from crabd.integrations.minisweagent import SUBMIT_MARKER, CrabEnvironment, CrabEnvironmentError
 from crabd.models import CheckpointPolicy
 from crabd.sdk import ExecResult, OutputChunk
 
-PATH = "agents.integrations.minisweagent.CrabEnvironment"
+PATH = "crabd.integrations.minisweagent.CrabEnvironment"
 Handler = Callable[["FakeSandbox", str], tuple[int, bytes, bytes, bool]]
 
 
@@ -281,6 +281,34 @@ def test_each_command_is_one_turn_ended_without_waiting_and_the_output_is_mini_s
     assert tv["crab_sandbox_name"] == "mine" and tv["extra"] == 1 and {"system", "release", "machine"} <= set(tv)
 
 
+def test_the_trajectory_names_each_steps_checkpoint_once_it_exists_and_the_submission_waits_for_them() -> None:
+    env, sb, _ = make()
+    run(env, "ls")
+    sb.hold_checkpoints = True  # step 2's checkpoint is still being taken when the agent saves
+    run(env, "pwd")
+    saved = [s["checkpoint_id"] for s in env.serialize()["info"]["crab"]["steps"]]
+    assert saved == ["sb1-t1", ""]  # what exists is named; what is pending is not waited for
+    sb.hold_checkpoints = False
+    sb.ckpts[2] = "sb1-t2"  # taken since
+    assert [s["checkpoint_id"] for s in env.serialize()["info"]["crab"]["steps"]] == ["sb1-t1", "sb1-t2"]
+    # The submitting step settles them all, so the last save of the run names every checkpoint.
+    sb.handler = lambda sb, command: (0, f"{SUBMIT_MARKER}\n".encode(), b"", False)
+    sb.hold_checkpoints = True
+    listed = sb.checkpoints
+
+    def settle() -> list[Any]:  # crab's checkpoint list waits for the last turn's checkpoint
+        sb.ckpts[3] = "sb1-t3"
+        return listed()
+
+    sb.checkpoints = settle  # type: ignore[method-assign]
+    with pytest.raises(Submitted):
+        run(env, f"echo {SUBMIT_MARKER}")
+    assert sb.calls[-1] == ("end", 3, False, False)  # the turn itself still ends without waiting
+    info = env.serialize()["info"]["crab"]
+    assert [s["checkpoint_id"] for s in info["steps"]] == ["sb1-t1", "sb1-t2", "sb1-t3"]
+    assert info["start"]["checkpoint_id"] == "sb1-created"
+
+
 def test_stdout_and_stderr_come_interleaved_and_the_submit_marker_ends_the_run() -> None:
     env, sb, _ = make()
 
@@ -529,7 +557,7 @@ def test_an_owned_client_is_closed_with_the_last_environment_that_uses_it(monkey
         made.append(FakeClient(socket=socket or "default"))
         return made[-1]
 
-    monkeypatch.setattr("agents.integrations.minisweagent.Client", client_factory)
+    monkeypatch.setattr("crabd.integrations.minisweagent.Client", client_factory)
     env = CrabEnvironment(socket="/run/x.sock")
     run(env, "one")
     [child] = env.fork(1)
@@ -540,7 +568,7 @@ def test_an_owned_client_is_closed_with_the_last_environment_that_uses_it(monkey
 
 
 def test_environments_left_alive_are_cleaned_up_at_exit() -> None:
-    from agents.integrations.minisweagent import _cleanup_at_exit
+    from crabd.integrations.minisweagent import _cleanup_at_exit
 
     client = FakeClient()
     left, _, _ = make(client)

@@ -236,9 +236,9 @@ def test_the_cli_offers_the_choices_and_rejects_others_without_calling_crabd(mon
 
     monkeypatch.setattr(sandboxes, "client", no_client)
     runner = CliRunner()
-    bad = runner.invoke(app, ["create", "--env", "busybox", "--checkpoints", "sometimes"])
+    bad = runner.invoke(app, ["create", "busybox", "--checkpoints", "sometimes"])
     assert bad.exit_code == 2 and "sometimes" in bad.output
-    bad = runner.invoke(app, ["create", "--env", "busybox", "--recovery", "never"])
+    bad = runner.invoke(app, ["create", "busybox", "--recovery", "never"])
     assert bad.exit_code == 2 and "never" in bad.output
 
 
@@ -302,6 +302,11 @@ def test_engine_status_and_checkpoint_detail_are_records() -> None:
 
     svc.catalog = SimpleNamespace(find=lambda _id: rec, lineage=lambda _id: [rec])  # type: ignore[assignment]
     svc.housekeeping = SimpleNamespace(describe=describe)  # type: ignore[assignment]
+
+    async def as_kept(recs: list[object]) -> list[object]:
+        return recs
+
+    svc.retention = SimpleNamespace(annotate=as_kept)  # type: ignore[assignment]
     detail = asyncio.run(svc.describe_checkpoint(ROOT, "ck-1"))
     assert detail == CheckpointDetail(rec, [], False, '{"cwd": "/"}', ["ck-1"])
     assert convert.detail_to_pb(detail).lineage == ["ck-1"]
