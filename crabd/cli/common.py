@@ -130,9 +130,10 @@ def client() -> Client:
 
     if state.socket:
         return Client(state.socket)
-    from crabd.config import load_config
+    # The socket path only: tomllib, not the whole pydantic config (~90 ms of every call).
+    from crabd.config_file import socket_path
 
-    return Client(load_config(state.config).paths.socket)
+    return Client(socket_path(state.config))
 
 
 def fmt_time(ts: float | None) -> str:

@@ -115,9 +115,9 @@ def join(
     address = _address()
     with _reported():
         if socket is None:
-            from crabd.config import load_config
+            from crabd.config_file import socket_path
 
-            socket = state.socket or str(load_config(state.config).paths.socket)
+            socket = state.socket or str(socket_path(state.config))
         try:
             info = _join(host, socket, capacity, address)
         except ValueError as exc:  # a bad host id, or (Ray) an agent of that name is alive already
