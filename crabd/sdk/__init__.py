@@ -12,8 +12,7 @@ daemon's launcher: each CLI call pays for what it uses
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from crabd.errors import (
     AlreadyExists,
@@ -39,6 +38,7 @@ from crabd.errors import (
     StoreError,
     StoreFull,
 )
+from crabd.util.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from crabd.sdk._requests import CreateOptions
@@ -181,15 +181,4 @@ __all__ = [
 # Defined for the interpreter only: type checkers see the names themselves (imported above), so a
 # misspelt name stays an error for them instead of becoming Any.
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> Any:
-        """A lazily exported name: import its module, and keep the value here for the next use."""
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted(set(globals()) | set(__all__))
+    __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -14,10 +14,10 @@ otherwise pay without using them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from crabd.sdk.models.sandbox import ExecResult, OutputChunk, SandboxInfo, chunk_from_pb, retention_from_pb
+from crabd.util.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from crabd.sdk.models.checkpoint import (
@@ -107,15 +107,4 @@ __all__ = [
 # Defined for the interpreter only: type checkers see the names themselves (imported above), so a
 # misspelt name stays an error for them instead of becoming Any.
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> Any:
-        """A lazily exported name: import its module, and keep the value here for the next use."""
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted(set(globals()) | set(__all__))
+    __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
