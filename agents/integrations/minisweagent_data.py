@@ -1,20 +1,7 @@
-"""Moved to :mod:`crabd.integrations.minisweagent_data` (in the package); this old path is kept for one release.
-
-The old name becomes the new module itself (not a copy of its names), so
-classes, private helpers and monkeypatching are the same through either.
-"""
+"""Moved to :mod:`crabd.integrations.minisweagent_data` (in the package); this old path is kept for one release."""
 
 from __future__ import annotations
 
-import sys
-import warnings
+from agents.integrations import moved
 
-from crabd.integrations import minisweagent_data as _moved
-
-warnings.warn(
-    "agents.integrations.minisweagent_data moved to crabd.integrations.minisweagent_data (the package ships it); "
-    "the old import path goes in the next release",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _moved
+moved(__name__, "crabd.integrations.minisweagent_data")
