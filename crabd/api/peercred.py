@@ -30,12 +30,12 @@ from pathlib import Path
 
 from crabd.errors import HostError
 from crabd.models import Caller
+from crabd.util.private_dirs import CRAB_GROUP as SOCKET_GROUP
 from crabd.util.private_dirs import RUN_DIR, crab_dir
 
 log = logging.getLogger("crabd.api")
 
 PEER_PREFIX = "crab-peer-"
-SOCKET_GROUP = "crab"
 _RELAY_CHUNK = 256 * 1024
 
 

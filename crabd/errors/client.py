@@ -11,6 +11,9 @@ import socket as _socket
 
 from crabd.errors.base import CrabError
 
+# The group whose members may use crabd's socket (0660 root:crab; systemd/crab.sysusers).
+from crabd.util.private_dirs import CRAB_GROUP as SOCKET_GROUP
+
 
 class DaemonUnavailable(CrabError):
     """The SDK cannot reach crabd.  Attribute: ``socket``.
@@ -24,10 +27,6 @@ class DaemonUnavailable(CrabError):
     def __init__(self, message: str, *, socket: str, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.socket = socket
-
-
-#: The group whose members may use crabd's socket (0660 root:crab; systemd/crab.sysusers).
-SOCKET_GROUP = "crab"
 
 
 def unreachable(socket_path: str, detail: str) -> DaemonUnavailable:
