@@ -60,7 +60,7 @@ def test_exhausted_ranges_say_so_and_bad_owners_are_refused(tmp_path: Path) -> N
     r.claim("b")
     with pytest.raises(ContainerRuntimeError, match="no free user-namespace id range"):
         r.claim("c")
-    for bad in ("", "a\nb", "x" * 300):
+    for bad in ("", "a\nb", "x" * 300, "a/b", "..", ".hidden"):
         with pytest.raises(ContainerRuntimeError):
             r.claim(bad)
     assert FIRST_BASE + (MAX_SLOTS + 1) * RANGE_SIZE <= 2**32 - 1  # the last range ends below "no id"
@@ -75,6 +75,46 @@ def test_a_foreign_file_in_the_claims_dir_is_no_claim(tmp_path: Path) -> None:
     (d / "notes").write_text("x")
     r = IdRanges(d)
     assert r.owners() == {} and r.claim("a").base == FIRST_BASE + RANGE_SIZE  # slot 0 stays taken
+
+
+def test_a_claim_or_lookup_reads_no_other_claim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A host with a thousand sandboxes: a create must not read a thousand claim files.
+    r = IdRanges(tmp_path / "u")
+    for i in range(40):
+        r.claim(f"i1-s{i}-g1")
+    reads: list[int] = []
+    real = IdRanges._read
+    monkeypatch.setattr(IdRanges, "_read", lambda self, slot: reads.append(slot) or real(self, slot))
+    fresh = r.claim("i1-new-g1")
+    assert fresh.slot == 40 and reads == []
+    assert r.find("i1-s7-g1") == r.claim("i1-s7-g1") and reads == [7, 7]
+    assert r.release("i1-s3-g1") and reads[-1] == 3 and len(reads) == 3
+
+
+def test_claims_without_an_index_entry_are_still_found_by_release(tmp_path: Path) -> None:
+    d = tmp_path / "u"
+    r = IdRanges(d)
+    a = r.claim("i1-a-g1")
+    # As a claim made before the index existed, or a crash between the claim and its entry.
+    (d / "owners" / "i1-a-g1").unlink()
+    assert r.find("i1-a-g1") is None and r.owners("i1-") == {"i1-a-g1": a}
+    assert r.release("i1-a-g1") and not (d / str(a.slot)).exists() and r.owners() == {}
+
+
+def test_a_stale_index_entry_is_not_believed(tmp_path: Path) -> None:
+    d = tmp_path / "u"
+    r = IdRanges(d)
+    a, b = r.claim("i1-a-g1"), r.claim("i1-b-g1")
+    (d / "owners" / "i1-a-g1").write_text(str(b.slot))  # names b's claim
+    assert r.find("i1-a-g1") is None
+    (d / "owners" / "i1-a-g1").write_text("junk")
+    assert r.find("i1-a-g1") is None
+    (d / "owners" / "i1-a-g1").unlink()
+    (d / "owners" / "i1-a-g1").symlink_to(d / "owners" / "i1-b-g1")
+    assert r.find("i1-a-g1") is None  # O_NOFOLLOW
+    # release falls back to the claims themselves and frees a's, never b's.
+    assert r.release("i1-a-g1") and not (d / str(a.slot)).exists() and r.find("i1-b-g1") == b
+    assert not r.release("../u/i1-b-g1") and r.find("i1-b-g1") == b
 
 
 # --- the CRIU user namespace image --------------------------------------------------------
