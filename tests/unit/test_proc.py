@@ -43,3 +43,25 @@ def test_stderr_is_bounded() -> None:
     with pytest.raises(CommandError) as info:
         proc.run([sys.executable, "-c", "import sys; sys.stderr.write('x' * 100000); sys.exit(1)"], timeout=30)
     assert len(info.value.stderr) <= proc.STDERR_TAIL + 3
+
+
+def test_a_helper_without_pipes_is_reaped_when_it_exits_not_polled(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Popen.wait(timeout) polls with sleeps of up to 50 ms (it made every `runc create` up to 50 ms late).
+    waits: list[float | None] = []
+    real = proc.subprocess.Popen.wait
+
+    def wait(self: proc.subprocess.Popen[bytes], timeout: float | None = None) -> int:
+        waits.append(timeout)
+        return real(self, timeout)
+
+    monkeypatch.setattr(proc.subprocess.Popen, "wait", wait)
+    done = proc.run(["sh", "-c", "sleep 0.2; exit 5"], timeout=10, capture=False, check=False)
+    assert done.exit_code == 5 and done.stdout == b"" and waits == [None]
+
+
+def test_a_helper_without_pipes_still_times_out() -> None:
+    with pytest.raises(CommandTimeout):
+        proc.run(["sleep", "30"], timeout=0.3, capture=False)
+    with pytest.raises(CommandError) as info:
+        proc.run(["sh", "-c", "exit 7"], timeout=10, capture=False)
+    assert info.value.exit_code == 7
