@@ -48,9 +48,9 @@ calls from worker threads, several forks at once).
 
 This module holds the backend's state and its life cycle; the rest is in
 modules of its own: what it reports (status, listing) in :mod:`.status`,
-stopping a container and removing its subvolume and half-made bundles in
-:mod:`.teardown`, and a restore's images and CRIU work dirs in
-:mod:`.restore_dirs`.
+how a container ends (its init stopped, its subvolume and half-made
+bundles removed) in :mod:`.ending`, and a restore's process images and
+CRIU work dirs in :mod:`.restore_dirs`.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs.layout import SubvolRef
 from crabd.backends.btrfs.pool import Pool
 from crabd.backends.procdump import Posture
-from crabd.backends.runc import bundle, cleanup, initfs, named_netns, reaper, rootfs, slots, teardown
+from crabd.backends.runc import bundle, cleanup, ending, initfs, named_netns, reaper, rootfs, slots
 from crabd.backends.runc.cli import EMPTY_NETNS, Runc
 from crabd.backends.runc.cni import CniNetwork
 from crabd.backends.runc.idmap import IdRange
@@ -389,7 +389,7 @@ class RuncSandboxBackend(StatusReader):
 
     def stop(self, container_id: str, timeout_s: float) -> None:
         """SIGTERM to init, SIGKILL after ``timeout_s``; the container stays, stopped, for :meth:`status`."""
-        teardown.stop(self.runc, self._own(container_id), timeout_s)
+        ending.stop(self.runc, self._own(container_id), timeout_s)
 
     def remove(self, container_id: str) -> None:
         if not self._is_own(container_id):
@@ -405,7 +405,7 @@ class RuncSandboxBackend(StatusReader):
         except CrabError as exc:
             log.warning("cannot thaw before removal", extra={"container": cid, "error": str(exc)})
         try:
-            teardown.kill(self.runc, cid)
+            ending.kill(self.runc, cid)
         except CrabError as exc:
             log.warning("cannot kill before removal", extra={"container": cid, "error": str(exc)})
         errors = self._launcher.remove(cid)
@@ -415,9 +415,9 @@ class RuncSandboxBackend(StatusReader):
         if init is not None and gone:
             reaper.reap(init)  # a zombie since runc delete; gone already if crabd was not its parent
             reaper.forget(key)
-        errors += teardown.remove_partial_bundles(self.layout.bundles, cid)
+        errors += ending.remove_partial_bundles(self.layout.bundles, cid)
         if gone:
-            errors += teardown.delete_subvolume(self.pool, self.layout, cid)
+            errors += ending.delete_subvolume(self.pool, self.layout, cid)
         else:
             # Never while the sandbox may still run on it.
             errors.append(f"{cid}: subvolume kept: the runc container is still there")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from crabd.backends.btrfs.layout import SubvolKind, SubvolRef
 from crabd.backends.btrfs.pool import Pool
-from crabd.backends.runc import bundle, cleanup, named_netns, reaper, rootfs, slots, teardown
+from crabd.backends.runc import bundle, cleanup, ending, named_netns, reaper, rootfs, slots
 from crabd.backends.runc.cli import Runc, RuncState, RuncStatus
 from crabd.backends.runc.cni import CniNetwork
 from crabd.backends.runc.launch import Launched, real_lowers
@@ -168,7 +168,7 @@ class StatusReader:
         found = []
         if self.pool.exists(SubvolRef.sandbox(cid)):
             found.append("btrfs subvolume")
-        if (self.layout.bundles / cid).is_dir() or teardown.partial_bundles(self.layout.bundles, cid):
+        if (self.layout.bundles / cid).is_dir() or ending.partial_bundles(self.layout.bundles, cid):
             found.append("bundle")
         if named_netns.path_of(cid, self.layout.netns).exists():
             found.append("netns")
@@ -214,7 +214,7 @@ class StatusReader:
                 labels=facts.labels,
             )
         facts = self._facts_of(cid)
-        running = state.status in teardown.RUNNING
+        running = state.status in ending.RUNNING
         code: int | None = None
         why = ""
         if state.status is RuncStatus.CREATED:
@@ -280,5 +280,5 @@ class StatusReader:
         with self._lock:
             busy = set(self._created) | self._starting
         return sorted(
-            cid for cid in ids if cid not in busy and (cid not in states or states[cid].status not in teardown.RUNNING)
+            cid for cid in ids if cid not in busy and (cid not in states or states[cid].status not in ending.RUNNING)
         )

@@ -1,4 +1,4 @@
-"""Stopping a runc container and the removal steps of its own pieces (its subvolume, its half-made bundles).
+"""How a runc container ends: its init stopped, then the backend's own pieces of it removed.
 
 A container's init is crabd's child (:mod:`.reaper`).  Stopping it goes
 through runc (``runc kill``) and then waits for init to exit; while it
@@ -6,9 +6,13 @@ waits, it reaps the strays of the container's pid namespace, which would
 hold up init's exit otherwise.  A frozen container is thawed first: a frozen
 init acts on no SIGTERM, and a v1-frozen task does not even die of SIGKILL.
 
-The removal helpers return what they could not remove (as lines for the
-caller's error) instead of raising: :meth:`.sandbox.RuncSandboxBackend.remove`
-goes on through every piece and says at the end what was left.
+Removal here is of what the backend adds to the runc layer's pieces: the
+container's btrfs subvolume (never while an overlay over it is mounted) and
+its half-made bundles.  The runc layer's own pieces (container, CNI, netns,
+bundle) are :func:`.cleanup.teardown`'s.  The removal helpers return what
+they could not remove (as lines for the caller's error) instead of raising:
+:meth:`.sandbox.RuncSandboxBackend.remove` goes on through every piece and
+says at the end what was left.
 
 Split out of :mod:`.sandbox`, which drives these from ``stop`` and ``remove``.
 """
