@@ -18,6 +18,12 @@ from.  Results are bounded so a reply always fits a gRPC message.
 Words of crab's vocabulary (``crabd.models``: checkpoint policies, kinds,
 recovery modes) become enum members once, where they enter: a new
 sandbox's spec in ``api/convert.py``, a checkpoint's kind here.
+
+Who may act on which sandbox is ``access.py`` (:class:`Access`, which every
+request's sandbox goes through; a checkpoint's reader is checked by
+``remote.readable_checkpoint``), the checks of a command request's contents
+``command_requests.py``; the edges of the remote tier, archives and
+retention have modules of their own too.
 """
 
 from __future__ import annotations
@@ -42,16 +48,7 @@ from crabd.coordinator.sandboxes import SandboxManager
 from crabd.coordinator.tree import TreeView, build_tree
 from crabd.coordinator.turnflow import TurnFlow
 from crabd.engine import HostEngine
-from crabd.errors import (
-    CheckpointNotFound,
-    CrabError,
-    InvalidRequest,
-    PermissionDenied,
-    QuotaExceeded,
-    RequestTooLarge,
-    SandboxBusy,
-    SandboxNotFound,
-)
+from crabd.errors import CheckpointNotFound, CrabError, InvalidRequest, PermissionDenied, QuotaExceeded, SandboxBusy
 from crabd.models import (
     Caller,
     CheckpointKind,
@@ -62,9 +59,9 @@ from crabd.models import (
     SandboxState,
     TurnRecord,
 )
-from crabd.runtime import session_state
 from crabd.runtime.session_state import SessionState
-from crabd.service import refs
+from crabd.service import command_requests
+from crabd.service.access import Access
 from crabd.service.archives import ArchiveEdge
 from crabd.service.limits import RequestLimits, fit_output
 from crabd.service.quota import Quotas, QuotaUse
@@ -81,21 +78,6 @@ log = logging.getLogger("crabd.service")
 
 #: Most changed paths one `checkpoint inspect` returns.
 MAX_CHANGES_SHOWN = 10_000
-
-
-def parse_user(user: str) -> tuple[int | None, int | None]:
-    """``"uid"`` or ``"uid:gid"`` (numeric) -> (uid, gid); empty -> (None, None)."""
-    if not user:
-        return None, None
-    uid_s, _, gid_s = user.partition(":")
-    try:
-        uid = int(uid_s)
-        gid = int(gid_s) if gid_s else uid
-    except ValueError as exc:
-        raise InvalidRequest(f"user {user!r} must be numeric 'uid' or 'uid:gid'") from exc
-    if not (0 <= uid < 2**32 - 1 and 0 <= gid < 2**32 - 1):
-        raise InvalidRequest(f"user {user!r} is out of range")
-    return uid, gid
 
 
 class Service:
@@ -138,51 +120,20 @@ class Service:
         self.archives = ArchiveEdge(
             catalog, sandboxes, quotas, self.limits, max_imports=cfg.archive.max_concurrent_imports
         )
+        #: Who may act on which sandbox: every request's sandbox goes through it.
+        self.access = Access(sandboxes)
         #: Retention's edge: pins, policies, thinning, and why each checkpoint is kept.
         self.retention = RetentionEdge(retention, sandboxes.registry, self._lookup, self._checkpoint)
 
     # --- access -----------------------------------------------------------------
 
     def authorize(self, caller: Caller, ref: str) -> str:
-        """The id of the sandbox ``ref`` names, if ``caller`` may act on it (else NotFound / PermissionDenied).
-
-        Not waiting for its adoption after a restart (the owner never changes):
-        what then acts on the sandbox looks it up through the gate.
-        """
-        rec = self.sandboxes.row(ref) if ref else None
-        if rec is None and ref:
-            full = self._sandbox_prefix(caller, ref)
-            rec = self.sandboxes.row(full) if full else None
-        return self._allowed(caller, ref, rec).id
+        """The id of the sandbox ``ref`` names, if ``caller`` may act on it (``Access.authorize``)."""
+        return self.access.authorize(caller, ref)
 
     async def _lookup(self, caller: Caller, ref: str) -> SandboxRecord:
-        """The sandbox ``ref`` names (its id, name, or a unique prefix of the id of one of the caller's),
-        adopted (``SandboxManager.get``), if ``caller`` may act on it."""
-        rec = await self.sandboxes.get(ref) if ref else None
-        if rec is None and ref:
-            full = self._sandbox_prefix(caller, ref)
-            rec = await self.sandboxes.get(full) if full else None
-        return self._allowed(caller, ref, rec)
-
-    def _sandbox_prefix(self, caller: Caller, ref: str) -> str | None:
-        """The id of the caller's one sandbox whose id begins with ``ref`` (``refs``)."""
-        if not refs.maybe_sandbox_prefix(ref):
-            return None
-        mine = self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)
-        return refs.unique(ref, (r.id for r in mine), "sandbox", {r.id: r.name for r in mine})
-
-    def _allowed(self, caller: Caller, ref: str, rec: SandboxRecord | None) -> SandboxRecord:
-        if not ref:
-            raise InvalidRequest("no sandbox named in the request")
-        if rec is None:
-            raise SandboxNotFound(f"no sandbox {ref!r}", sandbox=ref)
-        if not caller.is_root and rec.owner_uid != caller.uid:
-            raise PermissionDenied(
-                f"sandbox {ref!r} belongs to uid {rec.owner_uid}, not to you (uid {caller.uid})",
-                uid=caller.uid,
-                sandbox=ref,
-            )
-        return rec
+        """The sandbox ``ref`` names, adopted, if ``caller`` may act on it (``Access.lookup``)."""
+        return await self.access.lookup(caller, ref)
 
     def _checkpoint(self, caller: Caller, ckpt_id: str) -> CheckpointRecord:
         return readable_checkpoint(self.catalog, caller, ckpt_id)
@@ -206,20 +157,7 @@ class Service:
         return self.limits.timeout(requested)
 
     def _max_output(self, requested: int) -> int:
-        lim = self.cfg.limits
-        requested = validate.integer(requested, "max_output_bytes", minimum=0)
-        if requested > lim.max_output_bytes:
-            raise RequestTooLarge(
-                f"max_output_bytes {requested} exceeds the limit of {lim.max_output_bytes}",
-                limit=lim.max_output_bytes,
-                size=requested,
-            )
-        return requested or lim.default_max_output_bytes
-
-    def _command_size(self, size: int, what: str) -> None:
-        limit = self.cfg.limits.max_command_bytes
-        if size > limit:
-            raise RequestTooLarge(f"{what} is {size} bytes, more than the limit of {limit}", limit=limit, size=size)
+        return command_requests.max_output(self.cfg.limits, requested)
 
     # --- daemon ---------------------------------------------------------------------
 
@@ -259,8 +197,7 @@ class Service:
             raise InvalidRequest(
                 "no env given", hint="Name the env image, e.g. `crabctl create bookworm` (`crabctl env ls`)."
             )
-        validate.env_vars(spec.env_vars)
-        self._command_size(sum(len(k) + len(v) + 2 for k, v in spec.env_vars.items()), "the environment")
+        command_requests.check_env(self.cfg.limits, spec.env_vars)
         spec = self.limits.resources(spec)
         with self.quotas.new_sandboxes(caller.uid, 1):
             rec = await self.sandboxes.create(caller.uid, spec)
@@ -320,22 +257,7 @@ class Service:
         user: str,
         sink: ChunkSink | None,
     ) -> ExecOutcome:
-        if not argv or not argv[0]:
-            raise InvalidRequest("empty command", hint="Give the program and its arguments, e.g. ['ls', '-l'].")
-        if any("\0" in a for a in argv):
-            raise InvalidRequest("command arguments must not contain NUL bytes")
-        validate.env_vars(env)
-        size = sum(len(a.encode()) + 1 for a in argv) + sum(len(k) + len(v) + 2 for k, v in env.items())
-        self._command_size(size, "the command")
-        if len(stdin) > self.cfg.limits.max_stdin_bytes:
-            raise RequestTooLarge(
-                f"stdin is {len(stdin)} bytes, more than the limit of {self.cfg.limits.max_stdin_bytes}",
-                limit=self.cfg.limits.max_stdin_bytes,
-                size=len(stdin),
-            )
-        if workdir and (not workdir.startswith("/") or "\0" in workdir):
-            raise InvalidRequest(f"workdir {workdir!r} must be an absolute path")
-        uid, gid = parse_user(user)
+        uid, gid = command_requests.check_exec(self.cfg.limits, argv, env, stdin, workdir, user)
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
         rec = await self._lookup(caller, ref)
@@ -357,11 +279,7 @@ class Service:
     async def session_run(
         self, caller: Caller, ref: str, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None
     ) -> ExecOutcome:
-        if not command.strip():
-            raise InvalidRequest("empty session command")
-        if "\0" in command:
-            raise InvalidRequest("session commands must not contain NUL bytes")
-        self._command_size(len(command.encode()), "the session command")
+        command_requests.check_session_command(self.cfg.limits, command)
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
         rec = await self._lookup(caller, ref)
@@ -374,14 +292,7 @@ class Service:
         return rec.id, await self.sandboxes.session_state(rec)
 
     async def restart_session(self, caller: Caller, ref: str, state_json: str) -> tuple[str, SessionState | None]:
-        self._command_size(len(state_json.encode()), "the session state")
-        if state_json:
-            # Validate before touching anything; its environment obeys the same rule as create's and exec's.
-            state = session_state.SessionState.from_json(state_json)
-            validate.env_vars(state.env, "session environment")
-            if not isinstance(state.variables, dict):
-                raise InvalidRequest("invalid session state: 'variables' must map names to declarations")
-            validate.env_vars(dict.fromkeys(state.variables, ""), "session")
+        command_requests.check_session_state(self.cfg.limits, state_json)  # before touching anything
         rec = await self._lookup(caller, ref)
         await self.flow.before_action(rec)
         return rec.id, await self.commands.restart_session(rec, state_json)

@@ -26,7 +26,7 @@ from crabd.models import (
     TurnRecord,
 )
 from crabd.sdk._requests import parse_memory
-from crabd.service.service import parse_user
+from crabd.service.command_requests import parse_user
 
 
 def test_caller_table_resolves_only_live_tokens() -> None:

@@ -12,4 +12,6 @@ The pieces, bottom up (see docs/runc.md):
 * :mod:`.launch`: one container made to run (fresh or restored) in the right order, or rolled back.
 * :mod:`.reaper`: crabd as child subreaper; container inits' exit statuses, and reaping them.
 * :mod:`.sandbox`: :class:`~.sandbox.RuncSandboxBackend`, the ``SandboxBackend`` over it all and a btrfs pool.
+  Its read side (status, listing) is :mod:`.status`; how a container ends :mod:`.ending`;
+  a restore's images and CRIU work dirs :mod:`.restore_dirs`.
 """

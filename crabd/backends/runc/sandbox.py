@@ -45,82 +45,44 @@ crab-init is bind-mounted from its own tmpfs (:mod:`.initfs`) in every case.
 
 All calls block; they are thread-safe for distinct ids (the coordinator
 calls from worker threads, several forks at once).
+
+This module holds the backend's state and its life cycle; the rest is in
+modules of its own: what it reports (status, listing) in :mod:`.status`,
+how a container ends (its init stopped, its subvolume and half-made
+bundles removed) in :mod:`.ending`, and a restore's process images and
+CRIU work dirs in :mod:`.restore_dirs`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import re
 import secrets
-import shutil
 import threading
-import time
-from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 
 from crabd.backends import cgroup_freezer
-from crabd.backends.btrfs.layout import SubvolKind, SubvolRef
+from crabd.backends.btrfs.layout import SubvolRef
 from crabd.backends.btrfs.pool import Pool
 from crabd.backends.procdump import Posture
-from crabd.backends.runc import bundle, cleanup, initfs, named_netns, reaper, rootfs, slots, userns_image
-from crabd.backends.runc.cli import EMPTY_NETNS, Runc, RuncState, RuncStatus
+from crabd.backends.runc import bundle, cleanup, ending, initfs, named_netns, reaper, rootfs, slots
+from crabd.backends.runc.cli import EMPTY_NETNS, Runc
 from crabd.backends.runc.cni import CniNetwork
 from crabd.backends.runc.idmap import IdRange
-from crabd.backends.runc.launch import Launched, Launcher, Restore, Storage, real_lowers
-from crabd.backends.runc.naming import check_instance, container_id, container_spec, owned, parse_id
+from crabd.backends.runc.launch import Launcher, Storage
+from crabd.backends.runc.naming import check_instance, container_id, container_spec, parse_id
 from crabd.backends.runc.posture import posture_of
-from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_SANDBOX, ContainerStatus
+from crabd.backends.runc.restore_dirs import RestoreDirs
+from crabd.backends.runc.status import ETC, UPPER, WORK, Created, Facts, StatusReader, init_key, launched_facts
 from crabd.errors import ContainerRuntimeError, CrabError, ImageError
 from crabd.models import SandboxSpec
 from crabd.store.idranges import IdRanges
-from crabd.util import cgroups
 
 log = logging.getLogger("crabd.runc")
 
-#: The overlay's upper and work dirs, inside the container's subvolume.
-UPPER, WORK, ETC = "upper", "work", "etc"
-#: ``<work_root>/restore/<id>/<name>``: process images for ``start(id, checkpoint=name)``.
-RESTORE_DIR = "restore"
-#: ``<work_root>/criu/<id>``: CRIU's work dir (logs) of a restore.
-CRIU_WORK_DIR = "criu"
-#: How long :meth:`RuncSandboxBackend.stop` waits after SIGKILL before it gives up.
-KILL_WAIT_S = 10.0
-#: While waiting for an init to exit, how often to look for strays that hold it up (reaper.py).
-STRAY_POLL_S = 0.25
 
-CHECKPOINT_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-
-_RUNNING = (RuncStatus.RUNNING, RuncStatus.PAUSED)
-
-
-# --- the backend ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Created:
-    """A container between create and start (memory only)."""
-
-    spec: bundle.ContainerSpec
-    lowers: tuple[Path, ...]
-    #: The sandbox's disk limit, set once it runs (0: the pool's default).
-    disk_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class _Facts:
-    """What does not change in a started container's life (read once from its bundle and mount)."""
-
-    env: tuple[str, ...]
-    labels: dict[str, str]
-    lowers: tuple[str, ...]
-    ip: str
-
-
-class RuncSandboxBackend:
+class RuncSandboxBackend(StatusReader):
     """:class:`~crabd.backends.sandbox.SandboxBackend` over crab's runc layer and a btrfs pool.
 
     ``layout`` and ``runc`` say where the runc layer keeps things, ``network``
@@ -165,9 +127,10 @@ class RuncSandboxBackend:
         self._inits: dict[Path, Path] = {}
         self._launcher = Launcher(layout, runc, self.network)
         self._lock = threading.Lock()
-        self._created: dict[str, _Created] = {}
+        self._created: dict[str, Created] = {}
         self._starting: set[str] = set()
-        self._facts: dict[str, _Facts] = {}
+        self._facts: dict[str, Facts] = {}
+        self._restore_dirs = RestoreDirs(work_root)
         #: image id -> (lower dir, image env)
         self._images: dict[str, tuple[Path, tuple[str, ...]]] = {}
         #: Network slots for fresh networked containers (slots.py); None: each runs CNI itself.
@@ -202,9 +165,6 @@ class RuncSandboxBackend:
                 container=container_id,
             )
         return container_id
-
-    def _init_key(self, cid: str) -> str:
-        return f"{self.runc.root}/{cid}"
 
     # --- engine ---------------------------------------------------------------------
 
@@ -298,7 +258,7 @@ class RuncSandboxBackend:
             if cid in self._created:
                 raise ContainerRuntimeError(f"container {cid} is being created already", container=cid)
             # Before the subvolume exists: list_exited must not take a create in progress for a leftover.
-            self._created[cid] = _Created(
+            self._created[cid] = Created(
                 container_spec(cid, sandbox_id, spec, image_env=env, init_binary=init, labels=labels, netns=Path()),
                 (lower,),
                 spec.disk_bytes,
@@ -319,7 +279,7 @@ class RuncSandboxBackend:
                 userns=ids,
             )
             with self._lock:
-                self._created[cid] = _Created(made, (lower,), spec.disk_bytes)
+                self._created[cid] = Created(made, (lower,), spec.disk_bytes)
             self.pool.create_subvolume(SubvolRef.sandbox(cid), dirs=(UPPER, WORK))
         except BaseException:
             with self._lock:
@@ -343,24 +303,6 @@ class RuncSandboxBackend:
         # runc has no "paused by the user" of its own here: every freeze is crab's.
         cgroup_freezer.thaw(self._own(container_id))
 
-    def _private_root(self) -> Path:
-        self.work_root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.work_root, 0o700)
-        return self.work_root
-
-    def _restore_dirs(self, cid: str) -> tuple[Path, Path]:
-        """(``restore/<id>``: images by name, ``criu/<id>``: CRIU's work dir) under ``work_root``."""
-        return self.work_root / RESTORE_DIR / cid, self.work_root / CRIU_WORK_DIR / cid
-
-    def _remove_restore_dirs(self, cid: str) -> list[str]:
-        """Delete the restore dirs; a killed CRIU leaves cgroup hierarchies mounted in its work dir (rootfs.py)."""
-        errors: list[str] = []
-        for d in self._restore_dirs(cid):
-            # Nothing can be mounted below a path that is not there (and mountinfo is not read for it).
-            if os.path.lexists(d):
-                errors += rootfs.remove_unmounted(d)
-        return errors
-
     def posture(self, container_id: str) -> Posture:
         """From the config.json its bundle will be written with (the /etc files named, not yet written)."""
         cid = self._own(container_id)
@@ -373,7 +315,7 @@ class RuncSandboxBackend:
         # Writable: every container's /etc files live beside its upper dir (_storage's ETC).
         return posture_of(bundle.config(created.spec, self.layout.bundles / cid, etc, etc_writable=True))
 
-    def _follow_images(self, cid: str, created: _Created) -> _Created:
+    def _follow_images(self, cid: str, created: Created) -> Created:
         """``created``, without its user namespace if the process images to restore were dumped without one.
 
         Such a checkpoint was taken before user namespaces were the default
@@ -383,14 +325,7 @@ class RuncSandboxBackend:
         was (its range goes back), and says so in the log.  Images that do
         carry a user namespace always get a range of their own.
         """
-        if created.spec.userns is None:
-            return created
-        images_root = self._restore_dirs(cid)[0]
-        try:
-            dumps = [d for d in images_root.iterdir() if d.is_dir()]
-        except FileNotFoundError:
-            return created
-        if not dumps or any(userns_image.find(d) for d in dumps):
+        if created.spec.userns is None or not self._restore_dirs.dumped_without_userns(cid):
             return created
         plain = dataclasses.replace(created, spec=dataclasses.replace(created.spec, userns=None))
         with self._lock:
@@ -405,35 +340,15 @@ class RuncSandboxBackend:
         return plain
 
     def checkpoint_dir(self, container_id: str, name: str) -> Path:
-        cid = self._own(container_id)
-        if not CHECKPOINT_NAME_RE.fullmatch(name):
-            raise ContainerRuntimeError(f"not a valid checkpoint name: {name!r}", container=cid)
-        self._private_root()
-        d = self._restore_dirs(cid)[0] / name
-        shutil.rmtree(d, ignore_errors=True)  # fresh: a crash may have left one
-        d.mkdir(parents=True, mode=0o700)
-        return d
+        return self._restore_dirs.checkpoint_dir(self._own(container_id), name)
 
-    def _storage(self, cid: str, created: _Created) -> Storage:
+    def _storage(self, cid: str, created: Created) -> Storage:
         # Resolved now, not at create: the caller may have replaced the subvolume by a snapshot.
         ref = SubvolRef.sandbox(cid)
         if not self.pool.exists(ref):
             raise ContainerRuntimeError(f"container {cid}: its subvolume {ref.relpath} is gone", container=cid)
         sv = self.pool.path(ref)
         return Storage(created.lowers, sv / UPPER, sv / WORK, sv / ETC)
-
-    def _restore(self, cid: str, checkpoint: str) -> Restore | None:
-        if not checkpoint:
-            return None
-        images_root, work = self._restore_dirs(cid)
-        images = images_root / checkpoint
-        if not CHECKPOINT_NAME_RE.fullmatch(checkpoint) or not images.is_dir():
-            raise ContainerRuntimeError(
-                f"container {cid} has no process images under {checkpoint!r} (see checkpoint_dir)", container=cid
-            )
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True, mode=0o700)
-        return Restore(images_dir=images, work_dir=work)
 
     def start(self, container_id: str, checkpoint: str = "") -> None:
         cid = self._own(container_id)
@@ -448,22 +363,22 @@ class RuncSandboxBackend:
         try:
             if checkpoint:
                 created = self._follow_images(cid, created)
-            storage, restore = self._storage(cid, created), self._restore(cid, checkpoint)
+            storage, restore = self._storage(cid, created), self._restore_dirs.restore(cid, checkpoint)
             if restore is None and created.spec.networked and self._slots is not None:
                 slot = self._slots.claim()
             launched = self._launcher.launch(created.spec, storage, restore, slot)
             # Once running: crab's own writes to the subvolume (a restore's files) are done (pool.py).
             self.pool.apply_disk_limit(SubvolRef.sandbox(cid), created.disk_bytes)
-            reaper.record(self._init_key(cid), launched.state.pid)
+            reaper.record(init_key(self.runc, cid), launched.state.pid)
             steps = {f"{k}_s": round(v, 4) for k, v in launched.timings.items()}
             log.info("runc launched", extra={"container": cid, **steps, "slot": slot.id if slot else ""})
             with self._lock:
-                self._facts[cid] = self._launched_facts(cid, created, launched)
+                self._facts[cid] = launched_facts(self.instance, cid, created, launched)
         finally:
             if slot is not None and self._slots is not None:
                 self._slots.done(slot.id)
             # On every path: the images were only read, and a failed restore's CRIU log is kept elsewhere.
-            left = self._remove_restore_dirs(cid)
+            left = self._restore_dirs.remove(cid)
             if left:
                 log.warning("restore dirs not removed", extra={"container": cid, "errors": left})
             with self._lock:
@@ -474,53 +389,7 @@ class RuncSandboxBackend:
 
     def stop(self, container_id: str, timeout_s: float) -> None:
         """SIGTERM to init, SIGKILL after ``timeout_s``; the container stays, stopped, for :meth:`status`."""
-        cid = self._own(container_id)
-        st = self.runc.state(cid)
-        if st is None or st.status not in _RUNNING:
-            return
-        # A frozen init acts on no SIGTERM, and a v1-frozen task does not even die of SIGKILL.
-        cgroup_freezer.thaw(cid)
-        pid_ns = reaper.pid_namespace(st.pid)
-        with reaper.watch(st.pid) as exited:
-            if not self._signal(cid, "TERM") or self._wait(exited, pid_ns, timeout_s):
-                return
-            if not self._signal(cid, "KILL") or self._wait(exited, pid_ns, KILL_WAIT_S):
-                return
-        raise ContainerRuntimeError(
-            f"container {cid}: init (pid {st.pid}) still runs {KILL_WAIT_S:g} s after SIGKILL", container=cid
-        )
-
-    @staticmethod
-    def _wait(exited: Callable[[float], bool], pid_ns: int | None, timeout_s: float) -> bool:
-        """Wait for an init to exit, reaping the strays of its pid namespace that would hold its exit up."""
-        deadline = time.monotonic() + timeout_s
-        while not exited(min(STRAY_POLL_S, max(0.0, deadline - time.monotonic()))):
-            if pid_ns is not None:
-                reaper.reap_strays(pid_ns)
-            if time.monotonic() >= deadline:
-                return exited(0)
-        return True
-
-    def _kill(self, cid: str) -> None:
-        """SIGKILL a running container's init and wait for it (before ``runc delete``: see :meth:`_wait`)."""
-        st = self.runc.state(cid)
-        if st is None or st.status not in _RUNNING:
-            return
-        pid_ns = reaper.pid_namespace(st.pid)
-        with reaper.watch(st.pid) as exited:
-            if self._signal(cid, "KILL"):
-                self._wait(exited, pid_ns, KILL_WAIT_S)
-
-    def _signal(self, cid: str, signal: str) -> bool:
-        """Signal init through runc; False if the container stopped meanwhile."""
-        try:
-            self.runc.kill(cid, signal)
-        except ContainerRuntimeError:
-            st = self.runc.state(cid)
-            if st is None or st.status not in _RUNNING:
-                return False
-            raise
-        return True
+        ending.stop(self.runc, self._own(container_id), timeout_s)
 
     def remove(self, container_id: str) -> None:
         if not self._is_own(container_id):
@@ -536,23 +405,23 @@ class RuncSandboxBackend:
         except CrabError as exc:
             log.warning("cannot thaw before removal", extra={"container": cid, "error": str(exc)})
         try:
-            self._kill(cid)
+            ending.kill(self.runc, cid)
         except CrabError as exc:
             log.warning("cannot kill before removal", extra={"container": cid, "error": str(exc)})
         errors = self._launcher.remove(cid)
         gone = self.runc.state(cid) is None
-        key = self._init_key(cid)
+        key = init_key(self.runc, cid)
         init = reaper.lookup(key)
         if init is not None and gone:
             reaper.reap(init)  # a zombie since runc delete; gone already if crabd was not its parent
             reaper.forget(key)
-        errors += self._remove_partial_bundles(cid)
+        errors += ending.remove_partial_bundles(self.layout.bundles, cid)
         if gone:
-            errors += self._delete_subvolume(cid)
+            errors += ending.delete_subvolume(self.pool, self.layout, cid)
         else:
             # Never while the sandbox may still run on it.
             errors.append(f"{cid}: subvolume kept: the runc container is still there")
-        errors += self._remove_restore_dirs(cid)
+        errors += self._restore_dirs.remove(cid)
         if gone and not errors and self.id_ranges is not None:
             # Nothing of the container runs any more: its host ids may serve another.  Not while anything of it
             # may be left (a task the kill could not end, say): the next container would share its host uid,
@@ -562,229 +431,3 @@ class RuncSandboxBackend:
             self._facts.pop(cid, None)
         if errors:
             raise ContainerRuntimeError(f"container {cid} not fully removed: {'; '.join(errors)}", container=cid)
-
-    def _delete_subvolume(self, cid: str) -> list[str]:
-        if rootfs.is_mounted(self.layout.bundles / cid / bundle.ROOTFS) or rootfs.is_mounted(
-            self.layout.userns_rootfs(cid)
-        ):
-            return [f"{cid}: subvolume kept: the overlay over it is still mounted"]
-        try:
-            self.pool.delete(SubvolRef.sandbox(cid))
-        except CrabError as exc:
-            return [f"{cid}: {exc.message}"]
-        return []
-
-    def _partial_bundles(self, cid: str) -> list[Path]:
-        """Half-made bundles of ``cid`` (``tmp-<id>-<pid>``, what a crash inside bundle.write leaves)."""
-        _, partial = cleanup.bundle_ids(self.layout.bundles)
-        head = f"{bundle.TMP_PREFIX}{cid}-"
-        return [self.layout.bundles / n for n in partial if n.startswith(head) and n[len(head) :].isdigit()]
-
-    def _remove_partial_bundles(self, cid: str) -> list[str]:
-        errors = []
-        for path in self._partial_bundles(cid):
-            try:
-                cleanup.remove_bundle(bundle.Bundle(path))
-            except (CrabError, OSError) as exc:
-                errors.append(f"{path.name}: {exc}")
-        return errors
-
-    # --- status -----------------------------------------------------------------------
-
-    def status(self, container_id: str) -> ContainerStatus:
-        if not self._is_own(container_id):
-            return ContainerStatus(exists=False, error=f"not a runc container of crabd instance {self.instance}")
-        return self._status(container_id, self.runc.state(container_id))
-
-    def _labels(self, cid: str, annotations: Mapping[str, str]) -> dict[str, str]:
-        # The id says whose it is, also when nothing else survived (a create-only leftover).
-        parsed = parse_id(self.instance, cid)
-        derived = {LABEL_SANDBOX: parsed[0], LABEL_INSTANCE: self.instance} if parsed else {}
-        return {**derived, **annotations}
-
-    def _read_facts(self, cid: str) -> tuple[_Facts, bool]:
-        """The container's env, labels, lower dirs and address from its bundle, mount and CNI result; complete?"""
-        b = bundle.Bundle(self.layout.bundles / cid)
-        env: tuple[str, ...] = ()
-        annotations: dict[str, str] = {}
-        complete = True
-        try:
-            cfg = b.config()
-            env = tuple(str(e) for e in (cfg.get("process") or {}).get("env") or ())
-            annotations = {str(k): str(v) for k, v in (cfg.get("annotations") or {}).items()}
-        except (OSError, ValueError, AttributeError):
-            complete = False
-        overlay = rootfs.overlay_at(b.rootfs) or rootfs.overlay_at(self.layout.userns_rootfs(cid))
-        if overlay is None:
-            complete = False
-        # A user-namespaced overlay names its (detached) idmapped staging mounts: the bundle has the real dirs.
-        lowers = real_lowers(b) if overlay is not None else None
-        if lowers is None:
-            lowers = tuple(str(p) for p in overlay.lowers) if overlay else ()
-        try:
-            cached = CniNetwork(self.layout.cni).cached(cid)
-        except ContainerRuntimeError:
-            cached = None
-        return (
-            _Facts(
-                env=env,
-                labels=self._labels(cid, annotations),
-                lowers=lowers,
-                ip=str(cached.ip) if cached else "",
-            ),
-            complete,
-        )
-
-    def _launched_facts(self, cid: str, created: _Created, launched: Launched) -> _Facts:
-        """:meth:`_read_facts` of a container just launched, from what made it (no mount table to parse)."""
-        env = (launched.bundle.config().get("process") or {}).get("env") or ()
-        return _Facts(
-            env=tuple(str(e) for e in env),
-            labels=self._labels(cid, created.spec.annotations),
-            lowers=tuple(str(p) for p in created.lowers),
-            ip=str(launched.ip) if launched.ip else "",
-        )
-
-    def _facts_of(self, cid: str) -> _Facts:
-        with self._lock:
-            known = self._facts.get(cid)
-        if known is not None:
-            return known
-        facts, complete = self._read_facts(cid)
-        if complete:
-            with self._lock:
-                self._facts[cid] = facts
-        return facts
-
-    def _exit(self, cid: str) -> tuple[int, str]:
-        """(exit code, "") of the stopped container's init, or (-1, why it cannot be known)."""
-        init = reaper.lookup(self._init_key(cid))
-        code = reaper.exit_status(init) if init is not None else None
-        if code is not None:
-            return code, ""
-        return -1, (
-            "exit status unknown: the container's init was not this crabd's child "
-            "(crabd restarted after starting it, or something else reaped it)"
-        )
-
-    def _pieces(self, cid: str) -> list[str]:
-        """What exists of ``cid`` besides a runc container."""
-        found = []
-        if self.pool.exists(SubvolRef.sandbox(cid)):
-            found.append("btrfs subvolume")
-        if (self.layout.bundles / cid).is_dir() or self._partial_bundles(cid):
-            found.append("bundle")
-        if named_netns.path_of(cid, self.layout.netns).exists():
-            found.append("netns")
-        if self.layout.cni.result_path(cid).exists():
-            found.append("CNI result")
-        if any(d.exists() for d in self._restore_dirs(cid)):
-            found.append("restore images")
-        if self.id_ranges is not None and self.id_ranges.find(cid) is not None:
-            found.append("user-namespace id range")
-        return found
-
-    def _status(self, cid: str, state: RuncState | None) -> ContainerStatus:
-        ref = SubvolRef.sandbox(cid)
-        upper = str(self.pool.path(ref) / UPPER) if self.pool.exists(ref) else ""
-        with self._lock:
-            created = self._created.get(cid)
-        if state is None and created is not None:
-            # Created, not started (or starting): Docker's "created".
-            return ContainerStatus(
-                exists=True,
-                running=False,
-                exit_code=0,
-                upper_dir=upper,
-                lower_dirs=tuple(str(p) for p in created.lowers),
-                env=created.spec.env,
-                labels=self._labels(cid, created.spec.annotations),
-            )
-        if state is None:
-            left = self._pieces(cid)
-            if not left:
-                return ContainerStatus(exists=False)
-            facts, _ = self._read_facts(cid)
-            left_code, why = self._exit(cid)
-            return ContainerStatus(
-                exists=True,
-                running=False,
-                exit_code=left_code,
-                error=f"runc has no container {cid}; left of it: {', '.join(left)}" + (f"; {why}" if why else ""),
-                ip_address=facts.ip,
-                upper_dir=upper,
-                lower_dirs=facts.lowers,
-                env=facts.env,
-                labels=facts.labels,
-            )
-        facts = self._facts_of(cid)
-        running = state.status in _RUNNING
-        code: int | None = None
-        why = ""
-        if state.status is RuncStatus.CREATED:
-            code = 0  # only inside `runc run`: created, not yet started
-        elif state.status is RuncStatus.STOPPED:
-            code, why = self._exit(cid)
-        return ContainerStatus(
-            exists=True,
-            running=running,
-            pid=state.pid if running else 0,
-            exit_code=code,
-            # Docker's OOMKilled: the OOM killer acted in the container's memory cgroup.
-            oom_killed=cgroups.oom_kills(cid) > 0,
-            error=why,
-            ip_address=facts.ip,
-            paused=state.status is RuncStatus.PAUSED,
-            upper_dir=upper,
-            lower_dirs=facts.lowers,
-            env=facts.env,
-            labels=facts.labels,
-        )
-
-    # --- listing ----------------------------------------------------------------------
-
-    def _check_instance_arg(self, instance: str) -> None:
-        if instance != self.instance:
-            raise ContainerRuntimeError(
-                f"this backend lists only crabd instance {self.instance}'s containers, not {instance!r}'s",
-                container="",
-            )
-
-    def _ids(self) -> tuple[set[str], dict[str, RuncState]]:
-        """Every id of this instance with any piece on the host, and the runc states of those runc knows."""
-        # Before and after the listing: a slot claimed meanwhile is still named in it, a slot made meanwhile too.
-        held = self._slots.held() if self._slots is not None else frozenset()
-        states = {st.id: st for st in self.runc.list(f"{self.instance}-") if self._is_own(st.id)}
-        complete, partial = cleanup.bundle_ids(self.layout.bundles)
-        names: list[str] = [*states, *complete]
-        names += [n[len(bundle.TMP_PREFIX) :].rpartition("-")[0] for n in partial]
-        names += named_netns.list_ids(self.layout.netns)
-        names += CniNetwork(self.layout.cni).attached()
-        names += self.pool.list(SubvolKind.SANDBOX)
-        if self.id_ranges is not None:
-            names += self.id_ranges.owners(f"{self.instance}-")
-        for d in (self.work_root / RESTORE_DIR, self.work_root / CRIU_WORK_DIR):
-            if d.is_dir():
-                names += [p.name for p in d.iterdir()]
-        # The network slots this backend holds are no leftovers (slots.py); those of a crashed run are.
-        held |= self._slots.held() if self._slots is not None else frozenset()
-        return owned(self.instance, names) - held, states
-
-    def list_instance(self, instance: str) -> dict[str, ContainerStatus]:
-        self._check_instance_arg(instance)
-        ids, states = self._ids()
-        out: dict[str, ContainerStatus] = {}
-        for cid in sorted(ids):
-            st = self._status(cid, states.get(cid))
-            if st.exists:
-                out[cid] = st
-        return out
-
-    def list_exited(self, instance: str) -> list[str]:
-        self._check_instance_arg(instance)
-        ids, states = self._ids()
-        with self._lock:
-            busy = set(self._created) | self._starting
-        return sorted(
-            cid for cid in ids if cid not in busy and (cid not in states or states[cid].status not in _RUNNING)
-        )
