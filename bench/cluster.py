@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.results import write_json
+from bench.signals import terminate_as_interrupt
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from tests.integration.conftest import daemon_with_config
 from tests.polling import wait_for
@@ -374,10 +375,6 @@ def table(results: dict[str, Any]) -> None:
         )
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
@@ -390,8 +387,7 @@ def main() -> None:
     only = {s for s in args.only.split(",") if s}
     if not only or only - {"cross", "spread", "lag"}:
         ap.error("--only takes cross, spread, lag")
-    # SIGTERM cleans up as Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
+    terminate_as_interrupt()
     previous = signal.getsignal(signal.SIGINT)
     try:
         results = run(args.repeats, args.sandboxes, args.turns, args.think, only)

@@ -59,6 +59,7 @@ from typing import Any
 import psutil
 
 from bench.results import write_json
+from bench.signals import terminate_as_interrupt
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 
 #: What each kind of operation runs in its sandbox (busybox has all of it).
@@ -418,6 +419,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench-results/scale.json")
     ap.add_argument("--plot", default="", help="write a PNG of throughput and p99 against N here")
     args = ap.parse_args()
+    terminate_as_interrupt()
     args.out = str(Path(args.out).resolve())  # an arm runs from another directory
     args.plot = str(Path(args.plot).resolve()) if args.plot else ""
     results: dict[str, Any] = {
