@@ -203,6 +203,9 @@ def _relay(src: Future[Any], dst: Future[Any]) -> None:
 
 #: Spare sockets one namespace entry makes (the next connections to that sandbox's init take them).
 SPARES_PER_ENTRY = 8
+#: Most spares kept in all, whatever the number of sandboxes: each is a descriptor, and crabd's
+#: descriptors are bounded (RLIMIT_NOFILE).  Past it a connection's batch is not kept.
+MAX_SPARES = 1024
 
 
 def _unix_sockets(n: int) -> list[socket.socket]:
@@ -221,13 +224,16 @@ class SpareSockets:
     to its namespace, so a sandbox's spares are closed as soon as crabd
     learns that its init is gone (:meth:`forget`, from the kept container
     statuses, ``coordinator/livestatus.py``), and all of a namespace's spares
-    are closed when one of them fails to connect (:meth:`discard`).
+    are closed when one of them fails to connect (:meth:`discard`).  At most
+    ``limit`` are kept in all.
     """
 
-    def __init__(self, maker: NetnsSockets, per_entry: int = SPARES_PER_ENTRY) -> None:
+    def __init__(self, maker: NetnsSockets, per_entry: int = SPARES_PER_ENTRY, limit: int = MAX_SPARES) -> None:
         self._maker = maker
         self._per_entry = per_entry
+        self._limit = limit
         self._spares: dict[Netns, list[socket.socket]] = {}
+        self._count = 0
         #: Bumped by every forget/discard: a batch made across one is not kept (its sandbox may be gone).
         self._epoch = 0
         # take() runs on the event loop, forget() wherever a status is dropped.
@@ -235,7 +241,7 @@ class SpareSockets:
 
     def __len__(self) -> int:
         with self._lock:
-            return sum(len(v) for v in self._spares.values())
+            return self._count
 
     def take(self, ns: Netns) -> socket.socket | None:
         """A spare made in ``ns``, or None (then :meth:`make` one)."""
@@ -244,6 +250,7 @@ class SpareSockets:
             if not kept:
                 return None
             sock = kept.pop()
+            self._count -= 1
             if not kept:
                 del self._spares[ns]
             return sock
@@ -277,8 +284,12 @@ class SpareSockets:
                 # A container has one init at a time: spares of an earlier one (same id, other pid) go.
                 stale = [k for k in self._spares if k.container_id == ns.container_id and k != ns]
                 drop = [s for k in stale for s in self._spares.pop(k)]
-                self._spares.setdefault(ns, []).extend(socks)
-                socks = drop
+                self._count -= len(drop)
+                room = max(0, self._limit - self._count)
+                if room:
+                    self._spares.setdefault(ns, []).extend(socks[:room])
+                    self._count += len(socks[:room])
+                socks = drop + socks[room:]
         for sock in socks:
             sock.close()
 
@@ -288,6 +299,7 @@ class SpareSockets:
             self._epoch += 1
             gone = [k for k in self._spares if k.container_id == container_id]
             socks = [s for k in gone for s in self._spares.pop(k)]
+            self._count -= len(socks)
         for sock in socks:
             sock.close()
 
@@ -296,6 +308,7 @@ class SpareSockets:
         with self._lock:
             self._epoch += 1
             socks = self._spares.pop(ns, [])
+            self._count -= len(socks)
         for sock in socks:
             sock.close()
 
@@ -304,6 +317,7 @@ class SpareSockets:
             self._epoch += 1
             socks = [s for v in self._spares.values() for s in v]
             self._spares = {}
+            self._count = 0
         for sock in socks:
             sock.close()
 

@@ -129,3 +129,17 @@ def test_a_new_init_of_the_same_container_replaces_the_old_ones_spares(
     spares.make(Netns(2, "c1")).result().close()  # restarted in place: another init pid
     assert spares.take(Netns(1, "c1")) is None
     assert len(spares) == 3
+
+
+def test_no_more_spares_are_kept_than_the_limit() -> None:
+    """Each spare is a descriptor: a thousand sandboxes must not hold eight each."""
+    spares = SpareSockets(CountingMaker(), per_entry=8, limit=10)
+    firsts = [spares.make(Netns(i, f"c{i}")).result() for i in range(1, 4)]
+    assert len(spares) == 10  # 7 + 3 of the second batch; the rest were closed
+    assert spares.take(Netns(3, "c3")) is None
+    for sock in firsts:
+        sock.close()
+    spares.forget("c1")
+    assert len(spares) == 3
+    spares.close()
+    assert len(spares) == 0
