@@ -154,6 +154,10 @@ class CrabServicer(pb_grpc.CrabServicer):
         run: Callable[[Caller, Callable[[str, bytes], Awaitable[None]] | None], Awaitable[ExecOutcome]],
     ) -> AsyncIterator[pb.ExecEvent]:
         """Run a command, yielding output chunks (if ``stream``) and then its result."""
+        if not stream:
+            # Only the result goes out: the call runs in this handler's own task (no queue, no second task).
+            yield pb.ExecEvent(result=outcome_to_pb(await self._call(context, lambda c: run(c, None))))
+            return
         queue: asyncio.Queue[pb.ExecEvent | None] = asyncio.Queue(maxsize=STREAM_QUEUE)
 
         async def sink(name: str, data: bytes) -> None:

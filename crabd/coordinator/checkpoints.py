@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import shutil
 import time
@@ -30,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
-from crabd.backends.fsdelta import TICK_NS, FsDelta, Tree
+from crabd.backends.fsdelta import TICK_NS, FsDelta, Prepared, Tree
 from crabd.backends.procdump import ProcessDumper, ProcessImages
 from crabd.backends.sandbox import SandboxBackend
 from crabd.coordinator import turnmap
@@ -304,8 +305,10 @@ class Checkpointer:
                 await asyncio.to_thread(self.images.keep, out.dumped_image, attempt.images, rec.id)
             return ckpt
         finally:
-            # The dump's work dir (and the images, unless kept), on every path: a failed checkpoint keeps nothing.
-            await asyncio.to_thread(shutil.rmtree, attempt.work, True)
+            # The dump's work dir (and the images, unless kept), on every path: a failed checkpoint keeps
+            # nothing.  A files-only checkpoint made none: no worker call then.
+            if os.path.lexists(attempt.work):
+                await asyncio.to_thread(shutil.rmtree, attempt.work, True)
 
     async def _prepare(
         self, rec: SandboxRecord, ckpt_id: str, kind: CheckpointKind, pair: tuple[str, str] | None
@@ -315,13 +318,16 @@ class Checkpointer:
         rec = await self.sandboxes.get(rec.id) or rec
         st = await self.sandboxes.running(rec)
         head = self.catalog.head(rec.id)
-        base = await asyncio.to_thread(self.load_tree, head) if head else None
-        # One docker inspect gives both the status and the upper dir.
-        upper = (
-            Path(st.upper_dir) if st.upper_dir else await asyncio.to_thread(self.backend.upper_dir, rec.container_id)
-        )
         racy_ns = head.racy_ns if head else 0
-        prepared = await asyncio.to_thread(lambda: self.fs.prepare(upper, base, racy_ns, checkpoint_id=ckpt_id))
+
+        def walk() -> Prepared:
+            # One worker call for the head's tree, the upper dir and the walk (a thread hop each cost CPU).
+            base = self.load_tree(head) if head else None
+            # One docker inspect gives both the status and the upper dir.
+            upper = Path(st.upper_dir) if st.upper_dir else self.backend.upper_dir(rec.container_id)
+            return self.fs.prepare(upper, base, racy_ns, checkpoint_id=ckpt_id)
+
+        prepared = await asyncio.to_thread(walk)
         crash_point("checkpoint.after_prepare")
         inspector = self.inspector
         if pair:
@@ -456,15 +462,20 @@ class Checkpointer:
         rec, capture, new_bytes = a.rec, out.capture, out.new_bytes
         # What it adds to its owner's charge (store/charges.py): the blobs it references that
         # none of the owner's checkpoints or sandboxes holds yet.
-        charged = await asyncio.to_thread(
-            accounting.would_add, self.db, rec.owner_uid, direct_refs(ckpt), out.info.child_of, self.blobs.stored_size
-        )
-        if self.store_quota is not None:
-            # Before anything becomes durable or visible: refused, it publishes nothing and
-            # take() releases what it wrote.
-            await asyncio.to_thread(self.store_quota, rec.owner_uid, charged)
-        p0 = time.monotonic()
-        await asyncio.to_thread(self.make_durable, direct_refs(ckpt), out.info)
+        refs = direct_refs(ckpt)
+
+        def charge_and_sync() -> tuple[int, float]:
+            # One worker call for the charge, the quota and the fsyncs, in that order.
+            charged = accounting.would_add(self.db, rec.owner_uid, refs, out.info.child_of, self.blobs.stored_size)
+            if self.store_quota is not None:
+                # Before anything becomes durable or visible: refused, it publishes nothing and
+                # take() releases what it wrote.
+                self.store_quota(rec.owner_uid, charged)
+            p0 = time.monotonic()
+            self.make_durable(refs, out.info)
+            return charged, p0
+
+        charged, p0 = await asyncio.to_thread(charge_and_sync)
         stats = out.stats
         stats.update(
             capture.stats,

@@ -255,7 +255,8 @@ class TurnInspection:
         if policy is not CheckpointPolicy.AUTO:
             return Plan(FULL if policy is CheckpointPolicy.FULL else FS, None)
         d, basis = await self._decide(rec, session_json)
-        await asyncio.to_thread(self.sandboxes.registry.set_decision, rec.id, turn, d.to_json(), None)
+        # Group-committed (store/db.py): written on the event loop, a thread hop cost more than the write.
+        self.sandboxes.registry.set_decision(rec.id, turn, d.to_json(), None)
         # Skips are the common case (every read-only turn of every sandbox): at DEBUG, so that a
         # host with a thousand sandboxes does not write a log line per skip (`crabctl inspect SB` has them).
         log.log(
@@ -299,9 +300,7 @@ class TurnInspection:
             ckpt = await self._take(rec, d, turn=turn, label="", session_json=session_json, on_phase=on_phase)
         finally:
             # The decision may have changed on the way (a stale pairing is taken full).
-            await asyncio.to_thread(
-                self.sandboxes.registry.set_decision, rec.id, turn, d.to_json(), ckpt.id if ckpt else None
-            )
+            self.sandboxes.registry.set_decision(rec.id, turn, d.to_json(), ckpt.id if ckpt else None)
         return ckpt
 
     async def checkpoint(self, rec: SandboxRecord, *, kind: CheckpointKind | None, label: str) -> CheckpointRecord:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from crabd.backends.sandbox import ContainerStatus
+from crabd.util import netns
 
 
 @dataclass
@@ -117,11 +118,16 @@ class RunningStatus:
             os.close(pidfd)
 
     def drop(self, container_id: str) -> None:
-        """Forget the container (crabd stops, removes or replaces it; or its init exited)."""
+        """Forget the container (crabd stops, removes or replaces it; or its init exited).
+
+        Its spare sockets for init connections go too: they hold its network
+        namespace, and the next connection finds the init afresh.
+        """
         with self._lock:
             entry = self._entries.pop(container_id, None)
             if entry is not None:
                 self._forget_fd(entry.pidfd)
+        netns.spares.forget(container_id)
 
     def close(self) -> None:
         with self._lock:

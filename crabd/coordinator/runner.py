@@ -32,7 +32,7 @@ from typing import Any
 from crabd.errors import InitSpawnError, InitUnavailable, InvalidRequest, SandboxBusy
 from crabd.models import ExecOutcome
 from crabd.runtime import initproto, session_proto, session_state
-from crabd.runtime.initproto import Control, ControlRejected, Exit, InitConnection, SpawnSpec, Stderr, Stdout
+from crabd.runtime.initproto import Control, ControlRejected, Event, Exit, InitConnection, SpawnSpec, Stderr, Stdout
 
 log = logging.getLogger("crabd.session")
 
@@ -85,6 +85,16 @@ def _spawn_failure_outcome(exc: InitSpawnError, argv0: str, started: float) -> E
     return ExecOutcome(code, False, b"", msg, 0, 0, time.monotonic() - started)
 
 
+async def _next_event(conn: InitConnection, timeout_s: float) -> Event:
+    """The connection's next event, TimeoutError after ``timeout_s``.
+
+    A timer on the calling task: ``asyncio.wait_for`` would make a task per
+    event (most events are already read and decoded: the wait costs nothing).
+    """
+    async with asyncio.timeout(timeout_s):
+        return await conn.next_event()
+
+
 async def run_exec(
     connect: Connector,
     spec: SpawnSpec,
@@ -123,7 +133,7 @@ async def run_exec(
             if remaining <= 0:
                 raise InitUnavailable("init did not report the killed command's exit", sandbox="")
             try:
-                ev = await asyncio.wait_for(conn.next_event(), timeout=remaining)
+                ev = await _next_event(conn, remaining)
             except TimeoutError:
                 continue
             if isinstance(ev, Stdout | Stderr):
@@ -300,7 +310,7 @@ class Session:
                     timed_out = True
                     break
                 try:
-                    ev = await asyncio.wait_for(conn.next_event(), timeout=remaining)
+                    ev = await _next_event(conn, remaining)
                 except TimeoutError:
                     continue
                 if isinstance(ev, Stdout):

@@ -179,7 +179,7 @@ class TurnFlow:
         recorded with the turn, as a failed checkpoint would be.
         """
         registry = self.sandboxes.registry
-        await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, turn.number, TurnCheckpointState.PENDING)
+        registry.set_turn_checkpoint(rec.id, turn.number, TurnCheckpointState.PENDING)
         self._ended_at[rec.id] = time.monotonic()
 
         async def decide() -> None:
@@ -192,7 +192,7 @@ class TurnFlow:
                     log.exception("turn end could not be decided", extra={"sandbox": rec.id, "turn": turn.number})
                 error = f"the turn end could not be decided: {message}"
                 failed = TurnCheckpointState.FAILED
-                await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, turn.number, failed, None, error)
+                registry.set_turn_checkpoint(rec.id, turn.number, failed, None, error)
                 log.warning("turn end not decided", extra={"sandbox": rec.id, "turn": turn.number, "error": message})
             finally:
                 if self._deciding.get(rec.id) is task:
@@ -203,19 +203,20 @@ class TurnFlow:
         return replace(turn, checkpoint_state=TurnCheckpointState.PENDING)
 
     async def _enqueue(self, rec: SandboxRecord, turn: TurnRecord, plan: Plan | None) -> Job | None:
+        # The turn's checkpoint state is group-committed (store/db.py: no fsync before COMMIT returns),
+        # so it is written on the event loop like the lookups: a thread hop cost more than the write.
         registry = self.sandboxes.registry
         if plan is None or plan.kind == SKIP:
             # A skipped turn ended in the state of the head it was compared with: noted, so that
             # its number names that state even after a restore moves the head (coordinator/turnmap.py).
-            await asyncio.to_thread(
-                registry.set_turn_checkpoint,
+            registry.set_turn_checkpoint(
                 rec.id,
                 turn.number,
                 TurnCheckpointState.NONE if plan is None else TurnCheckpointState.SKIPPED,
                 basis_id=plan.basis if plan is not None else None,
             )
             return None
-        await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, turn.number, TurnCheckpointState.PENDING)
+        registry.set_turn_checkpoint(rec.id, turn.number, TurnCheckpointState.PENDING)
         number, session_json = turn.number, turn.session_state_json
 
         async def work(ctl: JobControl) -> Outcome:
@@ -225,11 +226,11 @@ class TurnFlow:
                 )
             except CrabError as exc:
                 failed = TurnCheckpointState.FAILED
-                await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, number, failed, None, exc.message)
+                registry.set_turn_checkpoint(rec.id, number, failed, None, exc.message)
                 log.warning("turn checkpoint failed", extra={"sandbox": rec.id, "turn": number, "error": exc.message})
                 raise
             ckpt_id = ckpt.id if ckpt else None
-            await asyncio.to_thread(registry.set_turn_checkpoint, rec.id, number, TurnCheckpointState.DONE, ckpt_id)
+            registry.set_turn_checkpoint(rec.id, number, TurnCheckpointState.DONE, ckpt_id)
             return Outcome(ckpt_id, int(ckpt.stats.get("new_bytes", 0)) if ckpt else 0)
 
         deadline = time.monotonic() + self.latency.estimate(rec.id)

@@ -16,7 +16,8 @@ Protocol version 2 (this module's :data:`PROTO_VERSION`) added, over 1:
 is created *inside the sandbox's network namespace*: init listens on an
 abstract unix socket, and abstract names are per network namespace.  The
 socket is made on crabd's one socket thread (``crabd.util.netns.sockets``),
-which enters the namespace for it and goes back; a socket keeps the
+which enters the namespace for it and goes back, a few at a time (the others
+are kept as spares, ``crabd.util.netns.spares``); a socket keeps the
 namespace it was created in, and the daemon's other threads never change
 namespace.
 """
@@ -35,7 +36,7 @@ from types import TracebackType
 
 from crabd.errors import InitProtocolError, InitSpawnError, InitUnavailable
 from crabd.util.netns import Netns
-from crabd.util.netns import sockets as netns_sockets
+from crabd.util.netns import spares as netns_spares
 
 # Request types
 HELLO, SPAWN, STDIN, STDIN_CLOSE, SIGNAL, ATTACH, DETACH, LIST, FORGET = range(1, 10)
@@ -234,23 +235,61 @@ def _close_unclaimed(made: concurrent.futures.Future[socket.socket]) -> None:
 BACKLOG_RETRY_S = 0.005
 
 
-async def _socket_in_netns(netns: Netns | None, name: str, timeout: float) -> socket.socket:
-    async def attempt() -> socket.socket:
-        while True:
-            try:
-                if netns is None:
-                    return _connect_here(name)
-                made = netns_sockets.submit(netns, lambda: _connect_here(name))
-                try:
-                    return await asyncio.wrap_future(made)
-                except asyncio.CancelledError:
-                    # Timed out while the socket thread was making it: whatever it makes is nobody's.
-                    made.add_done_callback(_close_unclaimed)
-                    raise
-            except BlockingIOError:
-                await asyncio.sleep(BACKLOG_RETRY_S)
+def _connect(sock: socket.socket, name: str) -> bool:
+    """Connect ``sock`` to ``@name`` in the namespace it was made in; False while init's backlog is full."""
+    try:
+        sock.connect("\0" + name)
+    except BlockingIOError:
+        return False
+    return True
 
-    return await asyncio.wait_for(attempt(), timeout)
+
+async def _socket_in_netns(netns: Netns | None, name: str, timeout: float) -> socket.socket:
+    """A socket connected to init's ``@name`` in ``netns`` (None: the calling thread's namespace).
+
+    In a sandbox's namespace, a spare socket made there beforehand
+    (``crabd.util.netns.spares``) is connected on the event loop: the
+    namespace is entered only when its spares are used up.  A spare that
+    cannot connect (init gone) takes the namespace's other spares with it.
+    """
+    sock = netns_spares.take(netns) if netns is not None else None
+    if sock is not None and netns is not None:
+        try:
+            if _connect(sock, name):
+                return sock  # the usual case: no thread, no wait
+        except OSError:
+            sock.close()
+            netns_spares.discard(netns)
+            raise
+
+    async def attempt() -> socket.socket:
+        nonlocal sock
+        if netns is None:
+            while True:
+                try:
+                    return _connect_here(name)
+                except BlockingIOError:
+                    await asyncio.sleep(BACKLOG_RETRY_S)
+        if sock is None:
+            made = netns_spares.make(netns)
+            try:
+                sock = await asyncio.wrap_future(made)
+            except asyncio.CancelledError:
+                # Timed out while the socket thread was making it: whatever it makes is nobody's.
+                made.add_done_callback(_close_unclaimed)
+                raise
+        while not _connect(sock, name):
+            await asyncio.sleep(BACKLOG_RETRY_S)
+        return sock
+
+    try:
+        return await asyncio.wait_for(attempt(), timeout)
+    except BaseException as exc:
+        if sock is not None:
+            sock.close()
+            if isinstance(exc, OSError) and netns is not None:
+                netns_spares.discard(netns)
+        raise
 
 
 class InitConnection:

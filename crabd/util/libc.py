@@ -1,4 +1,5 @@
-"""The few libc calls Python's os module lacks: ``syncfs(2)``, ``fstatfs(2)``'s type, ``renameat2(2)``."""
+"""The few libc calls Python's os module lacks: ``syncfs(2)``, ``fstatfs(2)``'s type, ``renameat2(2)``,
+and an ``ioctl(2)`` that lets other threads run."""
 
 from __future__ import annotations
 
@@ -44,3 +45,18 @@ def rename_noreplace(dir_fd: int, old: bytes, new: bytes) -> None:
     """``renameat2(dir_fd, old, dir_fd, new, RENAME_NOREPLACE)``: EEXIST rather than replace ``new``."""
     if _libc.renameat2(dir_fd, old, dir_fd, new, RENAME_NOREPLACE) != 0:
         _raise_errno(new.decode(errors="replace"))
+
+
+def ioctl(fd: int, request: int, buf: bytearray) -> int:
+    """``ioctl(fd, request, buf)`` (``buf`` read and written in place), other threads running meanwhile.
+
+    ``fcntl.ioctl`` keeps the GIL through the call when its buffer is larger
+    than 1024 bytes (it hands the kernel the object's own memory): a btrfs
+    snapshot (a 4096-byte argument, a transaction commit of ~5 ms) stopped
+    every thread of crabd, its event loop included (issue 34).  ctypes lets go.
+    """
+    arg = (ctypes.c_char * len(buf)).from_buffer(buf)
+    ret = int(_libc.ioctl(fd, ctypes.c_ulong(request), arg))
+    if ret == -1:
+        _raise_errno()
+    return ret

@@ -9,10 +9,14 @@ no thread that runs any other code of crabd may ever change it.  Two ways:
   only makes sockets: for each job it enters the namespace, creates and
   connects the socket (non-blocking, so no sandbox can make it wait), and
   goes back to the namespace it started in before it takes the next job.
-  Every command crabd runs in a sandbox opens a connection to its init this
-  way; a thread per connection cost ~0.35 ms of CPU each (issue 34), a job
-  here ~0.03 ms.  If the thread cannot go back home it stops taking jobs and
-  ends, and the next job starts a fresh thread.
+  If the thread cannot go back home it stops taking jobs and ends, and the
+  next job starts a fresh thread;
+* :data:`spares` (a :class:`SpareSockets`) keeps a few unconnected unix
+  sockets made inside each sandbox's namespace, for connections to its init.
+  A socket keeps the namespace it was created in, so connecting one needs no
+  namespace entry and no thread: ~0.01 ms, where entering the namespace for
+  each connection cost ~0.35 ms of CPU (issue 34).  One entry makes
+  :data:`SPARES_PER_ENTRY` of them.
 
 The namespace is reached through a *pidfd*, never through ``/proc/<pid>``
 alone: a sandbox's init can die and its pid be given to a host process
@@ -40,7 +44,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -125,15 +129,13 @@ class NetnsSockets:
     """One thread that creates sockets inside network namespaces and returns home after each (see the module doc)."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Netns, Callable[[], socket.socket], Future[socket.socket]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[tuple[Netns, Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def submit(self, ns: Netns, make: Callable[[], socket.socket]) -> Future[socket.socket]:
+    def submit(self, ns: Netns, make: Callable[[], T]) -> Future[T]:
         """``make()`` run inside ``ns`` on the socket thread; it must not block (non-blocking sockets only)."""
-        fut: Future[socket.socket] = Future()
+        fut: Future[T] = Future()
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="crab-netns-sockets", daemon=True)
@@ -180,10 +182,17 @@ class NetnsSockets:
             self.submit(ns, make).add_done_callback(functools.partial(_relay, dst=fut))
 
 
-def _relay(src: Future[socket.socket], dst: Future[socket.socket]) -> None:
+def _close_made(made: object) -> None:
+    """Close what a job made that nobody will take: a socket, or a list of them."""
+    for sock in made if isinstance(made, list) else [made]:
+        if isinstance(sock, socket.socket):
+            sock.close()
+
+
+def _relay(src: Future[Any], dst: Future[Any]) -> None:
     if not dst.set_running_or_notify_cancel():
         if src.exception() is None:
-            src.result().close()  # nobody waits for it any more
+            _close_made(src.result())  # nobody waits for it any more
         return
     exc = src.exception()
     if exc is not None:
@@ -192,5 +201,128 @@ def _relay(src: Future[socket.socket], dst: Future[socket.socket]) -> None:
         dst.set_result(src.result())
 
 
+#: Spare sockets one namespace entry makes (the next connections to that sandbox's init take them).
+SPARES_PER_ENTRY = 8
+#: Most spares kept in all, whatever the number of sandboxes: each is a descriptor, and crabd's
+#: descriptors are bounded (RLIMIT_NOFILE).  Past it a connection's batch is not kept.
+MAX_SPARES = 1024
+
+
+def _unix_sockets(n: int) -> list[socket.socket]:
+    """``n`` unconnected non-blocking unix stream sockets, in the calling thread's netns."""
+    return [
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) for _ in range(n)
+    ]
+
+
+class SpareSockets:
+    """Unconnected unix stream sockets made inside sandboxes' network namespaces, taken one per connection.
+
+    A spare was made inside ``ns`` after :func:`enter` checked, through a
+    pidfd, that ``ns`` is the container's: it can only ever reach that
+    namespace, whatever becomes of the pid later.  A spare holds a reference
+    to its namespace, so a sandbox's spares are closed as soon as crabd
+    learns that its init is gone (:meth:`forget`, from the kept container
+    statuses, ``coordinator/livestatus.py``), and all of a namespace's spares
+    are closed when one of them fails to connect (:meth:`discard`).  At most
+    ``limit`` are kept in all.
+    """
+
+    def __init__(self, maker: NetnsSockets, per_entry: int = SPARES_PER_ENTRY, limit: int = MAX_SPARES) -> None:
+        self._maker = maker
+        self._per_entry = per_entry
+        self._limit = limit
+        self._spares: dict[Netns, list[socket.socket]] = {}
+        self._count = 0
+        #: Bumped by every forget/discard: a batch made across one is not kept (its sandbox may be gone).
+        self._epoch = 0
+        # take() runs on the event loop, forget() wherever a status is dropped.
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._count
+
+    def take(self, ns: Netns) -> socket.socket | None:
+        """A spare made in ``ns``, or None (then :meth:`make` one)."""
+        with self._lock:
+            kept = self._spares.get(ns)
+            if not kept:
+                return None
+            sock = kept.pop()
+            self._count -= 1
+            if not kept:
+                del self._spares[ns]
+            return sock
+
+    def make(self, ns: Netns) -> Future[socket.socket]:
+        """Enter ``ns`` once (on the socket thread) for a socket, keeping the batch's others as spares."""
+        with self._lock:
+            epoch = self._epoch
+        made = self._maker.submit(ns, lambda: _unix_sockets(self._per_entry))
+        first: Future[socket.socket] = Future()
+
+        def done(src: Future[list[socket.socket]]) -> None:
+            exc = src.exception()
+            if exc is not None:
+                if first.set_running_or_notify_cancel():
+                    first.set_exception(exc)
+                return
+            sock, *rest = src.result()
+            self._keep(ns, rest, epoch)
+            if first.set_running_or_notify_cancel():
+                first.set_result(sock)
+            else:
+                sock.close()  # the caller gave up waiting
+
+        made.add_done_callback(done)
+        return first
+
+    def _keep(self, ns: Netns, socks: list[socket.socket], epoch: int) -> None:
+        with self._lock:
+            if epoch == self._epoch:
+                # A container has one init at a time: spares of an earlier one (same id, other pid) go.
+                stale = [k for k in self._spares if k.container_id == ns.container_id and k != ns]
+                drop = [s for k in stale for s in self._spares.pop(k)]
+                self._count -= len(drop)
+                room = max(0, self._limit - self._count)
+                if room:
+                    self._spares.setdefault(ns, []).extend(socks[:room])
+                    self._count += len(socks[:room])
+                socks = drop + socks[room:]
+        for sock in socks:
+            sock.close()
+
+    def forget(self, container_id: str) -> None:
+        """Close the spares of ``container_id``'s namespace (its init is gone, or crabd replaces it)."""
+        with self._lock:
+            self._epoch += 1
+            gone = [k for k in self._spares if k.container_id == container_id]
+            socks = [s for k in gone for s in self._spares.pop(k)]
+            self._count -= len(socks)
+        for sock in socks:
+            sock.close()
+
+    def discard(self, ns: Netns) -> None:
+        """Close ``ns``'s spares (one failed to connect: its init is gone or refuses)."""
+        with self._lock:
+            self._epoch += 1
+            socks = self._spares.pop(ns, [])
+            self._count -= len(socks)
+        for sock in socks:
+            sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._epoch += 1
+            socks = [s for v in self._spares.values() for s in v]
+            self._spares = {}
+            self._count = 0
+        for sock in socks:
+            sock.close()
+
+
 #: The daemon's socket thread.
 sockets = NetnsSockets()
+#: The daemon's spare sockets for connections to sandboxes' inits.
+spares = SpareSockets(sockets)

@@ -9,6 +9,10 @@ arm64 share them; ``tests/integration/test_btrfs_pool.py`` checks the
 results against the running kernel).  The one operation done through the
 CLI, ``find-new`` (a tree search with a record format of its own), lives in
 ``pool.py``.
+
+The calls with a 4096-byte argument (create, snapshot, destroy: each a
+transaction commit) go through :func:`crabd.util.libc.ioctl`, which lets the
+daemon's other threads run meanwhile; ``fcntl.ioctl`` would hold the GIL.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def _vol_args(name: str) -> bytearray:
 
 def subvol_create(parent_fd: int, name: str) -> None:
     """Create the empty subvolume ``name`` in the directory ``parent_fd``."""
-    fcntl.ioctl(parent_fd, IOC_SUBVOL_CREATE, _vol_args(name))
+    libc.ioctl(parent_fd, IOC_SUBVOL_CREATE, _vol_args(name))
 
 
 def snap_create(parent_fd: int, name: str, source_fd: int, *, readonly: bool) -> None:
@@ -72,12 +76,12 @@ def snap_create(parent_fd: int, name: str, source_fd: int, *, readonly: bool) ->
     struct.pack_into("=qQQ", buf, 0, source_fd, 0, SUBVOL_RDONLY if readonly else 0)
     raw = _name(name)
     buf[_V2_NAME : _V2_NAME + len(raw)] = raw
-    fcntl.ioctl(parent_fd, IOC_SNAP_CREATE_V2, buf)
+    libc.ioctl(parent_fd, IOC_SNAP_CREATE_V2, buf)
 
 
 def snap_destroy(parent_fd: int, name: str) -> None:
     """Delete the subvolume or snapshot ``name`` in ``parent_fd`` (its space is freed in the background)."""
-    fcntl.ioctl(parent_fd, IOC_SNAP_DESTROY, _vol_args(name))
+    libc.ioctl(parent_fd, IOC_SNAP_DESTROY, _vol_args(name))
 
 
 def get_flags(subvol_fd: int) -> int:
