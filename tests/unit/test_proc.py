@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -48,13 +49,13 @@ def test_stderr_is_bounded() -> None:
 def test_a_helper_without_pipes_is_reaped_when_it_exits_not_polled(monkeypatch: pytest.MonkeyPatch) -> None:
     # Popen.wait(timeout) polls with sleeps of up to 50 ms (it made every `runc create` up to 50 ms late).
     waits: list[float | None] = []
-    real = proc.subprocess.Popen.wait
+    real = subprocess.Popen.wait
 
-    def wait(self: proc.subprocess.Popen[bytes], timeout: float | None = None) -> int:
+    def wait(self: subprocess.Popen[bytes], timeout: float | None = None) -> int:
         waits.append(timeout)
-        return real(self, timeout)
+        return int(real(self, timeout))
 
-    monkeypatch.setattr(proc.subprocess.Popen, "wait", wait)
+    monkeypatch.setattr(subprocess.Popen, "wait", wait)
     done = proc.run(["sh", "-c", "sleep 0.2; exit 5"], timeout=10, capture=False, check=False)
     assert done.exit_code == 5 and done.stdout == b"" and waits == [None]
 

@@ -84,7 +84,12 @@ def test_a_claim_or_lookup_reads_no_other_claim(tmp_path: Path, monkeypatch: pyt
         r.claim(f"i1-s{i}-g1")
     reads: list[int] = []
     real = IdRanges._read
-    monkeypatch.setattr(IdRanges, "_read", lambda self, slot: reads.append(slot) or real(self, slot))
+
+    def counted(self: IdRanges, slot: int) -> str | None:
+        reads.append(slot)
+        return real(self, slot)
+
+    monkeypatch.setattr(IdRanges, "_read", counted)
     fresh = r.claim("i1-new-g1")
     assert fresh.slot == 40 and reads == []
     assert r.find("i1-s7-g1") == r.claim("i1-s7-g1") and reads == [7, 7]
