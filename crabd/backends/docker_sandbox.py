@@ -307,6 +307,11 @@ class DockerSandboxBackend:
             )
         return [str(c["Id"]) for c in found]
 
+    def instance_ids(self, instance: str) -> set[str]:
+        with docker_errors("list containers"):
+            found = self._api.containers(all=True, quiet=True, filters={"label": f"{LABEL_INSTANCE}={instance}"})
+        return {str(c["Id"]) for c in found}
+
     def list_instance(self, instance: str) -> dict[str, ContainerStatus]:
         with docker_errors("list containers"):
             found = self._api.containers(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"})
