@@ -253,7 +253,8 @@ class StatusReader:
         held = self._slots.held() if self._slots is not None else frozenset()
         states: dict[str, RuncState] = {}
         if states_too:
-            states = {st.id: st for st in self.runc.list(f"{self.instance}-") if parse_id(self.instance, st.id) is not None}
+            listed = self.runc.list(f"{self.instance}-")
+            states = {st.id: st for st in listed if parse_id(self.instance, st.id) is not None}
         # Without the states: runc's ids are its state root's entries (`runc list` reads each one's state file).
         known = list(states) if states_too else (os.listdir(self.runc.root) if self.runc.root.is_dir() else [])
         complete, partial = cleanup.bundle_ids(self.layout.bundles)
