@@ -18,9 +18,11 @@ Start-up order matters for safety, and serving comes early (issue 34: with
 6. the private gRPC server, then the public socket (0660 root:crab), then
    the OpenAI proxy if enabled;
 7. READY=1 to systemd, watchdog pings, "crabd ready";
-8. in the background: CRIU's kernel-feature cache; adoption of every
-   sandbox (a few at once, one a request needs first), then recovery of
-   those found dead (policy "auto"), then the full gc of blobs a crash
+8. in the background: the eBPF probes' compile (mode "auto"; the scan
+   inspector decides meanwhile) and CRIU's kernel-feature cache, both
+   started only now (on a small host they held serving back); adoption of
+   every sandbox (a few at once, one a request needs first), then recovery
+   of those found dead (policy "auto"), then the full gc of blobs a crash
    orphaned (``_reconcile``: under the store lock held exclusively, see
    there).
 
@@ -72,6 +74,7 @@ from crabd.engine import HostEngine
 from crabd.errors import CrabError
 from crabd.inspector.choose import open_inspector
 from crabd.inspector.decide import Inspector
+from crabd.inspector.deferred import DeferredProbes
 from crabd.runtime import initbin
 from crabd.service.llm_gate import ServiceGate
 from crabd.service.quota import Quotas
@@ -209,9 +212,12 @@ class Daemon:
         await self._start_proxy(service, engine)
         steps.done("serve")
         self._ready(wiring.inspection.name, docker_version, to_adopt, prepared_s, time.monotonic() - t0, steps)
-        # Once serving: CRIU's kernel-feature cache only saves each CRIU run its own probe (one before
-        # the cache is in place still works), and its probe (a CRIU process) competed for the CPU with
-        # the steps above on a small host.
+        # Once serving, neither of these competes with the steps above for the CPU and the GIL (on a
+        # small host each held serving back by a few hundred ms): the eBPF probes' compile (mode
+        # "auto"; bcc's import and the BTF parse are Python) and CRIU's kernel-feature cache, which
+        # only saves each CRIU run its own probe (one before the cache is in place still works).
+        if self._inspector is not None and isinstance(self._inspector.source, DeferredProbes):
+            self._inspector.source.start()
         self._kdat = asyncio.create_task(asyncio.to_thread(assembly.ensure_criu_kdat), name="crab-criu-kdat")
         self._adopting = asyncio.create_task(self._adopt(adoption, wiring.housekeeping), name="crab-adoption")
 
@@ -250,9 +256,9 @@ class Daemon:
         db, manager = self._db, self._manager_or_fail()
         assert db is not None, "the registry is opened first"
         limits = ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth, max_restore_bytes=ck.max_restore_bytes)
-        # Not on the way to serving: in mode "auto" the probes compile in the background while the
-        # scan inspector decides.
-        inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits)
+        # Not on the way to serving: in mode "auto" the probes compile in the background, from
+        # serving on (``start``), while the scan inspector decides.
+        inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits, compile_later=True)
         self._inspector = inspector
         blobs = FileBlobStore(paths.state_dir / "blobs", level=ck.zstd_level)
         # Leftovers of writes a crash interrupted; nothing references them.
