@@ -16,11 +16,12 @@ running through a crabd restart; nothing is restarted.
 come first: the ids of this instance's containers (taken before any
 request can make one, so a container it holds that no row names is an
 orphan, never a sandbox being created), and every row marked unadopted.
-Ids only (``SandboxBackend.instance_ids``): reading each container's status
-there cost ~4 ms a sandbox with runc (``runc list``), seconds at a thousand,
-all before crabd answered.  Each container's status is read by its own
-sandbox's adoption; the labels of the listed containers only when a
-creation was interrupted (:meth:`Adoption._creating_containers`).
+Ids only (``SandboxBackend.instance_ids``): reading each container's
+status there cost 2-4 ms a sandbox with runc (``runc list``, the overlay
+lookups), seconds at a thousand, before crabd answered.  Each container's
+status is read by its own sandbox's adoption; the labels of the listed
+containers only when a creation was interrupted
+(:meth:`Adoption._creating_containers`).
 
 **The gate.**  A request gets a sandbox only through
 ``SandboxManager.get`` (the service's lookup, turn ends from the LLM proxy,
