@@ -291,6 +291,9 @@ class FakeSandboxBackend:
     def list_instance(self, instance: str) -> dict[str, ContainerStatus]:
         return {cid: self.status(cid) for cid in self.containers}
 
+    def instance_ids(self, instance: str) -> set[str]:
+        return set(self.containers)
+
     def image_exists(self, image: str) -> bool:
         return True
 

@@ -8,11 +8,9 @@ for every call into Docker, so the mapping is the same everywhere.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import docker.errors
-import requests
 
 from crabd.errors import DockerError, ImageError
 
@@ -29,9 +27,19 @@ def docker_errors(what: str) -> Iterator[None]:
     """
     try:
         yield
-    except docker.errors.ImageNotFound as exc:
-        raise ImageError(f"{what}: image not found: {exc.explanation}", env="") from exc
-    except docker.errors.APIError as exc:
-        raise DockerError(f"{what}: {exc.explanation or exc}", status=exc.status_code) from exc
-    except (docker.errors.DockerException, requests.RequestException) as exc:
-        raise DockerError(f"{what}: {exc}") from exc
+    except Exception as exc:
+        # docker-py (and requests under it) is imported by the first call into Docker, not here:
+        # the runc backend uses this module too and never needs it (~65 ms of crabd's start-up).
+        # Before that first call no exception can be Docker's.
+        if "docker" not in sys.modules:
+            raise
+        import docker.errors
+        import requests
+
+        if isinstance(exc, docker.errors.ImageNotFound):
+            raise ImageError(f"{what}: image not found: {exc.explanation}", env="") from exc
+        if isinstance(exc, docker.errors.APIError):
+            raise DockerError(f"{what}: {exc.explanation or exc}", status=exc.status_code) from exc
+        if isinstance(exc, docker.errors.DockerException | requests.RequestException):
+            raise DockerError(f"{what}: {exc}") from exc
+        raise

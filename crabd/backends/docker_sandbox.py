@@ -21,6 +21,7 @@ import docker.types
 from crabd.backends import cgroup_freezer
 from crabd.backends.criu.runc import log_excerpt
 from crabd.backends.docker_errors import docker_errors
+from crabd.backends.limits import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
 from crabd.backends.network import SANDBOX_SYSCTLS, SandboxNetwork
 from crabd.backends.procdump import Posture, capability_mask
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus, sandbox_hostname
@@ -29,31 +30,8 @@ from crabd.errors import CriuError, DockerError, HostError
 from crabd.models import SandboxSpec
 from crabd.util import netns
 
-#: Default pids limit when the spec leaves it at 0: a fork bomb in a sandbox
-#: must not exhaust the host's pid space.
-DEFAULT_PIDS_LIMIT = 4096
-
 #: Where the host's cgroup v1 controllers are (the layout Docker's runc mirrors in a container).
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-#: The capabilities a sandbox keeps (everything else is dropped; see
-#: docs/security.md, "Isolation", for why each one stays).  Docker's default
-#: set less NET_RAW (forged packets, ARP spoofing on the shared bridge),
-#: AUDIT_WRITE, SETFCAP, SETPCAP and SYS_CHROOT.  MKNOD stays: making a node
-#: is harmless while Docker's device cgroup refuses to open all but the
-#: standard character devices, and package installs and the store's own
-#: tests make nodes.
-SANDBOX_CAPABILITIES = (
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "KILL",
-    "MKNOD",
-    "SETGID",
-    "SETUID",
-    "NET_BIND_SERVICE",
-)
 
 
 def _status(attrs: dict[str, Any]) -> ContainerStatus:
@@ -328,6 +306,11 @@ class DockerSandboxBackend:
                 all=True, filters={"label": f"{LABEL_INSTANCE}={instance}", "status": ["exited", "dead"]}
             )
         return [str(c["Id"]) for c in found]
+
+    def instance_ids(self, instance: str) -> set[str]:
+        with docker_errors("list containers"):
+            found = self._api.containers(all=True, quiet=True, filters={"label": f"{LABEL_INSTANCE}={instance}"})
+        return {str(c["Id"]) for c in found}
 
     def list_instance(self, instance: str) -> dict[str, ContainerStatus]:
         with docker_errors("list containers"):

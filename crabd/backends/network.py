@@ -38,8 +38,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import docker.errors
-
 from crabd.backends.docker_errors import docker_errors
 from crabd.config import NetworkConfig, parse_allow
 from crabd.errors import CommandError, HostError
@@ -139,6 +137,9 @@ def remove_rules(cfg: NetworkConfig, forward_parent: str = "DOCKER-USER") -> Non
 
 
 def _ensure_network(api: Any, cfg: NetworkConfig) -> None:
+    # Here, not at the top: the runc backend imports this module for its rules, never Docker.
+    import docker.errors
+
     name, bridge = network_name(cfg), bridge_name(cfg)
     options = {
         "com.docker.network.bridge.name": bridge,
@@ -207,6 +208,8 @@ class SandboxNetwork:
 
 def teardown(api: Any, cfg: NetworkConfig) -> bool:
     """Remove crab's network and then its rules; False (and nothing removed) while a container uses it."""
+    import docker.errors  # see _ensure_network
+
     with docker_errors(f"remove network {network_name(cfg)}"):
         try:
             api.remove_network(network_name(cfg))

@@ -106,6 +106,14 @@ class SandboxBackend(Protocol):
         """All containers labelled with ``instance``, by container id."""
         ...
 
+    def instance_ids(self, instance: str) -> set[str]:
+        """The ids :meth:`list_instance` would give, without reading any container's status.
+
+        Cheap at any count (crabd takes it before it serves again after a restart); the ids
+        of containers that are going away may be in it.
+        """
+        ...
+
     def image_exists(self, image: str) -> bool: ...
 
     def server_version(self) -> str: ...

@@ -13,9 +13,15 @@ instance's label that no row named is removed.  Running sandboxes keep
 running through a crabd restart; nothing is restarted.
 
 **Before serving** (:meth:`Adoption.prepare`) only what is cheap and must
-come first: the list of this instance's containers (taken before any
+come first: the ids of this instance's containers (taken before any
 request can make one, so a container it holds that no row names is an
 orphan, never a sandbox being created), and every row marked unadopted.
+Ids only (``SandboxBackend.instance_ids``): reading each container's
+status there cost 2-4 ms a sandbox with runc (``runc list``, the overlay
+lookups), seconds at a thousand, before crabd answered.  Each container's
+status is read by its own sandbox's adoption; the labels of the listed
+containers only when a creation was interrupted
+(:meth:`Adoption._creating_containers`).
 
 **The gate.**  A request gets a sandbox only through
 ``SandboxManager.get`` (the service's lookup, turn ends from the LLM proxy,
@@ -57,7 +63,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from crabd.backends.sandbox import LABEL_SANDBOX, ContainerStatus
+from crabd.backends.sandbox import LABEL_SANDBOX
 from crabd.coordinator.sandboxes import REMOVING, SandboxManager
 from crabd.errors import CrabError
 from crabd.models import SandboxRecord, SandboxState
@@ -117,8 +123,14 @@ class Adoption:
         self.counts = Adopted()
         #: Set once every sandbox is adopted and the orphans are removed.
         self.done = asyncio.Event()
-        self._containers: dict[str, ContainerStatus] = {}
+        #: This instance's container ids when crabd started (before serving).
+        self._ids: set[str] = set()
+        #: Those that a row named then (or that belong to a creation being rolled back).
         self._known: set[str] = set()
+        #: Rows found ``creating``: their containers are found by label (:meth:`_creating_containers`).
+        self._creating: set[str] = set()
+        self._labelled: dict[str, list[str]] | None = None
+        self._labelling = asyncio.Lock()
         self._queue: collections.deque[str] = collections.deque()
         #: Queued, not yet started (a worker skips an id taken on demand meanwhile).
         self._queued: set[str] = set()
@@ -127,18 +139,16 @@ class Adoption:
     # --- before serving ----------------------------------------------------------------------
 
     async def prepare(self) -> int:
-        """The container list and every row marked unadopted; installs the gate.  Returns how many rows."""
+        """The container ids and every row marked unadopted; installs the gate.  Returns how many rows."""
         m = self.manager
-        self._containers = await asyncio.to_thread(m.backend.list_instance, m.instance)
+        self._ids = await asyncio.to_thread(m.backend.instance_ids, m.instance)
         rows = await asyncio.to_thread(m.registry.list_sandboxes, None)
-        creating = {r.id for r in rows if r.state is SandboxState.CREATING}
+        self._creating = {r.id for r in rows if r.state is SandboxState.CREATING}
         for rec in rows:
             self._queue.append(rec.id)
             self._queued.add(rec.id)
             if rec.container_id:
                 self._known.add(rec.container_id)
-        # A creating row's containers go with its rollback, also one whose id never reached the row.
-        self._known |= {cid for cid, st in self._containers.items() if st.labels.get(LABEL_SANDBOX) in creating}
         m.gate = self
         return len(rows)
 
@@ -242,8 +252,8 @@ class Adoption:
                 log.warning("interrupted removal not finished", extra={"sandbox": rec.id, "error": str(exc)})
         if rec.state is SandboxState.CREATING:
             # Also catches a container created whose id never reached the row.
-            for cid, st in self._containers.items():
-                if st.labels.get(LABEL_SANDBOX) == rec.id and cid != rec.container_id:
+            for cid in (await self._creating_containers()).get(rec.id, []):
+                if cid != rec.container_id:
                     await asyncio.to_thread(m.backend.remove, cid)
             await m.rollback(rec)
             return "rolled_back"
@@ -258,13 +268,40 @@ class Adoption:
             await self.on_adopted(rec)
         return "adopted"
 
+    async def _creating_containers(self) -> dict[str, list[str]]:
+        """The containers listed at start that carry the label of a row found ``creating``, by sandbox id.
+
+        Read once, after serving began: a container made since is not in the start's list, and
+        its label names a sandbox created since, never one of these rows.  Those containers go
+        with their row's rollback, also one whose id never reached the row; none is an orphan.
+        """
+        async with self._labelling:
+            if self._labelled is None:
+                m = self.manager
+                found = await asyncio.to_thread(m.backend.list_instance, m.instance)
+                labelled: dict[str, list[str]] = {}
+                for cid in sorted(self._ids & found.keys()):
+                    owner = found[cid].labels.get(LABEL_SANDBOX, "")
+                    if owner in self._creating:
+                        labelled.setdefault(owner, []).append(cid)
+                        self._known.add(cid)
+                self._labelled = labelled
+            return self._labelled
+
     async def _remove_orphans(self) -> None:
         """Containers no row named when crabd started: left by a crash mid-create, or a restore's new
         container that never replaced the old one."""
         m = self.manager
+        if self._creating:
+            try:
+                await self._creating_containers()
+            except CrabError as exc:
+                # Which of them belong to a rolled-back creation is unknown: the next start removes them.
+                log.warning("orphaned containers not removed", extra={"error": exc.message})
+                return
         # Named now: a container id cannot come back, but a row naming one is never taken from.
         named = {r.container_id for r in await asyncio.to_thread(m.registry.list_sandboxes, None)}
-        for cid in self._containers:
+        for cid in sorted(self._ids):
             if cid in self._known or cid in named:
                 continue
             try:

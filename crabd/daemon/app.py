@@ -18,10 +18,13 @@ Start-up order matters for safety, and serving comes early (issue 34: with
 6. the private gRPC server, then the public socket (0660 root:crab), then
    the OpenAI proxy if enabled;
 7. READY=1 to systemd, watchdog pings, "crabd ready";
-8. in the background: adoption of every sandbox (a few at once, one a
-   request needs first), then recovery of those found dead (policy
-   "auto"), then the full gc of blobs a crash orphaned (``_reconcile``:
-   under the store lock held exclusively, see there).
+8. in the background: the eBPF probes' compile (mode "auto"; the scan
+   inspector decides meanwhile) and CRIU's kernel-feature cache, both
+   started only now (on a small host they held serving back); adoption of
+   every sandbox (a few at once, one a request needs first), then recovery
+   of those found dead (policy "auto"), then the full gc of blobs a crash
+   orphaned (``_reconcile``: under the store lock held exclusively, see
+   there).
 
 Shut-down runs the other way; the engine drains its queue (bounded by
 ``[engine] drain_timeout_s``) after the API stops taking requests.
@@ -71,6 +74,7 @@ from crabd.engine import HostEngine
 from crabd.errors import CrabError
 from crabd.inspector.choose import open_inspector
 from crabd.inspector.decide import Inspector
+from crabd.inspector.deferred import DeferredProbes
 from crabd.runtime import initbin
 from crabd.service.llm_gate import ServiceGate
 from crabd.service.quota import Quotas
@@ -96,6 +100,31 @@ MAX_MESSAGE = 80 << 20
 def instance_id(state_dir: Path) -> str:
     """Labels this daemon's containers: one per state dir, stable across restarts."""
     return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+
+
+def _since_exec() -> float | None:
+    """Seconds since this process was started (the kernel's clock-tick resolution); None if unreadable."""
+    try:
+        # Field 22 of stat is the start time in ticks since boot; the name before it may hold spaces.
+        ticks = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(uptime - ticks / os.sysconf("SC_CLK_TCK"), 3)
+
+
+class _Steps:
+    """Seconds each step of start-up took (the "crabd ready" line: where a slow restart spends them)."""
+
+    def __init__(self) -> None:
+        self.took: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def done(self, step: str) -> float:
+        now = time.monotonic()
+        self.took[step] = round(now - self._last, 3)
+        self._last = now
+        return self.took[step]
 
 
 @dataclass(frozen=True)
@@ -146,15 +175,18 @@ class Daemon:
     async def start(self) -> None:
         """Bring crabd up in the module doc's order; every step is one method below."""
         t0 = time.monotonic()
+        steps = _Steps()
         self._prepare_host()
         docker_version = await self._open_sandboxes()
+        steps.done("sandboxes")
         wiring = await self._open_checkpoints()
+        steps.done("checkpoints")
         adoption = self._adoption = Adoption(self._manager_or_fail(), wiring.inspection.adopted)
-        t_prepare = time.monotonic()
         to_adopt = await adoption.prepare()
-        prepared_s = time.monotonic() - t_prepare
+        prepared_s = steps.done("prepare")
         await self._lose_pending_turns()
         engine = await self._start_engine()
+        steps.done("engine")
         # The engine reports the store lock's waits with its own metrics (util/aiolock.py).
         engine.store_lock = wiring.store_lock.stats
         # Thinning runs in the engine's background lane (coordinator/retention.py).
@@ -175,9 +207,18 @@ class Daemon:
         )
         await self._start_archives(wiring, service)
         await self._start_replication(wiring, engine, service)
+        steps.done("archives")
         await self._serve(service)
         await self._start_proxy(service, engine)
-        self._ready(wiring.inspection.name, docker_version, to_adopt, prepared_s, time.monotonic() - t0)
+        steps.done("serve")
+        self._ready(wiring.inspection.name, docker_version, to_adopt, prepared_s, time.monotonic() - t0, steps)
+        # Once serving, neither of these competes with the steps above for the CPU and the GIL (on a
+        # small host each held serving back by a few hundred ms): the eBPF probes' compile (mode
+        # "auto"; bcc's import and the BTF parse are Python) and CRIU's kernel-feature cache, which
+        # only saves each CRIU run its own probe (one before the cache is in place still works).
+        if self._inspector is not None and isinstance(self._inspector.source, DeferredProbes):
+            self._inspector.source.start()
+        self._kdat = asyncio.create_task(asyncio.to_thread(assembly.ensure_criu_kdat), name="crab-criu-kdat")
         self._adopting = asyncio.create_task(self._adopt(adoption, wiring.housekeeping), name="crab-adoption")
 
     def _manager_or_fail(self) -> SandboxManager:
@@ -215,11 +256,9 @@ class Daemon:
         db, manager = self._db, self._manager_or_fail()
         assert db is not None, "the registry is opened first"
         limits = ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth, max_restore_bytes=ck.max_restore_bytes)
-        # Neither is on the way to serving: CRIU's kernel-feature cache only saves each CRIU run
-        # its own probe (one before the cache is in place still works), and in mode "auto" the
-        # probes compile in the background while the scan inspector decides.
-        self._kdat = asyncio.create_task(asyncio.to_thread(assembly.ensure_criu_kdat), name="crab-criu-kdat")
-        inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits)
+        # Not on the way to serving: in mode "auto" the probes compile in the background, from
+        # serving on (``start``), while the scan inspector decides.
+        inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits, compile_later=True)
         self._inspector = inspector
         blobs = FileBlobStore(paths.state_dir / "blobs", level=ck.zstd_level)
         # Leftovers of writes a crash interrupted; nothing references them.
@@ -414,7 +453,9 @@ class Daemon:
             await self._proxy.start()
             service.proxy_url = self._proxy.url
 
-    def _ready(self, inspector: str, docker_version: str, to_adopt: int, prepared_s: float, took: float) -> None:
+    def _ready(
+        self, inspector: str, docker_version: str, to_adopt: int, prepared_s: float, took: float, steps: _Steps
+    ) -> None:
         """READY=1 and watchdog pings to systemd, and one log line (adoption goes on in the background)."""
         paths = self.cfg.paths
         notify.notify(f"READY=1\nSTATUS=serving on {paths.socket}\nMAINPID={os.getpid()}")
@@ -433,6 +474,9 @@ class Daemon:
                 "to_adopt": to_adopt,
                 "prepare_s": round(prepared_s, 3),  # the container list and marking (step 4)
                 "start_s": round(took, 3),
+                # From the process's exec (interpreter and imports included): what a restart costs.
+                "since_exec_s": _since_exec(),
+                "steps_s": steps.took,
             },
         )
 

@@ -28,7 +28,6 @@ from pathlib import Path
 from crabd.backends.btrfs.delta import SnapshotDelta
 from crabd.backends.btrfs.pool import Pool
 from crabd.backends.criu.runc import RuncDumper
-from crabd.backends.docker_sandbox import DockerSandboxBackend
 from crabd.backends.fsdelta import FsDelta, ScanLimits
 from crabd.backends.overlay.backend import OverlayDelta
 from crabd.backends.overlay.index import PageCache
@@ -88,6 +87,10 @@ def open_sandbox_side(cfg: CrabConfig, instance: str) -> SandboxSide:
     state = cfg.paths.state_dir
     criu_logs = state / "logs" / "criu"
     if kind is BackendKind.DOCKER:
+        # Only here: docker-py is ~65 ms of a start-up that decides how soon crabd serves again
+        # after a crash, and the runc backend never needs it (tests/unit/test_daemon_startup_imports.py).
+        from crabd.backends.docker_sandbox import DockerSandboxBackend
+
         docker = DockerSandboxBackend(
             cfg.docker.host, cfg.docker.timeout_s, criu_log_dir=criu_logs, network=cfg.network
         )

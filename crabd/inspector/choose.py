@@ -16,7 +16,7 @@ from crabd.models import InspectorMode
 log = logging.getLogger("crabd.inspector")
 
 
-def open_inspector(cfg: InspectorConfig, limits: ScanLimits) -> tuple[Inspector, str]:
+def open_inspector(cfg: InspectorConfig, limits: ScanLimits, *, compile_later: bool = False) -> tuple[Inspector, str]:
     """The inspector to run and why it was chosen.
 
     ``mode = "auto"`` returns at once: the probes compile in the background
@@ -24,6 +24,10 @@ def open_inspector(cfg: InspectorConfig, limits: ScanLimits) -> tuple[Inspector,
     they did not watch from its start (``deferred.py``); if they fail to load,
     the scan goes on.  ``"ebpf"`` compiles them here (slow: call it in a
     thread), and a failure is fatal (BpfError): every decision is the probes'.
+    ``compile_later``: in mode "auto", the caller starts the compile
+    (``inspector.source.start()``): crabd does once it serves, so that the
+    compile's Python half (bcc's import, the BTF parse) does not hold the GIL
+    while crabd gets ready to serve after a restart.
     """
     source: EventSource
     bpf = BpfEvents(ring_pages=cfg.ring_buffer_pages)
@@ -32,9 +36,10 @@ def open_inspector(cfg: InspectorConfig, limits: ScanLimits) -> tuple[Inspector,
         source.start()
     elif cfg.mode is InspectorMode.AUTO:
         deferred = DeferredProbes(bpf)
-        # Started once, here: a second start would compile the probes again
+        # Started once: a second start would compile the probes again
         # (seconds) and leave the first set attached, every syscall traced twice.
-        deferred.start()
+        if not compile_later:
+            deferred.start()
         source = deferred
     else:
         try:

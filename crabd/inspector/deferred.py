@@ -70,8 +70,10 @@ class DeferredProbes:
 
     @property
     def pending(self) -> bool:
-        """The compile is still running."""
-        return self._thread is not None and self._thread.is_alive() and not self._attached
+        """The compile is still to come or running (crabd starts it once it serves: ``Daemon.start``)."""
+        if self._attached or self._closed:
+            return False
+        return self._thread is None or self._thread.is_alive()
 
     # --- lifetime ----------------------------------------------------------------------
 

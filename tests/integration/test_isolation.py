@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from crabd.backends.docker_sandbox import SANDBOX_CAPABILITIES
+from crabd.backends.limits import SANDBOX_CAPABILITIES
 from crabd.backends.network import bridge_name, chain_names
 from crabd.backends.runc.cni import ADMIN_CHAIN
 from crabd.config import CrabConfig, NetworkConfig

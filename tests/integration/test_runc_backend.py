@@ -430,6 +430,9 @@ def test_list_instance_reports_leftovers_and_only_its_own(
         )
         found = fresh.list_instance(INSTANCE)
         assert set(found) == {live, orphan, netns_only, half, images_only}
+        # The ids alone (crabd's snapshot before it serves after a restart): the same, no state read.
+        assert fresh.instance_ids(INSTANCE) == set(found)
+        assert backends[OTHER].instance_ids(OTHER) == {theirs}
         assert found[live].running and ppid(found[live].pid) == os.getpid()
         assert not found[orphan].running and found[orphan].exit_code == -1
         assert "btrfs subvolume" in found[orphan].error and found[orphan].upper_dir

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from crabd.backends.btrfs import Pool, SubvolRef
-from crabd.backends.docker_sandbox import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
+from crabd.backends.limits import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
 from crabd.backends.runc import bundle, cleanup, cni, launch, named_netns, rootfs
 from crabd.backends.runc.cli import Runc, RuncStatus
 from crabd.config import NetworkConfig

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from crabd.backends.sandbox import LABEL_SANDBOX, ContainerStatus
 from crabd.coordinator.adoption import Adopted, Adoption
 from crabd.coordinator.sandboxes import REMOVING
 from crabd.errors import SandboxDead, SandboxNotFound
@@ -182,5 +183,45 @@ def test_an_unfinished_removal_is_not_seen_half_done(tmp_path: Path, monkeypatch
         counts = await asyncio.wait_for(adoption.run(), 5)
         assert counts == Adopted(adopted=1, removed=1, on_demand=1)
         assert [r.id for r in await st.service.list_sandboxes(ALICE)] == [keep.id]
+
+    run(body())
+
+
+def test_before_serving_no_container_status_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prepare`` takes container ids only (reading each status kept crabd deaf for seconds at a thousand
+    sandboxes); an interrupted creation's containers are still found by label afterwards, and a container
+    made once serving began is no orphan."""
+    st = build_stack(tmp_path, monkeypatch)
+    reads: list[str] = []
+    status, listing = st.backend.status, st.backend.list_instance
+
+    def counted_status(cid: str) -> ContainerStatus:
+        reads.append(cid)
+        return status(cid)
+
+    def counted_listing(instance: str) -> dict[str, ContainerStatus]:
+        reads.append("list_instance")
+        return listing(instance)
+
+    monkeypatch.setattr(st.backend, "status", counted_status)
+    monkeypatch.setattr(st.backend, "list_instance", counted_listing)
+
+    async def body() -> None:
+        for i in range(3):
+            await st.service.create(ALICE, spec(f"live{i}", checkpoints="none"))
+        half = await st.sandboxes.reserve(ALICE.uid, spec("half"), "img")
+        # Created, but the crash came before its id reached the row.
+        lost = st.backend.create(half.id, spec("half"), "img", tmp_path / "init", {LABEL_SANDBOX: half.id})
+        reads.clear()
+        adoption = Adoption(st.sandboxes)
+        assert await adoption.prepare() == 4
+        assert reads == []
+        # Serving: a sandbox created now is not in the list taken before.
+        late = await st.service.create(ALICE, spec("late", checkpoints="none"))
+        got = await adoption.run()
+        assert got == Adopted(adopted=3, rolled_back=1)
+        assert lost not in st.backend.containers
+        late_row = st.registry.get_sandbox(late.id)
+        assert late_row is not None and late_row.container_id in st.backend.containers
 
     run(body())

@@ -187,3 +187,24 @@ def _opened() -> GatedBpf:
     bpf = GatedBpf()
     bpf.gate.set()
     return bpf
+
+
+def test_crabd_starts_the_compile_itself_once_it_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile_later`` (crabd's start-up): the compile waits for ``start`` (the daemon calls it once
+    serving: its Python half held the GIL while crabd got ready), and meanwhile reads pending, not settled."""
+    made: list[GatedBpf] = []
+
+    def factory(**_: object) -> GatedBpf:
+        made.append(GatedBpf())
+        return made[-1]
+
+    monkeypatch.setattr(choose, "BpfEvents", factory)
+    inspector, _ = choose.open_inspector(InspectorConfig(mode=InspectorMode.AUTO), ScanLimits(), compile_later=True)
+    source = inspector.source
+    assert isinstance(source, DeferredProbes)
+    assert inspector.name == "scan" and inspector.pending  # EmbeddedDaemon.wait_inspector goes on waiting
+    made[-1].gate.set()
+    assert not source.wait(0.2) and inspector.name == "scan"  # nothing compiled before start
+    source.start()
+    assert source.wait(10) and inspector.name == "ebpf" and not inspector.pending
+    inspector.close()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from crabd.backends.criu.runc import DUMP_OPTIONS, checkpoint_argv
-from crabd.backends.docker_sandbox import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
+from crabd.backends.limits import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
 from crabd.backends.network import SANDBOX_SYSCTLS, jumps
 from crabd.backends.runc import bundle, cleanup, cni, rootfs, security
 from crabd.backends.runc.cli import (

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crabd.backends.docker_sandbox import DEFAULT_PIDS_LIMIT
+from crabd.backends.limits import DEFAULT_PIDS_LIMIT
 from crabd.backends.network import SANDBOX_SYSCTLS
 from crabd.backends.runc import rootfs, security
 from crabd.backends.runc.idmap import IdRange

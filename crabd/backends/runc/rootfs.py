@@ -55,14 +55,16 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import docker
+from typing import TYPE_CHECKING, Any
 
 from crabd.backends.docker_errors import docker_errors
 from crabd.errors import CommandError, ContainerRuntimeError, ImageError
 from crabd.util import proc
 from crabd.util.private_dirs import private_dir
+
+if TYPE_CHECKING:
+    # Imported when first used (_docker_api): docker-py is ~65 ms of crabd's start-up.
+    import docker
 
 DEFAULT_ROOTFS_ROOT = Path("/var/lib/crab/rootfs")
 
@@ -88,6 +90,8 @@ def _docker_api() -> docker.APIClient:
     Every restore and fork looks its image up; an exec of ``docker image
     inspect`` took ~14 ms here, the same question over the API ~1.2 ms.
     """
+    import docker
+
     global _api
     with _api_lock:
         if _api is None:

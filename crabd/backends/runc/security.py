@@ -5,7 +5,7 @@ bundle gets only what its ``config.json`` says, so each piece is spelled
 out here (docs/runc.md compares the two):
 
 * capabilities: the Docker backend's trimmed set
-  (:data:`~crabd.backends.docker_sandbox.SANDBOX_CAPABILITIES`) as the
+  (:data:`~crabd.backends.limits.SANDBOX_CAPABILITIES`) as the
   bounding, effective and permitted sets; inheritable and ambient empty
   (nothing is passed on across an exec of a non-root program);
 * ``noNewPrivileges``, as the Docker backend's ``no-new-privileges``;
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Kept from docker_sandbox (not copied): both backends grant exactly these.
-from crabd.backends.docker_sandbox import SANDBOX_CAPABILITIES
+#: Shared with the Docker backend (not copied): both grant exactly these.
+from crabd.backends.limits import SANDBOX_CAPABILITIES
 
 #: Paths made unreadable (runc and Docker's defaults).
 MASKED_PATHS = (

@@ -22,6 +22,7 @@ state); the life cycle that changes that state stays in :mod:`.sandbox`.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -246,13 +247,18 @@ class StatusReader:
                 container="",
             )
 
-    def _ids(self) -> tuple[set[str], dict[str, RuncState]]:
-        """Every id of this instance with any piece on the host, and the runc states of those runc knows."""
+    def _ids(self, states_too: bool = True) -> tuple[set[str], dict[str, RuncState]]:
+        """Every id of this instance with any piece on the host, and (``states_too``) the states runc has of them."""
         # Before and after the listing: a slot claimed meanwhile is still named in it, a slot made meanwhile too.
         held = self._slots.held() if self._slots is not None else frozenset()
-        states = {st.id: st for st in self.runc.list(f"{self.instance}-") if parse_id(self.instance, st.id) is not None}
+        states: dict[str, RuncState] = {}
+        if states_too:
+            listed = self.runc.list(f"{self.instance}-")
+            states = {st.id: st for st in listed if parse_id(self.instance, st.id) is not None}
+        # Without the states: runc's ids are its state root's entries (`runc list` reads each one's state file).
+        known = list(states) if states_too else (os.listdir(self.runc.root) if self.runc.root.is_dir() else [])
         complete, partial = cleanup.bundle_ids(self.layout.bundles)
-        names: list[str] = [*states, *complete]
+        names: list[str] = [*known, *complete]
         names += [n[len(bundle.TMP_PREFIX) :].rpartition("-")[0] for n in partial]
         names += named_netns.list_ids(self.layout.netns)
         names += CniNetwork(self.layout.cni).attached()
@@ -273,6 +279,10 @@ class StatusReader:
             if st.exists:
                 out[cid] = st
         return out
+
+    def instance_ids(self, instance: str) -> set[str]:
+        self._check_instance_arg(instance)
+        return self._ids(states_too=False)[0]
 
     def list_exited(self, instance: str) -> list[str]:
         self._check_instance_arg(instance)
