@@ -69,8 +69,19 @@ def _probe(sb: Sandbox, host: str, port: int) -> str:
 
 
 def _serve(sb: Sandbox, bind: str, port: int) -> None:
+    """An HTTP server in ``sb`` on ``bind:port``, listening once this returns.
+
+    It waits for the socket in LISTEN state (``0A`` in /proc/net/tcp) rather
+    than a fixed sleep: python3's start-up on a loaded 2-CPU host was seen to
+    take longer than 0.7 s, and the test's first connection was refused.
+    """
+    listening = f":{port:04X} 00000000:0000 0A"
     with sb.turn():
-        sb.session.run(f"(setsid python3 -m http.server {port} --bind {bind} >/dev/null 2>&1 </dev/null &) ; sleep 0.7")
+        sb.session.run(
+            f"(setsid python3 -m http.server {port} --bind {bind} >/dev/null 2>&1 </dev/null &) ; "
+            f"i=0; until grep -q '{listening}' /proc/net/tcp || [ $i -ge 150 ]; do sleep 0.1; i=$((i+1)); done"
+        )
+        assert listening in sb.run(["cat", "/proc/net/tcp"]).stdout.decode(), f"no server on {bind}:{port}"
 
 
 @pytest.fixture
