@@ -74,12 +74,21 @@ def _sandbox_table(infos: list[SandboxInfo], no_trunc: bool) -> Columns:
 
 
 @app.command(rich_help_panel=SANDBOXES)
-def ps(no_trunc: NoTruncOpt = False, as_json: JsonOpt = False) -> None:
+def ps(
+    no_trunc: NoTruncOpt = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Only the ids, one per line (for scripts; --no-trunc: whole ids).")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """List sandboxes (yours; root sees all)."""
     with client() as c:
         infos = [s.info for s in c.list()]
     if as_json:
         emit_json([_info_dict(i) for i in infos])
+    elif quiet:
+        short = short_ids([i.id for i in infos], no_trunc)
+        sys.stdout.write("".join(f"{short(i.id)}\n" for i in infos))
     else:
         show(_sandbox_table(infos, no_trunc))
 

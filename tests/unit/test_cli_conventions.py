@@ -371,6 +371,18 @@ def test_ps_prints_short_unique_ids_whole_at_80_columns(
     assert "149aca120000" in out
 
 
+def test_ps_quiet_prints_only_ids_that_rm_takes(fake: FakeClient, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.sandboxes = [info("149aca120000", "a"), info("27aa00000000", "b")]
+    code, out, _ = crabctl(capsys, "ps", "-q")
+    assert code == 0 and out.splitlines() == ["149aca12", "27aa0000"]
+    _, out, _ = crabctl(capsys, "ps", "--quiet", "--no-trunc")
+    assert out.splitlines() == ["149aca120000", "27aa00000000"]
+    code, _, _ = crabctl(capsys, "rm", "--force", *out.split())
+    assert code == 0 and fake.sandboxes == []
+    _, out, _ = crabctl(capsys, "ps", "-q")
+    assert out == ""
+
+
 def test_inspect_prints_times_as_times_and_kept_for_as_pin_does(
     fake: FakeClient, capsys: pytest.CaptureFixture[str]
 ) -> None:
