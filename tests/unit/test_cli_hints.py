@@ -34,7 +34,8 @@ def mentions() -> Iterator[tuple[str, str]]:
     for path in sorted((ROOT / "crabd").rglob("*.py")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             for m in _TICKED.finditer(line):
-                yield f"{path.relative_to(ROOT)}:{n}", m.group(1)
+                for cmd in _substituted(m.group(1)):
+                    yield f"{path.relative_to(ROOT)}:{n}", cmd
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         fenced = False
         for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -46,11 +47,23 @@ def mentions() -> Iterator[tuple[str, str]]:
                 run = _RUN_LINE.match(line)
                 if run and not _DRAWING.search(line):
                     for part in _commands(run.group(1)):
-                        if part.startswith("crabctl"):
-                            yield where, part
+                        for cmd in _substituted(part):
+                            if cmd.startswith("crabctl"):
+                                yield where, cmd
                 continue
             for m in _TICKED.finditer(line.replace("\\|", "|")):
-                yield where, m.group(1)
+                for cmd in _substituted(m.group(1)):
+                    yield where, cmd
+
+
+_SUBST = re.compile(r"\$\(([^()]*)\)")
+
+
+def _substituted(cmd: str) -> Iterator[str]:
+    """``cmd`` with each ``$(...)`` as one placeholder argument, then each substituted command itself."""
+    yield _SUBST.sub("X", cmd)
+    for m in _SUBST.finditer(cmd):
+        yield m.group(1).strip()
 
 
 _DRAWING = re.compile("[\u2500-\u257f]")  # box drawing: a diagram, not a command
@@ -183,3 +196,8 @@ def test_the_walker_tells_right_from_wrong(text: str, wrong: bool) -> None:
 def test_every_mentioned_command_parses() -> None:
     bad = [f"{where}: {text}: {why}" for where, text in ALL if (why := problem(text)) is not None]
     assert not bad, "\n".join(bad)
+
+
+def test_a_command_substitution_is_one_argument_and_is_checked_itself() -> None:
+    assert list(_substituted("crabctl rm --force $(crabctl ps -q)")) == ["crabctl rm --force X", "crabctl ps -q"]
+    assert [problem(c) is not None for c in _substituted("crabctl rm $(crabctl ps --nope)")] == [False, True]
