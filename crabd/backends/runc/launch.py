@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import logging
 import os
 import stat
 import sys
@@ -50,6 +51,9 @@ from crabd.errors import ContainerRuntimeError, CriuImageInvalid
 
 #: In a bundle of a user-namespaced container: {"lowers": [the real lower dirs, topmost first]}.
 LOWERS_FILE = "lowers.json"
+
+
+log = logging.getLogger("crabd.runc")
 
 
 def real_lowers(b: bundle.Bundle) -> tuple[str, ...] | None:
@@ -148,10 +152,16 @@ def _drop_etc_view(etc_view: Path | None) -> None:
     binds by their destination; a restore mounts a view of its own).  Every
     mount left in the host's table makes each later runc create and every
     mount-table read slower (docs/benchmarks.md, "Creation and the host's
-    mount table").  Lazy: a detach cannot fail on a busy mount.
+    mount table").  Lazy: a detach cannot fail on a busy mount.  If it fails
+    all the same, the view stays until the container's removal detaches it
+    (``cleanup.remove_userns_rootfs``): logged, not a failed launch.
     """
-    if etc_view is not None:
+    if etc_view is None:
+        return
+    try:
         idmap.detach(etc_view)
+    except OSError as exc:
+        log.warning("idmapped /etc view not detached", extra={"path": str(etc_view), "error": str(exc)})
 
 
 class _Clock:
