@@ -1,5 +1,5 @@
 """The few libc calls Python's os module lacks: ``syncfs(2)``, ``fstatfs(2)``'s type, ``renameat2(2)``,
-and an ``ioctl(2)`` that lets other threads run."""
+``umount2(2)``, ``statx(2)``'s mount-root attribute, and an ``ioctl(2)`` that lets other threads run."""
 
 from __future__ import annotations
 
@@ -60,3 +60,40 @@ def ioctl(fd: int, request: int, buf: bytearray) -> int:
     if ret == -1:
         _raise_errno()
     return ret
+
+
+#: ``umount2(2)`` flags.
+MNT_DETACH = 2
+UMOUNT_NOFOLLOW = 8
+_AT_SYMLINK_NOFOLLOW = 0x100
+_AT_NO_AUTOMOUNT = 0x800
+_STATX_ATTR_MOUNT_ROOT = 0x2000
+#: struct statx's ``stx_attributes`` and ``stx_attributes_mask`` offsets (include/uapi/linux/stat.h).
+_STX_ATTRIBUTES, _STX_ATTRIBUTES_MASK, _STATX_SIZE = 8, 56, 256
+
+
+def umount2(path: str | os.PathLike[str], flags: int) -> None:
+    """``umount2(path, flags)``; OSError with the errno (EINVAL: nothing is mounted at ``path``)."""
+    if _libc.umount2(os.fsencode(path), flags) != 0:
+        _raise_errno(os.fsdecode(path))
+
+
+def is_mount_root(path: str | os.PathLike[str]) -> bool | None:
+    """Whether ``path`` (not followed if a symlink) is the root of a mount; None if the kernel cannot say.
+
+    ``statx(2)``'s STATX_ATTR_MOUNT_ROOT (Linux 5.8): one system call,
+    where reading ``/proc/self/mountinfo`` makes the kernel format every
+    mount on the host (thousands with a thousand sandboxes).
+    """
+    buf = ctypes.create_string_buffer(_STATX_SIZE)
+    flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT
+    if _libc.statx(-100, os.fsencode(path), flags, 0, buf) != 0:  # AT_FDCWD, no fields asked but the attributes
+        err = ctypes.get_errno()
+        if err == 2:  # ENOENT
+            return False
+        raise OSError(err, os.strerror(err), os.fsdecode(path))
+    mask = int.from_bytes(buf.raw[_STX_ATTRIBUTES_MASK : _STX_ATTRIBUTES_MASK + 8], "little")
+    if not mask & _STATX_ATTR_MOUNT_ROOT:
+        return None
+    attrs = int.from_bytes(buf.raw[_STX_ATTRIBUTES : _STX_ATTRIBUTES + 8], "little")
+    return bool(attrs & _STATX_ATTR_MOUNT_ROOT)

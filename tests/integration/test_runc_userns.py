@@ -171,3 +171,28 @@ def test_an_upgrade_keeps_process_checkpoints_taken_without_user_namespaces(kept
     finally:
         new.close()
         remove_sandbox_network(net)
+
+
+def _host_mounts_of(container_id: str) -> list[str]:
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        return [line.split()[4] for line in f if container_id in line.split()[4]]
+
+
+def test_a_running_sandbox_keeps_two_host_mounts_and_still_checkpoints(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    # Each host mount makes every later runc create slower (docs/benchmarks.md): once runc has bound
+    # the /etc files in, the host's idmapped view of them goes; the overlay root and the netns pin stay.
+    sb = make_sandbox("busybox", network=True)
+    cid = sb.info.container_id
+    kept = _host_mounts_of(cid)
+    assert len(kept) == 2 and not any(m.endswith("/etc") for m in kept), kept
+    assert b"localhost" in sb.run(["cat", "/etc/hosts"]).stdout
+    ck = sb.checkpoint(kind="full")
+    (clone,) = sb.fork(1, ck)
+    try:
+        assert len(_host_mounts_of(clone.info.container_id)) == 2
+        assert b"localhost" in clone.run(["cat", "/etc/hosts"]).stdout
+        assert sb.checkpoint(kind="full").kind == "full"  # the source dumps again after the fork
+    finally:
+        clone.remove(force=True)

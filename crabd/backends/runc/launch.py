@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import logging
 import os
 import stat
 import sys
@@ -50,6 +51,9 @@ from crabd.errors import ContainerRuntimeError, CriuImageInvalid
 
 #: In a bundle of a user-namespaced container: {"lowers": [the real lower dirs, topmost first]}.
 LOWERS_FILE = "lowers.json"
+
+
+log = logging.getLogger("crabd.runc")
 
 
 def real_lowers(b: bundle.Bundle) -> tuple[str, ...] | None:
@@ -137,6 +141,27 @@ def _mount_points(b: bundle.Bundle) -> list[tuple[str, bool]]:
             continue
         out.append((dest, m.get("type") == "bind" and os.path.isfile(source)))
     return out
+
+
+def _drop_etc_view(etc_view: Path | None) -> None:
+    """Detach the host's idmapped view of a container's /etc files once runc has bound them in.
+
+    Why: runc binds the files into the container while it creates (or
+    CRIU while it restores) it; from then on the container's own mounts hold
+    them, and nothing reads the view by its path (a checkpoint names the
+    binds by their destination; a restore mounts a view of its own).  Every
+    mount left in the host's table makes each later runc create and every
+    mount-table read slower (docs/benchmarks.md, "Creation and the host's
+    mount table").  Lazy: a detach cannot fail on a busy mount.  If it fails
+    all the same, the view stays until the container's removal detaches it
+    (``cleanup.remove_userns_rootfs``): logged, not a failed launch.
+    """
+    if etc_view is None:
+        return
+    try:
+        idmap.detach(etc_view)
+    except OSError as exc:
+        log.warning("idmapped /etc view not detached", extra={"path": str(etc_view), "error": str(exc)})
 
 
 class _Clock:
@@ -259,6 +284,7 @@ class Launcher:
             sysctls = SANDBOX_SYSCTLS if spec.networked else None
             if restore is None:
                 self.runc.create(spec.id, b)
+                _drop_etc_view(etc_view)
                 made = self.runc.state(spec.id)
                 if made is None:
                     raise ContainerRuntimeError(f"{spec.id} vanished after runc create", container=spec.id)
@@ -282,6 +308,7 @@ class Launcher:
                 idmap.make_mount_points(target, _mount_points(b), ids)
                 opts = dataclasses.replace(restore.options or CheckpointOptions(), empty_ns_network=True)
                 state = self.runc.restore(spec.id, b, restore.images_dir, restore.work_dir, opts)
+                _drop_etc_view(etc_view)
                 clock.lap("runc")
                 named_netns.pin(spec.id, state.pid, self.layout.netns, sysctls)
                 result = self.network.add(spec.id, ns) if spec.networked else None
