@@ -87,6 +87,7 @@ from crabd.store.remote.tier import RemoteTier
 from crabd.trust.provenance import Provenance
 from crabd.trust.references import ReferenceChecker
 from crabd.util.aiolock import RWLock
+from crabd.util.laps import Laps
 
 if TYPE_CHECKING:
     from crabd.proxy.server import OpenAIProxy
@@ -111,20 +112,6 @@ def _since_exec() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return round(uptime - ticks / os.sysconf("SC_CLK_TCK"), 3)
-
-
-class _Steps:
-    """Seconds each step of start-up took (the "crabd ready" line: where a slow restart spends them)."""
-
-    def __init__(self) -> None:
-        self.took: dict[str, float] = {}
-        self._last = time.monotonic()
-
-    def done(self, step: str) -> float:
-        now = time.monotonic()
-        self.took[step] = round(now - self._last, 3)
-        self._last = now
-        return self.took[step]
 
 
 @dataclass(frozen=True)
@@ -175,18 +162,18 @@ class Daemon:
     async def start(self) -> None:
         """Bring crabd up in the module doc's order; every step is one method below."""
         t0 = time.monotonic()
-        steps = _Steps()
+        steps = Laps()
         self._prepare_host()
         docker_version = await self._open_sandboxes()
-        steps.done("sandboxes")
+        steps.lap("sandboxes")
         wiring = await self._open_checkpoints()
-        steps.done("checkpoints")
+        steps.lap("checkpoints")
         adoption = self._adoption = Adoption(self._manager_or_fail(), wiring.inspection.adopted)
         to_adopt = await adoption.prepare()
-        prepared_s = steps.done("prepare")
+        prepared_s = steps.lap("prepare")
         await self._lose_pending_turns()
         engine = await self._start_engine()
-        steps.done("engine")
+        steps.lap("engine")
         # The engine reports the store lock's waits with its own metrics (util/aiolock.py).
         engine.store_lock = wiring.store_lock.stats
         # Thinning runs in the engine's background lane (coordinator/retention.py).
@@ -207,10 +194,10 @@ class Daemon:
         )
         await self._start_archives(wiring, service)
         await self._start_replication(wiring, engine, service)
-        steps.done("archives")
+        steps.lap("archives")
         await self._serve(service)
         await self._start_proxy(service, engine)
-        steps.done("serve")
+        steps.lap("serve")
         self._ready(wiring.inspection.name, docker_version, to_adopt, prepared_s, time.monotonic() - t0, steps)
         # Once serving, neither of these competes with the steps above for the CPU and the GIL (on a
         # small host each held serving back by a few hundred ms): the eBPF probes' compile (mode
@@ -454,7 +441,7 @@ class Daemon:
             service.proxy_url = self._proxy.url
 
     def _ready(
-        self, inspector: str, docker_version: str, to_adopt: int, prepared_s: float, took: float, steps: _Steps
+        self, inspector: str, docker_version: str, to_adopt: int, prepared_s: float, took: float, steps: Laps
     ) -> None:
         """READY=1 and watchdog pings to systemd, and one log line (adoption goes on in the background)."""
         paths = self.cfg.paths
@@ -476,7 +463,7 @@ class Daemon:
                 "start_s": round(took, 3),
                 # From the process's exec (interpreter and imports included): what a restart costs.
                 "since_exec_s": _since_exec(),
-                "steps_s": steps.took,
+                "steps_s": {name: round(s, 3) for name, s in steps.took.items()},
             },
         )
 

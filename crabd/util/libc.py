@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
+from typing import NoReturn
 
 #: ``TMPFS_MAGIC``: ``statfs.f_type`` of a tmpfs.
 TMPFS_MAGIC = 0x01021994
@@ -22,7 +24,7 @@ class _StatFs(ctypes.Structure):
 RENAME_NOREPLACE = 1
 
 
-def _raise_errno(filename: str | None = None) -> None:
+def _raise_errno(filename: str | None = None) -> NoReturn:
     err = ctypes.get_errno()
     raise OSError(err, os.strerror(err), filename)
 
@@ -88,10 +90,9 @@ def is_mount_root(path: str | os.PathLike[str]) -> bool | None:
     buf = ctypes.create_string_buffer(_STATX_SIZE)
     flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT
     if _libc.statx(-100, os.fsencode(path), flags, 0, buf) != 0:  # AT_FDCWD, no fields asked but the attributes
-        err = ctypes.get_errno()
-        if err == 2:  # ENOENT
+        if ctypes.get_errno() == errno.ENOENT:
             return False
-        raise OSError(err, os.strerror(err), os.fsdecode(path))
+        _raise_errno(os.fsdecode(path))
     mask = int.from_bytes(buf.raw[_STX_ATTRIBUTES_MASK : _STX_ATTRIBUTES_MASK + 8], "little")
     if not mask & _STATX_ATTR_MOUNT_ROOT:
         return None

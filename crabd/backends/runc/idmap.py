@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import signal
 import threading
@@ -43,6 +44,7 @@ from pathlib import Path
 
 from crabd.backends.runc import rootfs
 from crabd.errors import ContainerRuntimeError
+from crabd.util import libc
 from crabd.util.threads import on_own_thread
 
 SYS_OPEN_TREE = 428
@@ -176,8 +178,11 @@ def idmapped_clone(source: Path, target: Path, ns_fd: int, *, recursive: bool = 
 
 def detach(target: Path) -> None:
     """Lazily unmount ``target`` (MNT_DETACH); nothing if nothing is mounted there."""
-    if _libc.umount2(os.fsencode(target), 2) != 0 and ctypes.get_errno() not in (22, 2):  # EINVAL, ENOENT
-        _raise(f"umount {target}")
+    try:
+        libc.umount2(target, libc.MNT_DETACH)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOENT):  # not a mount point; no such path
+            raise
 
 
 # --- an overlay over idmapped layers ----------------------------------------------------------

@@ -39,7 +39,6 @@ import logging
 import os
 import stat
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from crabd.backends.runc import bundle, cleanup, idmap, lo_up, named_netns, root
 from crabd.backends.runc.cli import CheckpointOptions, Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniResult
 from crabd.errors import ContainerRuntimeError, CriuImageInvalid
+from crabd.util.laps import Laps
 
 #: In a bundle of a user-namespaced container: {"lowers": [the real lower dirs, topmost first]}.
 LOWERS_FILE = "lowers.json"
@@ -164,17 +164,6 @@ def _drop_etc_view(etc_view: Path | None) -> None:
         log.warning("idmapped /etc view not detached", extra={"path": str(etc_view), "error": str(exc)})
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.laps: dict[str, float] = {}
-        self._t = time.monotonic()
-
-    def lap(self, name: str) -> None:
-        now = time.monotonic()
-        self.laps[name] = now - self._t
-        self._t = now
-
-
 class Launcher:
     """Makes containers of one :class:`~.cleanup.Layout` run.  Blocking; thread-safe for distinct ids."""
 
@@ -226,7 +215,7 @@ class Launcher:
             )
         # First, outside the rollback: if the id is taken, its netns exists and
         # this refuses, and the rollback must not tear down the owner's pieces.
-        clock = _Clock()
+        clock = Laps()
         if slot is not None:
             ns = named_netns.bind(spec.id, slot.netns, self.layout.netns)
         else:
@@ -253,7 +242,7 @@ class Launcher:
         except BaseException:
             cleanup.teardown(self.layout, self.runc, spec.id)
             raise
-        return Launched(state, b, ns, result, clock.laps)
+        return Launched(state, b, ns, result, clock.took)
 
     def _launch_userns(
         self, spec: bundle.ContainerSpec, storage: Storage, restore: Restore | None, slot: slots.Slot | None
@@ -261,7 +250,7 @@ class Launcher:
         """:meth:`launch` of a user-namespaced container (the module's docstring says what differs)."""
         ids = spec.userns
         assert ids is not None
-        clock = _Clock()
+        clock = Laps()
         ns = named_netns.reserve(spec.id, self.layout.netns)  # outside the rollback, as in launch()
         clock.lap("netns")
         try:
@@ -318,7 +307,7 @@ class Launcher:
         except BaseException:
             cleanup.teardown(self.layout, self.runc, spec.id)
             raise
-        return Launched(state, b, ns, result, clock.laps)
+        return Launched(state, b, ns, result, clock.took)
 
     def _userns_mount_point(self, container_id: str, ids: idmap.IdRange) -> Path:
         """The (empty) directory ``layout.userns_rootfs(id)``, its parent the range root's own (cleanup.Layout)."""
