@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
@@ -256,6 +257,47 @@ def test_freezer_freezes_and_thaws_a_runc_containers_cgroup(tmp_path: Path, monk
     with pytest.raises(HostError, match="k-sb-g"):  # the whole id: its head is only the instance
         cgroup_freezer.freeze("k-sb-g")
     cgroup_freezer.thaw("k-sb-g")  # nothing to thaw: no error
+
+
+def test_freeze_that_never_completes_is_thawed_and_says_where_threads_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cgroup_freezer, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(cgroup_freezer, "FREEZE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(cgroup_freezer, "_thread_waits", lambda cid: Counter({"io_schedule": 2, "__refrigerator": 5}))
+    d = _cgroup(tmp_path, "unified/crab/s-sb-g", "13\n", cgroup_freeze="0", cgroup_events="populated 1\nfrozen 0\n")
+    waits = r"did not freeze within 0.2 s; its threads wait in: 5 in __refrigerator, 2 in io_schedule"
+    with pytest.raises(HostError, match=waits):
+        cgroup_freezer.freeze("s-sb-g")
+    assert (d / "cgroup.freeze").read_text() == "0"  # never left frozen
+
+
+@pytest.mark.parametrize(("waits", "windows"), [("begin_new_exec", [20, 20, 20]), ("io_schedule", [20, 40, 80])])
+def test_stalled_freeze_is_retried_at_once_for_an_exec_and_with_longer_windows_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, waits: str, windows: list[int]
+) -> None:
+    monkeypatch.setattr(cgroup_freezer, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(cgroup_freezer, "_thread_waits", lambda cid: Counter({waits: 1}))
+    d = _cgroup(tmp_path, "unified/crab/r-sb-g", "13\n", cgroup_freeze="0", cgroup_events="frozen 0\n")
+    seen: list[int] = []
+    writes: list[str] = []
+
+    def wait(done: Callable[[], bool], until: float) -> bool:
+        seen.append(round((until - time.monotonic()) * 1000))
+        return len(seen) > len(windows)  # the attempt after the stalled ones freezes
+
+    real_write = cgroup_freezer._write
+
+    def write(path: Path, value: str) -> None:
+        writes.append(value)
+        real_write(path, value)
+
+    monkeypatch.setattr(cgroup_freezer, "_wait", wait)
+    monkeypatch.setattr(cgroup_freezer, "_write", write)
+    cgroup_freezer.freeze("r-sb-g")
+    assert seen[: len(windows)] == windows
+    assert writes == ["1", "0"] * len(windows) + ["1"]  # each stalled attempt thawed before the next
+    assert (d / "cgroup.freeze").read_text() == "1"
 
 
 def test_overlay_layers_are_read_from_mountinfo(tmp_path: Path) -> None:
