@@ -9,9 +9,10 @@ them.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from crabd.models import (
     CheckpointPolicy,
@@ -32,6 +33,17 @@ SESSION_STATES_KEPT = 16
 
 
 def spec_from_json(text: str) -> SandboxSpec:
+    """The spec stored as ``text``; parsed once per distinct text (every lookup of a sandbox reads its spec).
+
+    The cached spec is frozen but for its ``env_vars`` dict, so each caller
+    gets a copy of that: a caller's change never reaches the next lookup.
+    """
+    cached = _parsed_spec(text)
+    return replace(cached, env_vars=dict(cached.env_vars))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_spec(text: str) -> SandboxSpec:
     data = json.loads(text)
     data["env_vars"] = dict(data.get("env_vars") or {})
     known = set(SandboxSpec.__dataclass_fields__)

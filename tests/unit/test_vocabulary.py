@@ -162,6 +162,15 @@ def test_sandbox_spec_json_is_unchanged_and_old_specs_still_load() -> None:
     assert old.checkpoints is CheckpointPolicy.FULL and old.recovery is RecoveryMode.MANUAL
 
 
+def test_parsed_specs_are_cached_but_no_caller_shares_their_environment() -> None:
+    text = spec_to_json(SandboxSpec(env="busybox", env_vars={"A": "1"}))
+    first = spec_from_json(text)
+    first.env_vars["B"] = "2"  # a caller filling in its own copy
+    second = spec_from_json(text)
+    assert second.env_vars == {"A": "1"} and second.env_vars is not first.env_vars
+    assert second == SandboxSpec(env="busybox", env_vars={"A": "1"})
+
+
 def test_decision_json_is_unchanged() -> None:
     d = Decision(DecisionKind.SKIP, ["nothing changed"], "scan")
     assert json.loads(d.to_json())["kind"] == "skip"
