@@ -65,20 +65,16 @@ def exec_loop(tmp_path: Path) -> Iterator[tuple[str, int]]:
 
 
 def test_freeze_outlasts_an_exec_from_many_threads(exec_loop: tuple[str, int]) -> None:
+    """Every freeze completes (before the retries, about one in three raised after 5 s)."""
     cid, pid = exec_loop
-    took: list[float] = []
+    state = cgroups.CGROUP_ROOT / "freezer" / "crab" / cid / "freezer.state"
     for _ in range(FREEZES):
-        t0 = time.monotonic()
         with cgroup_freezer.frozen(cid):
-            took.append(time.monotonic() - t0)
             # Frozen for real (the kernel says FROZEN), and no thread half-way through an exec.
-            assert (cgroups.CGROUP_ROOT / "freezer" / "crab" / cid / "freezer.state").read_text().strip() == "FROZEN"
+            assert state.read_text().strip() == "FROZEN"
             waits = {Path(f"/proc/{pid}/task/{tid}/wchan").read_text() for tid in os.listdir(f"/proc/{pid}/task")}
             assert "begin_new_exec" not in waits
         time.sleep(0.001)
-    took.sort()
-    # A stalled attempt costs one window (50 ms) and the retry; the old single attempt took 5 s and failed.
-    assert took[-1] < 1.0, took[-5:]
 
 
 def test_freeze_state_is_thawed_after_each_freeze(exec_loop: tuple[str, int]) -> None:
