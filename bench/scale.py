@@ -279,6 +279,33 @@ def restart(d: EmbeddedDaemon, expect: int) -> dict[str, float | None]:
     }
 
 
+def from_checkout(src: str) -> contextlib.AbstractContextManager[None]:
+    """For the ``with`` body, this process's PYTHONPATH and directory name the checkout ``src`` ("" = no change).
+
+    An embedded crabd inherits both when it starts (and again when it is
+    restarted), and ``python -m`` puts its directory first on sys.path,
+    before PYTHONPATH, so both must name the other checkout.
+    """
+    if not src:
+        return contextlib.nullcontext()
+    return _in_checkout(src)
+
+
+@contextlib.contextmanager
+def _in_checkout(src: str) -> Iterator[None]:
+    saved, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
+    os.environ["PYTHONPATH"] = src
+    os.chdir(src)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
 @contextlib.contextmanager
 def daemon(config: str) -> Iterator[EmbeddedDaemon]:
     """A private crabd that survives kill -9 (not ephemeral), with ``config`` as its TOML; all gone after."""
@@ -367,35 +394,21 @@ def run_arm(label: str, src: str, args: argparse.Namespace) -> dict[str, Any]:
     sizes = sorted(int(x) for x in args.sizes.split(","))
     arm: dict[str, Any] = {"label": label, "src": src or str(Path(__file__).resolve().parents[1]), "sizes": []}
     config = f'[runtime]\nbackend = "{args.backend}"\n[network]\nname = "crabscale"\n'
-    saved, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
-    if src:
-        # The embedded crabd inherits this process's environment and directory; `python -m` puts its
-        # directory first on sys.path, before PYTHONPATH, so both must name the other checkout.
-        os.environ["PYTHONPATH"] = src
-        os.chdir(src)
-    try:
-        with daemon(config) as d, Client(d.socket, timeout=600) as c:
-            boxes: list[Sandbox] = []
-            for n in sizes:
-                print(f"[scale] {label}: creating up to {n} ...", file=sys.stderr)
-                made, took = create_many(c, args.image, n - len(boxes), args.create_threads)
-                boxes += made
-                r = at_size(d, c, boxes, args)
-                r["created_per_s"] = round(len(made) / took, 1) if made else 0.0
-                arm["sizes"].append(r)
-            if not args.no_restart:
-                print(f"[scale] {label}: kill -9 and restart with {len(boxes)} sandboxes ...", file=sys.stderr)
-                arm["restart"] = restart(d, len(boxes))
-            with Client(d.socket, timeout=600) as again:
-                took = remove_all([again.get(sb.id) for sb in boxes], args.create_threads)
-            arm["removed_per_s"] = round(len(boxes) / took, 1)
-    finally:
-        if src:
-            os.chdir(cwd)
-            if saved is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = saved
+    with from_checkout(src), daemon(config) as d, Client(d.socket, timeout=600) as c:
+        boxes: list[Sandbox] = []
+        for n in sizes:
+            print(f"[scale] {label}: creating up to {n} ...", file=sys.stderr)
+            made, took = create_many(c, args.image, n - len(boxes), args.create_threads)
+            boxes += made
+            r = at_size(d, c, boxes, args)
+            r["created_per_s"] = round(len(made) / took, 1) if made else 0.0
+            arm["sizes"].append(r)
+        if not args.no_restart:
+            print(f"[scale] {label}: kill -9 and restart with {len(boxes)} sandboxes ...", file=sys.stderr)
+            arm["restart"] = restart(d, len(boxes))  # crabd starts again from the same checkout
+        with Client(d.socket, timeout=600) as again:
+            took = remove_all([again.get(sb.id) for sb in boxes], args.create_threads)
+        arm["removed_per_s"] = round(len(boxes) / took, 1)
     return arm
 
 

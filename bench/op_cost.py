@@ -1,0 +1,186 @@
+"""Benchmark: what one operation costs crabd, on one sandbox, side by side with another checkout (issue 34).
+
+    .venv/bin/python -m bench.op_cost --rounds 6 --out bench-results/op_cost.json
+    .venv/bin/python -m bench.op_cost --baseline-src /work/wt-old --out bench-results/op_cost-ab.json
+
+The per-operation view of ``bench.scale``: no load, one sandbox, so that a
+change of a fraction of a millisecond in crabd's own CPU shows.  One private
+crabd per arm (``this`` checkout, and with ``--baseline-src`` a second one
+run from that checkout), both running at once.  Each round measures every
+kind in ``--kinds`` on every arm for ``--seconds``, the arms' order flipped
+every round: on this noisy 2-CPU host the first crabd measured in a round
+was favoured by 10-20%, so a fixed order would bias the comparison.
+
+Kinds (busybox sandboxes, automatic checkpoints):
+
+* ``plain``: one command, no turn;
+* ``empty``: begin and end a turn with nothing in it (``end_turn(wait=True)``);
+* ``skip``, ``fs``: a turn with a read-only command / a file written, as in ``bench.scale``;
+* ``create``: a sandbox created (then removed outside the measured time; the
+  removal is reported as ``remove``).
+
+``--background N`` first gives each crabd N more sandboxes that just run:
+what an operation costs on a crowded host (a runc create grows with the
+host's mount table, two mounts per sandbox: docs/benchmarks.md).  The
+results record the host's mount count when the rounds began.
+
+Per arm and kind: the median over rounds of crabd's own CPU per operation
+(its process and threads), its helpers' (runc, CRIU: the children it waited
+for) and the wall time per operation.  JSON (``--out``) and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.results import write_json
+from bench.scale import CpuMeter, create_many, daemon, from_checkout, operate, remove_all
+from bench.signals import terminate_as_interrupt
+from crabd.sdk import Client, EmbeddedDaemon, Sandbox
+
+KINDS = ("plain", "empty", "skip", "fs", "create")
+WARM_UP = 3
+
+
+class Arm:
+    """One crabd, its client and the sandbox the turn kinds run in."""
+
+    def __init__(self, label: str, src: str, d: EmbeddedDaemon, client: Client, image: str) -> None:
+        self.label, self.src, self.client, self.image = label, src, client, image
+        self.cpu = CpuMeter(psutil.Process(d.proc.pid if d.proc is not None else 0))
+        self.sandbox: Sandbox = client.create(image)
+        self.cells: dict[str, list[dict[str, float]]] = {}
+
+    def measure(self, kind: str, seconds: float) -> None:
+        """One cell: ``kind`` repeated for ``seconds`` after a warm-up; creates also measure their removal."""
+        if kind == "create":
+            made: list[Sandbox] = []
+            self._timed("create", seconds, lambda: made.append(self.client.create(self.image)))
+            left = iter(made)
+            self._timed("remove", 0.0, lambda: next(left).remove(force=True), count=len(made))
+            return
+        for _ in range(WARM_UP):
+            self._op(kind)
+        self._timed(kind, seconds, lambda: self._op(kind))
+
+    def _op(self, kind: str) -> None:
+        if kind == "empty":
+            self.sandbox.begin_turn()
+            self.sandbox.end_turn(wait=True)
+        else:
+            operate(self.sandbox, kind)
+
+    def _timed(self, kind: str, seconds: float, op: Callable[[], object], count: int = 0) -> None:
+        """Run ``op`` ``count`` times, or (count 0) until ``seconds`` have passed; record the per-op costs."""
+        before, t0, n = self.cpu.read(), time.perf_counter(), 0
+        while (n < count) if count else (n == 0 or time.perf_counter() - t0 < seconds):
+            op()
+            n += 1
+        wall = time.perf_counter() - t0
+        costs = CpuMeter.per_op(before, self.cpu.read(), n)
+        cell = {
+            "crabd_cpu_ms": costs["crabd_cpu_ms_per_op"],
+            "helpers_cpu_ms": costs["helpers_cpu_ms_per_op"],
+            "wall_ms": round(wall * 1000 / n, 2),
+        }
+        self.cells.setdefault(kind, []).append(cell)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "src": self.src or str(Path(__file__).resolve().parents[1]),
+            "kinds": {kind: _medians(cells) for kind, cells in self.cells.items()},
+            "cells": self.cells,
+        }
+
+
+def _host_mounts() -> int:
+    """Mounts in this process's (the host's) mount namespace."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        return sum(1 for _ in f)
+
+
+def _medians(cells: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the rounds' cells, and how many rounds there were."""
+    return {key: round(statistics.median(c[key] for c in cells), 2) for key in cells[0]} | {"rounds": len(cells)}
+
+
+def table(arms: list[dict[str, Any]]) -> str:
+    """Markdown: one row per kind, crabd CPU / helpers' CPU / wall per arm, and this/baseline for crabd's CPU."""
+    head = "| kind | " + " | ".join(f"{a['label']}: crabd / helpers / wall (ms)" for a in arms)
+    head += " | crabd CPU this/baseline |" if len(arms) == 2 else " |"
+    lines = [head, "|---" * (len(arms) + 1 + (len(arms) == 2)) + "|"]
+    for kind in arms[0]["kinds"]:
+        cells = [a["kinds"].get(kind) for a in arms]
+        row = f"| {kind} | " + " | ".join(
+            f"{c['crabd_cpu_ms']} / {c['helpers_cpu_ms']} / {c['wall_ms']}" if c else "-" for c in cells
+        )
+        if len(arms) == 2:
+            a, b = cells
+            row += f" | {a['crabd_cpu_ms'] / b['crabd_cpu_ms']:.2f}" if a and b and b["crabd_cpu_ms"] else " | -"
+        lines.append(row + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"operations: {','.join(KINDS)}")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--seconds", type=float, default=2.5, help="per kind, arm and round")
+    ap.add_argument("--image", default="busybox")
+    ap.add_argument("--backend", default="runc+btrfs")
+    ap.add_argument("--background", type=int, default=0, help="sandboxes each crabd runs besides the measured one")
+    ap.add_argument("--baseline-src", default="", help="a second crabd run from this checkout, side by side")
+    ap.add_argument("--out", default="bench-results/op_cost.json")
+    args = ap.parse_args()
+    terminate_as_interrupt()
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        ap.error(f"unknown kinds: {', '.join(sorted(unknown))}")
+    plan = [("this", "", "crabopa")] + ([("baseline", args.baseline_src, "crabopb")] if args.baseline_src else [])
+    with contextlib.ExitStack() as stack:
+        arms: list[Arm] = []
+        for label, src, network in plan:
+            config = f'[runtime]\nbackend = "{args.backend}"\n[network]\nname = "{network}"\n'
+            with from_checkout(src):  # this arm's crabd starts from its checkout; the rest of this run does not
+                d = stack.enter_context(daemon(config))
+            client = stack.enter_context(Client(d.socket, timeout=600))
+            arm = Arm(label, src, d, client, args.image)
+            stack.callback(arm.sandbox.remove, force=True)
+            arms.append(arm)
+            if args.background:
+                print(f"[op_cost] {label}: {args.background} background sandboxes", file=sys.stderr)
+                made, _ = create_many(client, args.image, args.background, threads=8)
+                stack.callback(remove_all, made, 8)
+        mounts = _host_mounts()
+        for r in range(args.rounds):
+            print(f"[op_cost] round {r + 1} of {args.rounds}", file=sys.stderr)
+            for kind in kinds:
+                for arm in arms if r % 2 == 0 else arms[::-1]:
+                    arm.measure(kind, args.seconds)
+        results = {
+            "host": f"{psutil.cpu_count()} CPUs",
+            "rounds": args.rounds,
+            "seconds": args.seconds,
+            "image": args.image,
+            "backend": args.backend,
+            "background_sandboxes": args.background,
+            "host_mounts": mounts,
+            "arms": [a.summary() for a in arms],
+        }
+    write_json(results, args.out)
+    print(table(results["arms"]))
+
+
+if __name__ == "__main__":
+    main()
