@@ -153,6 +153,24 @@ def wait_file(sb: Sandbox, path: str, timeout: float = 20.0) -> bytes:
     raise AssertionError(f"{path} did not appear in {sb.name}")
 
 
+def wait_advanced(
+    sb: Sandbox, path: str, before: bytes, advanced: Callable[[bytes, bytes], bool], timeout: float = 20.0
+) -> bytes:
+    """``path``'s content once ``advanced(before, now)`` holds: a job shown to run on, however loaded the host."""
+    deadline = time.monotonic() + timeout
+    now = b""
+    while time.monotonic() < deadline:
+        now = sb.run(["cat", path]).stdout
+        if now and advanced(before, now):
+            return now
+        time.sleep(0.1)
+    raise AssertionError(f"{path} in {sb.name} did not move on from {before!r} (last: {now!r})")
+
+
+def _first_grew(before: bytes, now: bytes) -> bool:
+    return int(now.split()[0]) > int(before.split()[0])
+
+
 def kill_container(sb: Sandbox) -> None:
     conftest.kill_container(sb.refresh().container_id)
     deadline = time.monotonic() + 30
@@ -189,8 +207,7 @@ def test_background_job_in_the_session(sbx: Callable[..., Sandbox]) -> None:
     r = sb.session.run("echo $MARK $PWD; jobs -p | wc -l")
     assert r.stdout == b"kept /tmp\n1\n"
     first = wait_file(sb, "/tmp/tick")
-    time.sleep(0.3)
-    assert int(sb.run(["cat", "/tmp/tick"]).stdout) > int(first)  # the job runs on
+    wait_advanced(sb, "/tmp/tick", first, _first_grew)  # the job runs on
 
 
 def test_daemonized_http_server_in_every_fork(client: Client, sbx: Callable[..., Sandbox]) -> None:
@@ -270,9 +287,8 @@ def test_processes_joined_by_a_pipe_in_a_fork(sbx: Callable[..., Sandbox]) -> No
     ck = sb.checkpoint(kind="full")
     [clone] = sb.fork(1, ck)
     try:
-        first = int(wait_file(clone, "/tmp/pipe.last"))
-        time.sleep(0.4)
-        assert int(clone.run(["cat", "/tmp/pipe.last"]).stdout) > first
+        first = wait_file(clone, "/tmp/pipe.last")
+        wait_advanced(clone, "/tmp/pipe.last", first, _first_grew)
     finally:
         clone.remove()
 
@@ -322,10 +338,12 @@ def test_a_multithreaded_process_in_a_fork(sbx: Callable[..., Sandbox]) -> None:
     ck = sb.checkpoint(kind="full")
     [clone] = sb.fork(1, ck)
     try:
-        before = [int(x) for x in wait_file(clone, "/tmp/threads").split()]
-        time.sleep(0.5)
-        after = [int(x) for x in clone.run(["cat", "/tmp/threads"]).stdout.split()]
-        assert all(a > b for a, b in zip(after, before, strict=True))  # all four threads run
+        before = wait_file(clone, "/tmp/threads")
+
+        def all_grew(was: bytes, now: bytes) -> bool:
+            return all(int(a) > int(b) for a, b in zip(now.split(), was.split(), strict=True))
+
+        wait_advanced(clone, "/tmp/threads", before, all_grew)  # all four threads run
         assert clone.run(["ps", "-o", "nlwp=", "-C", "python3"]).stdout.strip() == b"5"
     finally:
         clone.remove()
@@ -415,10 +433,9 @@ def test_loopback_connections_survive_and_outside_ones_close(
     ck = sb.checkpoint(kind="full")
     [clone] = sb.fork(1, ck)  # a new IP: the outside connection cannot follow
     try:
-        n = int(wait_file(clone, "/tmp/loop").split()[0])
-        time.sleep(0.5)
-        later = clone.run(["cat", "/tmp/loop"]).stdout.split()
-        assert int(later[0]) > n and later[1] == b"echo:ping"  # the loopback connection lives on
+        first = wait_file(clone, "/tmp/loop")
+        later = wait_advanced(clone, "/tmp/loop", first, _first_grew).split()
+        assert later[1] == b"echo:ping"  # the loopback connection lives on
         assert wait_file(clone, "/tmp/outside").startswith(b"closed:")
         assert sb.run(["cat", "/tmp/outside"]).stdout == b"open"  # the parent keeps its connection
     finally:
