@@ -7,10 +7,10 @@ command.  The block, as bash reads it from stdin::
     IFS= read -r -d '' __crab_cmd <<'__CRAB_EOF_<nonce>' || :
     <the command text, verbatim>
     __CRAB_EOF_<nonce>
-    (exit $__crab_prev); eval "$__crab_cmd" </dev/null
+    <$? := __crab_prev>; eval "$__crab_cmd" </dev/null
     __crab_rc=$?
     printf 'DONE:<nonce>:%d\0' "$__crab_rc" >&100
-    eval "unset __crab_cmd __crab_prev __crab_rc; (exit $__crab_rc)"
+    <unset __crab_cmd __crab_prev __crab_rc; $? := __crab_rc>
 
 Fd 100 (:data:`CONTROL_FD`) is the session's *control channel*: crab-init
 spawns the session bash with one end of a unix socketpair there and relays
@@ -60,7 +60,8 @@ Why this shape:
 * ``</dev/null`` on the eval: a command reading stdin gets EOF at once
   and can never eat the control stream.
 * ``$?`` seen by a command is the previous command's status, and after the
-  block it is this command's status, as at a prompt (two subshell forks).
+  block it is this command's status, as at a prompt (set with ``:`` or
+  ``! :``, or a subshell ``(exit N)`` for a status above 1).
 * Nothing is added to the output streams, so output ``abc`` comes back as
   exactly ``abc``, and a command that closes or redirects stdout for good
   (``exec >file``) still completes.
@@ -106,11 +107,34 @@ def _encode(command: bytes | str) -> bytes:
     return os.fsencode(command) if isinstance(command, str) else command
 
 
+def _status_from(value: bytes, first: bytes = b"") -> bytes:
+    """Bash text that runs ``first`` (if any), then sets ``$?`` to ``value`` (a ``$variable``).
+
+    ``(exit N)`` is a subshell: a fork and a wait in bash, twice for every
+    command crabd runs.  ``:`` and ``! :`` set 0 and 1 in place, inside a
+    ``case`` at top level: a negated command neither trips ``set -e`` nor
+    runs an ERR trap, where ``(exit 1)``, or an ``eval`` returning 1, did
+    both (restoring a status is not a failure of its own).  A status above 1
+    still takes the subshell (``first`` then runs in an ``eval``, whose
+    double quotes expand ``value`` before ``first`` can unset it).
+    """
+    if not first:
+        return b"case " + value + b" in 0) : ;; 1) ! : ;; *) (exit " + value + b") ;; esac"
+    return (
+        b"case " + value + b" in 0) " + first + b" ;; 1) " + first + b"; ! : ;; "
+        b'*) eval "' + first + b"; (exit " + value + b')" ;; esac'
+    )
+
+
 def wrap_command(command: bytes | str, nonce: str, *, keep_status: bool = False) -> bytes:
     """The bytes that make bash run ``command`` and then write the done marker.
 
-    With ``keep_status`` the block leaves ``$?`` as it found it (used for
-    crab's own commands, such as state capture, so they are invisible).
+    With ``keep_status`` the command is crab's own (the state capture): it
+    runs inline, not through the heredoc and ``eval`` (bash reads its input
+    a byte per read(2), and the heredoc has it read the text twice: ~5,000
+    reads for a capture), and ``$?`` is left as it found it, so the command
+    is invisible.  Only crab's own well-formed text may go this way: a user
+    command with unbalanced quotes would swallow what follows it.
     """
     text = _encode(command)
     if b"\0" in text:
@@ -119,16 +143,19 @@ def wrap_command(command: bytes | str, nonce: str, *, keep_status: bool = False)
         raise ValueError("nonce must be hex")
     if not text.endswith(b"\n"):
         text += b"\n"
-    eof = f"__CRAB_EOF_{nonce}".encode()
     fd = str(CONTROL_FD).encode()
-    final = b"$__crab_prev" if keep_status else b"$__crab_rc"
+    marker = b"printf 'DONE:" + nonce.encode() + b':%d\\0\' "$__crab_rc" >&' + fd + b"\n"
+    if keep_status:
+        end = _status_from(b"$__crab_prev", b"unset __crab_prev __crab_rc") + b"\n"
+        return b"__crab_prev=$?\n" + text + b"__crab_rc=$?\n" + marker + end
+    eof = f"__CRAB_EOF_{nonce}".encode()
+    end = _status_from(b"$__crab_rc", b"unset __crab_cmd __crab_prev __crab_rc") + b"\n"
     return (
         b"__crab_prev=$?\n"
         b"IFS= read -r -d '' __crab_cmd <<'" + eof + b"' || :\n" + text + eof + b"\n"
-        b'(exit $__crab_prev); eval "$__crab_cmd" </dev/null\n'
-        b"__crab_rc=$?\n"
-        b"printf 'DONE:" + nonce.encode() + b':%d\\0\' "$__crab_rc" >&' + fd + b"\n"
-        b'eval "unset __crab_cmd __crab_prev __crab_rc; (exit ' + final + b')"\n'
+        + _status_from(b"$__crab_prev")
+        + b'; eval "$__crab_cmd" </dev/null\n'
+        b"__crab_rc=$?\n" + marker + end
     )
 
 

@@ -118,19 +118,31 @@ _FD = str(CONTROL_FD)
 #: Every set variable's name: bash's prefix expansion for each possible first character.
 _ALL_NAMES = " ".join(f'"${{!{c}@}}"' for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz")
 
+#: Each redirected command costs bash a save, a dup2 and a restore of the descriptor (~10
+#: system calls; an ``open`` more for ``2>/dev/null``), so the capture keeps them few: the
+#: exported variables are gathered in an array and written by one ``printf``, each variable's
+#: closing NUL is written with the next one's name, and stderr is silenced once for the whole
+#: ``declare -p`` loop.  Stdout stays redirected command by command, never for a group: a DEBUG
+#: trap runs before every command, and inside a group its output would land in the state.
 CAPTURE_COMMAND = (
     f'printf \'STATE\\0CWD\\0=%s\\0OLDPWD\\0=%s\\0UMASK\\0=\' "$PWD" "${{OLDPWD-}}" >&{_FD}\n'
     f"umask >&{_FD}\n"
-    f"printf '\\0ENV\\0' >&{_FD}\n"
-    f"for __crab_n in {_ALL_NAMES}; do case $__crab_n in _|__crab_*) continue;; esac; "
+    # Every name, listed once (the text is read by bash a byte per read(2)).
+    f"__crab_e=() __crab_v=({_ALL_NAMES})\n"
+    'for __crab_n in "${__crab_v[@]}"; do case $__crab_n in _|__crab_*) continue;; esac; '
     # `${!n+x}` first: under `set -u` an unset one would end the shell.  A nameref
     # (`-R`) would report its target's attributes and value; env shows its own.
     "if [[ -n ${!__crab_n+x} && ! -R $__crab_n && ${!__crab_n@a} == *x* && ${!__crab_n@a} != *[aA]* ]]; then "
-    f'printf \'=%s=%s\\0\' "$__crab_n" "${{!__crab_n}}" >&{_FD}; fi; done\n'
+    '__crab_e+=("$__crab_n" "${!__crab_n}"); fi; done\n'
+    f"printf '\\0ENV\\0' >&{_FD}\n"
+    f"(( ${{#__crab_e[@]}} )) && printf '=%s=%s\\0' \"${{__crab_e[@]}}\" >&{_FD}\n"
     f"printf 'VARS\\0' >&{_FD}\n"
-    f"for __crab_n in {_ALL_NAMES}; do case $__crab_n in " + _EXCLUDED_CASE + ") continue;; esac; "
-    f"printf '=%s\\0=' \"$__crab_n\" >&{_FD}; declare -p \"$__crab_n\" >&{_FD} 2>/dev/null; printf '\\0' >&{_FD}; "
-    "done; unset __crab_n\n"
+    # A format in a variable: printf turns its two characters \0 into a NUL (bash cannot hold one).
+    "__crab_f='=%s\\0='\n"
+    'for __crab_n in "${__crab_v[@]}"; do case $__crab_n in ' + _EXCLUDED_CASE + ") continue;; esac; "
+    f"printf \"$__crab_f\" \"$__crab_n\" >&{_FD}; declare -p \"$__crab_n\" >&{_FD}; __crab_f='\\0=%s\\0='; "
+    "done 2>/dev/null\n"
+    f"[[ $__crab_f == '=%s\\0=' ]] || printf '\\0' >&{_FD}; unset __crab_n __crab_e __crab_f __crab_v\n"
     f"printf 'FUNCS\\0=' >&{_FD}; declare -f >&{_FD}\n"
     f"printf '\\0FUNCX\\0=' >&{_FD}; declare -F -x >&{_FD}\n"
     f"printf '\\0ALIASES\\0=' >&{_FD}; alias -p >&{_FD}\n"

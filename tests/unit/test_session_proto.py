@@ -198,3 +198,35 @@ def test_output_after_the_marker_is_not_the_commands() -> None:
     assert sc.feed("stdout", b"\x1e__CRAB_DONE_" + MARK.encode() + b"_0\x1e") == b""  # output, dropped by the bound
     sc.feed_control(b"DONE:" + MARK.encode() + b":0\0")
     assert sc.feed("stderr", b"late") == b"" and sc.stderr == b""
+
+
+def test_restoring_a_status_runs_no_err_trap(bash: Bash) -> None:
+    """``$?`` is set back with ``! :`` in a case, not ``(exit 1)``: that was a failing command of its own.
+
+    Before, each block after a failed command ran the user's ERR trap again (twice: the
+    ``(exit 1)`` and the ``eval`` around it), and its output landed in the next command.
+    """
+    r = bash.run("trap 'echo trapped >&2' ERR; false")
+    assert r is not None and r.exit_code == 1 and r.stderr == b"trapped\n"
+    r = bash.run("echo $?")
+    assert r is not None and r.stdout == b"1\n" and r.stderr == b""
+    r = bash.run("echo again")
+    assert r is not None and r.stdout == b"again\n" and r.stderr == b""
+
+
+@pytest.mark.parametrize("status", [0, 1, 7])
+def test_status_round_trips_through_a_block(bash: Bash, status: int) -> None:
+    r = bash.run(f"(exit {status})")
+    assert r is not None and r.exit_code == status
+    assert out(bash, "echo $?") == f"{status}\n".encode()
+    assert bash.run("true", keep=True) is not None  # crab's own command in between
+    r = bash.run(f"(exit {status})")
+    assert bash.run(":", keep=True) is not None
+    assert out(bash, "echo $?") == f"{status}\n".encode()
+
+
+def test_crabs_own_command_is_read_once_not_through_a_heredoc() -> None:
+    """bash reads a pipe a byte per read(2): the capture's text is sent once, not as a heredoc that is read again."""
+    block = sp.wrap_command(ss.CAPTURE_COMMAND, "ab" * 8, keep_status=True)
+    assert block.count(ss.CAPTURE_COMMAND.encode()) == 1 and b"<<" not in block and b"__crab_cmd" not in block
+    assert len(block) < len(ss.CAPTURE_COMMAND) + 300

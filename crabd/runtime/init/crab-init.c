@@ -482,10 +482,17 @@ static int flush_ctl(int pi) {
 }
 
 /* The control socket is readable (we poll it only while a client is
- * attached, has room, and nothing is pending). */
+ * attached, has room, and nothing is pending).  Every message already
+ * queued is taken into one relay, up to CHUNK bytes: bash writes a state
+ * capture as a few hundred small messages, and one frame each cost crabd a
+ * frame's parsing apiece (most of its CPU for a capture).  The order still
+ * holds: after each message the output owed is what the pipes hold then,
+ * which only grows, so everything written before any of the messages is
+ * relayed before all of them (as for one message, a little written after
+ * may go first too). */
 static void read_ctl(int pi) {
     struct proc *p = &procs[pi];
-    for (int i = 0; i < CTL_BATCH && p->ctl_fd >= 0 && !p->ctl.len; i++) {
+    for (int i = 0; i < CTL_BATCH && p->ctl_fd >= 0 && p->ctl.len < CHUNK; i++) {
         int r = take_ctl(pi);
         if (r < 0) break;
         if (r == 1)
