@@ -150,13 +150,9 @@ def wrap_command(command: bytes | str, nonce: str, *, keep_status: bool = False)
         return b"__crab_prev=$?\n" + text + b"__crab_rc=$?\n" + marker + end
     eof = f"__CRAB_EOF_{nonce}".encode()
     end = _status_from(b"$__crab_rc", b"unset __crab_cmd __crab_prev __crab_rc") + b"\n"
-    return (
-        b"__crab_prev=$?\n"
-        b"IFS= read -r -d '' __crab_cmd <<'" + eof + b"' || :\n" + text + eof + b"\n"
-        + _status_from(b"$__crab_prev")
-        + b'; eval "$__crab_cmd" </dev/null\n'
-        b"__crab_rc=$?\n" + marker + end
-    )
+    read = b"IFS= read -r -d '' __crab_cmd <<'" + eof + b"' || :\n"
+    run = _status_from(b"$__crab_prev") + b'; eval "$__crab_cmd" </dev/null\n'
+    return b"__crab_prev=$?\n" + read + text + eof + b"\n" + run + b"__crab_rc=$?\n" + marker + end
 
 
 class _Output:

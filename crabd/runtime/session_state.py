@@ -140,7 +140,7 @@ CAPTURE_COMMAND = (
     # A format in a variable: printf turns its two characters \0 into a NUL (bash cannot hold one).
     "__crab_f='=%s\\0='\n"
     'for __crab_n in "${__crab_v[@]}"; do case $__crab_n in ' + _EXCLUDED_CASE + ") continue;; esac; "
-    f"printf \"$__crab_f\" \"$__crab_n\" >&{_FD}; declare -p \"$__crab_n\" >&{_FD}; __crab_f='\\0=%s\\0='; "
+    f'printf "$__crab_f" "$__crab_n" >&{_FD}; declare -p "$__crab_n" >&{_FD}; __crab_f=\'\\0=%s\\0=\'; '
     "done 2>/dev/null\n"
     f"[[ $__crab_f == '=%s\\0=' ]] || printf '\\0' >&{_FD}; unset __crab_n __crab_e __crab_f __crab_v\n"
     f"printf 'FUNCS\\0=' >&{_FD}; declare -f >&{_FD}\n"
