@@ -17,7 +17,11 @@ Kinds (busybox sandboxes, automatic checkpoints):
 * ``empty``: begin and end a turn with nothing in it (``end_turn(wait=True)``);
 * ``skip``, ``fs``: a turn with a read-only command / a file written, as in ``bench.scale``;
 * ``create``: a sandbox created (then removed outside the measured time; the
-  removal is reported as ``remove``).
+  removal is reported as ``remove``);
+* ``session``: a turn whose command runs in the persistent session
+  (``session.run``), as agents' shells do: its end also captures the
+  session's state; ``capture``: that capture alone (``session.state()``).
+  Both in a second sandbox of ``--session-image`` (they need bash).
 
 ``--background N`` first gives each crabd N more sandboxes that just run:
 what an operation costs on a crowded host (a runc create grows with the
@@ -26,7 +30,8 @@ results record the host's mount count when the rounds began.
 
 Per arm and kind: the median over rounds of crabd's own CPU per operation
 (its process and threads), its helpers' (runc, CRIU: the children it waited
-for) and the wall time per operation.  JSON (``--out``) and a table on stdout.
+for), the sandbox's (every process in its cgroup: crab-init, the session's
+bash, the command) and the wall time per operation.  JSON (``--out``) and a table on stdout.
 """
 
 from __future__ import annotations
@@ -46,8 +51,10 @@ from bench.results import write_json
 from bench.scale import CpuMeter, create_many, daemon, from_checkout, operate, remove_all
 from bench.signals import terminate_as_interrupt
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
+from crabd.util import cgroups
 
-KINDS = ("plain", "empty", "skip", "fs", "create")
+KINDS = ("plain", "empty", "skip", "fs", "create", "session", "capture")
+SESSION_KINDS = ("session", "capture")
 WARM_UP = 3
 
 
@@ -58,6 +65,7 @@ class Arm:
         self.label, self.src, self.client, self.image = label, src, client, image
         self.cpu = CpuMeter(psutil.Process(d.proc.pid if d.proc is not None else 0))
         self.sandbox: Sandbox = client.create(image)
+        self.shell: Sandbox | None = None  # the session kinds' sandbox (an image with bash)
         self.cells: dict[str, list[dict[str, float]]] = {}
 
     def measure(self, kind: str, seconds: float) -> None:
@@ -70,18 +78,32 @@ class Arm:
             return
         for _ in range(WARM_UP):
             self._op(kind)
-        self._timed(kind, seconds, lambda: self._op(kind))
+        self._timed(kind, seconds, lambda: self._op(kind), box=self.shell if kind in SESSION_KINDS else self.sandbox)
 
     def _op(self, kind: str) -> None:
         if kind == "empty":
             self.sandbox.begin_turn()
             self.sandbox.end_turn(wait=True)
+        elif kind == "session":
+            assert self.shell is not None
+            self.shell.begin_turn()
+            self.shell.session.run("cat /etc/hostname")
+            self.shell.end_turn(wait=True)
+        elif kind == "capture":
+            assert self.shell is not None
+            self.shell.session.state()
         else:
             operate(self.sandbox, kind)
 
-    def _timed(self, kind: str, seconds: float, op: Callable[[], object], count: int = 0) -> None:
-        """Run ``op`` ``count`` times, or (count 0) until ``seconds`` have passed; record the per-op costs."""
-        before, t0, n = self.cpu.read(), time.perf_counter(), 0
+    def _timed(
+        self, kind: str, seconds: float, op: Callable[[], object], count: int = 0, box: Sandbox | None = None
+    ) -> None:
+        """Run ``op`` ``count`` times, or (count 0) until ``seconds`` have passed; record the per-op costs.
+
+        ``box``: the sandbox whose own CPU (its cgroup's) is counted too.
+        """
+        cid = box.refresh().container_id if box is not None else ""
+        before, in_box, t0, n = self.cpu.read(), sandbox_cpu_s(cid), time.perf_counter(), 0
         while (n < count) if count else (n == 0 or time.perf_counter() - t0 < seconds):
             op()
             n += 1
@@ -90,6 +112,7 @@ class Arm:
         cell = {
             "crabd_cpu_ms": costs["crabd_cpu_ms_per_op"],
             "helpers_cpu_ms": costs["helpers_cpu_ms_per_op"],
+            "sandbox_cpu_ms": round((sandbox_cpu_s(cid) - in_box) * 1000 / n, 2),
             "wall_ms": round(wall * 1000 / n, 2),
         }
         self.cells.setdefault(kind, []).append(cell)
@@ -103,6 +126,22 @@ class Arm:
         }
 
 
+def sandbox_cpu_s(container_id: str) -> float:
+    """CPU seconds the container's processes used so far (cgroup v1 cpuacct, else v2 cpu.stat); 0 for none."""
+    if not container_id:
+        return 0.0
+    v1 = cgroups.v1_dir(container_id, "cpuacct")
+    if v1 is not None:
+        return int((v1 / "cpuacct.usage").read_text()) / 1e9
+    v2 = cgroups.v2_dir(container_id)
+    if v2 is None:
+        return 0.0
+    for line in (v2 / "cpu.stat").read_text().splitlines():
+        if line.startswith("usage_usec "):
+            return int(line.split()[1]) / 1e6
+    return 0.0
+
+
 def _host_mounts() -> int:
     """Mounts in this process's (the host's) mount namespace."""
     with open("/proc/self/mountinfo", "rb") as f:
@@ -114,16 +153,20 @@ def _medians(cells: list[dict[str, float]]) -> dict[str, float]:
     return {key: round(statistics.median(c[key] for c in cells), 2) for key in cells[0]} | {"rounds": len(cells)}
 
 
+def _cell(c: dict[str, float] | None) -> str:
+    if not c:
+        return "-"
+    return f"{c['crabd_cpu_ms']} / {c['helpers_cpu_ms']} / {c.get('sandbox_cpu_ms', 0.0)} / {c['wall_ms']}"
+
+
 def table(arms: list[dict[str, Any]]) -> str:
-    """Markdown: one row per kind, crabd CPU / helpers' CPU / wall per arm, and this/baseline for crabd's CPU."""
-    head = "| kind | " + " | ".join(f"{a['label']}: crabd / helpers / wall (ms)" for a in arms)
+    """Markdown: a row per kind, CPU of crabd / its helpers / the sandbox and wall per arm; this/baseline of crabd's."""
+    head = "| kind | " + " | ".join(f"{a['label']}: crabd / helpers / sandbox / wall (ms)" for a in arms)
     head += " | crabd CPU this/baseline |" if len(arms) == 2 else " |"
     lines = [head, "|---" * (len(arms) + 1 + (len(arms) == 2)) + "|"]
     for kind in arms[0]["kinds"]:
         cells = [a["kinds"].get(kind) for a in arms]
-        row = f"| {kind} | " + " | ".join(
-            f"{c['crabd_cpu_ms']} / {c['helpers_cpu_ms']} / {c['wall_ms']}" if c else "-" for c in cells
-        )
+        row = f"| {kind} | " + " | ".join(_cell(c) for c in cells)
         if len(arms) == 2:
             a, b = cells
             row += f" | {a['crabd_cpu_ms'] / b['crabd_cpu_ms']:.2f}" if a and b and b["crabd_cpu_ms"] else " | -"
@@ -137,6 +180,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--seconds", type=float, default=2.5, help="per kind, arm and round")
     ap.add_argument("--image", default="busybox")
+    ap.add_argument("--session-image", default="bookworm", help="the session kinds' image (it needs bash)")
     ap.add_argument("--backend", default="runc+btrfs")
     ap.add_argument("--background", type=int, default=0, help="sandboxes each crabd runs besides the measured one")
     ap.add_argument("--baseline-src", default="", help="a second crabd run from this checkout, side by side")
@@ -157,6 +201,10 @@ def main() -> None:
             client = stack.enter_context(Client(d.socket, timeout=600))
             arm = Arm(label, src, d, client, args.image)
             stack.callback(arm.sandbox.remove, force=True)
+            if set(kinds) & set(SESSION_KINDS):
+                arm.shell = client.create(args.session_image)
+                stack.callback(arm.shell.remove, force=True)
+                arm.shell.session.run("true")  # the session's bash is started
             arms.append(arm)
             if args.background:
                 print(f"[op_cost] {label}: {args.background} background sandboxes", file=sys.stderr)

@@ -111,6 +111,16 @@ def test_exit_codes_and_streams(init: Init) -> None:
     assert one(name, ["sh", "-c", "echo $A"], stdin_null=True)[0] == b"\n"  # exact env, nothing inherited
 
 
+def test_a_command_inherits_no_descriptor_of_inits(init: Init) -> None:
+    """Only 0-2 reach a command (init closes the rest with close_range(2), around what it keeps)."""
+    name, pid = init
+    assert len(os.listdir(f"/proc/{pid}/fd")) > 3  # init holds its socket, signalfd, connection...
+    out, _, ex = one(name, ["sh", "-c", "ls /proc/$$/fd"])
+    assert ex.exit_code == 0 and out.split() == [b"0", b"1", b"2"]
+    out, _, _ = one(name, ["sh", "-c", "ls /proc/$$/fd"], stdin_null=True, merge_stderr=True)
+    assert out.split() == [b"0", b"1", b"2"]
+
+
 def test_spawn_errors(init: Init) -> None:
     name, _ = init
     with pytest.raises(InitSpawnError) as info:

@@ -118,7 +118,9 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -327,6 +329,35 @@ static size_t pipe_pending(int fd) {
     int n = 0;
     if (fd < 0 || ioctl(fd, FIONREAD, &n) < 0 || n < 0) return 0;
     return (size_t)n;
+}
+
+#ifndef SYS_close_range
+#define SYS_close_range 436 /* the same number on every architecture (Linux 5.9) */
+#endif
+
+/* Close [lo, hi] (hi inclusive); close_range(2) where the kernel has it. */
+static void close_between(unsigned lo, unsigned hi) {
+    if (lo > hi) return;
+    if (syscall(SYS_close_range, lo, hi, 0) == 0) return;
+    /* Before Linux 5.9: one close(2) per number, up to the descriptor limit. */
+    struct rlimit rl;
+    unsigned top = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 1048576 ? (unsigned)rl.rlim_cur : 1048576;
+    for (unsigned fd = lo; fd <= hi && fd < top; fd++) close((int)fd);
+}
+
+/* In a new child: close every descriptor from 3 up but keep_a and keep_b
+ * (either may be -1).  A close(2) for each of 65,533 numbers, as before,
+ * cost ~19 ms of CPU per command run in a sandbox, and the command waited
+ * for it: most of a plain command's time. */
+static void close_others(int keep_a, int keep_b) {
+    int k[2] = {keep_a < keep_b ? keep_a : keep_b, keep_a < keep_b ? keep_b : keep_a};
+    unsigned next = 3;
+    for (int i = 0; i < 2; i++) {
+        if (k[i] < (int)next) continue;
+        close_between(next, (unsigned)k[i] - 1);
+        next = (unsigned)k[i] + 1;
+    }
+    close_between(next, ~0u);
 }
 
 /* One message from the control socket and the pid of the process that sent
@@ -695,8 +726,7 @@ static void do_spawn(int ci, const unsigned char *pl, size_t n) {
                 child_fail(status[1], errno, "control fd");
         }
         /* Close everything else except the status pipe (it is CLOEXEC). */
-        for (int fd = 3; fd < 65536; fd++)
-            if (fd != status[1] && !(ctl[1] >= 0 && fd == CTL_FD)) close(fd);
+        close_others(status[1], ctl[1] >= 0 ? CTL_FD : -1);
         if (gid != 0xFFFFFFFFu && (setgroups(0, NULL) || setgid(gid))) child_fail(status[1], errno, "setgid");
         if (uid != 0xFFFFFFFFu && setuid(uid)) child_fail(status[1], errno, "setuid");
         if (chdir(cwd[0] ? cwd : "/")) child_fail(status[1], errno, "chdir");
