@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -88,3 +89,19 @@ def test_bash_quote_is_exact() -> None:
         assert r is not None and r.stdout == value.encode("utf-8", "surrogateescape")
     finally:
         b.close()
+
+
+def test_state_json_is_the_fields_as_before() -> None:
+    """to_json reads the fields in place (no deep copy); the text is what asdict gave, and it round-trips."""
+    st = ss.SessionState(
+        cwd="/tmp",
+        env={"B": "2", "A": "ü"},
+        variables={"X": "declare -- X=1"},
+        exported_functions=["f"],
+        dirstack=["/tmp", "/"],
+        limits={"nofile": [1024, 4096]},
+        fds=[{"fd": 3, "kind": "file", "target": "/x", "flags": 0, "pos": 0}],
+    )
+    text = st.to_json()
+    assert text == json.dumps(dataclasses.asdict(st), sort_keys=True, ensure_ascii=True)
+    assert ss.SessionState.from_json(text) == st
