@@ -27,7 +27,7 @@ import pytest
 from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs import Pool, SubvolKind, SubvolRef
 from crabd.backends.criu.runc import RuncDumper
-from crabd.backends.runc import cleanup, cni, named_netns, reaper, rootfs, userns_image
+from crabd.backends.runc import cleanup, cni, init_versions, named_netns, reaper, rootfs, userns_image
 from crabd.backends.runc.cli import Runc, RuncStatus
 from crabd.backends.runc.sandbox import RuncSandboxBackend
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus
@@ -510,6 +510,79 @@ def test_restore_from_a_snapshot_continues_process_state(
         os.kill(st.pid, 9)
         assert wait_stopped(backend, forked).exit_code == 137
     finally:
+        pool.delete(ck)
+        shutil.rmtree(images_dir, ignore_errors=True)
+
+
+def test_restore_binds_the_crab_init_its_images_were_dumped_with(
+    boxes: Sandboxes,
+    backend: RuncSandboxBackend,
+    pool: Pool,
+    layout: cleanup.Layout,
+    runc: Runc,
+    network: cni.CniNetwork,
+    base: Path,
+    init_binary: Path,
+) -> None:
+    """A checkpoint taken under another crab-init build restores with that build (init_versions.py).
+
+    Before, the restore bound the current crab-init and CRIU refused it ("File .crab/init has bad
+    size"): an upgrade that changed crab-init lost every process checkpoint taken before it.
+    A backend that keeps no copy of that build refuses before CRIU runs, naming the build.
+    """
+    kept = base / "other-init"
+    kept.mkdir(exist_ok=True)
+    variant = kept / "crab-init-variant"  # the same source built otherwise: other code, size and build-id
+    proc.run(["gcc", "-static", "-O1", "-o", str(variant), str(initbin.source_path())], timeout=120)
+    assert init_versions.of_binary(variant) != init_versions.of_binary(init_binary)
+    boxes.init_binary = variant
+    try:
+        orig = boxes.make(sandbox="oldinit")
+    finally:
+        boxes.init_binary = init_binary
+    spawn_in(backend, orig, "sleep", "1000")
+    images_dir, ck = base / "images" / orig, SubvolRef.snapshot(f"{INSTANCE}-ckinit")
+    dumper = RuncDumper(runc_root=layout.runc_root, log_dir=base / "criu-logs", options_for=backend.dump_options)
+    work = base / "dump-work" / orig
+    work.mkdir(parents=True)
+    with backend.frozen(orig):
+        dumper.dump(orig, images_dir, work)
+        pool.snapshot(SubvolRef.sandbox(orig), ck, readonly=True)
+    assert init_versions.dumped(images_dir) == init_versions.of_binary(variant)
+
+    def prepare(cid: str) -> None:
+        ref = SubvolRef.sandbox(cid)
+        pool.delete(ref)
+        pool.snapshot(ck, ref, readonly=False)
+        shutil.copytree(images_dir, backend.checkpoint_dir(cid, "crab"), dirs_exist_ok=True)
+
+    unaware = RuncSandboxBackend(
+        pool,
+        instance=INSTANCE,
+        layout=layout,
+        runc=runc,
+        network=network,
+        work_root=base / "work",
+        id_ranges=IdRanges(),
+        initfs_dir=None,
+    )
+    lost = ""
+    try:
+        restored = boxes.make(sandbox="newinit", generation="r1", prepare=prepare, checkpoint="crab")
+        assert "sleep 1000" in run_in(backend, restored, "ps", "-o", "args")  # the dumped process, back
+        # A crabd that never had that build: refused before CRIU, which would have failed on it.
+        labels = {LABEL_SANDBOX: "noinit", LABEL_INSTANCE: INSTANCE, LABEL_OWNER: "0"}
+        lost = unaware.create("noinit", SandboxSpec(env="busybox"), image("busybox"), init_binary, labels)
+        prepare(lost)
+        with pytest.raises(ContainerRuntimeError, match="does not keep") as caught:
+            unaware.start(lost, "crab")
+        want = init_versions.of_binary(variant)
+        assert want is not None and want.describe() in caught.value.message
+    finally:
+        if lost:
+            unaware.remove(lost)
+            assert pieces_left(unaware, lost) == []
+        unaware.close()
         pool.delete(ck)
         shutil.rmtree(images_dir, ignore_errors=True)
 

@@ -66,7 +66,7 @@ from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs.layout import SubvolRef
 from crabd.backends.btrfs.pool import Pool
 from crabd.backends.procdump import Posture
-from crabd.backends.runc import bundle, cleanup, ending, initfs, named_netns, reaper, rootfs, slots
+from crabd.backends.runc import bundle, cleanup, ending, init_versions, initfs, named_netns, reaper, rootfs, slots
 from crabd.backends.runc.cli import EMPTY_NETNS, Runc
 from crabd.backends.runc.cni import CniNetwork
 from crabd.backends.runc.idmap import IdRange
@@ -125,6 +125,9 @@ class RuncSandboxBackend(StatusReader):
         self.initfs_dir = initfs_dir
         #: crab-init's path on the host -> its copy on the init tmpfs.
         self._inits: dict[Path, Path] = {}
+        #: Where the crab-init binaries given to create came from (crabd's <state_dir>/bin keeps every
+        #: version its sandboxes ran): a restore looks there for the one its images were dumped with.
+        self._init_dirs: set[Path] = set()
         self._launcher = Launcher(layout, runc, self.network)
         self._lock = threading.Lock()
         self._created: dict[str, Created] = {}
@@ -202,6 +205,8 @@ class RuncSandboxBackend(StatusReader):
 
     def _init_copy(self, init_binary: Path) -> Path:
         """crab-init on its own tmpfs (initfs.py: a bind mount of it is no handle into the host's files)."""
+        with self._lock:
+            self._init_dirs.add(init_binary.parent)
         if self.initfs_dir is None:
             return init_binary
         with self._lock:
@@ -339,6 +344,39 @@ class RuncSandboxBackend(StatusReader):
         )
         return plain
 
+    def _follow_init(self, cid: str, checkpoint: str, created: Created) -> Created:
+        """``created``, binding the crab-init its process images were dumped with (init_versions.py).
+
+        Steps: read the dumped init's size and build-id; if the bound one
+        differs, find that build among the kept copies and bind it instead;
+        none kept: refuse before CRIU runs, naming the build.
+        """
+        images = self._restore_dirs.of(cid)[0] / checkpoint
+        want = init_versions.dumped(images)
+        bound = created.spec.init_binary
+        if want is None or init_versions.of_binary(bound) == want:
+            return created
+        with self._lock:
+            kept = sorted(self._init_dirs | ({self.initfs_dir} if self.initfs_dir else set()))
+        found = init_versions.find(want, kept)
+        if found is None:
+            raise ContainerRuntimeError(
+                f"container {cid}: its process images were dumped under a crab-init ({want.describe()}) that this "
+                f"host does not keep (looked in {', '.join(map(str, kept)) or 'nothing'})",
+                container=cid,
+                hint="Restore it on the host that took it, or restore a checkpoint without processes (kind fs).",
+            )
+        init = self._init_copy(found)
+        log.warning(
+            "restoring with the crab-init the checkpoint was taken with",
+            extra={"container": cid, "init": str(init), "current": str(bound)},
+        )
+        made = dataclasses.replace(created, spec=dataclasses.replace(created.spec, init_binary=init))
+        with self._lock:
+            if self._created.get(cid) is created:
+                self._created[cid] = made
+        return made
+
     def checkpoint_dir(self, container_id: str, name: str) -> Path:
         return self._restore_dirs.checkpoint_dir(self._own(container_id), name)
 
@@ -362,7 +400,7 @@ class RuncSandboxBackend(StatusReader):
         slot = None
         try:
             if checkpoint:
-                created = self._follow_images(cid, created)
+                created = self._follow_init(cid, checkpoint, self._follow_images(cid, created))
             storage, restore = self._storage(cid, created), self._restore_dirs.restore(cid, checkpoint)
             if restore is None and created.spec.networked and self._slots is not None:
                 slot = self._slots.claim()
