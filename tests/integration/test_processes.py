@@ -532,11 +532,13 @@ def test_automatic_recovery_after_a_crash(client: Client, sbx: Callable[..., San
     with sb.turn():
         sb.run(["sh", "-c", "echo after > /tmp/after"])
     sb.run(["sh", "-c", "echo uncheckpointed > /tmp/lost"])  # an implicit turn, never ended
-    kill_container(sb)
+    crashed = sb.refresh().container_id
+    conftest.kill_container(crashed)
+    # Recovered into a new container; "dead" may last less than a poll here, so it is not waited for.
     deadline = time.monotonic() + 60
-    while sb.refresh().state != "running" and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert sb.info.state == "running"
+    while not (sb.refresh().state == "running" and sb.info.container_id != crashed) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sb.info.state == "running" and sb.info.container_id != crashed
     assert b"sleep 300" in sb.run(["ps", "-eo", "args"]).stdout
     assert sb.run(["cat", "/tmp/after"]).stdout == b"after\n"
     assert sb.run(["cat", "/tmp/lost"]).exit_code != 0
