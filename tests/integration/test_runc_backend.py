@@ -93,17 +93,24 @@ def _mine(name: str) -> bool:
     return name.startswith((f"{INSTANCE}-", f"{OTHER}-"))
 
 
+def make_backend(
+    pool: Pool, layout: cleanup.Layout, runc: Runc, network: cni.CniNetwork, base: Path, **kw: Any
+) -> RuncSandboxBackend:
+    """A backend on this module's private layout; user namespaces, as crabd runs them by default.
+
+    Id ranges come from the host-wide claims (unique on the host).
+    """
+    kw.setdefault("instance", INSTANCE)
+    return RuncSandboxBackend(
+        pool, layout=layout, runc=runc, network=network, work_root=base / "work", id_ranges=IdRanges(), **kw
+    )
+
+
 @pytest.fixture(scope="module")
 def backends(
     pool: Pool, layout: cleanup.Layout, runc: Runc, network: cni.CniNetwork, base: Path
 ) -> Iterator[dict[str, RuncSandboxBackend]]:
-    made = {
-        # User namespaces, as crabd runs them by default; ranges from the host-wide claims (unique on the host).
-        i: RuncSandboxBackend(
-            pool, instance=i, layout=layout, runc=runc, network=network, work_root=base / "work", id_ranges=IdRanges()
-        )
-        for i in (INSTANCE, OTHER)
-    }
+    made = {i: make_backend(pool, layout, runc, network, base, instance=i) for i in (INSTANCE, OTHER)}
     yield made
     errors = []
     for instance, backend in made.items():
@@ -419,15 +426,7 @@ def test_list_instance_reports_leftovers_and_only_its_own(
     for name in strangers:
         named_netns.create(name, layout.netns)
     try:
-        fresh = RuncSandboxBackend(
-            pool,
-            instance=INSTANCE,
-            layout=layout,
-            runc=runc,
-            network=network,
-            work_root=base / "work",
-            id_ranges=IdRanges(),
-        )
+        fresh = make_backend(pool, layout, runc, network, base)
         found = fresh.list_instance(INSTANCE)
         assert set(found) == {live, orphan, netns_only, half, images_only}
         # The ids alone (crabd's snapshot before it serves after a restart): the same, no state read.
@@ -556,16 +555,7 @@ def test_restore_binds_the_crab_init_its_images_were_dumped_with(
         pool.snapshot(ck, ref, readonly=False)
         shutil.copytree(images_dir, backend.checkpoint_dir(cid, "crab"), dirs_exist_ok=True)
 
-    unaware = RuncSandboxBackend(
-        pool,
-        instance=INSTANCE,
-        layout=layout,
-        runc=runc,
-        network=network,
-        work_root=base / "work",
-        id_ranges=IdRanges(),
-        initfs_dir=None,
-    )
+    unaware = make_backend(pool, layout, runc, network, base, initfs_dir=None)
     lost = ""
     try:
         restored = boxes.make(sandbox="newinit", generation="r1", prepare=prepare, checkpoint="crab")
