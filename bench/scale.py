@@ -279,7 +279,8 @@ def restart(d: EmbeddedDaemon, expect: int) -> dict[str, float | None]:
     }
 
 
-def from_checkout(src: str) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def from_checkout(src: str) -> Iterator[None]:
     """For the ``with`` body, this process's PYTHONPATH and directory name the checkout ``src`` ("" = no change).
 
     An embedded crabd inherits both when it starts (and again when it is
@@ -287,12 +288,8 @@ def from_checkout(src: str) -> contextlib.AbstractContextManager[None]:
     before PYTHONPATH, so both must name the other checkout.
     """
     if not src:
-        return contextlib.nullcontext()
-    return _in_checkout(src)
-
-
-@contextlib.contextmanager
-def _in_checkout(src: str) -> Iterator[None]:
+        yield
+        return
     saved, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
     os.environ["PYTHONPATH"] = src
     os.chdir(src)

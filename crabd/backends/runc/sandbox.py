@@ -332,10 +332,7 @@ class RuncSandboxBackend(StatusReader):
         """
         if created.spec.userns is None or not self._restore_dirs.dumped_without_userns(cid):
             return created
-        plain = dataclasses.replace(created, spec=dataclasses.replace(created.spec, userns=None))
-        with self._lock:
-            if self._created.get(cid) is created:
-                self._created[cid] = plain
+        plain = self._swap_created(cid, created, dataclasses.replace(created.spec, userns=None))
         if self.id_ranges is not None:
             self.id_ranges.release(cid)
         log.warning(
@@ -344,14 +341,13 @@ class RuncSandboxBackend(StatusReader):
         )
         return plain
 
-    def _follow_init(self, cid: str, checkpoint: str, created: Created) -> Created:
+    def _follow_init(self, cid: str, images: Path, created: Created) -> Created:
         """``created``, binding the crab-init its process images were dumped with (init_versions.py).
 
         Steps: read the dumped init's size and build-id; if the bound one
         differs, find that build among the kept copies and bind it instead;
         none kept: refuse before CRIU runs, naming the build.
         """
-        images = self._restore_dirs.of(cid)[0] / checkpoint
         want = init_versions.dumped(images)
         bound = created.spec.init_binary
         if want is None or init_versions.of_binary(bound) == want:
@@ -371,7 +367,11 @@ class RuncSandboxBackend(StatusReader):
             "restoring with the crab-init the checkpoint was taken with",
             extra={"container": cid, "init": str(init), "current": str(bound)},
         )
-        made = dataclasses.replace(created, spec=dataclasses.replace(created.spec, init_binary=init))
+        return self._swap_created(cid, created, dataclasses.replace(created.spec, init_binary=init))
+
+    def _swap_created(self, cid: str, created: Created, spec: bundle.ContainerSpec) -> Created:
+        """``created`` with ``spec``, kept as ``cid``'s unless another start replaced it meanwhile."""
+        made = dataclasses.replace(created, spec=spec)
         with self._lock:
             if self._created.get(cid) is created:
                 self._created[cid] = made
@@ -399,9 +399,10 @@ class RuncSandboxBackend(StatusReader):
             self._starting.add(cid)
         slot = None
         try:
-            if checkpoint:
-                created = self._follow_init(cid, checkpoint, self._follow_images(cid, created))
-            storage, restore = self._storage(cid, created), self._restore_dirs.restore(cid, checkpoint)
+            restore = self._restore_dirs.restore(cid, checkpoint)  # checks the name first
+            if restore is not None:
+                created = self._follow_init(cid, restore.images_dir, self._follow_images(cid, created))
+            storage = self._storage(cid, created)
             if restore is None and created.spec.networked and self._slots is not None:
                 slot = self._slots.claim()
             launched = self._launcher.launch(created.spec, storage, restore, slot)
