@@ -3,12 +3,24 @@
 Every Docker failure is translated into :class:`DockerError` (or a more
 specific CrabError) here, at the boundary, by
 :func:`~crabd.backends.docker_errors.docker_errors`.
+
+crab-init per container: a container's bind of ``/.crab/init`` is fixed when
+Docker creates it, but its source file is opened only when the container
+starts.  So each container binds a file of its own, ``<init_dir>/<name>`` (a
+hard link to the crab-init it was created with), and a start from a process
+checkpoint first points that file at the build the images were dumped with
+(:mod:`crabd.backends.criu.init_versions`): CRIU refuses any other
+("File .crab/init has bad size"), which made a crab-init upgrade lose every
+earlier process checkpoint.  The file goes with the container.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import shutil
+import threading
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -19,6 +31,7 @@ import docker.errors
 import docker.types
 
 from crabd.backends import cgroup_freezer
+from crabd.backends.criu import init_versions
 from crabd.backends.criu.runc import log_excerpt
 from crabd.backends.docker_errors import docker_errors
 from crabd.backends.limits import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
@@ -29,6 +42,8 @@ from crabd.config import NetworkConfig
 from crabd.errors import CriuError, DockerError, HostError
 from crabd.models import SandboxSpec
 from crabd.util import netns
+
+log = logging.getLogger("crabd.docker")
 
 #: Where the host's cgroup v1 controllers are (the layout Docker's runc mirrors in a container).
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -73,9 +88,16 @@ class DockerSandboxBackend:
         *,
         criu_log_dir: Path | None = None,
         network: NetworkConfig | None = None,
+        init_dir: Path | None = None,
     ) -> None:
+        """``init_dir``: where each container's own crab-init file is (module docstring); None binds
+        the given binary itself, and a restore then needs the current build."""
         self._root: Path | None = None
         self.criu_log_dir = criu_log_dir
+        self.init_dir = init_dir
+        #: Where the crab-init builds this backend bound are: every version ever installed stays there.
+        self._init_dirs: set[Path] = set()
+        self._lock = threading.Lock()
         with docker_errors(f"cannot reach dockerd ({host or 'default socket'})"):
             if host:
                 self._client = docker.DockerClient(base_url=host, timeout=int(timeout_s))
@@ -116,8 +138,10 @@ class DockerSandboxBackend:
         if spec.network:
             # Re-checked at every create: cheap, and it repairs rules lost meanwhile.
             network_mode = self._network.ensure() if self._network is not None else "bridge"
+        name = f"crab-{sandbox_id}" + (f"-{generation}" if generation else "")
+        init = self._init_for(name, init_binary)
         host_config = self._api.create_host_config(
-            binds={str(init_binary): {"bind": INIT_PATH_IN_SANDBOX, "mode": "ro"}},
+            binds={str(init): {"bind": INIT_PATH_IN_SANDBOX, "mode": "ro"}},
             network_mode=network_mode,
             cap_drop=["ALL"],
             cap_add=list(SANDBOX_CAPABILITIES),
@@ -141,7 +165,7 @@ class DockerSandboxBackend:
         with docker_errors("create container"):
             created = self._api.create_container(
                 image=image,
-                name=f"crab-{sandbox_id}" + (f"-{generation}" if generation else ""),
+                name=name,
                 hostname=hostname,
                 entrypoint=[INIT_PATH_IN_SANDBOX],
                 command=[],
@@ -154,6 +178,76 @@ class DockerSandboxBackend:
                 tty=False,
             )
         return str(created["Id"])
+
+    # --- crab-init per container (module docstring) ---------------------------------------
+
+    def _init_for(self, name: str, init_binary: Path) -> Path:
+        """The file container ``name`` binds at /.crab/init: its own link to ``init_binary``."""
+        with self._lock:
+            self._init_dirs.add(init_binary.parent)
+        if self.init_dir is None:
+            return init_binary
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+            raise DockerError(f"refusing a crab-init file for container name {name!r}")
+        self.init_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        own = self.init_dir / name
+        self._point(own, init_binary)
+        return own
+
+    def _point(self, own: Path, build: Path) -> None:
+        """Make ``own`` the file ``build`` (a hard link, a copy across filesystems), replacing it atomically."""
+        tmp = own.with_name(f".{own.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            try:
+                os.link(build, tmp, follow_symlinks=False)
+            except OSError:  # another filesystem (or no hard links there): crab-init is under a megabyte
+                shutil.copyfile(build, tmp, follow_symlinks=False)
+                os.chmod(tmp, 0o755)  # noqa: S103 - the executable every sandbox runs; no secrets in it
+            os.replace(tmp, own)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _bound_init(self, attrs: dict[str, Any]) -> Path | None:
+        """The container's own crab-init file; None if it binds another (made without ``init_dir``)."""
+        for m in attrs.get("Mounts") or ():
+            if m.get("Destination") == INIT_PATH_IN_SANDBOX:
+                source = Path(str(m.get("Source") or ""))
+                if self.init_dir is not None and source.parent == self.init_dir:
+                    return source
+        return None
+
+    def _follow_init(self, container_id: str, images: Path) -> None:
+        """Point the container's crab-init at the build ``images`` were dumped with, before CRIU reads them.
+
+        Steps: read the dumped build's size and build-id; if the container's
+        own file differs, find that build among the ones this backend bound
+        (crabd's ``<state_dir>/bin`` keeps every version) and point the file
+        at it; none kept: refuse before CRIU runs, naming the build.
+        """
+        want = init_versions.dumped(images)
+        if want is None:
+            return
+        with docker_errors(f"inspect container {container_id[:12]}"):
+            attrs = self._api.inspect_container(container_id)
+        own = self._bound_init(attrs)
+        if own is None or init_versions.of_binary(own) == want:
+            return
+        with self._lock:
+            kept = sorted(self._init_dirs)
+        found = init_versions.find(want, kept)
+        if found is None:
+            raise init_versions.not_kept(container_id[:12], want, kept)
+        self._point(own, found)
+        log.warning(
+            "restoring with the crab-init the checkpoint was taken with",
+            extra={"container": container_id, "init": str(found)},
+        )
+
+    def _drop_init(self, attrs: dict[str, Any]) -> None:
+        own = self._bound_init(attrs)
+        if own is not None:
+            own.unlink(missing_ok=True)
 
     def upper_dir(self, container_id: str) -> Path:
         with docker_errors("inspect container"):
@@ -231,9 +325,12 @@ class DockerSandboxBackend:
         # not supported"); it restores from <root>/containers/<id>/checkpoints/<name>.
         if not re.fullmatch(r"[0-9a-f]{64}", container_id) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise DockerError(f"refusing checkpoint dir for {container_id!r}/{name!r}")
-        d = self._docker_root() / "containers" / container_id / "checkpoints" / name
+        d = self._checkpoints(container_id) / name
         d.mkdir(parents=True, mode=0o700)
         return d
+
+    def _checkpoints(self, container_id: str) -> Path:
+        return self._docker_root() / "containers" / container_id / "checkpoints"
 
     def start(self, container_id: str, checkpoint: str = "") -> None:
         if not checkpoint:
@@ -242,6 +339,7 @@ class DockerSandboxBackend:
             return
         api: Any = self._api  # docker-py's start() has no checkpoint parameter; the HTTP API does
         try:
+            self._follow_init(container_id, self._checkpoints(container_id) / checkpoint)
             with docker_errors(f"start container {container_id[:12]} from a checkpoint"):
                 try:
                     res = api._post(api._url("/containers/{0}/start", container_id), params={"checkpoint": checkpoint})
@@ -249,7 +347,7 @@ class DockerSandboxBackend:
                 except docker.errors.APIError as exc:  # the engine answered: CRIU refused the restore
                     raise self._restore_error(container_id, str(exc.explanation or exc)) from exc
         finally:
-            shutil.rmtree(self._docker_root() / "containers" / container_id / "checkpoints", ignore_errors=True)
+            shutil.rmtree(self._checkpoints(container_id), ignore_errors=True)
         st = self.status(container_id)
         if st.running and not st.ip_address:
             # Without a Docker network, runc creates the netns itself, and on a
@@ -292,6 +390,7 @@ class DockerSandboxBackend:
     def remove(self, container_id: str) -> None:
         with docker_errors(f"remove container {container_id[:12]}"):
             try:
+                attrs = self._api.inspect_container(container_id)
                 self._api.remove_container(container_id, force=True, v=True)
             except docker.errors.NotFound:
                 return
@@ -299,6 +398,7 @@ class DockerSandboxBackend:
                 if exc.status_code == 409 and "already in progress" in str(exc.explanation):
                     return
                 raise
+        self._drop_init(attrs)
 
     def list_exited(self, instance: str) -> list[str]:
         with docker_errors("list containers"):

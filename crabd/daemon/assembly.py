@@ -92,7 +92,12 @@ def open_sandbox_side(cfg: CrabConfig, instance: str) -> SandboxSide:
         from crabd.backends.docker_sandbox import DockerSandboxBackend
 
         docker = DockerSandboxBackend(
-            cfg.docker.host, cfg.docker.timeout_s, criu_log_dir=criu_logs, network=cfg.network
+            cfg.docker.host,
+            cfg.docker.timeout_s,
+            criu_log_dir=criu_logs,
+            network=cfg.network,
+            # Beside <state_dir>/bin, whose crab-init builds its files are hard links to.
+            init_dir=state / "docker-init",
         )
         return SandboxSide(kind, docker, runc_root=cfg.criu.runc_root)
     pool = Pool.from_config(cfg.btrfs)

@@ -26,8 +26,9 @@ import pytest
 
 from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs import Pool, SubvolKind, SubvolRef
+from crabd.backends.criu import init_versions
 from crabd.backends.criu.runc import RuncDumper
-from crabd.backends.runc import cleanup, cni, init_versions, named_netns, reaper, rootfs, userns_image
+from crabd.backends.runc import cleanup, cni, named_netns, reaper, rootfs, userns_image
 from crabd.backends.runc.cli import Runc, RuncStatus
 from crabd.backends.runc.sandbox import RuncSandboxBackend
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus

@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from crabd.backends.criu import init_versions as iv
 from crabd.backends.criu import pbimage
-from crabd.backends.runc import init_versions as iv
 
 
 def _varint(n: int) -> bytes:

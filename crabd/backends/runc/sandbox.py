@@ -65,8 +65,9 @@ from pathlib import Path
 from crabd.backends import cgroup_freezer
 from crabd.backends.btrfs.layout import SubvolRef
 from crabd.backends.btrfs.pool import Pool
+from crabd.backends.criu import init_versions
 from crabd.backends.procdump import Posture
-from crabd.backends.runc import bundle, cleanup, ending, init_versions, initfs, named_netns, reaper, rootfs, slots
+from crabd.backends.runc import bundle, cleanup, ending, initfs, named_netns, reaper, rootfs, slots
 from crabd.backends.runc.cli import EMPTY_NETNS, Runc
 from crabd.backends.runc.cni import CniNetwork
 from crabd.backends.runc.idmap import IdRange
@@ -356,12 +357,7 @@ class RuncSandboxBackend(StatusReader):
             kept = sorted(self._init_dirs | ({self.initfs_dir} if self.initfs_dir else set()))
         found = init_versions.find(want, kept)
         if found is None:
-            raise ContainerRuntimeError(
-                f"container {cid}: its process images were dumped under a crab-init ({want.describe()}) that this "
-                f"host does not keep (looked in {', '.join(map(str, kept)) or 'nothing'})",
-                container=cid,
-                hint="Restore it on the host that took it, or restore a checkpoint without processes (kind fs).",
-            )
+            raise init_versions.not_kept(cid, want, kept)
         init = self._init_copy(found)
         log.warning(
             "restoring with the crab-init the checkpoint was taken with",

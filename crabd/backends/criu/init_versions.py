@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crabd.backends.criu import pbimage
+from crabd.errors import ContainerRuntimeError
 
 FILES_MAGIC = 0x56303138
 #: Where crab-init is in every sandbox (bundle.py binds it there), as CRIU names it.
@@ -157,3 +158,14 @@ def find(want: InitId, dirs: Iterable[Path]) -> Path | None:
             if of_binary(path) == want:
                 return path
     return None
+
+
+def not_kept(container: str, want: InitId, kept: Iterable[Path]) -> ContainerRuntimeError:
+    """The refusal of a restore whose images need a crab-init build ``kept`` does not hold."""
+    looked = ", ".join(map(str, kept)) or "nothing"
+    return ContainerRuntimeError(
+        f"container {container}: its process images were dumped under a crab-init ({want.describe()}) that this "
+        f"host does not keep (looked in {looked})",
+        container=container,
+        hint="Restore it on the host that took it, or restore a checkpoint without processes (kind fs).",
+    )
