@@ -186,6 +186,12 @@ class SandboxManager:
     def list_sandboxes(self, owner_uid: int | None) -> list[SandboxRecord]:
         return self.registry.list_sandboxes(owner_uid)
 
+    def count_sandboxes(self, owner_uid: int | None) -> int:
+        return self.registry.count_sandboxes(owner_uid)
+
+    def sandbox_names(self, owner_uid: int | None) -> dict[str, str]:
+        return self.registry.sandbox_names(owner_uid)
+
     def _mark_dead(self, rec: SandboxRecord, st: ContainerStatus) -> SandboxRecord:
         self.live_status.drop(rec.container_id)
         self.deaths += 1

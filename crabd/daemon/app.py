@@ -283,7 +283,7 @@ class Daemon:
         restorer.inspection = inspection
         self._recovery = Recovery(restorer, manager, catalog)
         housekeeping = Housekeeper(checkpointer, manager, catalog, blobs, fs, store_lock)
-        quotas = Quotas(self.cfg.quota, db, lambda uid: len(manager.list_sandboxes(uid)))
+        quotas = Quotas(self.cfg.quota, db, manager.count_sandboxes)
         # A checkpoint's new bytes are charged just before it is published (coordinator/checkpoints.py).
         checkpointer.store_quota = quotas.check_store
         retention = Retention(catalog, manager, housekeeping, restorer.leases, self.cfg.retention, self.cfg.quota)

@@ -53,8 +53,8 @@ class Access:
         """The id of the caller's one sandbox whose id begins with ``ref`` (``refs``)."""
         if not refs.maybe_sandbox_prefix(ref):
             return None
-        mine = self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)
-        return refs.unique(ref, (r.id for r in mine), "sandbox", {r.id: r.name for r in mine})
+        mine = self.sandboxes.sandbox_names(None if caller.is_root else caller.uid)
+        return refs.unique(ref, mine, "sandbox", mine)
 
     def _allowed(self, caller: Caller, ref: str, rec: SandboxRecord | None) -> SandboxRecord:
         if not ref:

@@ -168,7 +168,7 @@ class Service:
             started_at=self.started_at,
             state_dir=str(self.cfg.paths.state_dir),
             socket=str(self.cfg.paths.socket),
-            sandboxes=len(self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid)),
+            sandboxes=self.sandboxes.count_sandboxes(None if caller.is_root else caller.uid),
             caller_uid=caller.uid,
             docker_version=self.docker_version,
             inspector=self.inspection.name,

@@ -136,7 +136,9 @@ class Registry:
             db.execute("DELETE FROM sandboxes WHERE id=?", (sandbox_id,))
 
     def _row_to_sandbox(self, row: sqlite3.Row | tuple[object, ...]) -> SandboxRecord:
-        (sid, name, owner, spec_json, image, cid, state, created, exit_code, oom, reason, origin, branch) = row
+        """A :data:`_SANDBOX_SELECT` row: the sandbox's columns, then its last turn's number and end (NULL: none)."""
+        (sid, name, owner, spec_json, image, cid, state, created, exit_code, oom, reason, origin, branch) = row[:13]
+        turn, ended_at = row[13], row[14]
         rec = SandboxRecord(
             id=str(sid),
             name=str(name),
@@ -152,37 +154,56 @@ class Registry:
             origin=str(origin),
             branch=int(str(branch)),
         )
-        last = self._db.execute(
-            "SELECT number, ended_at FROM turns WHERE sandbox_id=? ORDER BY number DESC LIMIT 1", (rec.id,)
-        ).fetchone()
-        if last is not None:
-            rec.turn = int(last[0])
-            rec.turn_open = last[1] is None
+        if turn is not None:
+            rec.turn = int(str(turn))
+            rec.turn_open = ended_at is None
         return rec
 
-    _SANDBOX_COLS = (
-        "id, name, owner_uid, spec_json, image, container_id, state, created_at, exit_code, oom_killed, dead_reason,"
-        " origin, branch"
+    #: A sandbox row with its last turn, in one statement: a list of a thousand sandboxes used to
+    #: be a thousand and one queries (the turn looked up per row), 19-25 ms on the event loop.
+    #: The turn's number is the last of its primary key (sandbox_id, number): an index lookup.
+    _SANDBOX_SELECT = (
+        "SELECT s.id, s.name, s.owner_uid, s.spec_json, s.image, s.container_id, s.state, s.created_at,"
+        " s.exit_code, s.oom_killed, s.dead_reason, s.origin, s.branch, t.number, t.ended_at"
+        " FROM sandboxes s LEFT JOIN turns t ON t.sandbox_id = s.id"
+        " AND t.number = (SELECT MAX(number) FROM turns WHERE sandbox_id = s.id)"
     )
 
     def get_sandbox(self, ref: str) -> SandboxRecord | None:
         """By id, then by name."""
         with self._lock:
-            row = self._db.execute(f"SELECT {self._SANDBOX_COLS} FROM sandboxes WHERE id=?", (ref,)).fetchone()
+            row = self._db.execute(f"{self._SANDBOX_SELECT} WHERE s.id=?", (ref,)).fetchone()
             if row is None:
-                row = self._db.execute(f"SELECT {self._SANDBOX_COLS} FROM sandboxes WHERE name=?", (ref,)).fetchone()
+                row = self._db.execute(f"{self._SANDBOX_SELECT} WHERE s.name=?", (ref,)).fetchone()
             return None if row is None else self._row_to_sandbox(row)
 
     def list_sandboxes(self, owner_uid: int | None = None) -> list[SandboxRecord]:
         with self._lock:
             if owner_uid is None:
-                rows = self._db.execute(f"SELECT {self._SANDBOX_COLS} FROM sandboxes ORDER BY created_at").fetchall()
+                rows = self._db.execute(f"{self._SANDBOX_SELECT} ORDER BY s.created_at").fetchall()
             else:
                 rows = self._db.execute(
-                    f"SELECT {self._SANDBOX_COLS} FROM sandboxes WHERE owner_uid=? ORDER BY created_at",
-                    (owner_uid,),
+                    f"{self._SANDBOX_SELECT} WHERE s.owner_uid=? ORDER BY s.created_at", (owner_uid,)
                 ).fetchall()
             return [self._row_to_sandbox(r) for r in rows]
+
+    def count_sandboxes(self, owner_uid: int | None = None) -> int:
+        """How many sandboxes (``owner_uid``'s, or all): the quota check and the daemon's status, without a list."""
+        with self._lock:
+            if owner_uid is None:
+                row = self._db.execute("SELECT COUNT(*) FROM sandboxes").fetchone()
+            else:
+                row = self._db.execute("SELECT COUNT(*) FROM sandboxes WHERE owner_uid=?", (owner_uid,)).fetchone()
+            return int(row[0])
+
+    def sandbox_names(self, owner_uid: int | None = None) -> dict[str, str]:
+        """Id to name of the sandboxes (``owner_uid``'s, or all): what a short id is resolved against."""
+        with self._lock:
+            if owner_uid is None:
+                rows = self._db.execute("SELECT id, name FROM sandboxes").fetchall()
+            else:
+                rows = self._db.execute("SELECT id, name FROM sandboxes WHERE owner_uid=?", (owner_uid,)).fetchall()
+            return {str(i): str(n) for i, n in rows}
 
     def name_taken(self, name: str) -> bool:
         with self._lock:

@@ -35,6 +35,28 @@ def test_sandbox_rows_round_trip_and_survive_reopen(tmp_path: Path) -> None:
         assert reg.name_taken("one") and reg.name_taken("a1") and not reg.name_taken("two")
 
 
+def test_a_listing_carries_each_sandboxs_last_turn_and_counts_match_it(tmp_path: Path) -> None:
+    """One statement lists the sandboxes with their last turn (it was one query per row)."""
+    with Database(tmp_path / "r.db") as d:
+        reg = Registry(d)
+        reg.insert_sandbox(_rec("a1", "one", owner=1000))
+        reg.insert_sandbox(_rec("a2", "two", owner=1000))
+        reg.insert_sandbox(_rec("b1", "three", owner=2000))
+        reg.open_turn("a1", 1.0, implicit=False)
+        reg.close_turn("a1", 1, 2.0, None)
+        reg.open_turn("a1", 3.0, implicit=False)  # a1: turn 2, open
+        reg.open_turn("b1", 1.0, implicit=False)
+        reg.close_turn("b1", 1, 2.0, None)  # b1: turn 1, closed; a2: no turn
+        listed = {r.id: (r.turn, r.turn_open) for r in reg.list_sandboxes(None)}
+        assert listed == {"a1": (2, True), "a2": (0, False), "b1": (1, False)}
+        got = reg.get_sandbox("one")
+        assert got is not None and (got.turn, got.turn_open) == (2, True)
+        assert [r.id for r in reg.list_sandboxes(1000)] == ["a1", "a2"]
+        assert reg.count_sandboxes(None) == 3 and reg.count_sandboxes(1000) == 2 and reg.count_sandboxes(7) == 0
+        assert reg.sandbox_names(1000) == {"a1": "one", "a2": "two"}
+        assert reg.sandbox_names(None) == {"a1": "one", "a2": "two", "b1": "three"}
+
+
 def test_names_are_unique(tmp_path: Path) -> None:
 
     with Database(tmp_path / "r.db") as d:

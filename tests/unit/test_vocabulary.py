@@ -283,7 +283,7 @@ def test_catalog_failures_are_records(db: Database) -> None:
 def test_service_status_is_a_record_that_fills_the_reply() -> None:
     svc = Service.__new__(Service)
     svc.cfg = SimpleNamespace(paths=SimpleNamespace(state_dir=Path("/var/lib/crab"), socket=Path("/run/crab.sock")))  # type: ignore[assignment]
-    svc.sandboxes = SimpleNamespace(list_sandboxes=lambda _uid: [object(), object()])  # type: ignore[assignment]
+    svc.sandboxes = SimpleNamespace(count_sandboxes=lambda _uid: 2)  # type: ignore[assignment]
     svc.inspection = SimpleNamespace(name="scan", why="probes compiling", pending=True)  # type: ignore[assignment]
     svc.started_at, svc.docker_version, svc.proxy_url = 5.0, "27.0", ""
     svc.remote = RemoteCheckpoints(SimpleNamespace())  # type: ignore[arg-type]
