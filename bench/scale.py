@@ -24,7 +24,9 @@ turn.  At each size:
 * **offered load**: skip turns started at ``--offered`` per second
   (open loop, spread over all N), latency from each turn's planned start,
   so that a crabd that falls behind shows it;
-* crabd's RSS (its process; helpers are short-lived).
+* crabd's RSS (its process; helpers are short-lived), and how long a
+  listing of all N sandboxes and ``DaemonStatus`` take (what ``crabctl ps``
+  and ``crabctl daemon status`` wait for; median of 5, crabd idle).
 
 At the largest size: **restart** (kill -9, start crabd on the same state:
 time until it answers, and until it has adopted every sandbox and lists
@@ -45,12 +47,13 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -333,15 +336,27 @@ def at_size(d: EmbeddedDaemon, c: Client, boxes: list[Sandbox], args: argparse.N
     print(f"[scale] N={len(boxes)}: offered {args.offered}/s ...", file=sys.stderr)
     out["offered"] = offered_load(boxes, args.offered, args.duration, cpu)
     out["crabd_rss_mb"] = round(proc.memory_info().rss / 2**20, 1)
+    # What an operator's `crabctl ps` and `crabctl daemon status` wait for at this N (idle crabd).
+    out["list_ms"] = _median_ms(c.list)
+    out["status_ms"] = _median_ms(c.status)
     return out
+
+
+def _median_ms(call: Callable[[], object], times: int = 5) -> float:
+    took = []
+    for _ in range(times):
+        t0 = time.perf_counter()
+        call()
+        took.append(time.perf_counter() - t0)
+    return round(statistics.median(took) * 1000, 1)
 
 
 def table(arm: dict[str, Any]) -> str:
     """One arm's sizes as a Markdown table."""
     kinds = [k for k in KINDS if any(k in r["kinds"] for r in arm["sizes"])]
     head = "| N | created/s | " + " | ".join(f"{k} /s (p99; crabd CPU/op)" for k in kinds)
-    head += " | offered p50 / p99 | crabd RSS |"
-    lines = [head, "|" + "---|" * (5 + len(kinds))]
+    head += " | offered p50 / p99 | crabd RSS | list / status |"
+    lines = [head, "|" + "---|" * (5 + len(kinds))]  # N, created, offered, RSS, list + the kinds
     for r in arm["sizes"]:
         cells = []
         for k in kinds:
@@ -349,7 +364,8 @@ def table(arm: dict[str, Any]) -> str:
             cells.append(f"{m['per_s']:.0f} ({m['p99_ms']:.0f} ms; {m['crabd_cpu_ms_per_op']:.1f} ms)" if m else "-")
         o = r["offered"]
         offered = f"{o['p50_ms']:.0f} / {o['p99_ms']:.0f} ms at {o['offered_per_s']:.0f}/s"
-        row = [str(r["sandboxes"]), f"{r['created_per_s']:.1f}", *cells, offered, f"{r['crabd_rss_mb']:.0f} MB"]
+        calls = f"{r['list_ms']:.0f} / {r['status_ms']:.0f} ms" if "list_ms" in r else "-"
+        row = [str(r["sandboxes"]), f"{r['created_per_s']:.1f}", *cells, offered, f"{r['crabd_rss_mb']:.0f} MB", calls]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

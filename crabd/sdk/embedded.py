@@ -81,6 +81,7 @@ class EmbeddedDaemon:
             start_new_session=True,
         )
         deadline = time.monotonic() + START_TIMEOUT_S
+        wait = 0.25
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise DaemonUnavailable(
@@ -88,8 +89,12 @@ class EmbeddedDaemon:
                     f"log: {self.log_file}\n{self._log_tail()}",
                     socket=str(self.socket),
                 )
-            if self.socket.exists() and self._answers():
-                return
+            if self.socket.exists():
+                if self._answers(wait):
+                    return
+                # Short at first, so that a restart is timed finely (bench.scale); longer on each
+                # miss, so that a crabd that is serving but slow (a loaded host) still gets through.
+                wait = min(wait * 2, 2.0)
             time.sleep(0.05)
         self.close()
         raise DaemonUnavailable(
@@ -150,12 +155,10 @@ class EmbeddedDaemon:
         except OSError:
             return False
 
-    def _answers(self) -> bool:
-        # A short wait, tried again every 50 ms: a crabd that is serving answers in milliseconds, and
-        # bench.scale times a restart by when start() returns (a 2 s wait made that 2 s coarse).
+    def _answers(self, wait: float = 2.0) -> bool:
         with grpc.insecure_channel(f"unix:{self.socket}") as ch:
             try:
-                pb_grpc.CrabStub(ch).DaemonStatus(pb.DaemonStatusRequest(), timeout=0.25)
+                pb_grpc.CrabStub(ch).DaemonStatus(pb.DaemonStatusRequest(), timeout=wait)
                 return True
             except grpc.RpcError:
                 return False
