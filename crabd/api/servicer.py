@@ -121,7 +121,8 @@ class CrabServicer(pb_grpc.CrabServicer):
     async def ListSandboxes(self, request: pb.ListSandboxesRequest, context: Any) -> pb.ListSandboxesResponse:
         async def go(c: Caller) -> pb.ListSandboxesResponse:
             recs = await self.service.list_sandboxes(c)
-            return pb.ListSandboxesResponse(sandboxes=[sandbox_to_pb(r, self.service.head_of(r.id)) for r in recs])
+            heads = self.service.heads()  # one statement, not two queries per sandbox
+            return pb.ListSandboxesResponse(sandboxes=[sandbox_to_pb(r, heads.get(r.id, "")) for r in recs])
 
         return await self._call(context, go)
 

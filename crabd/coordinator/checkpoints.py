@@ -544,8 +544,10 @@ class Checkpointer:
         return self.catalog.list_checkpoints(sandbox_id, owner_uid)
 
     def head_id(self, sandbox_id: str) -> str | None:
-        head = self.catalog.head(sandbox_id)
-        return head.checkpoint.id if head and head.checkpoint else None
+        return self.catalog.head_id(sandbox_id)
+
+    def head_ids(self) -> dict[str, str]:
+        return self.catalog.head_ids()
 
     def may_restore(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> bool:
         """A sandbox may go back to its own checkpoints and to those it was forked from (and their ancestors)."""

@@ -66,9 +66,9 @@ def build_tree(
             view.nodes.append(rec)
         todo.extend(c.id for c in catalog.children(cid))
     ids = {n.id for n in view.nodes}
+    heads = catalog.head_ids()
     for sb in sandboxes:
-        head = catalog.head(sb.id)
-        head_id = head.checkpoint.id if head and head.checkpoint else ""
+        head_id = heads.get(sb.id, "")
         if head_id in ids or sb.origin in ids or (isinstance(start, SandboxRecord) and sb.id == start.id):
             view.sandboxes[sb.id] = (sb, head_id)
     return view

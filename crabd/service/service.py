@@ -151,6 +151,9 @@ class Service:
     def head_of(self, sandbox_id: str) -> str:
         return self.checkpoints.head_id(sandbox_id) or ""
 
+    def heads(self) -> dict[str, str]:  # every sandbox's non-empty head_of: the caller picks its own
+        return self.checkpoints.head_ids()
+
     # --- limits -------------------------------------------------------------------
 
     def _timeout(self, requested: float) -> float:

@@ -108,6 +108,25 @@ def test_publish_takes_references_through_the_dag(cat: tuple[Database, Catalog, 
     assert catalog.get("ck-2").parent_id is None  # re-parented to ck-1's parent
 
 
+def test_head_ids_name_the_checkpoint_each_head_stands_on_while_it_exists(
+    cat: tuple[Database, Catalog, FileBlobStore],
+) -> None:
+    _, catalog, blobs = cat
+    t = Tree(blobs, [b"a"], "1")
+    catalog.publish(_ckpt("ck-a1", "A", t.root), t.kids, _sizes)
+    catalog.publish(_ckpt("ck-a2", "A", t.root, "ck-a1"), t.kids, _sizes)
+    catalog.publish(_ckpt("ck-b1", "B", t.root), t.kids, _sizes)
+    assert catalog.head_ids() == {"A": "ck-a2", "B": "ck-b1"}
+    assert (catalog.head_id("A"), catalog.head_id("B"), catalog.head_id("C")) == ("ck-a2", "ck-b1", None)
+    catalog.delete("ck-b1")  # B's head now stands on no checkpoint (it had no parent)
+    head = catalog.head("B")
+    assert head is None or head.checkpoint is None
+    assert catalog.head_ids() == {"A": "ck-a2"} and catalog.head_id("B") is None
+    for sb in ("A", "B", "C"):  # the same answer as the head itself gives
+        h = catalog.head(sb)
+        assert catalog.head_id(sb) == (h.checkpoint.id if h and h.checkpoint else None)
+
+
 def test_a_failed_publish_leaves_no_trace(cat: tuple[Database, Catalog, FileBlobStore]) -> None:
     db, catalog, blobs = cat
     t1 = Tree(blobs, [b"x", b"y"], "1")
