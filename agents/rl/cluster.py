@@ -321,8 +321,11 @@ class ClusterRollouts:
             if isinstance(exc.cause, CrabError):
                 raise exc.cause from exc
             raise
-        except (rex.ActorDiedError, rex.NodeDiedError) as exc:
-            raise HostUnavailable(f"the rollout worker of host {host!r} died: {exc}", host=host, gone=True) from exc
+        except (rex.RayActorError, rex.NodeDiedError) as exc:
+            lost = host_lost(host, exc)
+            if lost is None:
+                raise
+            raise lost from exc
         return result
 
     def _pick(self) -> str:
@@ -340,6 +343,26 @@ class ClusterRollouts:
     def _add(self, ledger: Mapping[str, int] | None) -> None:
         for k, v in (ledger or {}).items():
             setattr(self.ledger, k, getattr(self.ledger, k) + v)
+
+
+def host_lost(host: str, exc: BaseException) -> HostUnavailable | None:
+    """The rollout's view of a Ray failure of ``host``'s worker: lost to this rollout, or None (not a host failure).
+
+    Dead (``ActorDiedError``, ``NodeDiedError``): lost.  Unreachable
+    (``ActorUnavailableError``: Ray could not connect to the worker's node,
+    which it reports until it has noticed that the node died, seconds later)
+    is lost too, as a crabd that stopped answering is: the line goes on
+    elsewhere from its checkpoint, and whatever the host still does for it
+    is not waited for.  A call that reached the worker may have run there,
+    so it is not tried again on that host.
+    """
+    from ray import exceptions as rex
+
+    if isinstance(exc, (rex.ActorDiedError, rex.NodeDiedError)):
+        return HostUnavailable(f"the rollout worker of host {host!r} died: {exc}", host=host, gone=True)
+    if isinstance(exc, rex.ActorUnavailableError):
+        return HostUnavailable(f"the rollout worker of host {host!r} is unreachable: {exc}", host=host, gone=True)
+    return None
 
 
 def _next(points: list[int], depth: int) -> int | None:

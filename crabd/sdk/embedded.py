@@ -50,7 +50,15 @@ class EmbeddedDaemon:
         #: Where this start's lines begin in the log (it is appended to across restarts).
         self._log_from = 0
 
-    def start(self) -> None:
+    def start(self, *, first_wait: float = 2.0) -> None:
+        """Start crabd and return once it answers (``DaemonStatus``).
+
+        ``first_wait``: how long the first try waits for an answer, doubled
+        after each miss up to 2 s.  A try that connects before crabd serves
+        waits that long, so a restart's timing is that coarse: bench.scale
+        passes 0.25 s.  crabd finishes adoption and its store's reconciliation
+        in the background after it answers; :meth:`wait_settled` waits for them.
+        """
         try:
             self._log_from = self.log_file.stat().st_size
         except FileNotFoundError:
@@ -81,7 +89,7 @@ class EmbeddedDaemon:
             start_new_session=True,
         )
         deadline = time.monotonic() + START_TIMEOUT_S
-        wait = 0.25
+        wait = first_wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise DaemonUnavailable(
@@ -92,8 +100,7 @@ class EmbeddedDaemon:
             if self.socket.exists():
                 if self._answers(wait):
                     return
-                # Short at first, so that a restart is timed finely (bench.scale); longer on each
-                # miss, so that a crabd that is serving but slow (a loaded host) still gets through.
+                # Longer on each miss: a crabd that is serving but slow (a loaded host) still gets through.
                 wait = min(wait * 2, 2.0)
             time.sleep(0.05)
         self.close()

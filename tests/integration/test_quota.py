@@ -162,6 +162,7 @@ def test_orphaned_blobs_are_reclaimed_at_start(qdaemon: EmbeddedDaemon, root: Cl
     live = _blob_files(qdaemon) - {orphan.name}
     qdaemon.close()
     qdaemon.start()
+    qdaemon.wait_settled()  # the start-up gc runs once crabd serves (daemon/app.py)
     assert not orphan.exists()
     assert _blob_files(qdaemon) >= live  # nothing live went
     assert re.search(r"orphaned blobs reclaimed", qdaemon.log_file.read_text())

@@ -133,3 +133,20 @@ def test_tree_keeps_the_budget_and_the_ledger_adds_every_workers_share() -> None
     assert ro.ledger.env_steps == sum(len(w.calls) for w in workers.values())
     asyncio.run(ro.aclose())
     assert all(not w.envs for w in workers.values())
+
+
+def test_a_worker_ray_cannot_reach_is_lost_to_the_rollout_as_a_dead_one_is() -> None:
+    """Ray reports an unreachable node's actor as unavailable until it notices the node died."""
+    from ray import exceptions as rex
+
+    from agents.rl.cluster import host_lost
+
+    for exc in (
+        rex.ActorDiedError(),
+        rex.NodeDiedError("node b died"),
+        rex.ActorUnavailableError("failed to connect: Connection refused", None),
+    ):
+        lost = host_lost("b", exc)
+        assert lost is not None and lost.gone and lost.host == "b", exc
+    assert host_lost("b", rex.RayActorError()) is None  # another actor failure: not a host loss
+    assert host_lost("b", ValueError("x")) is None
