@@ -143,7 +143,7 @@ def test_a_worker_ray_cannot_reach_is_lost_to_the_rollout_as_a_dead_one_is() -> 
 
     for exc in (
         rex.ActorDiedError(),
-        rex.NodeDiedError("node b died"),
+        rex.NodeDiedError("node b died"),  # type: ignore[no-untyped-call]
         rex.ActorUnavailableError("failed to connect: Connection refused", None),
     ):
         lost = host_lost("b", exc)
