@@ -33,7 +33,7 @@ from crabd.backends.limits import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
 from crabd.backends.runc import bundle, cleanup, cni, launch, named_netns, rootfs
 from crabd.backends.runc.cli import Runc, RuncStatus
 from crabd.config import NetworkConfig
-from crabd.errors import ContainerRuntimeError, CriuError
+from crabd.errors import ContainerRuntimeError, CriuError, InitUnavailable
 from crabd.host import images
 from crabd.runtime import initbin
 from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
@@ -188,13 +188,37 @@ def make(
         done = launcher.launch(spec, storage, restore)
         upper = storage.upper
         assert done.state.status is RuncStatus.RUNNING and done.netns == named_netns.path_of(cid, layout.netns)
-        return Box(cid, done.state.pid, upper, done.ip)
+        box = Box(cid, done.state.pid, upper, done.ip)
+        _wait_init(box)
+        return box
 
     yield make_one
     errors = [e for cid in made for e in cleanup.teardown(layout, runc, cid)]
     assert not errors
     left = cleanup.survey(layout, runc, set())
     assert not left.orphans and not left.partial_bundles, left
+
+
+def _wait_init(box: Box, timeout: float = 10.0) -> None:
+    """Until crab-init answers, as crabd waits before it calls a sandbox running (coordinator/sandboxes.py).
+
+    runc reports the container running before crab-init has bound its socket: a connection made at
+    once can be refused (it was, once, in CI).
+    """
+
+    async def hello() -> None:
+        async with await InitConnection.open(netns=box.ns) as conn:
+            await conn.hello()
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            asyncio.run(hello())
+            return
+        except InitUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 async def _exec(ns: netns.Netns, argv: list[str], *, persistent: bool = False) -> tuple[int, str]:
