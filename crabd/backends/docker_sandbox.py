@@ -218,26 +218,22 @@ class DockerSandboxBackend:
         return None
 
     def _follow_init(self, container_id: str, images: Path) -> None:
-        """Point the container's crab-init at the build ``images`` were dumped with, before CRIU reads them.
-
-        Steps: read the dumped build's size and build-id; if the container's
-        own file differs, find that build among the ones this backend bound
-        (crabd's ``<state_dir>/bin`` keeps every version) and point the file
-        at it; none kept: refuse before CRIU runs, naming the build.
-        """
-        want = init_versions.dumped(images)
-        if want is None:
-            return
+        """Point the container's own crab-init file at the build ``images`` were dumped with, before CRIU
+        reads them (init_versions.build_for; the builds this backend bound are in crabd's ``<state_dir>/bin``,
+        which keeps every version)."""
         with docker_errors(f"inspect container {container_id[:12]}"):
             attrs = self._api.inspect_container(container_id)
         own = self._bound_init(attrs)
-        if own is None or init_versions.of_binary(own) == want:
+        if own is None:
             return
-        with self._lock:
-            kept = sorted(self._init_dirs)
-        found = init_versions.find(want, kept)
+
+        def kept() -> list[Path]:
+            with self._lock:
+                return sorted(self._init_dirs)
+
+        found = init_versions.build_for(container_id[:12], images, own, kept)
         if found is None:
-            raise init_versions.not_kept(container_id[:12], want, kept)
+            return
         self._point(own, found)
         log.warning(
             "restoring with the crab-init the checkpoint was taken with",

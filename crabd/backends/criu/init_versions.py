@@ -30,7 +30,7 @@ import os
 import stat
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,6 +158,24 @@ def find(want: InitId, dirs: Iterable[Path]) -> Path | None:
             if of_binary(path) == want:
                 return path
     return None
+
+
+def build_for(container: str, images_dir: Path, bound: Path, kept: Callable[[], list[Path]]) -> Path | None:
+    """The kept build to bind instead of ``bound`` for the images in ``images_dir``; None: ``bound`` will do.
+
+    Steps: read the dumped build's size and build-id (none named: None);
+    the bound one matches: None; else find that build in the dirs
+    ``kept()`` lists (asked only then); none there: the refusal, before
+    CRIU runs, naming the build.
+    """
+    want = dumped(images_dir)
+    if want is None or of_binary(bound) == want:
+        return None
+    dirs = kept()
+    found = find(want, dirs)
+    if found is None:
+        raise not_kept(container, want, dirs)
+    return found
 
 
 def not_kept(container: str, want: InitId, kept: Iterable[Path]) -> ContainerRuntimeError:

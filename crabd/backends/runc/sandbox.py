@@ -343,21 +343,16 @@ class RuncSandboxBackend(StatusReader):
         return plain
 
     def _follow_init(self, cid: str, images: Path, created: Created) -> Created:
-        """``created``, binding the crab-init its process images were dumped with (init_versions.py).
-
-        Steps: read the dumped init's size and build-id; if the bound one
-        differs, find that build among the kept copies and bind it instead;
-        none kept: refuse before CRIU runs, naming the build.
-        """
-        want = init_versions.dumped(images)
+        """``created``, binding the crab-init its process images were dumped with (init_versions.build_for)."""
         bound = created.spec.init_binary
-        if want is None or init_versions.of_binary(bound) == want:
-            return created
-        with self._lock:
-            kept = sorted(self._init_dirs | ({self.initfs_dir} if self.initfs_dir else set()))
-        found = init_versions.find(want, kept)
+
+        def kept() -> list[Path]:
+            with self._lock:
+                return sorted(self._init_dirs | ({self.initfs_dir} if self.initfs_dir else set()))
+
+        found = init_versions.build_for(cid, images, bound, kept)
         if found is None:
-            raise init_versions.not_kept(cid, want, kept)
+            return created
         init = self._init_copy(found)
         log.warning(
             "restoring with the crab-init the checkpoint was taken with",
