@@ -87,6 +87,7 @@ from crabd.store.remote.tier import RemoteTier
 from crabd.trust.provenance import Provenance
 from crabd.trust.references import ReferenceChecker
 from crabd.util.aiolock import RWLock
+from crabd.util.filelock import STORE_LOCK_FILE, FileRWLock
 from crabd.util.laps import Laps
 
 if TYPE_CHECKING:
@@ -152,6 +153,7 @@ class Daemon:
         self._kdat: asyncio.Task[None] | None = None
         self._replication: Replication | None = None
         self._provenance: Provenance | None = None
+        self._store_file: FileRWLock | None = None
         self._adoption: Adoption | None = None
         self._adopting: asyncio.Task[None] | None = None
 
@@ -264,7 +266,9 @@ class Daemon:
         hot_budget = self.cfg.criu.hot_images_bytes
         hot = await asyncio.to_thread(HotImages, paths.state_dir / "images-hot", hot_budget)
         images = ImageStore(blobs, hot=hot if hot_budget > 0 else None, max_bytes=ck.max_restore_bytes)
-        store_lock = RWLock()
+        # Held across processes too (util/filelock.py): the store may have more users than this process.
+        self._store_file = FileRWLock(paths.state_dir / STORE_LOCK_FILE)
+        store_lock = RWLock(file=self._store_file)
         checkpointer = Checkpointer(
             db,
             manager,
@@ -512,6 +516,8 @@ class Daemon:
             self._side.close()
         if self._db is not None:
             self._db.close()
+        if self._store_file is not None:
+            self._store_file.close()
         log.info("crabd stopped")
 
     async def __aenter__(self) -> Daemon:

@@ -20,17 +20,28 @@ wait as long as shared holds keep overlapping; a writer may pass a
 
 Every acquisition's wait is recorded per mode (count, total, max) in
 :class:`LockStats`, shown by ``crabctl engine`` and in the Prometheus text.
+
+Between processes (``file``: :class:`~crabd.util.filelock.FileRWLock`, the
+daemon passes one on ``<state_dir>/store.lock``): the same rules hold for
+holders in other processes.  A process's shared holders together hold the
+file shared; a writer holds it exclusively, and while it waits it says so
+in the intent file, which holds back new readers of every process exactly
+as a waiting writer of their own does (up to ``prefer_s``).  Waits that
+depend on another process are polled (``filelock.POLL_S``): nothing
+notifies across processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from crabd.errors import StoreBusy
+from crabd.util.filelock import POLL_S, FileRWLock
 
 #: Seconds a waiting writer holds new readers back (per reader).
 DEFAULT_PREFER_S = 2.0
@@ -88,9 +99,19 @@ class LockStats:
 
 
 class RWLock:
-    def __init__(self, *, prefer_s: float = DEFAULT_PREFER_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        prefer_s: float = DEFAULT_PREFER_S,
+        clock: Callable[[], float] = time.monotonic,
+        file: FileRWLock | None = None,
+    ) -> None:
         self.prefer_s = prefer_s
         self.clock = clock
+        #: The lock between processes (None: this process is the store's only user, as in unit tests).
+        self.file = file
+        #: Shared holders of this process that hold the file lock through it (the first takes it, the last drops it).
+        self._file_users = 0
         self.stats = LockStats()
         self._cond = asyncio.Condition()
         self._readers = 0
@@ -108,8 +129,9 @@ class RWLock:
         """Wait on the condition until ``ready()``; wake at least every tick so time-based rules apply."""
         while not ready():
             # Waking to re-check is what lets a reader's wait pass prefer_s
-            # even when no release notifies it.
-            tick = max(0.01, self.prefer_s / 4)
+            # even when no release notifies it; a release in another process
+            # notifies nobody at all.
+            tick = POLL_S if self.file is not None else max(0.01, self.prefer_s / 4)
             if deadline is not None:
                 left = deadline - self.clock()
                 if left <= 0:
@@ -131,20 +153,44 @@ class RWLock:
             def ready() -> bool:
                 if self._writer:
                     return False
-                return not self._writers_waiting or self.clock() - t0 >= self.prefer_s
+                if self.clock() - t0 >= self.prefer_s:
+                    return True  # overdue: goes ahead of waiting writers, here and elsewhere
+                if self._writers_waiting:
+                    return False
+                return self.file is None or not self.file.writer_waiting_elsewhere()
 
             try:
                 await self._wait(ready, None)
             finally:
                 del self._reader_waits[token]
             self._readers += 1
-            self.stats.shared.observe(self.clock() - t0)
+        entered = False
         try:
+            if self.file is not None:
+                await self._file_enter()
+                entered = True
+            self.stats.shared.observe(self.clock() - t0)
             yield
         finally:
+            if entered:
+                self._file_leave()
             async with self._cond:
                 self._readers -= 1
                 self._cond.notify_all()
+
+    async def _file_enter(self) -> None:
+        """Hold the file shared through this process's hold (waits only while another process writes)."""
+        assert self.file is not None
+        while not (self._file_users or self.file.try_shared()):
+            await asyncio.sleep(POLL_S)
+        self._file_users += 1
+
+    def _file_leave(self) -> None:
+        assert self.file is not None
+        self._file_users -= 1
+        if not self._file_users:
+            # Before the reader count drops: a local writer tries the file only once no reader is counted.
+            self.file.release()
 
     @contextlib.asynccontextmanager
     async def exclusive(self, timeout_s: float | None = None, what: str = "this operation") -> AsyncIterator[None]:
@@ -152,14 +198,24 @@ class RWLock:
         deadline = None if timeout_s is None else t0 + timeout_s
         async with self._cond:
             self._writers_waiting += 1
+            file = self.file
+            if file is not None:
+                file.announce()
 
             def ready() -> bool:
-                return not self._writer and not self._readers and not self._overdue_reader(self.clock())
+                if self._writer or self._readers or self._overdue_reader(self.clock()):
+                    return False
+                if file is None:
+                    return True
+                file.announce()  # another process's writer may have held the intent when this one began
+                return file.try_exclusive()
 
             try:
                 got = await self._wait(ready, deadline)
             finally:
                 self._writers_waiting -= 1
+                if file is not None and file.mode != fcntl.LOCK_EX:
+                    file.withdraw()  # timed out or cancelled: readers elsewhere need not hold back for it
                 # Readers held back by this writer may go now.
                 self._cond.notify_all()
             if not got:
@@ -175,6 +231,8 @@ class RWLock:
         try:
             yield
         finally:
+            if file is not None:
+                file.release()
             async with self._cond:
                 self._writer = False
                 self.stats.max_exclusive_hold_s = max(self.stats.max_exclusive_hold_s, self.clock() - held_from)
