@@ -225,3 +225,33 @@ def test_before_serving_no_container_status_is_read(tmp_path: Path, monkeypatch:
         assert late_row is not None and late_row.container_id in st.backend.containers
 
     run(body())
+
+
+def test_adoption_reads_each_row_once_with_all_others_and_a_retry_reads_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read per row on the event loop held serving back after a restart with a thousand sandboxes."""
+    st = build_stack(tmp_path, monkeypatch)
+    reads: list[str] = []
+    get = st.registry.get_sandbox
+
+    def counted(ref: str) -> SandboxRecord | None:
+        reads.append(ref)
+        return get(ref)
+
+    async def body() -> None:
+        made = [await st.service.create(ALICE, spec(f"sb{i}", checkpoints="none")) for i in range(3)]
+        monkeypatch.setattr(st.registry, "get_sandbox", counted)
+        adoption = Adoption(st.sandboxes, workers=2, retry_delays=(0.05,))
+        await adoption.prepare()
+        st.faults.arm("backend.thaw")  # the first sandbox's first try fails, once
+        waiting = asyncio.ensure_future(adoption.wait(made[0].id))
+        while st.faults.calls.get("backend.thaw", 0) < 1:
+            await asyncio.sleep(0.01)
+        st.faults.disarm("backend.thaw")
+        await asyncio.wait_for(waiting, 5)
+        counts = await asyncio.wait_for(adoption.run(), 5)
+        assert counts.adopted == 3 and counts.retried == 1
+        assert reads == [made[0].id]  # only the retry read its row again
+
+    run(body())
