@@ -62,6 +62,13 @@
  * one (crabd/inspector/procs.py).  Anything the probe cannot read counts as a
  * mark: where the probes cannot tell, the answer is "changed".
  *
+ * TASKS are counted too: every task (process or thread) a task of the sandbox
+ * forks, every task of the sandbox that exits.  As many exits as forks since
+ * a read of /proc that found only crab's processes and the session's bash
+ * means every task begun since is gone again: userspace then takes that read
+ * as it stands instead of reading /proc (crabd/inspector/vouched.py, which
+ * also compares the cgroup's pid list and checks that none of them exec'd).
+ *
  * Kernel structs are read at byte offsets passed in as -D flags that crabd
  * takes from the running kernel's BTF (crabd/inspector/btf.py): the host's
  * kernel headers may describe another kernel's layout.
@@ -200,8 +207,9 @@ struct counts {
     u64 marks[NMARKS];
     u64 events;    /* events started (sent or past the budget) */
     u64 dropped;   /* events lost: the ring buffer was full */
-    u64 forks;
-    u64 exits;
+    u64 forks;     /* tasks forked (processes and threads) by a task in the sandbox */
+    u64 exits;     /* processes that exited (thread-group leaders) */
+    u64 task_exits;   /* tasks that exited, threads too: as many as forks = every new task is gone */
 };
 /* Set by userspace at each turn's take, only read here: the epoch (for the write explanations'
  * dedup) and `events` as it was then (the budget is per epoch). */
@@ -719,8 +727,10 @@ static __always_inline void count(u32 slot, u32 what) {
         return;
     if (what == 0)
         __sync_fetch_and_add(&c->forks, 1);
-    else
+    else if (what == 1)
         __sync_fetch_and_add(&c->exits, 1);
+    else
+        __sync_fetch_and_add(&c->task_exits, 1);
 }
 
 TRACEPOINT_PROBE(sched, sched_process_fork) {
@@ -759,5 +769,6 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     }
     if ((u32)id == (u32)(id >> 32))   /* the process, not each thread */
         count(slot, 1);
+    count(slot, 2);   /* every task: the decision's "no new task lives on" (inspector/vouched.py) */
     return 0;
 }

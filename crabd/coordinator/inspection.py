@@ -117,6 +117,11 @@ class TurnInspection:
     def pending(self) -> bool:
         return self.inspector.pending
 
+    def process_reads(self) -> dict[str, int]:
+        """Turn ends that read the sandbox's processes from /proc, and those the probes vouched for."""
+        v = self.inspector.vouched
+        return {"read": v.walked, "vouched": v.vouched}
+
     # --- the sandbox's life ------------------------------------------------------------
 
     async def watch(self, rec: SandboxRecord, ckpt: CheckpointRecord | None) -> None:

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Protocol
 
-from crabd.inspector.model import Evidence
+from crabd.inspector.model import Evidence, TaskCounts
 
 
 class EventSource(Protocol):
@@ -41,6 +41,10 @@ class EventSource(Protocol):
 
     def take(self, sandbox_id: str) -> Evidence:
         """The evidence since the previous call for this sandbox."""
+        ...
+
+    def tasks(self, sandbox_id: str) -> TaskCounts | None:
+        """The probes' task counters for the sandbox now; None if no probes watch it."""
         ...
 
     def quiet(self, sandbox_id: str) -> contextlib.AbstractContextManager[None]:
@@ -72,6 +76,9 @@ class ScanEvents:
         return None
 
     def untrack(self, sandbox_id: str) -> None:
+        return None
+
+    def tasks(self, sandbox_id: str) -> TaskCounts | None:
         return None
 
     @contextlib.contextmanager

@@ -42,7 +42,7 @@ from typing import Any
 
 from crabd.errors import BpfError
 from crabd.inspector import btf
-from crabd.inspector.model import Evidence
+from crabd.inspector.model import Evidence, TaskCounts
 from crabd.util import cgroups, resources
 
 log = logging.getLogger("crabd.inspector")
@@ -104,12 +104,16 @@ PATH_BYTES = 1024
 
 
 #: The fields of ``struct counts`` after the marks (ebpf/inspector.c), in order.
-EVENTS, DROPPED, FORKS, EXITS = NMARKS, NMARKS + 1, NMARKS + 2, NMARKS + 3
+EVENTS, DROPPED, FORKS, EXITS, TASK_EXITS = NMARKS, NMARKS + 1, NMARKS + 2, NMARKS + 3, NMARKS + 4
+#: Exec'd processes a turn's evidence names (``Evidence.exec_tgids``); past it, None: too many to tell.
+MAX_EXEC_TGIDS = 64
 
 
 class _Slot:
-    def __init__(self, sandbox_id: str, counts: list[int]) -> None:
+    def __init__(self, sandbox_id: str, counts: list[int], tracked: int) -> None:
         self.sandbox_id = sandbox_id
+        #: Which track() made it: task counts of one tracking are comparable, across two they are not.
+        self.tracked = tracked
         self.ev = Evidence()
         self.muted = False
         #: The slot's counters as of the last take (what moved since is this turn's): the marks,
@@ -143,6 +147,7 @@ class BpfEvents:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.tracepoints = 0
+        self._tracks = 0
 
     # --- lifetime ----------------------------------------------------------------
 
@@ -221,15 +226,31 @@ class BpfEvents:
                 raise BpfError(f"more than {self.max_sandboxes} sandboxes to watch")
             slot = self._free.pop()
             # The counters are never reset: the new sandbox's turns count from their values now.
-            state = self._slots[slot] = _Slot(sandbox_id, self._counts(slot))
+            self._tracks += 1
+            state = self._slots[slot] = _Slot(sandbox_id, self._counts(slot), self._tracks)
             self._by_sandbox[sandbox_id] = (slot, cg)
             self._new_epoch(slot, state)
             self._bpf["sandboxes"][ctypes.c_uint64(cg)] = ctypes.c_uint32(slot)
 
     def _counts(self, slot: int) -> list[int]:
-        """The slot's counters in one map lookup: the marks, then events, dropped, forks, exits."""
+        """The slot's counters in one map lookup: the marks, then events, dropped, forks, exits, task exits."""
         c = self._bpf["counts"][ctypes.c_int(slot)]
-        return [int(m) for m in c.marks] + [int(c.events), int(c.dropped), int(c.forks), int(c.exits)]
+        return [int(m) for m in c.marks] + [
+            int(c.events),
+            int(c.dropped),
+            int(c.forks),
+            int(c.exits),
+            int(c.task_exits),
+        ]
+
+    def tasks(self, sandbox_id: str) -> TaskCounts | None:
+        """(tracking, tasks forked, tasks exited) in the sandbox's cgroup now, as the kernel counted them."""
+        with self._lock:
+            found = self._by_sandbox.get(sandbox_id)
+            if found is None:
+                return None
+            counts = self._counts(found[0])
+            return self._slots[found[0]].tracked, counts[FORKS], counts[TASK_EXITS]
 
     def _new_epoch(self, slot: int, state: _Slot) -> None:
         """Start the slot's next epoch from the counters just read into ``state.seen`` (one map update)."""
@@ -351,6 +372,10 @@ class BpfEvents:
             elif kind == EV_EXIT:
                 self._note(ev, f"process {e.tgid} dumped core")
             elif kind == EV_EXEC:
+                if ev.exec_tgids is not None:
+                    ev.exec_tgids.add(int(e.tgid))
+                    if len(ev.exec_tgids) > MAX_EXEC_TGIDS:
+                        ev.exec_tgids = None
                 self._check_32bit(ev, int(e.tgid), _text(bytes(e.path)))
                 if len(ev.ran) < 50:
                     ev.ran.append(_text(bytes(e.path)))

@@ -58,7 +58,6 @@ processes pairs the new checkpoint with the head's process image.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -68,6 +67,9 @@ from crabd.backends.fsdelta import Entry, ScanLimits
 from crabd.inspector import files, mounts, procs
 from crabd.inspector.base import EventSource, ScanEvents
 from crabd.inspector.model import FS, FULL, SKIP, Baseline, Decision, Dumped, Evidence, Proc
+from crabd.inspector.session import session_change
+from crabd.inspector.vouched import VouchedProcesses
+from crabd.util import cgroups
 
 log = logging.getLogger("crabd.inspector")
 
@@ -115,44 +117,6 @@ def _counted(now: dict[int, Proc], session_pid: int | None) -> dict[int, Proc]:
     return {p: v for p, v in now.items() if p not in skip}
 
 
-def _session_change(now: str | None, before: str | None) -> str:
-    if now == before or now is None:
-        return ""
-    if before is None:
-        return "the session's state was never checkpointed"
-    try:
-        a, b = json.loads(now), json.loads(before)
-    except ValueError:
-        return "the session's state changed"
-    parts = []
-    if a.get("cwd") != b.get("cwd"):
-        parts.append(f"cwd {b.get('cwd')} -> {a.get('cwd')}")
-    env_a, env_b = a.get("env", {}), b.get("env", {})
-    diff = sorted(k for k in set(env_a) | set(env_b) if env_a.get(k) != env_b.get(k))
-    if diff:
-        parts.append("env " + ", ".join(diff[:5]) + (" ..." if len(diff) > 5 else ""))
-    for key in ("variables", "functions", "aliases", "set_options", "shopt_options", "traps", "umask", "dirstack"):
-        if a.get(key) != b.get(key):
-            parts.append(key)
-    # The bash's resource limits and open descriptors (read from /proc; see runtime/session_os.py).
-    # Unrecorded (None) counts as a change: a restore could not tell what to give back.
-    lim_a, lim_b = a.get("limits"), b.get("limits")
-    if lim_a != lim_b:
-        if isinstance(lim_a, dict) and isinstance(lim_b, dict):
-            names = sorted(k for k in set(lim_a) | set(lim_b) if lim_a.get(k) != lim_b.get(k))
-            parts.append("limits " + ", ".join(names[:5]))
-        else:
-            parts.append("limits")
-    from crabd.runtime.session_os import descriptors_changed
-
-    fds = descriptors_changed(now, before) if a.get("fds") is not None else ""
-    if fds or (a.get("fds") is None) != (b.get("fds") is None):
-        parts.append(fds or "open descriptors")
-    if not parts and {k: v for k, v in a.items() if k != "fds"} == {k: v for k, v in b.items() if k != "fds"}:
-        return ""  # only pipe or socket inode numbers differ (new ones after every restore)
-    return "session changed: " + ("; ".join(parts) if parts else "state")
-
-
 class Inspector:
     """Decides each turn; keeps each sandbox's baseline.  One per daemon."""
 
@@ -181,6 +145,8 @@ class Inspector:
         self._fingerprints: dict[str, mounts.Tmpfs] = {}
         #: Sandboxes that had, at their last turn end, a shared mapping of a tmpfs file.
         self._tmpfs_mapped: set[str] = set()
+        #: The last /proc read of sandboxes running only what is never counted, while the probes vouch for it.
+        self.vouched = VouchedProcesses(source.tasks, cgroups.container_host_pids)
 
     @property
     def name(self) -> str:
@@ -211,6 +177,7 @@ class Inspector:
         """A container was started fresh, restored or forked: its processes are what ``image`` holds."""
         self.source.track(sandbox_id, container_id)
         self.source.take(sandbox_id)  # the start itself is nobody's turn
+        self.vouched.forget(sandbox_id)
         now = procs.snapshot(container_id)
         keep = _counted(now, session_pid)
         self._baselines[sandbox_id] = Baseline(keep, image, image_checkpoint, self._digests(keep))
@@ -222,6 +189,7 @@ class Inspector:
     def adopt(self, sandbox_id: str, container_id: str) -> None:
         """A running sandbox found after crabd restarted: watch it; its baseline is unknown (conservative)."""
         self.source.track(sandbox_id, container_id)
+        self.vouched.forget(sandbox_id)
         self._baselines.pop(sandbox_id, None)
         self._tmpfs.pop(sandbox_id, None)
         self._fingerprints.pop(sandbox_id, None)
@@ -313,6 +281,7 @@ class Inspector:
         self._mapped.discard(sandbox_id)
         self._fingerprints.pop(sandbox_id, None)
         self._tmpfs_mapped.discard(sandbox_id)
+        self.vouched.forget(sandbox_id)
 
     def _digests(self, ps: dict[int, Proc]) -> dict[int, str]:
         out = {}
@@ -362,8 +331,12 @@ class Inspector:
             }
         return decision
 
-    def _settled_snapshot(self, turn: TurnEnd) -> dict[int, Proc]:
+    def _settled_snapshot(self, turn: TurnEnd, ev: Evidence, name: str) -> dict[int, Proc]:
         """The sandbox's processes, once the session's own short-lived forks are gone.
+
+        Not read from /proc at all when the last read found only the
+        processes never counted and the probes vouch nothing changed that
+        since (``inspector/vouched.py``).
 
         The session protocol's last step, after the done marker, is a
         subshell that sets ``$?`` (``(exit N)``); on a loaded host it can
@@ -372,11 +345,16 @@ class Inspector:
         Such a process still there after SESSION_FORK_WAIT_S counts like any
         other (a process may blank its own command line).
         """
+        kept = self.vouched.still(turn.sandbox_id, turn.container_id, turn.session_pid, ev, name)
+        if kept is not None:
+            return kept
         skip = _excluded(turn.session_pid)
         base = self._baselines.get(turn.sandbox_id)
         known = {p.key() for p in base.procs.values()} if base else set()
         deadline = time.monotonic() + SESSION_FORK_WAIT_S
         while True:
+            # Read before /proc: a task begun after this reading is counted against the read below.
+            tasks = self.vouched.tasks_now(turn.sandbox_id)
             now = procs.snapshot(turn.container_id, skip)
             shell = now.get(turn.session_pid or 0)
             forks = [
@@ -387,13 +365,15 @@ class Inspector:
                 and (p.cmd in ("", "?") or (shell and p.ppid == shell.pid and p.cmd == shell.cmd))
             ]
             if not forks or time.monotonic() > deadline:
+                light = skip | {procs.crab_init(now)}
+                self.vouched.read(turn.sandbox_id, turn.container_id, turn.session_pid, now, light, tasks)
                 return now
             time.sleep(0.002)
 
     def _decide(
         self, turn: TurnEnd, ev: Evidence, name: str, check_memory: bool, last_tmpfs: mounts.Tmpfs | None = None
     ) -> Decision:
-        now = self._settled_snapshot(turn)
+        now = self._settled_snapshot(turn, ev, name)
         if any(p.writes_mapped for p in now.values()):
             # Writes through it from now on reach no probe: this turn's files and the next's are compared.
             self._mapped.add(turn.sandbox_id)
@@ -413,7 +393,7 @@ class Inspector:
             held = changed_paths.intersection(p.open_files)
             if held:
                 proc_changes.append(f"changed {sorted(held)[0]}, which process {p.pid} `{p.cmd}` holds open")
-        session = _session_change(turn.session_json, turn.head_session_json)
+        session = session_change(turn.session_json, turn.head_session_json)
         if turn.head_checkpoint is None:
             session = session or "the sandbox has no checkpoint yet"
         paired = bool(cur) and base is not None and base.image is not None

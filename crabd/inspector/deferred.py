@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from crabd.errors import BpfError
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.bpf import BpfEvents
-from crabd.inspector.model import Evidence
+from crabd.inspector.model import Evidence, TaskCounts
 
 log = logging.getLogger("crabd.inspector")
 
@@ -143,6 +143,13 @@ class DeferredProbes:
             self._covered.discard(sandbox_id)
             if self._attached:
                 self._bpf.untrack(sandbox_id)
+
+    def tasks(self, sandbox_id: str) -> TaskCounts | None:
+        """The probes' counters once they watch the sandbox (before that, nothing vouches for it)."""
+        with self._lock:
+            if not (self._attached and sandbox_id in self._watched):
+                return None
+        return self._bpf.tasks(sandbox_id)
 
     @contextlib.contextmanager
     def quiet(self, sandbox_id: str) -> Iterator[None]:

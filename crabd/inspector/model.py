@@ -37,6 +37,11 @@ class Proc:
         return self.pid, self.start
 
 
+#: (which tracking of the sandbox, tasks forked, tasks exited) as the probes counted them: two
+#: readings of one tracking say whether every task begun in between is gone (inspector/vouched.py).
+TaskCounts = tuple[int, int, int]
+
+
 @dataclass
 class Evidence:
     """What a turn's events say (since the previous decision for the sandbox)."""
@@ -57,6 +62,8 @@ class Evidence:
     #: Processes forked and exited in the sandbox (counted by the probes).
     forks: int = 0
     exits: int = 0
+    #: Host tgids of the processes that exec'd (None: more than the probes' source keeps).
+    exec_tgids: set[int] | None = field(default_factory=set)
     #: The source that gathered it ("ebpf" or "scan"): the decision is that inspector's.
     inspector: str = ""
 

@@ -139,6 +139,38 @@ def test_each_decision_takes_the_checkpoint_it_names(make_sandbox: Callable[...,
     assert any("new process" in r and "sleep 300" in r for r in reasons)
 
 
+def test_quiet_turns_are_vouched_for_by_the_probes_and_what_lives_on_is_still_found(
+    client: Client, make_sandbox: Callable[..., Sandbox]
+) -> None:
+    """A turn that leaves only crab's processes and the session's bash reads nothing from /proc.
+
+    The probes count every task forked and exited in the sandbox's cgroup
+    (threads too), see every exec, and the cgroup's pid list is read:
+    a command's processes that came and went leave the kept read standing;
+    one that lives on does not.
+    """
+    sb = make_sandbox("bookworm")
+    end(sb, "cd /tmp")  # settle the first turn's session state
+
+    def reads() -> dict[str, int]:
+        got = client.engine_status().stats["inspector_process_reads"]
+        assert isinstance(got, dict)
+        return got
+
+    before = reads()
+    for _ in range(3):
+        kind, reasons, _ck, inspector = end_by(sb, "ls / | wc -l && (cat /etc/hostname) && sh -c true")
+        assert (kind, inspector) == ("skip", "ebpf"), reasons
+    after = reads()
+    assert after["vouched"] - before["vouched"] >= 2, (before, after)  # the first read is kept, then vouched for
+    kind, reasons, _ = end(sb, "sleep 300 &")
+    assert kind == "full" and any("new process" in r and "sleep 300" in r for r in reasons), reasons
+    kind, reasons, _ = end(sb, "kill %1; wait")
+    assert kind == "fs" and any("exited" in r for r in reasons), reasons  # no process left to dump
+    end(sb, "true")  # read again: only the light processes
+    assert end(sb, "true")[0] == "skip"
+
+
 def test_paired_fs_checkpoint_restores_files_session_and_processes(make_sandbox: Callable[..., Sandbox]) -> None:
     sb = make_sandbox("bookworm")
     end(sb, "python3 -c 'import time; time.sleep(10**6)' & sleep 0.3")

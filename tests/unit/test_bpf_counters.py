@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from crabd.inspector.bpf import EVENT_BUDGET, MARK_FILES, MARK_PROC, MARK_TMPFS, NMARKS, BpfEvents
+from crabd.inspector.bpf import (
+    EV_EXEC,
+    EVENT_BUDGET,
+    MARK_FILES,
+    MARK_PROC,
+    MARK_TMPFS,
+    MAX_EXEC_TGIDS,
+    NMARKS,
+    BpfEvents,
+)
 from crabd.util import cgroups
 
 
@@ -26,6 +36,7 @@ class Counts:
     dropped: int = 0
     forks: int = 0
     exits: int = 0
+    task_exits: int = 0
 
 
 @dataclass
@@ -53,6 +64,9 @@ class Table(dict):  # type: ignore[type-arg]
 
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(getattr(key, "value", key), value)
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(getattr(key, "value", key))
 
 
 class FakeBpf:
@@ -144,3 +158,47 @@ def test_marks_inside_quiet_are_nobodys(probes: tuple[BpfEvents, FakeBpf]) -> No
         k.forks += 1
     ev = events.take("sb")
     assert not ev.files_dirty and not ev.tmpfs_dirty and ev.forks == 0
+
+
+def test_task_counts_are_raw_and_belong_to_one_tracking(probes: tuple[BpfEvents, FakeBpf]) -> None:
+    """What inspector/vouched.py compares: forks and task exits now, and which tracking they belong to."""
+    events, fake = probes
+    k = kernel(fake)
+    k.forks, k.task_exits = 40, 38  # counted before this sandbox had the slot: they are part of the reading
+    assert events.tasks("sb") is None  # not watched: nothing to vouch with
+    events.track("sb", "c")
+    first = events.tasks("sb")
+    assert first is not None and first[1:] == (40, 38)
+    k.forks += 3
+    k.task_exits += 3
+    events.take("sb")  # a take does not move them (they are never reset)
+    again = events.tasks("sb")
+    assert again == (first[0], 43, 41)
+    events.track("sb", "c")  # watched anew: another tracking, whose counts are not comparable
+    renewed = events.tasks("sb")
+    assert renewed is not None and renewed[0] != first[0]
+    events.untrack("sb")
+    assert events.tasks("sb") is None
+
+
+def test_execs_name_their_processes_until_there_are_too_many(probes: tuple[BpfEvents, FakeBpf]) -> None:
+    """An exec by the session's bash makes it another program: the evidence must say whose execs it saw."""
+    events, fake = probes
+    events.track("sb", "c")
+    events.take("sb")
+
+    def exec_event(tgid: int) -> SimpleNamespace:
+        return SimpleNamespace(kind=EV_EXEC, op=0, slot=0, tgid=tgid, tid=tgid, fd=0, path=b"/bin/true\0", path2=b"")
+
+    pending: list[SimpleNamespace] = []
+    fake.tables["events"] = SimpleNamespace(event=lambda data: pending.pop(0))  # type: ignore[assignment]
+    for tgid in (4_000_001, 4_000_002):
+        pending.append(exec_event(tgid))
+        events._on_event(None, None, 0)
+    ev = events.take("sb")
+    assert ev.exec_tgids == {4_000_001, 4_000_002} and ev.ran == ["/bin/true", "/bin/true"]
+    for tgid in range(5_000_000, 5_000_000 + MAX_EXEC_TGIDS + 1):
+        pending.append(exec_event(tgid))
+        events._on_event(None, None, 0)
+    assert events.take("sb").exec_tgids is None  # too many to tell: nothing is vouched for
+    assert events.take("sb").exec_tgids == set()

@@ -40,6 +40,8 @@ class FakeEvents:
     pending: bool = False
     next: Evidence = field(default_factory=Evidence)
     tracked: set[str] = field(default_factory=set)
+    #: What tasks() answers (None: no probes vouch for anything, every turn end reads /proc).
+    counts: tuple[int, int, int] | None = None
 
     def start(self) -> None: ...
     def close(self) -> None: ...
@@ -53,6 +55,9 @@ class FakeEvents:
     def take(self, sandbox_id: str) -> Evidence:
         ev, self.next = self.next, Evidence()
         return ev
+
+    def tasks(self, sandbox_id: str) -> tuple[int, int, int] | None:
+        return self.counts
 
     def quiet(self, sandbox_id: str):  # type: ignore[no-untyped-def]
         import contextlib

@@ -8,8 +8,8 @@ import resource
 from pathlib import Path
 
 from crabd.coordinator.inspection import _keep_session_descriptors
-from crabd.inspector.decide import _session_change
 from crabd.inspector.model import Decision
+from crabd.inspector.session import session_change
 from crabd.models import DecisionKind
 from crabd.runtime import session_os as so
 from crabd.runtime import session_state as ss
@@ -72,12 +72,12 @@ def test_descriptor_changes_ignore_inode_numbers_but_not_offsets() -> None:
 
 def test_inspector_sees_limit_and_descriptor_changes() -> None:
     lim = {"nofile": [1024, 1024]}
-    assert _session_change(_state([], lim), _state([], lim)) == ""
-    assert _session_change(_state([], lim), _state([], {"nofile": [100, 100]})) == "session changed: limits nofile"
-    change = _session_change(_state([FILE7], lim), _state([], lim))
+    assert session_change(_state([], lim), _state([], lim)) == ""
+    assert session_change(_state([], lim), _state([], {"nofile": [100, 100]})) == "session changed: limits nofile"
+    change = session_change(_state([FILE7], lim), _state([], lim))
     assert "open descriptors changed (fd 7)" in change
     # Pipes restored by CRIU have new inode numbers: not a change of the session.
-    assert _session_change(_state([PIPE8], lim), _state([{**PIPE8, "target": "pipe:[9]"}], lim)) == ""
+    assert session_change(_state([PIPE8], lim), _state([{**PIPE8, "target": "pipe:[9]"}], lim)) == ""
 
 
 def test_turns_whose_descriptors_a_files_only_checkpoint_would_lose_are_taken_full() -> None:

@@ -301,8 +301,18 @@ def test_engine_status_and_checkpoint_detail_are_records() -> None:
         clock=lambda: 1.0, jobs=lambda _uid: [], snapshot=lambda: {"queued": 0}, prometheus=lambda: "# crab\n"
     )
     svc.remote = RemoteCheckpoints(SimpleNamespace())  # type: ignore[arg-type]
+    svc.inspection = SimpleNamespace(process_reads=lambda: {"read": 3, "vouched": 5})  # type: ignore[assignment]
     report = svc.engine_status(ROOT)
-    assert report == EngineReport(counters={"queued": 0}, jobs=[], prometheus="# crab\n")
+    reads = {"read": 3, "vouched": 5}
+    assert report == EngineReport(
+        counters={"queued": 0, "inspector_process_reads": reads},
+        jobs=[],
+        prometheus="# crab\n"
+        "# HELP crab_inspector_process_reads_total Turn ends by how the sandbox's processes were known.\n"
+        "# TYPE crab_inspector_process_reads_total counter\n"
+        'crab_inspector_process_reads_total{how="read"} 3\n'
+        'crab_inspector_process_reads_total{how="vouched"} 5\n',
+    )
 
     rec = _checkpoint(CheckpointKind.FS)
 
