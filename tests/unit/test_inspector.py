@@ -82,7 +82,9 @@ class Sbx:
     head: list[Entry]
     fs: OverlayDelta
 
-    def turn(self, session: str | None = '{"cwd": "/"}', head_session: str | None = '{"cwd": "/"}') -> Decision:
+    def turn(
+        self, session: str | None = '{"cwd": "/"}', head_session: str | None = '{"cwd": "/"}', session_pid: int = 2
+    ) -> Decision:
         return self.inspector.decide(
             TurnEnd(
                 sandbox_id="sb",
@@ -93,7 +95,7 @@ class Sbx:
                 head_tree=self.head,
                 head_racy_ns=0,
                 head_checkpoint="ck-head",
-                session_pid=2,
+                session_pid=session_pid,
                 session_json=session,
                 head_session_json=head_session,
             )

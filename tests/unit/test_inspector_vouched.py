@@ -16,7 +16,7 @@ import pytest
 from crabd.backends.overlay.backend import OverlayDelta
 from crabd.backends.overlay.index import PageCache
 from crabd.inspector import mounts, procs
-from crabd.inspector.decide import Inspector, TurnEnd
+from crabd.inspector.decide import Inspector
 from crabd.inspector.model import FULL, SKIP, Evidence, Proc
 from crabd.inspector.vouched import VouchedProcesses
 from crabd.store.fsblobs import FileBlobStore
@@ -150,26 +150,13 @@ def test_anything_the_probes_cannot_vouch_for_reads_proc(sbx: Sbx, reads: Reads,
 
 
 def test_a_new_session_or_tracking_reads_proc(sbx: Sbx, reads: Reads) -> None:
-    restarted = TurnEnd(
-        sandbox_id="sb",
-        container_id="c",
-        init_host_pid=10_001,
-        upper=sbx.upper,
-        lowers=[],
-        head_tree=sbx.head,
-        head_racy_ns=0,
-        head_checkpoint="ck-head",
-        session_pid=3,  # a restarted session: another bash
-        session_json='{"cwd": "/"}',
-        head_session_json='{"cwd": "/"}',
-    )
     sbx.world.procs = {1: proc(1, "crab-init"), 3: proc(3, "bash --noprofile")}
-    sbx.inspector.decide(restarted)
+    sbx.turn(session_pid=3)  # a restarted session: another bash
     assert reads.n == 1
-    sbx.inspector.decide(restarted)
+    sbx.turn(session_pid=3)
     assert reads.n == 1  # that read is kept in turn
     sbx.events.counts = (2, 10, 10)  # the sandbox is watched anew (another slot, other counters)
-    sbx.inspector.decide(restarted)
+    sbx.turn(session_pid=3)
     assert reads.n == 2
 
 
