@@ -11,7 +11,9 @@ hard link to the crab-init it was created with), and a start from a process
 checkpoint first points that file at the build the images were dumped with
 (:mod:`crabd.backends.criu.init_versions`): CRIU refuses any other
 ("File .crab/init has bad size"), which made a crab-init upgrade lose every
-earlier process checkpoint.  The file goes with the container.
+earlier process checkpoint.  The file goes with the container, or with a create
+dockerd refused (unless a container of that name exists: a name conflict leaves
+the file to the container that binds it).
 """
 
 from __future__ import annotations
@@ -140,6 +142,22 @@ class DockerSandboxBackend:
             network_mode = self._network.ensure() if self._network is not None else "bridge"
         name = f"crab-{sandbox_id}" + (f"-{generation}" if generation else "")
         init = self._init_for(name, init_binary)
+        try:
+            return self._create_container(name, init, spec, image, labels, network_mode, sandbox_id)
+        except BaseException:
+            self._drop_unbound_init(name, init)
+            raise
+
+    def _create_container(
+        self,
+        name: str,
+        init: Path,
+        spec: SandboxSpec,
+        image: str,
+        labels: dict[str, str],
+        network_mode: str,
+        sandbox_id: str,
+    ) -> str:
         host_config = self._api.create_host_config(
             binds={str(init): {"bind": INIT_PATH_IN_SANDBOX, "mode": "ro"}},
             network_mode=network_mode,
@@ -239,6 +257,18 @@ class DockerSandboxBackend:
             "restoring with the crab-init the checkpoint was taken with",
             extra={"container": container_id, "init": str(found)},
         )
+
+    def _drop_unbound_init(self, name: str, init: Path) -> None:
+        """After a refused create: remove the container's own crab-init file unless a container of that
+        name exists after all (a name conflict: the file is that container's)."""
+        if self.init_dir is None or init.parent != self.init_dir:
+            return
+        try:
+            self._api.inspect_container(name)
+        except docker.errors.NotFound:
+            init.unlink(missing_ok=True)
+        except Exception as exc:  # dockerd cannot say: keep it (a hard link, no data); the create's error stands
+            log.warning("crab-init file kept after a failed create", extra={"container": name, "error": str(exc)})
 
     def _drop_init(self, attrs: dict[str, Any]) -> None:
         own = self._bound_init(attrs)

@@ -21,7 +21,7 @@ from crabd.backends.criu.runc import RuncDumper
 from crabd.backends.docker_sandbox import DockerSandboxBackend
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX
 from crabd.config import NetworkConfig
-from crabd.errors import ContainerRuntimeError
+from crabd.errors import ContainerRuntimeError, CrabError
 from crabd.host import images
 from crabd.models import SandboxSpec
 from crabd.runtime import initbin
@@ -131,3 +131,22 @@ def test_a_restore_needing_a_build_this_host_does_not_keep_is_refused_before_cri
     want = init_versions.of_binary(previous)
     assert want is not None and want.describe() in caught.value.message
     assert not unaware.status(lost).running  # nothing started
+
+
+def test_a_create_docker_refuses_leaves_no_crab_init_file_and_a_name_conflict_keeps_the_owners(
+    base: Path, builds: tuple[Path, Path], made: list[tuple[DockerSandboxBackend, str]]
+) -> None:
+    current, _ = builds
+    backend = _backend(base / "refused")
+    assert backend.init_dir is not None
+    labels = {LABEL_SANDBOX: "x", LABEL_INSTANCE: INSTANCE, LABEL_OWNER: "0"}
+    with pytest.raises(CrabError):
+        backend.create(f"{INSTANCE}-noimage", SandboxSpec(env="busybox"), "crab-no-such-image:0", current, labels)
+    assert sorted(backend.init_dir.iterdir()) == []  # the file made for it went with the refusal
+    first = _create(backend, f"{INSTANCE}-twice", current, made)
+    with pytest.raises(CrabError):  # the same name again: dockerd refuses (a conflict)
+        _create(backend, f"{INSTANCE}-twice", current, made)
+    # The first container's file stays: it is bound there.
+    assert [p.name for p in backend.init_dir.iterdir()] == [f"crab-{INSTANCE}-twice"]
+    backend.start(first)
+    assert _in_sandbox(first, "ls", "/.crab/init").strip() == "/.crab/init"
