@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -214,7 +213,7 @@ class RWLock:
                 got = await self._wait(ready, deadline)
             finally:
                 self._writers_waiting -= 1
-                if file is not None and file.mode != fcntl.LOCK_EX:
+                if file is not None and not file.holds_exclusive:
                     file.withdraw()  # timed out or cancelled: readers elsewhere need not hold back for it
                 # Readers held back by this writer may go now.
                 self._cond.notify_all()

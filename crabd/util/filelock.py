@@ -65,8 +65,8 @@ class FileRWLock:
         self._announced = False
 
     @property
-    def mode(self) -> int:
-        return self._mode
+    def holds_exclusive(self) -> bool:
+        return self._mode == fcntl.LOCK_EX
 
     # --- the lock itself ---------------------------------------------------------------
 
