@@ -119,8 +119,10 @@ class TurnInspection:
 
     def process_reads(self) -> dict[str, int]:
         """Turn ends that read the sandbox's processes from /proc, and those the probes vouched for."""
-        v = self.inspector.vouched
-        return {"read": v.walked, "vouched": v.vouched}
+        return self.inspector.vouched.snapshot()
+
+    def prometheus(self) -> str:
+        return self.inspector.vouched.prometheus()
 
     # --- the sandbox's life ------------------------------------------------------------
 

@@ -67,6 +67,17 @@ class VouchedProcesses:
         self.walked = 0
         self.vouched = 0
 
+    def snapshot(self) -> dict[str, int]:
+        """How turn ends knew the sandbox's processes: ``read`` from /proc, ``vouched`` for by the probes."""
+        return {"read": self.walked, "vouched": self.vouched}
+
+    def prometheus(self) -> str:
+        return (
+            "# HELP crab_inspector_process_reads_total Turn ends by how the sandbox's processes were known.\n"
+            "# TYPE crab_inspector_process_reads_total counter\n"
+            + "".join(f'crab_inspector_process_reads_total{{how="{k}"}} {n}\n' for k, n in self.snapshot().items())
+        )
+
     def tasks_now(self, sandbox_id: str) -> TaskCounts | None:
         return self._tasks(sandbox_id)
 

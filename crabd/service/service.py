@@ -187,13 +187,8 @@ class Service:
         now = self.engine.clock()
         jobs = [j.to_dict(now) for j in self.engine.jobs(None if caller.is_root else caller.uid)]
         counters, text = self.engine.snapshot(), self.engine.prometheus()
-        reads = self.inspection.process_reads()
-        counters["inspector_process_reads"] = reads
-        text += (
-            "# HELP crab_inspector_process_reads_total Turn ends by how the sandbox's processes were known.\n"
-            "# TYPE crab_inspector_process_reads_total counter\n"
-            + "".join(f'crab_inspector_process_reads_total{{how="{k}"}} {n}\n' for k, n in reads.items())
-        )
+        counters["inspector_process_reads"] = self.inspection.process_reads()
+        text += self.inspection.prometheus()
         if self.remote.replication is not None:
             counters["remote"] = self.remote.replication.snapshot()
             text += self.remote.replication.prometheus()

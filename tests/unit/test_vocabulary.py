@@ -17,6 +17,7 @@ from crabd.api.v1 import crab_pb2 as pb
 from crabd.coordinator.housekeeping import Contents
 from crabd.errors import ConfigError, CrabError, InvalidRequest
 from crabd.inspector.model import Decision
+from crabd.inspector.vouched import VouchedProcesses
 from crabd.models import (
     Caller,
     CheckpointKind,
@@ -301,7 +302,11 @@ def test_engine_status_and_checkpoint_detail_are_records() -> None:
         clock=lambda: 1.0, jobs=lambda _uid: [], snapshot=lambda: {"queued": 0}, prometheus=lambda: "# crab\n"
     )
     svc.remote = RemoteCheckpoints(SimpleNamespace())  # type: ignore[arg-type]
-    svc.inspection = SimpleNamespace(process_reads=lambda: {"read": 3, "vouched": 5})  # type: ignore[assignment]
+    reads_kept = VouchedProcesses(lambda _sid: None, lambda _cid: [])
+    reads_kept.walked, reads_kept.vouched = 3, 5
+    svc.inspection = SimpleNamespace(  # type: ignore[assignment]
+        process_reads=reads_kept.snapshot, prometheus=reads_kept.prometheus
+    )
     report = svc.engine_status(ROOT)
     reads = {"read": 3, "vouched": 5}
     assert report == EngineReport(
