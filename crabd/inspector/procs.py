@@ -210,6 +210,10 @@ def _status(host_pid: int) -> tuple[int, bool]:
     return nspid, traced
 
 
+#: How many times a snapshot lists the cgroups again to find processes begun while it read.
+SNAPSHOT_LISTINGS = 8
+
+
 def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) -> dict[int, Proc]:
     """Every process of the container, by pid inside the sandbox.
 
@@ -217,9 +221,16 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
     does not count as processes) skip the costly parts: their tracer and the
     files they map.  Their fds are still read, and whether they may write
     through a shared mapping.
+
+    Steps: list the cgroups' pids, read each process, list again; read any
+    pid the new listing holds that was not read, until a listing brings no
+    new pid.  One listing is not enough: a daemon's double fork can run
+    while the processes are read, so that the pid listed exits before it is
+    read and the grandchild that lives on was forked after the listing.
+    Bounded (SNAPSHOT_LISTINGS): a sandbox that forks without end still
+    shows new processes in what was read.
     """
     out: dict[int, Proc] = {}
-    host_pids = cgroups.container_host_pids(container_id)
     devs: list[_Devices] = []  # read once, at the first process with a shared file mapping
 
     def devices(hp: int) -> _Devices:
@@ -227,8 +238,27 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
             devs.append(_Devices(hp))
         return devs[0]
 
+    seen: set[int] = set()
+    ns_of: dict[int, int] = {}
+    for _ in range(SNAPSHOT_LISTINGS):
+        fresh = [hp for hp in cgroups.container_host_pids(container_id) if hp not in seen]
+        if not fresh:
+            break
+        seen.update(fresh)
+        _read_processes(fresh, ns_of, light, devices, out)
+    return out
+
+
+def _read_processes(
+    host_pids: list[int],
+    ns_of: dict[int, int],
+    light: frozenset[int] | set[int],
+    devices: Callable[[int], _Devices],
+    out: dict[int, Proc],
+) -> None:
+    """Read each of ``host_pids`` into ``out`` (by pid in the sandbox); a process gone meanwhile is left out."""
     status = {hp: _status(hp) for hp in host_pids}
-    ns_of = {hp: st[0] for hp, st in status.items()}
+    ns_of.update((hp, st[0]) for hp, st in status.items())
     for hp in host_pids:
         pid, tracer = status[hp]
         if not pid:
@@ -267,7 +297,6 @@ def snapshot(container_id: str, light: frozenset[int] | set[int] = frozenset()) 
             open_files=tuple(sorted(set(opened) | set(mapped))),
             fds=table,
         )
-    return out
 
 
 def io_counters(host_pid: int) -> tuple[int, ...] | None:
