@@ -392,6 +392,14 @@ class Session:
         with, and a read-only first turn is a skip).
         """
         async with self._lock:
+            seen = self._captured
+            if seen is not None and seen[1] is None and not start:
+                # The last capture found no bash and nothing ran through this session since: only this
+                # object starts the sandbox's session (init takes requests from crabd alone, and a
+                # container restarted under a new pid rebinds, which forgets this), so there is still
+                # none.  Saves a connection to init at every turn end of a sandbox without bash.
+                self._captured = (time.monotonic(), None)
+                return None
             self._captured = None
             # One connection: attaching to the session says whether it runs, and its pid.  Only
             # the control channel counts: what the capture (or anything else) prints is discarded.

@@ -439,6 +439,35 @@ def test_session_ends_only_on_the_authenticated_marker(init: Init, monkeypatch: 
     run(go())
 
 
+def test_a_capture_that_found_no_session_asks_init_again_only_after_a_command(init: Init) -> None:
+    name, _ = init
+
+    async def go() -> None:
+        opened: list[int] = []
+
+        async def connect() -> InitConnection:
+            opened.append(1)
+            return await InitConnection.open(name)
+
+        s = Session(connect, {**ENV, "HOME": "/root"}, "/")
+        assert await s.capture_state() is None
+        assert await s.capture_state() is None
+        assert await s.capture_state() is None
+        assert len(opened) == 1  # nothing can start a session but this object: no need to ask
+        r = await s.run("cd /tmp", timeout_s=30, max_output=1)
+        assert r.exit_code == 0
+        state = await s.capture_state()
+        assert state is not None and state.cwd == "/tmp"
+        # The bash ends: the next capture must look again, and finds none.
+        await s.run("exit 0", timeout_s=30, max_output=1)
+        before = len(opened)
+        assert await s.capture_state() is None
+        assert len(opened) == before + 1
+        assert s.captured_pid(60) == (None,)
+
+    run(go())
+
+
 def test_session_forged_capture_in_the_background_changes_nothing(init: Init) -> None:
     name, _ = init
     fake = "\\036CWD\\036/forged\\036OLDPWD\\036\\036END\\036STATE\\0CWD\\0=/forged\\0END\\0"
