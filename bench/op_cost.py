@@ -22,6 +22,9 @@ Kinds (busybox sandboxes, automatic checkpoints):
   (``session.run``), as agents' shells do: its end also captures the
   session's state; ``capture``: that capture alone (``session.state()``).
   Both in a second sandbox of ``--session-image`` (they need bash).
+* ``shellskip``: the ``skip`` turn in that second sandbox: a read-only
+  command run with ``exec`` while the session's bash sits idle (its end
+  may reuse the last capture: ``coordinator/sessionkeep.py``).
 
 ``--background N`` first gives each crabd N more sandboxes that just run:
 what an operation costs on a crowded host (a runc create grows with the
@@ -53,8 +56,8 @@ from bench.signals import terminate_as_interrupt
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from crabd.util import cgroups
 
-KINDS = ("plain", "empty", "skip", "fs", "create", "session", "capture")
-SESSION_KINDS = ("session", "capture")
+KINDS = ("plain", "empty", "skip", "fs", "create", "session", "capture", "shellskip")
+SESSION_KINDS = ("session", "capture", "shellskip")
 WARM_UP = 3
 
 
@@ -92,6 +95,9 @@ class Arm:
         elif kind == "capture":
             assert self.shell is not None
             self.shell.session.state()
+        elif kind == "shellskip":
+            assert self.shell is not None
+            operate(self.shell, "skip")
         else:
             operate(self.sandbox, kind)
 

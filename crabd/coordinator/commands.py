@@ -109,8 +109,7 @@ class Commands:
             )
         session = await self.sandboxes.session_for(rec)
         async with self.sandboxes.init_lost_means_dead(rec):
-            state = await session.capture_state()
-        text = state.to_json() if state else None
+            text = await session.capture_json()
         limit = self.sandboxes.cfg.quota.max_session_state_bytes
         check_session_state(text, limit, uid=rec.owner_uid, sandbox=rec.name)
         return self.sandboxes.turns.end(rec.id, current.number, text)

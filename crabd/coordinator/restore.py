@@ -205,7 +205,7 @@ class Restorer:
         async def connect() -> InitConnection:
             return await InitConnection.open(netns=Netns(st.pid, container_id))
 
-        session = Session(connect, env_dict(st.env), rec.spec.workdir)
+        session = Session(connect, env_dict(st.env), rec.spec.workdir, self.sandboxes.capture_counts)
         session.probe = self.sandboxes.session_probe(container_id, rec.id)
         if not state_json:
             return session, []

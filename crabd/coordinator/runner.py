@@ -27,8 +27,8 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
+from crabd.coordinator.sessionkeep import CaptureCounts, IdleReading, Kept
 from crabd.errors import InitSpawnError, InitUnavailable, InvalidRequest, SandboxBusy
 from crabd.models import ExecOutcome
 from crabd.runtime import initproto, session_proto, session_state
@@ -40,9 +40,9 @@ log = logging.getLogger("crabd.session")
 ChunkSink = Callable[[str, bytes], Awaitable[None]]
 #: Opens a fresh connection to the sandbox's init.
 Connector = Callable[[], Awaitable[InitConnection]]
-#: Given the session bash's pid inside the sandbox: its (limits, descriptors), or None if unreadable
-#: (see ``runtime/session_os.py``).
-ProcessProbe = Callable[[int], Awaitable[tuple[dict[str, list[int]], list[dict[str, Any]]] | None]]
+#: Given the session bash's pid inside the sandbox: its limits, descriptors and whether it ran, or None
+#: if unreadable (see ``runtime/session_os.py``, ``coordinator/sessionkeep.py``).
+ProcessProbe = Callable[[int], Awaitable[IdleReading | None]]
 
 SESSION_NAME = "crab-session"
 SESSION_ARGV = ["bash", "--noprofile", "--norc"]
@@ -171,7 +171,9 @@ class _NoSession(Exception):
 class Session:
     """The persistent bash of one sandbox.  One command at a time."""
 
-    def __init__(self, connect: Connector, env: dict[str, str], workdir: str) -> None:
+    def __init__(
+        self, connect: Connector, env: dict[str, str], workdir: str, counts: CaptureCounts | None = None
+    ) -> None:
         self._connect = connect
         self._env = env
         self._workdir = workdir
@@ -184,11 +186,16 @@ class Session:
         self._bash_pid: int | None = None
         #: (monotonic time, bash pid or None: no bash) at the last state capture; None once anything else ran.
         self._captured: tuple[float, int | None] | None = None
+        #: The last capture, while the bash has not run since (``coordinator/sessionkeep.py``).
+        self._kept: Kept | None = None
+        #: Commands sent so far: a capture keeps its result only if none was sent meanwhile.
+        self._sent = 0
+        self.counts = counts or CaptureCounts()
 
     def rebind(self, connect: Connector) -> None:
         """Reach init through ``connect`` from now on (the container was restarted under a new pid)."""
         self._connect = connect
-        self._captured = None
+        self._captured = self._kept = None
 
     def captured_pid(self, within_s: float) -> tuple[int | None] | None:
         """``(pid,)``: the bash's pid (None: no bash) as the last state capture saw it, if that
@@ -292,7 +299,8 @@ class Session:
         ``start=False``: with no bash running, start none and raise :class:`_NoSession`.
         ``self._bash_pid`` is the pid of the bash that ran it.
         """
-        self._captured = None  # the command may end or replace the bash
+        self._captured = self._kept = None  # the command may end or replace the bash
+        self._sent += 1
         started = time.monotonic()
         nonce = session_proto.new_nonce()
         payload = session_proto.wrap_command(command, nonce, keep_status=keep_status)
@@ -400,6 +408,13 @@ class Session:
                 # none.  Saves a connection to init at every turn end of a sandbox without bash.
                 self._captured = (time.monotonic(), None)
                 return None
+            kept, self._kept = self._kept, None
+            if kept is not None and not start and self.probe is not None:
+                reused = kept.reuse(await self.probe(kept.nspid))
+                if reused is not None:
+                    self._kept, self._captured = kept, (time.monotonic(), kept.nspid)
+                    self.counts.reused += 1
+                    return reused
             self._captured = None
             # One connection: attaching to the session says whether it runs, and its pid.  Only
             # the control channel counts: what the capture (or anything else) prints is discarded.
@@ -415,9 +430,9 @@ class Session:
             except _NoSession:
                 self._captured = (time.monotonic(), None)
                 return None
-            pid = self._bash_pid
+            pid, sent = self._bash_pid, self._sent
             # Still under the lock: bash is idle, holding only its own descriptors.
-            extra = await self.probe(pid) if self.probe and pid and outcome.exit_code == 0 else None
+            idle = await self.probe(pid) if self.probe and pid and outcome.exit_code == 0 else None
 
         if outcome.exit_code != 0 or outcome.session_ended or scanner.state is None:
             why = "too large" if scanner.control_overflow else f"exit {outcome.exit_code}"
@@ -426,11 +441,21 @@ class Session:
                 sandbox="",
             )
         state = session_state.parse_state(scanner.state)
-        if extra is not None:
-            state.limits, state.fds = extra
-        if pid is not None:
-            self._captured = (time.monotonic(), pid)
+        if idle is not None:
+            state.limits, state.fds = idle.limits, idle.fds
+        self.counts.captured += 1
+        if sent == self._sent:  # no command was sent since (the lock is released): it still stands
+            self._kept = Kept.of(pid, state, idle)
+            if pid is not None:
+                self._captured = (time.monotonic(), pid)
         return state
+
+    async def capture_json(self) -> str | None:
+        """:meth:`capture_state` as its JSON; a reused capture's is not serialized again."""
+        state = await self.capture_state()
+        if state is None:
+            return None
+        return self._kept.to_json(state) if self._kept is not None else state.to_json()
 
     async def apply(self, state: session_state.SessionState, *, timeout_s: float = 60.0) -> None:
         """Make the running bash's state ``state`` without replacing it (its background jobs live on)."""
@@ -452,7 +477,7 @@ class Session:
         if self._lock.locked():
             raise SandboxBusy("the session is running a command; cannot restart it now", sandbox="")
         async with self._lock:
-            self._captured = None
+            self._captured = self._kept = None
             conn = await self._connect()
             async with conn:
                 for p in await conn.list():

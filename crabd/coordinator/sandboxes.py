@@ -35,6 +35,7 @@ from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, C
 from crabd.config import CrabConfig
 from crabd.coordinator.livestatus import RunningStatus
 from crabd.coordinator.runner import ProcessProbe, Session
+from crabd.coordinator.sessionkeep import CaptureCounts, IdleReading
 from crabd.coordinator.turns import TurnKeeper
 from crabd.errors import (
     AlreadyExists,
@@ -46,6 +47,7 @@ from crabd.errors import (
     SandboxDead,
 )
 from crabd.host import images
+from crabd.inspector.model import MemoryWrites
 from crabd.models import SandboxRecord, SandboxSpec, SandboxState
 from crabd.runtime import session_os
 from crabd.runtime.initproto import InitConnection
@@ -156,6 +158,10 @@ class SandboxManager:
         self.deaths = 0
         #: Set before serving by start-up adoption; None: every sandbox is adopted.
         self.gate: AdoptionGate | None = None
+        #: The probes' memory-writes count of a sandbox (set by the daemon's assembly; None: unwatched).
+        self.memory_writes: Callable[[str], MemoryWrites | None] = lambda _sandbox_id: None
+        #: Session states stored by turn ends and checkpoints: captured in bash, or reused.
+        self.capture_counts = CaptureCounts()
 
     async def _io(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -348,7 +354,7 @@ class SandboxManager:
         # The container's pid changes only if it was restarted; rebind then.
         target = (rec.container_id, st.pid)
         if live.session is None:
-            live.session = Session(self.connector(rec, st.pid), env_dict(st.env), rec.spec.workdir)
+            live.session = Session(self.connector(rec, st.pid), env_dict(st.env), rec.spec.workdir, self.capture_counts)
         elif live.bound != target:
             live.session.rebind(self.connector(rec, st.pid))
         live.bound = target
@@ -476,15 +482,19 @@ class SandboxManager:
         await self._rollback(rec)
 
     def session_probe(self, container_id: str, sandbox_id: str) -> ProcessProbe:
-        """Reads the idle session bash's limits and descriptors from /proc (``runtime/session_os.py``).
+        """Reads the idle session bash's limits and descriptors from /proc (``runtime/session_os.py``),
+        and what says whether it has run since: the probes' memory-writes count, read first, then
+        its CPU time (``coordinator/sessionkeep.py``).
 
         A failure is logged and leaves them unrecorded: the capture itself
         stands, and a restore reports nothing it cannot know about.
         """
 
-        async def probe(nspid: int) -> tuple[session_os.Limits, session_os.Fds] | None:
+        async def probe(nspid: int) -> IdleReading | None:
+            writes = self.memory_writes(sandbox_id)
             try:
-                return await asyncio.to_thread(session_os.capture, container_id, nspid)
+                limits, fds, ran = await asyncio.to_thread(session_os.capture, container_id, nspid)
+                return IdleReading(limits, fds, None if writes is None else (writes, ran))
             except CrabError as exc:
                 log.warning("session process state not read", extra={"sandbox": sandbox_id, "error": str(exc)})
                 return None

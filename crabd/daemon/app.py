@@ -282,6 +282,7 @@ class Daemon:
             busy_wait_s=self.cfg.criu.busy_wait_s,
         )
         checkpointer.inspector = inspector
+        manager.memory_writes = inspector.source.memory_writes
         inspection = TurnInspection(inspector, checkpointer, manager, catalog, fs)
         restorer = Restorer(checkpointer, manager, db, catalog, fs, images, store_lock)
         restorer.inspection = inspection

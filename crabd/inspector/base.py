@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Protocol
 
-from crabd.inspector.model import Evidence, TaskCounts
+from crabd.inspector.model import Evidence, MemoryWrites, TaskCounts
 
 
 class EventSource(Protocol):
@@ -45,6 +45,10 @@ class EventSource(Protocol):
 
     def tasks(self, sandbox_id: str) -> TaskCounts | None:
         """The probes' task counters for the sandbox now; None if no probes watch it."""
+        ...
+
+    def memory_writes(self, sandbox_id: str) -> MemoryWrites | None:
+        """The probes' count of operations that may change a process's memory from outside; None: unwatched."""
         ...
 
     def quiet(self, sandbox_id: str) -> contextlib.AbstractContextManager[None]:
@@ -79,6 +83,9 @@ class ScanEvents:
         return None
 
     def tasks(self, sandbox_id: str) -> TaskCounts | None:
+        return None
+
+    def memory_writes(self, sandbox_id: str) -> MemoryWrites | None:
         return None
 
     @contextlib.contextmanager

@@ -42,7 +42,7 @@ from typing import Any
 
 from crabd.errors import BpfError
 from crabd.inspector import btf
-from crabd.inspector.model import Evidence, TaskCounts
+from crabd.inspector.model import Evidence, MemoryWrites, TaskCounts
 from crabd.util import cgroups, resources
 
 log = logging.getLogger("crabd.inspector")
@@ -251,6 +251,14 @@ class BpfEvents:
                 return None
             counts = self._counts(found[0])
             return self._slots[found[0]].tracked, counts[FORKS], counts[TASK_EXITS]
+
+    def memory_writes(self, sandbox_id: str) -> MemoryWrites | None:
+        """(tracking, the process mark's count): every uncertain operation in the sandbox bumps it."""
+        with self._lock:
+            found = self._by_sandbox.get(sandbox_id)
+            if found is None:
+                return None
+            return self._slots[found[0]].tracked, self._counts(found[0])[MARK_PROC]
 
     def _new_epoch(self, slot: int, state: _Slot) -> None:
         """Start the slot's next epoch from the counters just read into ``state.seen`` (one map update)."""

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from crabd.errors import BpfError
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.bpf import BpfEvents
-from crabd.inspector.model import Evidence, TaskCounts
+from crabd.inspector.model import Evidence, MemoryWrites, TaskCounts
 
 log = logging.getLogger("crabd.inspector")
 
@@ -150,6 +150,13 @@ class DeferredProbes:
             if not (self._attached and sandbox_id in self._watched):
                 return None
         return self._bpf.tasks(sandbox_id)
+
+    def memory_writes(self, sandbox_id: str) -> MemoryWrites | None:
+        """The probes' counter once they watch the sandbox (before that, nothing vouches for it)."""
+        with self._lock:
+            if not (self._attached and sandbox_id in self._watched):
+                return None
+        return self._bpf.memory_writes(sandbox_id)
 
     @contextlib.contextmanager
     def quiet(self, sandbox_id: str) -> Iterator[None]:

@@ -40,6 +40,9 @@ class Proc:
 #: (which tracking of the sandbox, tasks forked, tasks exited) as the probes counted them: two
 #: readings of one tracking say whether every task begun in between is gone (inspector/vouched.py).
 TaskCounts = tuple[int, int, int]
+#: (which tracking, how many operations so far that may change a process's memory while it does not run:
+#: ptrace, process_vm_writev, /proc/<pid>/mem, io_uring, AIO), counted by the probes per sandbox.
+MemoryWrites = tuple[int, int]
 
 
 @dataclass

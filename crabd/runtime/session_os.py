@@ -14,6 +14,10 @@ it also holds saved copies of redirected ones at fd 10 and up):
   when idle — "idle" meaning blocked reading fd 0, which crabd waits for
   by watching ``/proc/<pid>/syscall``).
 
+With them, read last, whether the bash has run since the last reading
+(``/proc/<pid>/stat``'s start time and ``task/*/schedstat``'s run time):
+a turn end reuses the last capture when it has not (``coordinator/runner.py``).
+
 The kernel writes these files, but the names in them are the sandbox's: a
 file name may hold any byte, including newlines or " (deleted)".  They are
 data to record, compare and show (escaped), never paths crabd opens or
@@ -51,6 +55,7 @@ import errno
 import json
 import os
 import resource
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -94,6 +99,8 @@ _O_APPEND = 0o2000
 
 Limits = dict[str, list[int]]
 Fds = list[dict[str, Any]]
+#: (host pid, start time in ticks, CPU time in ns): two equal readings mean it did not run in between.
+Ran = tuple[int, int, int]
 
 
 # --- parsing (pure) ----------------------------------------------------------------------
@@ -308,24 +315,56 @@ def host_pid(container_id: str, nspid: int) -> int | None:
     return None
 
 
-@contextlib.contextmanager
-def _proc_dir(container_id: str, nspid: int) -> Iterator[tuple[int, int]]:
-    """(dirfd of /proc/<host pid>, host pid) of the sandbox's process ``nspid``, checked through the dirfd."""
-    hp = host_pid(container_id, nspid) if nspid > 0 else None
-    if hp is None:
-        raise SessionProcessError(f"the session (pid {nspid} in the sandbox) is not running", sandbox="")
+#: Host pids of sessions found so far, by (container, pid inside): a hint, checked at every use.
+_known: dict[tuple[str, int], int] = {}
+_known_lock = threading.Lock()
+_KNOWN_KEPT = 4096
+
+
+def _open_checked(container_id: str, nspid: int, hp: int) -> int:
+    """A dirfd of ``/proc/<hp>``, once checked through it to be the container's process ``nspid``."""
     try:
         dirfd = os.open(f"/proc/{hp}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise SessionProcessError(f"the session's process is gone: {exc}", sandbox="") from exc
     try:
-        try:
-            status, cgroup = _read_at(dirfd, "status"), _read_at(dirfd, "cgroup")
-        except OSError as exc:
-            raise SessionProcessError(f"the session's process is gone: {exc}", sandbox="") from exc
+        status, cgroup = _read_at(dirfd, "status"), _read_at(dirfd, "cgroup")
         nspids = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
         if not nspids or nspids[-1] != str(nspid) or container_id not in cgroup:
             raise SessionProcessError(f"pid {hp} is no longer the sandbox's session", sandbox="")
+    except OSError as exc:
+        os.close(dirfd)
+        raise SessionProcessError(f"the session's process is gone: {exc}", sandbox="") from exc
+    except SessionProcessError:
+        os.close(dirfd)
+        raise
+    return dirfd
+
+
+@contextlib.contextmanager
+def _proc_dir(container_id: str, nspid: int) -> Iterator[tuple[int, int]]:
+    """(dirfd of /proc/<host pid>, host pid) of the sandbox's process ``nspid``, checked through the dirfd.
+
+    The host pid found last time is tried first (every turn end reads the
+    idle bash: a walk of the container's pids cost ~0.3 ms of it); the check
+    through the dirfd is what makes it the right process, either way.
+    """
+    key = (container_id, nspid)
+    hint, dirfd = _known.get(key), -1
+    if hint is not None:
+        with contextlib.suppress(SessionProcessError):
+            dirfd, hp = _open_checked(container_id, nspid, hint), hint
+    if dirfd < 0:
+        found = host_pid(container_id, nspid) if nspid > 0 else None
+        if found is None:
+            raise SessionProcessError(f"the session (pid {nspid} in the sandbox) is not running", sandbox="")
+        dirfd, hp = _open_checked(container_id, nspid, found), found
+        with _known_lock:
+            _known.pop(key, None)
+            if len(_known) >= _KNOWN_KEPT:
+                _known.pop(next(iter(_known)))
+            _known[key] = hp
+    try:
         yield dirfd, hp
     finally:
         os.close(dirfd)
@@ -360,10 +399,33 @@ def _read(dirfd: int) -> tuple[Limits, Fds]:
         raise SessionProcessError(f"cannot read the session's process state: {exc}", sandbox="") from exc
 
 
-def capture(container_id: str, nspid: int) -> tuple[Limits, Fds]:
-    """The limits and descriptors (beyond 0-2) of the sandbox's idle session bash, pid ``nspid`` inside it."""
-    with _proc_dir(container_id, nspid) as (dirfd, _):
-        return _read(dirfd)
+def _ran(dirfd: int, hp: int) -> Ran:
+    """(host pid, start time in clock ticks, CPU time of all its threads in ns) of the process now.
+
+    Equal at two readings only if the process did not run at all in
+    between: every time a thread is scheduled its schedstat run time grows.
+    """
+    try:
+        stat = _read_at(dirfd, "stat")
+        start = int(stat[stat.rindex(")") + 2 :].split()[19])
+        taskd = os.open("task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+        try:
+            runtime = 0
+            for tid in os.listdir(taskd):
+                runtime += int(_read_at(taskd, f"{tid}/schedstat").split()[0])
+        finally:
+            os.close(taskd)
+    except (OSError, ValueError, IndexError) as exc:
+        raise SessionProcessError(f"cannot read the session's process state: {exc}", sandbox="") from exc
+    return hp, start, runtime
+
+
+def capture(container_id: str, nspid: int) -> tuple[Limits, Fds, Ran]:
+    """The limits and descriptors (beyond 0-2) of the sandbox's idle session bash, pid ``nspid``
+    inside it; and, read last, whether it has run since (:func:`_ran`: compare two of these)."""
+    with _proc_dir(container_id, nspid) as (dirfd, hp):
+        limits, fds = _read(dirfd)
+        return limits, fds, _ran(dirfd, hp)
 
 
 def _wanted(limits: Any, have: Limits) -> dict[str, tuple[int, int]]:

@@ -188,7 +188,8 @@ class Service:
         jobs = [j.to_dict(now) for j in self.engine.jobs(None if caller.is_root else caller.uid)]
         counters, text = self.engine.snapshot(), self.engine.prometheus()
         counters["inspector_process_reads"] = self.inspection.process_reads()
-        text += self.inspection.prometheus()
+        counters["session_captures"] = self.sandboxes.capture_counts.snapshot()
+        text += self.inspection.prometheus() + self.sandboxes.capture_counts.prometheus()
         if self.remote.replication is not None:
             counters["remote"] = self.remote.replication.snapshot()
             text += self.remote.replication.prometheus()

@@ -20,6 +20,7 @@ from typing import NamedTuple, TypeVar
 import pytest
 
 from crabd.coordinator.runner import SESSION_NAME, Session
+from crabd.coordinator.sessionkeep import CaptureCounts, IdleReading
 from crabd.errors import InitSpawnError, InitUnavailable
 from crabd.host import images
 from crabd.runtime import initbin, session_proto
@@ -464,6 +465,56 @@ def test_a_capture_that_found_no_session_asks_init_again_only_after_a_command(in
         assert await s.capture_state() is None
         assert len(opened) == before + 1
         assert s.captured_pid(60) == (None,)
+
+    run(go())
+
+
+def test_a_kept_capture_is_reused_only_while_the_witness_holds(init: Init) -> None:
+    """Session's side of coordinator/sessionkeep.py, with a real bash and the witness set by the test."""
+    name, _ = init
+
+    async def go() -> None:
+        opened: list[int] = []
+
+        async def connect() -> InitConnection:
+            opened.append(1)
+            return await InitConnection.open(name)
+
+        witness: list[tuple[object, ...] | None] = [("w", 1)]
+        nofile = [1024]
+
+        async def probe(nspid: int) -> IdleReading:
+            return IdleReading({"nofile": [nofile[0], 4096]}, [], witness[0])
+
+        s = Session(connect, {**ENV, "HOME": "/root"}, "/", CaptureCounts())
+        s.probe = probe
+        await s.run("cd /tmp; A=1", timeout_s=30, max_output=1)
+        first = await s.capture_state()
+        n = len(opened)
+        nofile[0] = 100
+        again = await s.capture_state()
+        assert len(opened) == n and s.counts.snapshot() == {"captured": 1, "reused": 1}
+        assert again is not None and first is not None and again.variables == first.variables
+        assert again.limits == {"nofile": [100, 4096]}  # read anew at every reuse
+        bash = await s.pid()
+        assert bash is not None and s.captured_pid(60) == (bash,)  # a reuse stands for a capture
+        witness[0] = ("w", 2)  # the bash ran, or something wrote its memory
+        await s.capture_state()
+        assert len(opened) == n + 2 and s.counts.captured == 2  # (+1: the pid() above)
+        await s.capture_state()
+        assert s.counts.reused == 2  # kept again under the new witness
+        await s.run("A=2", timeout_s=30, max_output=1)  # a command forgets the kept capture
+        state = await s.capture_state()
+        assert state is not None and 'A="2"' in state.variables["A"] and s.counts.captured == 3
+        await s.run("trap 'A=3' USR1", timeout_s=30, max_output=1)
+        await s.capture_state()
+        await s.capture_state()  # a trap's code runs without a command: nothing was kept
+        assert (s.counts.captured, s.counts.reused) == (5, 2)
+        await s.run("trap - USR1", timeout_s=30, max_output=1)
+        witness[0] = None  # no probes: nothing vouches
+        await s.capture_state()
+        await s.capture_state()
+        assert (s.counts.captured, s.counts.reused) == (7, 2)
 
     run(go())
 

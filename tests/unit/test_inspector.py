@@ -59,6 +59,9 @@ class FakeEvents:
     def tasks(self, sandbox_id: str) -> tuple[int, int, int] | None:
         return self.counts
 
+    def memory_writes(self, sandbox_id: str) -> tuple[int, int] | None:
+        return None
+
     def quiet(self, sandbox_id: str):  # type: ignore[no-untyped-def]
         import contextlib
 

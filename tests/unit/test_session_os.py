@@ -7,6 +7,8 @@ import os
 import resource
 from pathlib import Path
 
+import pytest
+
 from crabd.coordinator.inspection import _keep_session_descriptors
 from crabd.inspector.model import Decision
 from crabd.inspector.session import session_change
@@ -142,6 +144,37 @@ def test_an_idle_session_bash_holds_only_what_the_user_opened(tmp_path: Path) ->
         assert by_fd[7]["kind"] == "file" and by_fd[7]["target"] == str(target) and by_fd[7]["pos"] == 3
         assert by_fd[7]["flags"] & 0o3 == 1 and by_fd[7]["flags"] & 0o2000  # write-only, append
         assert by_fd[8]["kind"] == "pipe"
+    finally:
+        b.p.kill()
+        b.p.wait()
+
+
+def _own_cgroup(pid: int) -> str:
+    """A string the process's /proc/<pid>/cgroup holds (stands for the container id in these tests)."""
+    return Path(f"/proc/{pid}/cgroup").read_text().strip().splitlines()[-1].split(":", 2)[2]
+
+
+def test_the_idle_reading_moves_only_when_bash_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = Bash()
+    try:
+        assert b.run("true") is not None
+        container, pid = _own_cgroup(b.p.pid), b.p.pid
+        walks: list[int] = []
+
+        def walk(cid: str, nspid: int) -> int | None:
+            walks.append(nspid)
+            return pid if nspid == pid else None
+
+        monkeypatch.setattr(so, "host_pid", walk)
+        monkeypatch.setattr(so, "_known", {})
+        first = so.capture(container, pid)[2]
+        assert first[0] == pid and so.capture(container, pid)[2] == first  # idle: not a ns more
+        assert walks == [pid]  # the second found it by the remembered host pid, checked again
+        assert b.run("X=1") is not None
+        assert so.capture(container, pid)[2][2] > first[2]
+        # A remembered host pid that is some other process now is not taken for the session.
+        so._known[(container, pid)] = os.getpid()
+        assert so.capture(container, pid)[2][0] == pid and len(walks) == 2
     finally:
         b.p.kill()
         b.p.wait()

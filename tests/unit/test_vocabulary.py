@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from crabd.api import convert
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.coordinator.housekeeping import Contents
+from crabd.coordinator.sessionkeep import CaptureCounts
 from crabd.errors import ConfigError, CrabError, InvalidRequest
 from crabd.inspector.model import Decision
 from crabd.inspector.vouched import VouchedProcesses
@@ -307,16 +308,21 @@ def test_engine_status_and_checkpoint_detail_are_records() -> None:
     svc.inspection = SimpleNamespace(  # type: ignore[assignment]
         process_reads=reads_kept.snapshot, prometheus=reads_kept.prometheus
     )
+    svc.sandboxes = SimpleNamespace(capture_counts=CaptureCounts(captured=2, reused=7))  # type: ignore[assignment]
     report = svc.engine_status(ROOT)
     reads = {"read": 3, "vouched": 5}
     assert report == EngineReport(
-        counters={"queued": 0, "inspector_process_reads": reads},
+        counters={"queued": 0, "inspector_process_reads": reads, "session_captures": {"captured": 2, "reused": 7}},
         jobs=[],
         prometheus="# crab\n"
         "# HELP crab_inspector_process_reads_total Turn ends by how the sandbox's processes were known.\n"
         "# TYPE crab_inspector_process_reads_total counter\n"
         'crab_inspector_process_reads_total{how="read"} 3\n'
-        'crab_inspector_process_reads_total{how="vouched"} 5\n',
+        'crab_inspector_process_reads_total{how="vouched"} 5\n'
+        "# HELP crab_session_captures_total Session states stored, by how they were known.\n"
+        "# TYPE crab_session_captures_total counter\n"
+        'crab_session_captures_total{how="captured"} 2\n'
+        'crab_session_captures_total{how="reused"} 7\n',
     )
 
     rec = _checkpoint(CheckpointKind.FS)
