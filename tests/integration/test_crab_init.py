@@ -403,6 +403,17 @@ def session(name: str) -> Session:
     return Session(connect, {**ENV, "HOME": "/root"}, "/")
 
 
+def counted_session(name: str) -> tuple[Session, list[int]]:
+    """A session on init ``name``, and a list that grows by one at each connection it opens."""
+    opened: list[int] = []
+
+    async def connect() -> InitConnection:
+        opened.append(1)
+        return await InitConnection.open(name)
+
+    return Session(connect, {**ENV, "HOME": "/root"}, "/", CaptureCounts()), opened
+
+
 def forge(nonce: str) -> str:
     """Shell text printing done markers (old and new style) and a fake capture for ``nonce``."""
     return (
@@ -444,13 +455,7 @@ def test_a_capture_that_found_no_session_asks_init_again_only_after_a_command(in
     name, _ = init
 
     async def go() -> None:
-        opened: list[int] = []
-
-        async def connect() -> InitConnection:
-            opened.append(1)
-            return await InitConnection.open(name)
-
-        s = Session(connect, {**ENV, "HOME": "/root"}, "/")
+        s, opened = counted_session(name)
         assert await s.capture_state() is None
         assert await s.capture_state() is None
         assert await s.capture_state() is None
@@ -474,19 +479,13 @@ def test_a_kept_capture_is_reused_only_while_the_witness_holds(init: Init) -> No
     name, _ = init
 
     async def go() -> None:
-        opened: list[int] = []
-
-        async def connect() -> InitConnection:
-            opened.append(1)
-            return await InitConnection.open(name)
-
+        s, opened = counted_session(name)
         witness: list[tuple[object, ...] | None] = [("w", 1)]
         nofile = [1024]
 
         async def probe(nspid: int) -> IdleReading:
             return IdleReading({"nofile": [nofile[0], 4096]}, [], witness[0])
 
-        s = Session(connect, {**ENV, "HOME": "/root"}, "/", CaptureCounts())
         s.probe = probe
         await s.run("cd /tmp; A=1", timeout_s=30, max_output=1)
         first = await s.capture_state()
