@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from crabd.runtime.session_state import SessionState
+from crabd.util.promtext import labelled_counter
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,6 @@ class CaptureCounts:
         return {"captured": self.captured, "reused": self.reused}
 
     def prometheus(self) -> str:
-        return (
-            "# HELP crab_session_captures_total Session states stored, by how they were known.\n"
-            "# TYPE crab_session_captures_total counter\n"
-            + "".join(f'crab_session_captures_total{{how="{k}"}} {n}\n' for k, n in self.snapshot().items())
+        return labelled_counter(
+            "crab_session_captures_total", "Session states stored, by how they were known.", "how", self.snapshot()
         )

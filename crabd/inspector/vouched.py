@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from crabd.inspector.model import Evidence, Proc, TaskCounts
+from crabd.util.promtext import labelled_counter
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,11 @@ class VouchedProcesses:
         return {"read": self.walked, "vouched": self.vouched}
 
     def prometheus(self) -> str:
-        return (
-            "# HELP crab_inspector_process_reads_total Turn ends by how the sandbox's processes were known.\n"
-            "# TYPE crab_inspector_process_reads_total counter\n"
-            + "".join(f'crab_inspector_process_reads_total{{how="{k}"}} {n}\n' for k, n in self.snapshot().items())
+        return labelled_counter(
+            "crab_inspector_process_reads_total",
+            "Turn ends by how the sandbox's processes were known.",
+            "how",
+            self.snapshot(),
         )
 
     def tasks_now(self, sandbox_id: str) -> TaskCounts | None:

@@ -329,15 +329,13 @@ def _open_checked(container_id: str, nspid: int, hp: int) -> int:
         raise SessionProcessError(f"the session's process is gone: {exc}", sandbox="") from exc
     try:
         status, cgroup = _read_at(dirfd, "status"), _read_at(dirfd, "cgroup")
-        nspids = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
-        if not nspids or nspids[-1] != str(nspid) or container_id not in cgroup:
-            raise SessionProcessError(f"pid {hp} is no longer the sandbox's session", sandbox="")
     except OSError as exc:
         os.close(dirfd)
         raise SessionProcessError(f"the session's process is gone: {exc}", sandbox="") from exc
-    except SessionProcessError:
+    nspids = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+    if not nspids or nspids[-1] != str(nspid) or container_id not in cgroup:
         os.close(dirfd)
-        raise
+        raise SessionProcessError(f"pid {hp} is no longer the sandbox's session", sandbox="")
     return dirfd
 
 
