@@ -9,6 +9,12 @@ turn.  At each size:
 
 * **creation**: the sandboxes that bring it to N, made by ``--create-threads``
   clients at once; sandboxes per second;
+* **first turns**: one skip turn in each sandbox made at this size, by
+  ``--agents`` threads (a sandbox's first turn compares its whole file tree
+  and reads its processes and session afresh: nothing of the start is
+  vouched for), so that the loops below measure turns of sandboxes in use,
+  as an RL host runs them, and not first turns: at 1,000 sandboxes a
+  ten-second loop reaches each sandbox less than once;
 * **closed loop**, one kind after the other, ``--agents`` threads each
   driving its own share of the sandboxes round-robin for ``--duration``
   seconds: ``skip`` turns (a read-only command), ``fs`` turns (a file
@@ -118,16 +124,18 @@ def operate(sb: Sandbox, kind: str) -> str:
     return turn.decision.kind if turn.decision is not None else "?"
 
 
-def closed_loop(boxes: list[Sandbox], kind: str, agents: int, duration: float, cpu: CpuMeter) -> dict[str, Any]:
-    """``agents`` threads, each cycling through its share of ``boxes`` for ``duration`` s."""
+def closed_loop(
+    boxes: list[Sandbox], kind: str, agents: int, duration: float | None, cpu: CpuMeter
+) -> dict[str, Any]:
+    """``agents`` threads, each cycling through its share of ``boxes`` for ``duration`` s (None: once through)."""
     lat: list[float] = []
     decisions: Counter[str] = Counter()
     errors: list[str] = []
     lock = threading.Lock()
-    stop = time.monotonic() + duration
+    stop = time.monotonic() + duration if duration is not None else float("inf")
 
     def agent(share: list[Sandbox]) -> None:
-        for sb in itertools.cycle(share):
+        for sb in itertools.cycle(share) if duration is not None else share:
             if time.monotonic() >= stop:
                 return
             t0 = time.monotonic()
@@ -325,11 +333,19 @@ def daemon(config: str) -> Iterator[EmbeddedDaemon]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def at_size(d: EmbeddedDaemon, c: Client, boxes: list[Sandbox], args: argparse.Namespace) -> dict[str, Any]:
-    """Every measurement of one size (see the module's docstring); ``boxes`` already holds N sandboxes."""
+def at_size(
+    d: EmbeddedDaemon, c: Client, boxes: list[Sandbox], made: list[Sandbox], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Every measurement of one size (see the module's docstring); ``boxes`` already holds N sandboxes.
+
+    ``made``: those created for this size, which have had no turn yet.
+    """
     proc = psutil.Process(d.proc.pid if d.proc is not None else 0)
     cpu = CpuMeter(proc)
     out: dict[str, Any] = {"sandboxes": len(boxes), "kinds": {}}
+    if made:
+        print(f"[scale] N={len(boxes)}: a first turn in each of {len(made)} new sandboxes ...", file=sys.stderr)
+        out["first_turns"] = closed_loop(made, "skip", args.agents, None, cpu)
     for kind in args.kinds.split(","):
         print(f"[scale] N={len(boxes)}: {kind} ...", file=sys.stderr)
         out["kinds"][kind] = closed_loop(boxes, kind, args.agents, args.duration, cpu)
@@ -354,11 +370,13 @@ def _median_ms(call: Callable[[], object], times: int = 5) -> float:
 def table(arm: dict[str, Any]) -> str:
     """One arm's sizes as a Markdown table."""
     kinds = [k for k in KINDS if any(k in r["kinds"] for r in arm["sizes"])]
-    head = "| N | created/s | " + " | ".join(f"{k} /s (p99; crabd CPU/op)" for k in kinds)
+    head = "| N | created/s | first turns /s (crabd CPU/op) | "
+    head += " | ".join(f"{k} /s (p99; crabd CPU/op)" for k in kinds)
     head += " | offered p50 / p99 | crabd RSS | list / status |"
-    lines = [head, "|" + "---|" * (5 + len(kinds))]  # N, created, offered, RSS, list + the kinds
+    lines = [head, "|" + "---|" * (6 + len(kinds))]  # N, created, first, offered, RSS, list + the kinds
     for r in arm["sizes"]:
-        cells = []
+        f = r.get("first_turns")  # absent in result files from before it was measured
+        cells = [f"{f['per_s']:.0f} ({f['crabd_cpu_ms_per_op']:.1f} ms)" if f else "-"]
         for k in kinds:
             m = r["kinds"].get(k)
             cells.append(f"{m['per_s']:.0f} ({m['p99_ms']:.0f} ms; {m['crabd_cpu_ms_per_op']:.1f} ms)" if m else "-")
@@ -413,7 +431,7 @@ def run_arm(label: str, src: str, args: argparse.Namespace) -> dict[str, Any]:
             print(f"[scale] {label}: creating up to {n} ...", file=sys.stderr)
             made, took = create_many(c, args.image, n - len(boxes), args.create_threads)
             boxes += made
-            r = at_size(d, c, boxes, args)
+            r = at_size(d, c, boxes, made, args)
             r["created_per_s"] = round(len(made) / took, 1) if made else 0.0
             arm["sizes"].append(r)
         if not args.no_restart:

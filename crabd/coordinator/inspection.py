@@ -139,6 +139,7 @@ class TurnInspection:
                 session_pid,
                 ckpt.process_blob if ckpt else None,
                 ckpt.id if ckpt else None,
+                restored=ckpt is not None,
             )
         except CrabError as exc:
             # Without a baseline the next decision is conservative (never skip).

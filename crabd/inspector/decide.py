@@ -173,8 +173,18 @@ class Inspector:
         session_pid: int | None,
         image: str | None,
         image_checkpoint: str | None,
+        *,
+        restored: bool = True,
     ) -> None:
-        """A container was started fresh, restored or forked: its processes are what ``image`` holds."""
+        """A container was started fresh, restored or forked: its processes are what ``image`` holds.
+
+        ``restored``: started from a checkpoint, which is its head.  It ran
+        for a moment before it could be watched, and what it wrote then is
+        not in that head, so its first turn compares the whole file tree.  A
+        fresh sandbox (``restored=False``) is cut for its first checkpoint
+        only after this call: what it wrote before is in that cut, and what
+        it writes after, the probes see.
+        """
         self.source.track(sandbox_id, container_id)
         self.source.take(sandbox_id)  # the start itself is nobody's turn
         self.vouched.forget(sandbox_id)
@@ -184,7 +194,10 @@ class Inspector:
         self._fingerprints.pop(sandbox_id, None)
         # Without an image the head's tmpfs is what a fresh container has: nothing of the sandbox's own.
         self._tmpfs[sandbox_id] = mounts.fingerprint(init_host_pid).digest if image else None
-        self._scan_next.add(sandbox_id)
+        if restored:
+            self._scan_next.add(sandbox_id)
+        else:
+            self._scan_next.discard(sandbox_id)
 
     def adopt(self, sandbox_id: str, container_id: str) -> None:
         """A running sandbox found after crabd restarted: watch it; its baseline is unknown (conservative)."""

@@ -202,6 +202,17 @@ def test_without_events_files_are_not_walked(sbx: Sbx) -> None:
     assert sbx.turn().kind == "skip"
 
 
+@pytest.mark.parametrize("restored", [True, False])
+def test_only_a_restored_start_walks_the_files_at_its_first_turn(sbx: Sbx, restored: bool) -> None:
+    # A file the probes did not see written: a restored container may have written it
+    # before it was watched (its head is older); a fresh one's head is cut after the watch.
+    (sbx.upper / "app.py").write_text("x = 3\n")
+    sbx.inspector.started("sb", "c", 10_001, 2, image=None, image_checkpoint=None, restored=restored)
+    d = sbx.turn()
+    assert d.kind == ("fs" if restored else "skip"), d.reasons
+    assert sbx.turn().kind == "skip"  # walked once at most
+
+
 def test_lost_events_force_a_walk(sbx: Sbx) -> None:
     (sbx.upper / "app.py").write_text("x = 3\n")
     sbx.events.next = Evidence(files_dirty=True, lost=5, file_notes=["5 events were lost (ring buffer full)"])
