@@ -124,9 +124,7 @@ def operate(sb: Sandbox, kind: str) -> str:
     return turn.decision.kind if turn.decision is not None else "?"
 
 
-def closed_loop(
-    boxes: list[Sandbox], kind: str, agents: int, duration: float | None, cpu: CpuMeter
-) -> dict[str, Any]:
+def closed_loop(boxes: list[Sandbox], kind: str, agents: int, duration: float | None, cpu: CpuMeter) -> dict[str, Any]:
     """``agents`` threads, each cycling through its share of ``boxes`` for ``duration`` s (None: once through)."""
     lat: list[float] = []
     decisions: Counter[str] = Counter()

@@ -38,6 +38,7 @@ import fcntl
 import functools
 import os
 import queue
+import resource
 import socket
 import struct
 import threading
@@ -203,9 +204,19 @@ def _relay(src: Future[Any], dst: Future[Any]) -> None:
 
 #: Spare sockets one namespace entry makes (the next connections to that sandbox's init take them).
 SPARES_PER_ENTRY = 8
-#: Most spares kept in all, whatever the number of sandboxes: each is a descriptor, and crabd's
-#: descriptors are bounded (RLIMIT_NOFILE).  Past it a connection's batch is not kept.
-MAX_SPARES = 1024
+#: Most spares kept in all: each is a descriptor.  Within it, at most an eighth of crabd's
+#: descriptor limit (:func:`spare_limit`), so the rest stay for pidfds, connections and files.
+MAX_SPARES = 16384
+
+
+def spare_limit() -> int:
+    """How many spares may be kept now: :data:`MAX_SPARES`, or an eighth of RLIMIT_NOFILE if lower.
+
+    Read at each batch, not once: crabd raises its soft limit at start-up
+    (``daemon/assembly.py``), after this module is imported.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return MAX_SPARES if soft == resource.RLIM_INFINITY else max(0, min(MAX_SPARES, soft // 8))
 
 
 def _unix_sockets(n: int) -> list[socket.socket]:
@@ -225,14 +236,20 @@ class SpareSockets:
     learns that its init is gone (:meth:`forget`, from the kept container
     statuses, ``coordinator/livestatus.py``), and all of a namespace's spares
     are closed when one of them fails to connect (:meth:`discard`).  At most
-    ``limit`` are kept in all.
+    ``limit`` are kept in all (default: :func:`spare_limit`), and a batch is
+    only as large as what may be kept of it: a host with more sandboxes than
+    room makes one socket per connection, not a batch it closes again.
+
+    Kept per container id (a container has one init, so one namespace, at a
+    time): every operation is O(1) in the number of sandboxes.
     """
 
-    def __init__(self, maker: NetnsSockets, per_entry: int = SPARES_PER_ENTRY, limit: int = MAX_SPARES) -> None:
+    def __init__(self, maker: NetnsSockets, per_entry: int = SPARES_PER_ENTRY, limit: int | None = None) -> None:
         self._maker = maker
         self._per_entry = per_entry
         self._limit = limit
-        self._spares: dict[Netns, list[socket.socket]] = {}
+        #: container id -> (the namespace of its current init, the spares made there)
+        self._spares: dict[str, tuple[Netns, list[socket.socket]]] = {}
         self._count = 0
         #: Bumped by every forget/discard: a batch made across one is not kept (its sandbox may be gone).
         self._epoch = 0
@@ -246,20 +263,23 @@ class SpareSockets:
     def take(self, ns: Netns) -> socket.socket | None:
         """A spare made in ``ns``, or None (then :meth:`make` one)."""
         with self._lock:
-            kept = self._spares.get(ns)
-            if not kept:
+            kept = self._spares.get(ns.container_id)
+            if kept is None or kept[0] != ns:
                 return None
-            sock = kept.pop()
+            sock = kept[1].pop()
             self._count -= 1
-            if not kept:
-                del self._spares[ns]
+            if not kept[1]:
+                del self._spares[ns.container_id]
             return sock
 
     def make(self, ns: Netns) -> Future[socket.socket]:
         """Enter ``ns`` once (on the socket thread) for a socket, keeping the batch's others as spares."""
+        limit = self._limit if self._limit is not None else spare_limit()
         with self._lock:
             epoch = self._epoch
-        made = self._maker.submit(ns, lambda: _unix_sockets(self._per_entry))
+            room = max(0, limit - self._count)
+        size = 1 + min(self._per_entry - 1, room)
+        made = self._maker.submit(ns, lambda: _unix_sockets(size))
         first: Future[socket.socket] = Future()
 
         def done(src: Future[list[socket.socket]]) -> None:
@@ -269,7 +289,7 @@ class SpareSockets:
                     first.set_exception(exc)
                 return
             sock, *rest = src.result()
-            self._keep(ns, rest, epoch)
+            self._keep(ns, rest, epoch, limit)
             if first.set_running_or_notify_cancel():
                 first.set_result(sock)
             else:
@@ -278,27 +298,31 @@ class SpareSockets:
         made.add_done_callback(done)
         return first
 
-    def _keep(self, ns: Netns, socks: list[socket.socket], epoch: int) -> None:
+    def _keep(self, ns: Netns, socks: list[socket.socket], epoch: int, limit: int) -> None:
+        drop: list[socket.socket] = []
         with self._lock:
-            if epoch == self._epoch:
-                # A container has one init at a time: spares of an earlier one (same id, other pid) go.
-                stale = [k for k in self._spares if k.container_id == ns.container_id and k != ns]
-                drop = [s for k in stale for s in self._spares.pop(k)]
-                self._count -= len(drop)
-                room = max(0, self._limit - self._count)
+            if epoch == self._epoch and socks:
+                kept = self._spares.get(ns.container_id)
+                if kept is not None and kept[0] != ns:
+                    # A container has one init at a time: spares of an earlier one (same id, other pid) go.
+                    drop = self._spares.pop(ns.container_id)[1]
+                    self._count -= len(drop)
+                    kept = None
+                room = max(0, limit - self._count)  # others' batches may have filled it meanwhile
                 if room:
-                    self._spares.setdefault(ns, []).extend(socks[:room])
+                    if kept is None:
+                        kept = self._spares[ns.container_id] = (ns, [])
+                    kept[1].extend(socks[:room])
                     self._count += len(socks[:room])
-                socks = drop + socks[room:]
-        for sock in socks:
+                socks = socks[room:]
+        for sock in drop + socks:
             sock.close()
 
     def forget(self, container_id: str) -> None:
         """Close the spares of ``container_id``'s namespace (its init is gone, or crabd replaces it)."""
         with self._lock:
             self._epoch += 1
-            gone = [k for k in self._spares if k.container_id == container_id]
-            socks = [s for k in gone for s in self._spares.pop(k)]
+            _, socks = self._spares.pop(container_id, (None, []))
             self._count -= len(socks)
         for sock in socks:
             sock.close()
@@ -307,7 +331,8 @@ class SpareSockets:
         """Close ``ns``'s spares (one failed to connect: its init is gone or refuses)."""
         with self._lock:
             self._epoch += 1
-            socks = self._spares.pop(ns, [])
+            kept = self._spares.get(ns.container_id)
+            socks = self._spares.pop(ns.container_id)[1] if kept is not None and kept[0] == ns else []
             self._count -= len(socks)
         for sock in socks:
             sock.close()
@@ -315,7 +340,7 @@ class SpareSockets:
     def close(self) -> None:
         with self._lock:
             self._epoch += 1
-            socks = [s for v in self._spares.values() for s in v]
+            socks = [s for _, v in self._spares.values() for s in v]
             self._spares = {}
             self._count = 0
         for sock in socks:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import socket
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -23,12 +24,15 @@ class CountingMaker(netns.NetnsSockets):
     def __init__(self) -> None:
         super().__init__()
         self.entries: list[Netns] = []
+        #: How many sockets each entry made.
+        self.made: list[int] = []
 
     def submit(self, ns: Netns, make: Callable[[], Any]) -> Future[Any]:
         self.entries.append(ns)
         fut: Future[Any] = Future()
         fut.set_running_or_notify_cancel()
         fut.set_result(make())
+        self.made.append(len(fut.result()))
         return fut
 
 
@@ -94,7 +98,7 @@ def test_dropping_a_containers_status_closes_its_spares(maker: tuple[CountingMak
     _, spares = maker
     spares.make(Netns(1, "c1")).result().close()
     spares.make(Netns(2, "c2")).result().close()
-    held = list(spares._spares[Netns(1, "c1")])
+    held = list(spares._spares["c1"][1])
     RunningStatus().drop("c1")
     assert held and all(s.fileno() == -1 for s in held)  # closed: they no longer hold the namespace
     assert spares.take(Netns(1, "c1")) is None
@@ -133,9 +137,11 @@ def test_a_new_init_of_the_same_container_replaces_the_old_ones_spares(
 
 def test_no_more_spares_are_kept_than_the_limit() -> None:
     """Each spare is a descriptor: a thousand sandboxes must not hold eight each."""
-    spares = SpareSockets(CountingMaker(), per_entry=8, limit=10)
+    counting = CountingMaker()
+    spares = SpareSockets(counting, per_entry=8, limit=10)
     firsts = [spares.make(Netns(i, f"c{i}")).result() for i in range(1, 4)]
-    assert len(spares) == 10  # 7 + 3 of the second batch; the rest were closed
+    assert len(spares) == 10  # 7 of the first batch, 3 of the second
+    assert counting.made == [8, 4, 1]  # no batch larger than what may be kept of it
     assert spares.take(Netns(3, "c3")) is None
     for sock in firsts:
         sock.close()
@@ -143,3 +149,18 @@ def test_no_more_spares_are_kept_than_the_limit() -> None:
     assert len(spares) == 3
     spares.close()
     assert len(spares) == 0
+
+
+def test_the_default_limit_is_a_share_of_the_descriptor_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (800, 4096))
+    assert netns.spare_limit() == 100
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1 << 20, 1 << 20))
+    assert netns.spare_limit() == netns.MAX_SPARES
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (resource.RLIM_INFINITY,) * 2)
+    assert netns.spare_limit() == netns.MAX_SPARES
+    counting = CountingMaker()
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (24, 24))  # room for 3
+    spares = SpareSockets(counting, per_entry=8)
+    spares.make(Netns(1, "c1")).result().close()
+    assert counting.made == [4] and len(spares) == 3
+    spares.close()
