@@ -163,7 +163,7 @@ class FakeInit:
     async def list(self) -> list[Any]:
         return []
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, until_init_closed: bool = False) -> None:
         callback, self.on_close = self.on_close, None
         if callback is not None:
             callback()

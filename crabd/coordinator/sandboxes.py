@@ -34,6 +34,7 @@ from typing import Protocol, TypeVar
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus, SandboxBackend
 from crabd.config import CrabConfig
 from crabd.coordinator.livestatus import RunningStatus
+from crabd.coordinator.quiesce import until_init_alone
 from crabd.coordinator.runner import ProcessProbe, Session
 from crabd.coordinator.sessionkeep import CaptureCounts, IdleReading
 from crabd.coordinator.turns import TurnKeeper
@@ -313,7 +314,8 @@ class SandboxManager:
         """No crabd connection into the sandbox for the ``with`` body; new ones wait.
 
         Waits up to ``wait_s`` for commands in flight to finish, then raises
-        SandboxBusy (a long-running exec holds its connection open).
+        SandboxBusy (a long-running exec holds its connection open); then
+        until init itself holds none of them (``coordinator/quiesce.py``).
         """
         live = self._live_for(rec)
         live.gate.clear()
@@ -326,6 +328,11 @@ class SandboxManager:
                     sandbox=rec.id,
                     hint="Checkpoint between commands (at turn end), or wait for the running command.",
                 ) from None
+            st = await self._running(rec)
+            async with self.init_lost_means_dead(rec):
+                await until_init_alone(
+                    lambda: InitConnection.open(netns=Netns(st.pid, rec.container_id)), rec.name, rec.id
+                )
             yield
         finally:
             live.gate.set()

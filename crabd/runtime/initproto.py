@@ -12,6 +12,9 @@ Protocol version 2 (this module's :data:`PROTO_VERSION`) added, over 1:
   reported (``CONTROL_REJECTED`` ``0x8A u32 count, u32 last pid``; LIST
   gains ``u64 ctl_rejected`` per process).
 
+Later, within version 2: ``HELLO_OK`` ends with ``u32 connections`` (the
+client connections open at init); an older init sends 16 bytes.
+
 :class:`InitConnection` is one asyncio connection to a sandbox's init.  It
 is created *inside the sandbox's network namespace*: init listens on an
 abstract unix socket, and abstract names are per network namespace.  The
@@ -57,6 +60,8 @@ MAX_FRAME = (1 << 20) + 64
 STDIN_CHUNK = 256 * 1024
 KEEP = 0xFFFFFFFF
 DEFAULT_SOCKET = "crab-init"
+#: How long :meth:`InitConnection.aclose` waits for init to close its end.
+CLOSE_WAIT_S = 2.0
 
 
 def encode_frame(kind: int, payload: bytes = b"") -> bytes:
@@ -128,6 +133,9 @@ class Hello:
     pid: int
     #: Connections init closed unread because they came from inside the sandbox.
     refused_peers: int
+    #: Client connections open at init, this one included; None from an init built before
+    #: HELLO_OK reported it (the protocol's version is still 2: the field is an addition).
+    connections: int | None = None
 
 
 @dataclass(frozen=True)
@@ -314,13 +322,59 @@ class InitConnection:
             raise InitUnavailable(f"cannot connect to crab's init ({netns or 'host'}): {exc}", sandbox="") from exc
         return cls(reader, writer)
 
-    async def aclose(self) -> None:
-        self._writer.close()
-        with contextlib.suppress(OSError, ConnectionError):
-            await self._writer.wait_closed()
-        callback, self.on_close = self.on_close, None
-        if callback is not None:
-            callback()
+    async def aclose(self, *, until_init_closed: bool = False) -> None:
+        """Close the connection; with ``until_init_closed``, return only once init closed its end.
+
+        Steps: send what is still queued, shut down our writing side (init
+        reads EOF and closes its end, as for a close), optionally read until
+        init's end is gone, close ours.  Past :data:`CLOSE_WAIT_S` (stdin
+        that a command never reads, an init that stopped) queued bytes are
+        dropped and both sides shut down.
+
+        Why a shutdown and not only a close: a closed descriptor is not a
+        closed socket.  A child crabd forks meanwhile (``subprocess`` before
+        its exec, the user-namespace helper of ``backends/runc/idmap.py``)
+        holds a copy of every descriptor for a moment; while it does, a close
+        tells init nothing and init keeps its end, and a process dump then
+        finds a socket in the sandbox whose peer is outside it (CRIU's
+        "External socket is used").  A shutdown reaches init whoever holds
+        copies.  Before a dump, ``SandboxManager.quiesced`` waits for init to
+        count no connection but its own, then closes that one
+        ``until_init_closed``.
+        """
+        try:
+            with contextlib.suppress(OSError, ConnectionError, RuntimeError, TimeoutError):
+                # RuntimeError: another coroutine is reading (it was cancelled mid-read); just close.
+                await self._shut_down(until_init_closed)
+        finally:
+            self._writer.close()
+            try:
+                with contextlib.suppress(OSError, ConnectionError):
+                    await self._writer.wait_closed()
+            finally:
+                callback, self.on_close = self.on_close, None
+                if callback is not None:
+                    callback()
+
+    async def _shut_down(self, until_init_closed: bool) -> None:
+        """:meth:`aclose`'s steps before the close itself."""
+        transport = self._writer.transport
+        try:
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                if transport.get_write_buffer_size():
+                    transport.set_write_buffer_limits(high=0)  # drain() now waits for an empty buffer
+                    await self._writer.drain()
+                if self._writer.can_write_eof():
+                    self._writer.write_eof()
+                    while until_init_closed and await self._reader.read(256 * 1024):
+                        pass
+        except TimeoutError:
+            # Bytes init does not take would hold the close back until they drain: possibly
+            # forever.  They are dropped; both sides shut down, which init sees whoever holds copies.
+            with contextlib.suppress(OSError):
+                transport.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+            transport.abort()
+            raise
 
     async def __aenter__(self) -> InitConnection:
         return self
@@ -365,9 +419,11 @@ class InitConnection:
         if len(p) == 8:  # protocol 1: no refusal count (it refused nobody)
             version, pid = struct.unpack(">II", p)
             return Hello(version, pid, 0)
-        if len(p) != 16:
+        if len(p) == 16:  # no connection count (an init built before it)
+            return Hello(*struct.unpack(">IIQ", p))
+        if len(p) != 20:
             raise InitProtocolError(f"malformed HELLO_OK ({len(p)} bytes)")
-        return Hello(*struct.unpack(">IIQ", p))
+        return Hello(*struct.unpack(">IIQI", p))
 
     async def spawn(self, spec: SpawnSpec) -> Started:
         await self._send(SPAWN, spec.encode())

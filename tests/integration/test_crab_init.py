@@ -9,6 +9,7 @@ pids), and talk to it from the test's namespace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from crabd.coordinator.sessionkeep import CaptureCounts, IdleReading
 from crabd.errors import InitSpawnError, InitUnavailable
 from crabd.host import images
 from crabd.runtime import initbin, session_proto
-from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
+from crabd.runtime.initproto import CLOSE_WAIT_S, Exit, InitConnection, SpawnSpec, Stderr, Stdout
 from crabd.util.netns import Netns
 
 T = TypeVar("T")
@@ -188,14 +189,81 @@ def test_disconnect_kills_the_process_group(init: Init) -> None:
     assert marker not in ps
 
 
-def test_persistent_process_ring_and_attach(init: Init) -> None:
+def _sockets_of(pid: int) -> set[str]:
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed between the listing and the readlink
+            if (link := os.readlink(fd)).startswith("socket:"):
+                found.add(link)
+    return found
+
+
+@pytest.mark.parametrize("stdin", ["none", "more than init reads", "more than the socket holds"])
+def test_init_closes_its_end_though_a_child_holds_a_copy_of_crabds(init: Init, stdin: str) -> None:
+    """A process dump fails on any socket in the sandbox whose peer lives outside it.  A child
+    crabd forked at the moment it closes a connection holds a copy of that descriptor, so a
+    close(2) alone would leave init's end open.  aclose shuts the socket down, which init sees
+    also while stdin backpressure stops it reading; HELLO counts init's connections, and
+    ``until_init_closed`` returns once init closed its end.  Stdin that cannot be sent at all is
+    given up after CLOSE_WAIT_S."""
+    name, pid = init
+    before = _sockets_of(pid)
+    # A command that never reads its stdin gets 64 KiB into its pipe and 1 MiB into init's
+    # buffer; then init stops reading the socket, whose buffers hold ~200 KiB more.
+    size = {"none": 0, "more than init reads": (1 << 20) + (160 << 10), "more than the socket holds": 4 << 20}[stdin]
+
+    async def go() -> None:
+        c = await InitConnection.open(name)
+        if size:
+            await c.spawn(SpawnSpec(argv=["sleep", "1000"], env=ENV))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(c.write_stdin(b"x" * size), 1)
+        assert len(_sockets_of(pid) - before) == 1
+        fd = c._writer.get_extra_info("socket").fileno()
+        holder = subprocess.Popen(["sleep", "30"], pass_fds=(fd,))  # a forked child's copy
+        try:
+            started = time.monotonic()
+            await c.aclose()
+            waited = time.monotonic() - started
+            assert waited < (CLOSE_WAIT_S + 1 if size > 2 << 20 else 1)
+            async with await InitConnection.open(name) as asking:
+                deadline = time.monotonic() + 5
+                while (await asking.hello()).connections != 1 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert (await asking.hello()).connections == 1, "init still holds its end of the closed one"
+                await asking.aclose(until_init_closed=True)
+                assert _sockets_of(pid) == before
+        finally:
+            holder.kill()
+            holder.wait()
+
+    run(go())
+
+
+def _after(gate: Path, command: str) -> bytes:
+    """A shell line that runs ``command`` once ``gate`` exists.  What init relays while a client
+    is attached goes to that client, and is gone with it if it leaves without reading; so a
+    test of what init keeps for a detached process opens the gate only after it detached
+    (on a loaded host the shell can otherwise answer before the client's close)."""
+    return f"while [ ! -e {gate} ]; do sleep 0.01; done; {command}\n".encode()
+
+
+async def _exists(path: Path) -> None:
+    while not path.exists():
+        await asyncio.sleep(0.01)
+
+
+def test_persistent_process_ring_and_attach(init: Init, tmp_path: Path) -> None:
     name, _ = init
+    gate, written = tmp_path / "detached", tmp_path / "written"
 
     async def go() -> None:
         async with await InitConnection.open(name) as c:
             await c.spawn(SpawnSpec(argv=["sh"], env=ENV, name="sess", persistent=True))
-            await c.write_stdin(b"head -c 1500000 /dev/zero; echo end\n")
-        await asyncio.sleep(1.0)  # detached: init buffers the output
+            await c.write_stdin(_after(gate, f"head -c 1500000 /dev/zero; echo end; : > {written}"))
+        gate.touch()
+        await _exists(written)
+        await asyncio.sleep(0.2)  # init reads the pipe as it fills; the last line is in its ring
         async with await InitConnection.open(name) as c, await InitConnection.open(name) as other:
             att = await c.attach("sess")
             assert att.dropped_stdout == 1_500_004 - (1 << 20)
@@ -219,20 +287,24 @@ def test_persistent_process_ring_and_attach(init: Init) -> None:
     run(go())
 
 
-def test_attach_listed_tells_a_live_session_from_one_that_already_exited(init: Init) -> None:
+def test_attach_listed_tells_a_live_session_from_one_that_already_exited(init: Init, tmp_path: Path) -> None:
     """One round trip says whether the attached process still runs.  A live one's kept output
     comes next; a finished one's kept frames are dropped and the connection stays in step
     (a forget right after works); a missing one is ENOENT, and the connection stays usable."""
     name, _ = init
+    gate = tmp_path / "detached"
 
     async def go() -> None:
         async with await InitConnection.open(name) as c:
             await c.spawn(SpawnSpec(argv=["sh"], env=ENV, name="live", persistent=True))
-            await c.write_stdin(b"echo kept\n")
+            await c.write_stdin(_after(gate, "echo kept"))
         async with await InitConnection.open(name) as c:
             await c.spawn(SpawnSpec(argv=["sh"], env=ENV, name="gone", persistent=True))
-            await c.write_stdin(b"echo last; exit 3\n")
-        await asyncio.sleep(0.5)
+            await c.write_stdin(_after(gate, "echo last; exit 3"))
+        gate.touch()
+        async with await InitConnection.open(name) as c:
+            while any(p.alive for p in await c.list() if p.name == "gone"):
+                await asyncio.sleep(0.02)
         async with await InitConnection.open(name) as c:
             _, listed = await c.attach_listed("live")
             assert {p.name: p.alive for p in listed} == {"live": True, "gone": False}

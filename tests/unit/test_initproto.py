@@ -95,7 +95,7 @@ def test_control_frames_are_events() -> None:
         asyncio.run(bad())
 
 
-def test_hello_reports_refused_peers() -> None:
+def test_hello_reports_refused_peers_and_open_connections() -> None:
     class W:  # a writer that accepts the HELLO request
         def write(self, data: bytes) -> None:
             assert data == ip.encode_frame(ip.HELLO)
@@ -108,7 +108,8 @@ def test_hello_reports_refused_peers() -> None:
         reader.feed_data(ip.encode_frame(ip.HELLO_OK, payload))
         return await ip.InitConnection(reader, W()).hello()  # type: ignore[arg-type]
 
-    assert asyncio.run(go(struct.pack(">IIQ", 2, 1, 5))) == ip.Hello(2, 1, 5)
+    assert asyncio.run(go(struct.pack(">IIQI", 2, 1, 5, 3))) == ip.Hello(2, 1, 5, 3)
+    assert asyncio.run(go(struct.pack(">IIQ", 2, 1, 5))) == ip.Hello(2, 1, 5, None)  # no count yet
     assert asyncio.run(go(struct.pack(">II", 1, 1))) == ip.Hello(1, 1, 0)  # an old init
     with pytest.raises(InitProtocolError):
         asyncio.run(go(b"\0" * 5))

@@ -55,7 +55,9 @@ def log_excerpt(log: Path, limit: int = 12) -> str:
     except OSError:
         return ""
     lines = [ln for ln in lines if not any(n in ln for n in _NOISE)]
-    errors = [ln for ln in lines if "Error" in ln]
+    # "Runaway socket" (a debug line) names the socket outside the dump that a dumped one is
+    # connected to, just before "External socket is used", which names neither.
+    errors = [ln for ln in lines if "Error" in ln or "Runaway socket" in ln]
     tail = lines[-3:]
     picked = errors[-limit:] + [ln for ln in tail if ln not in errors]
     return "\n".join(picked)

@@ -91,7 +91,10 @@
  *   0x03 STDIN data   0x04 STDIN_CLOSE   0x05 SIGNAL u32 signo
  *   0x06 ATTACH str name   0x07 DETACH   0x08 LIST   0x09 FORGET str name
  * Init -> client:
- *   0x81 HELLO_OK u32 version, u32 pid, u64 refused_peers
+ *   0x81 HELLO_OK u32 version, u32 pid, u64 refused_peers, u32 connections
+ *        (connections: open client connections, the asking one included;
+ *        crabd waits for it to be 1 before a process dump, and an init
+ *        older than this field sends 16 bytes)
  *   0x82 STARTED u32 pid, u32 handle
  *   0x83 STDOUT data   0x84 STDERR data   0x85 EXIT i32 wait status
  *   0x86 ATTACHED u32 pid, u32 handle, u64 dropped_out, u64 dropped_err
@@ -871,11 +874,14 @@ static void handle_frame(int ci, int type, const unsigned char *pl, size_t n) {
     struct proc *p = c->proc >= 0 ? &procs[c->proc] : NULL;
     switch (type) {
     case T_HELLO: {
-        unsigned char v[16];
+        unsigned char v[20];
+        uint32_t open_conns = 0;
+        for (int i = 0; i < MAX_CONNS; i++) open_conns += conns[i].used;
         put_u32(v, PROTO_VERSION);
         put_u32(v + 4, (uint32_t)getpid());
         put_u64(v + 8, refused_peers);
-        send_frame(ci, R_HELLO, v, 16);
+        put_u32(v + 16, open_conns);
+        send_frame(ci, R_HELLO, v, 20);
         break;
     }
     case T_SPAWN:
@@ -1115,6 +1121,10 @@ int main(int argc, char **argv) {
             short ev = 0;
             int blocked = c->proc >= 0 && procs[c->proc].in.len > STDIN_CAP;
             if (!c->closing && !blocked) ev |= POLLIN;
+            /* crabd half-closes (shutdown SHUT_WR) when it leaves and waits
+             * for us to close our end (initproto.py, aclose): notice that
+             * even while stdin backpressure stops us reading the socket. */
+            if (!c->closing) ev |= POLLRDHUP;
             if (c->w.len) ev |= POLLOUT;
             if (c->closing && !c->w.len) { drop_conn(i); continue; }
             pfd[n] = (struct pollfd){c->fd, ev, 0}; kind[n] = 2; idx[n] = i; n++;
@@ -1159,7 +1169,7 @@ int main(int argc, char **argv) {
                         try_finish(conns[i].proc);
                     }
                 }
-                if (conns[i].used && (pfd[k].revents & (POLLIN | POLLHUP | POLLERR))) read_conn(i);
+                if (conns[i].used && (pfd[k].revents & (POLLIN | POLLHUP | POLLERR | POLLRDHUP))) read_conn(i);
                 break;
             case 3: case 4:
                 if (procs[i].used && !procs[i].finalized && procs[i].fd[kind[k] - 3] >= 0) {
