@@ -86,7 +86,7 @@ def test_a_socket_made_after_its_caller_timed_out_is_closed(monkeypatch: pytest.
     import concurrent.futures
     import socket
 
-    from crabd.runtime import initproto
+    from crabd.runtime import initsocket
     from crabd.util import netns
     from crabd.util.netns import Netns
 
@@ -94,7 +94,7 @@ def test_a_socket_made_after_its_caller_timed_out_is_closed(monkeypatch: pytest.
     made.set_running_or_notify_cancel()  # the socket thread took the job: it can no longer be cancelled
     monkeypatch.setattr(netns.sockets, "submit", lambda ns, make: made)
     with pytest.raises(TimeoutError):
-        asyncio.run(initproto._socket_in_netns(Netns(1, "c"), "crab-init", 0.05))
+        asyncio.run(initsocket.socket_in_netns(Netns(1, "c"), "crab-init", 0.05))
     late, other = socket.socketpair()
     made.set_result([late])  # one namespace entry makes a batch (netns.spares): the first was the caller's
     assert late.fileno() == -1  # closed

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from crabd.coordinator.livestatus import RunningStatus
-from crabd.runtime import initproto
+from crabd.runtime import initsocket
 from crabd.util import netns
 from crabd.util.netns import Netns, SpareSockets
 
@@ -40,7 +40,7 @@ class CountingMaker(netns.NetnsSockets):
 def maker(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[CountingMaker, SpareSockets]]:
     counting = CountingMaker()
     spares = SpareSockets(counting, per_entry=4)
-    monkeypatch.setattr(initproto, "netns_spares", spares)
+    monkeypatch.setattr(initsocket, "netns_spares", spares)
     monkeypatch.setattr(netns, "spares", spares)  # what livestatus forgets through
     yield counting, spares
     spares.close()
@@ -58,7 +58,7 @@ def listener() -> Iterator[tuple[str, socket.socket]]:
 
 
 def connect(ns: Netns, name: str) -> socket.socket:
-    return asyncio.run(initproto._socket_in_netns(ns, name, 1.0))
+    return asyncio.run(initsocket.socket_in_netns(ns, name, 1.0))
 
 
 def test_a_namespace_is_entered_once_for_several_connections(
