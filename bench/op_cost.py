@@ -16,12 +16,14 @@ Kinds (busybox sandboxes, automatic checkpoints):
 * ``plain``: one command, no turn;
 * ``empty``: begin and end a turn with nothing in it (``end_turn(wait=True)``);
 * ``skip``, ``fs``: a turn with a read-only command / a file written, as in ``bench.scale``;
+* ``skip1``: the ``skip`` turn in one call (``run(..., turn="durable")``), not begin, command, end;
 * ``create``: a sandbox created (then removed outside the measured time; the
   removal is reported as ``remove``);
 * ``session``: a turn whose command runs in the persistent session
   (``session.run``), as agents' shells do: its end also captures the
   session's state; ``capture``: that capture alone (``session.state()``).
-  Both in a second sandbox of ``--session-image`` (they need bash).
+  Both in a second sandbox of ``--session-image`` (they need bash);
+  ``session1``: the ``session`` turn in one call.
 * ``shellskip``: the ``skip`` turn in that second sandbox: a read-only
   command run with ``exec`` while the session's bash sits idle (its end
   may reuse the last capture: ``coordinator/sessionkeep.py``).
@@ -56,8 +58,8 @@ from bench.signals import terminate_as_interrupt
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from crabd.util import cgroups
 
-KINDS = ("plain", "empty", "skip", "fs", "create", "session", "capture", "shellskip")
-SESSION_KINDS = ("session", "capture", "shellskip")
+KINDS = ("plain", "empty", "skip", "skip1", "fs", "create", "session", "session1", "capture", "shellskip")
+SESSION_KINDS = ("session", "session1", "capture", "shellskip")
 WARM_UP = 3
 
 
@@ -92,6 +94,9 @@ class Arm:
             self.shell.begin_turn()
             self.shell.session.run("cat /etc/hostname")
             self.shell.end_turn(wait=True)
+        elif kind == "session1":
+            assert self.shell is not None
+            self.shell.session.run("cat /etc/hostname", turn="durable")
         elif kind == "capture":
             assert self.shell is not None
             self.shell.session.state()

@@ -20,14 +20,16 @@ turn.  At each size:
   seconds: ``skip`` turns (a read-only command), ``fs`` turns (a file
   written), ``full`` turns (the background process replaced) and ``plain``
   commands (no turn).  A turn is begin, one command, ``end_turn(wait=True)``:
-  it counts once its checkpoint is durable (or the turn was skipped).
+  it counts once its checkpoint is durable (or the turn was skipped);
+  ``skip1``, ``fs1``, ``full1`` are the same turns made in one call each
+  (``run(..., turn="durable")``).
   Reported: operations per second, p50/p99 latency, the decisions crabd
   made (a bench whose skip turns came out ``fs`` says so), and per operation
   crabd's own CPU (its process and threads), its helpers' (runc, CRIU and
   every other child it waited for: the kernel adds their CPU to crabd's
   ``children`` times), the host's (all CPUs, all processes, this client
   included) and this client's own;
-* **offered load**: skip turns started at ``--offered`` per second
+* **offered load**: skip turns (``--offered-kind``) started at ``--offered`` per second
   (open loop, spread over all N), latency from each turn's planned start,
   so that a crabd that falls behind shows it;
 * crabd's RSS (its process; helpers are short-lived), and how long a
@@ -78,7 +80,9 @@ COMMANDS: dict[str, list[str]] = {
     "full": ["sh", "-c", "pkill -x sleep; sleep 600 >/dev/null 2>&1 &"],
     "plain": ["true"],
 }
-KINDS = tuple(COMMANDS)
+#: The same turns in one call each (``run(..., turn="durable")``), not begin, command, end.
+ONE_CALL = {"skip1": "skip", "fs1": "fs", "full1": "full"}
+KINDS = (*COMMANDS, *ONE_CALL)
 
 
 def pct(values: list[float], p: float) -> float:
@@ -116,6 +120,12 @@ def operate(sb: Sandbox, kind: str) -> str:
         if r.exit_code != 0:
             raise RuntimeError(f"{kind}: exit {r.exit_code}: {r.stderr[:200]!r}")
         return ""
+    if kind in ONE_CALL:
+        r = sb.run(COMMANDS[ONE_CALL[kind]], turn="durable")
+        if r.exit_code != 0:
+            raise RuntimeError(f"{kind}: exit {r.exit_code}: {r.stderr[:200]!r}")
+        ended = r.ended_turn
+        return ended.decision.kind if ended is not None and ended.decision is not None else "?"
     sb.begin_turn()
     r = sb.run(COMMANDS[kind])
     turn = sb.end_turn(wait=True)
@@ -166,8 +176,10 @@ def closed_loop(boxes: list[Sandbox], kind: str, agents: int, duration: float | 
     }
 
 
-def offered_load(boxes: list[Sandbox], rate: float, duration: float, cpu: CpuMeter) -> dict[str, Any]:
-    """Skip turns started at ``rate`` per second over all ``boxes``; latency from each one's planned start."""
+def offered_load(
+    boxes: list[Sandbox], rate: float, duration: float, cpu: CpuMeter, kind: str = "skip"
+) -> dict[str, Any]:
+    """Skip turns (``kind``) started at ``rate``/s over all ``boxes``; latency from each one's planned start."""
     n = max(1, int(rate * duration))
     lat: list[float] = []
     late = 0
@@ -189,7 +201,7 @@ def offered_load(boxes: list[Sandbox], rate: float, duration: float, cpu: CpuMet
                 return
             busy.add(sb.id)
         try:
-            operate(sb, "skip")
+            operate(sb, kind)
         except Exception:  # counted as missing below
             return
         finally:
@@ -348,7 +360,7 @@ def at_size(
         print(f"[scale] N={len(boxes)}: {kind} ...", file=sys.stderr)
         out["kinds"][kind] = closed_loop(boxes, kind, args.agents, args.duration, cpu)
     print(f"[scale] N={len(boxes)}: offered {args.offered}/s ...", file=sys.stderr)
-    out["offered"] = offered_load(boxes, args.offered, args.duration, cpu)
+    out["offered"] = offered_load(boxes, args.offered, args.duration, cpu, args.offered_kind)
     out["crabd_rss_mb"] = round(proc.memory_info().rss / 2**20, 1)
     # What an operator's `crabctl ps` and `crabctl daemon status` wait for at this N (idle crabd).
     out["list_ms"] = _median_ms(c.list)
@@ -448,6 +460,9 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=32, help="concurrent client threads in the closed loops")
     ap.add_argument("--duration", type=float, default=15.0, help="seconds per closed loop and offered-load run")
     ap.add_argument("--offered", type=float, default=100.0, help="skip turns started per second (open loop)")
+    ap.add_argument(
+        "--offered-kind", choices=("skip", "skip1"), default="skip", help="the offered turns: three calls or one"
+    )
     ap.add_argument("--create-threads", type=int, default=16)
     ap.add_argument("--image", default="busybox")
     ap.add_argument("--backend", default="runc+btrfs")

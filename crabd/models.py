@@ -20,6 +20,7 @@ from crabd.vocabulary import RecoveryMode as RecoveryMode
 from crabd.vocabulary import RetentionPolicy as RetentionPolicy
 from crabd.vocabulary import SandboxState as SandboxState
 from crabd.vocabulary import TurnCheckpointState as TurnCheckpointState
+from crabd.vocabulary import TurnEnd as TurnEnd
 from crabd.vocabulary import Vocabulary as Vocabulary
 
 

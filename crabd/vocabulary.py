@@ -75,6 +75,21 @@ class RecoveryMode(Vocabulary):
     AUTO = "auto"
 
 
+class TurnEnd(Vocabulary):
+    """When a command that is a turn of its own (``run(..., turn=...)``) replies after its turn end.
+
+    The same three points as ``end_turn``'s parameters: ``deferred`` (closed,
+    the inspector decides in the background: ``end_turn(decision=False)``),
+    ``decided`` (decided, its checkpoint queued: ``end_turn()``), ``durable``
+    (the checkpoint is durable, or the call fails: ``end_turn(wait=True)``).
+    """
+
+    __what__ = "turn end"
+    DEFERRED = "deferred"
+    DECIDED = "decided"
+    DURABLE = "durable"
+
+
 class TurnCheckpointState(Vocabulary):
     """Where a turn end's checkpoint is (``TurnRecord.checkpoint_state``)."""
 

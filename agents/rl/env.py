@@ -29,7 +29,7 @@ from types import TracebackType
 from agents.shell_agent import render_result
 from agents.tasks import Task, acreate, averify
 from crabd.errors import CrabError
-from crabd.models import CheckpointKind, CheckpointPolicy
+from crabd.models import CheckpointKind, CheckpointPolicy, TurnEnd
 from crabd.sdk import AsyncClient, AsyncSandbox
 
 
@@ -177,6 +177,22 @@ class CrabEnv:
         commands = [action] if isinstance(action, str) else list(action or ())
         if not commands:
             return await self._finish(truncated=False)
+        number, outputs = await self._act(sb, commands)
+        self._turns.append(number)
+        self._at_head = False
+        info: dict[str, object] = {"outputs": outputs, "turn": number}
+        observation = "\n".join(outputs)
+        if self.steps >= self.max_steps:
+            end = await self._finish(truncated=True)
+            return StepResult(observation, end.reward, True, {**info, **end.info})
+        return StepResult(observation, 0.0, False, info)
+
+    async def _act(self, sb: AsyncSandbox, commands: list[str]) -> tuple[int, list[str]]:
+        """Run the commands as one turn; its end is not waited for (crab decides and checkpoints while
+        the policy generates the next action).  Returns the turn's number and each command's output."""
+        if len(commands) == 1:  # the usual step: the turn in one call, not three
+            r = await sb.session.run(commands[0], timeout=self.command_timeout_s, turn=TurnEnd.DEFERRED)
+            return r.turn, [render_result(r.exit_code, r.timed_out, r.stdout + r.stderr)]
         turn = await sb.begin_turn()
         outputs: list[str] = []
         try:
@@ -185,16 +201,8 @@ class CrabEnv:
                 outputs.append(render_result(r.exit_code, r.timed_out, r.stdout + r.stderr))
         finally:
             with contextlib.suppress(CrabError):
-                # Not waited for: crab decides and checkpoints while the policy generates the next action.
                 await sb.end_turn(decision=False)
-        self._turns.append(turn.number)
-        self._at_head = False
-        info: dict[str, object] = {"outputs": outputs, "turn": turn.number}
-        observation = "\n".join(outputs)
-        if self.steps >= self.max_steps:
-            end = await self._finish(truncated=True)
-            return StepResult(observation, end.reward, True, {**info, **end.info})
-        return StepResult(observation, 0.0, False, info)
+        return turn.number, outputs
 
     async def _finish(self, *, truncated: bool) -> StepResult:
         verdict = await averify(self.sandbox, self.task)

@@ -89,7 +89,8 @@ def sandbox_to_pb(rec: SandboxRecord, head: str = "") -> pb.Sandbox:
     )
 
 
-def outcome_to_pb(o: ExecOutcome) -> pb.ExecResult:
+def outcome_to_pb(o: ExecOutcome, ended: TurnRecord | None = None) -> pb.ExecResult:
+    """A command's result; ``ended``: the turn it was, when it ran as a turn of its own."""
     return pb.ExecResult(
         exit_code=o.exit_code,
         timed_out=o.timed_out,
@@ -101,6 +102,7 @@ def outcome_to_pb(o: ExecOutcome) -> pb.ExecResult:
         turn=o.turn,
         seq=o.seq,
         session_ended=o.session_ended,
+        ended_turn=turn_to_pb(ended) if ended is not None else None,
     )
 
 

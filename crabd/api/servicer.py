@@ -40,12 +40,14 @@ from crabd.api.peercred import CallerTable
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.errors import CrabError, InvalidRequest, Unauthenticated
-from crabd.models import Caller, ExecOutcome
+from crabd.models import Caller, ExecOutcome, TurnRecord
 from crabd.service.service import Service
 
 log = logging.getLogger("crabd.api")
 
 T = TypeVar("T")
+#: A command's outcome and, when it ran as a turn of its own, that turn (``Service.exec``).
+Ran = tuple[ExecOutcome, TurnRecord | None]
 #: Output chunks queued per streaming call before the producer waits.
 STREAM_QUEUE = 64
 
@@ -152,12 +154,12 @@ class CrabServicer(pb_grpc.CrabServicer):
         self,
         context: Any,
         stream: bool,
-        run: Callable[[Caller, Callable[[str, bytes], Awaitable[None]] | None], Awaitable[ExecOutcome]],
+        run: Callable[[Caller, Callable[[str, bytes], Awaitable[None]] | None], Awaitable[Ran]],
     ) -> AsyncIterator[pb.ExecEvent]:
-        """Run a command, yielding output chunks (if ``stream``) and then its result."""
+        """Run a command, yielding output chunks (if ``stream``) and then its result (with its turn, if it was one)."""
         if not stream:
             # Only the result goes out: the call runs in this handler's own task (no queue, no second task).
-            yield pb.ExecEvent(result=outcome_to_pb(await self._call(context, lambda c: run(c, None))))
+            yield pb.ExecEvent(result=outcome_to_pb(*await self._call(context, lambda c: run(c, None))))
             return
         queue: asyncio.Queue[pb.ExecEvent | None] = asyncio.Queue(maxsize=STREAM_QUEUE)
 
@@ -165,7 +167,7 @@ class CrabServicer(pb_grpc.CrabServicer):
             which = pb.STDOUT if name == "stdout" else pb.STDERR
             await queue.put(pb.ExecEvent(output=pb.OutputChunk(stream=which, data=data)))
 
-        async def go(c: Caller) -> ExecOutcome:
+        async def go(c: Caller) -> Ran:
             try:
                 return await run(c, sink if stream else None)
             finally:
@@ -175,7 +177,7 @@ class CrabServicer(pb_grpc.CrabServicer):
         try:
             while (event := await queue.get()) is not None:
                 yield event
-            yield pb.ExecEvent(result=outcome_to_pb(await task))
+            yield pb.ExecEvent(result=outcome_to_pb(*await task))
         finally:
             if not task.done():
                 task.cancel()
@@ -185,7 +187,7 @@ class CrabServicer(pb_grpc.CrabServicer):
     # grpc.aio recognises a server-streaming handler only if the method itself
     # is an async generator function, hence the `async for ... yield` below.
     async def Exec(self, request: pb.ExecRequest, context: Any) -> AsyncIterator[pb.ExecEvent]:
-        async def run(c: Caller, sink: Callable[[str, bytes], Awaitable[None]] | None) -> ExecOutcome:
+        async def run(c: Caller, sink: Callable[[str, bytes], Awaitable[None]] | None) -> Ran:
             return await self.service.exec(
                 c,
                 request.sandbox,
@@ -197,13 +199,14 @@ class CrabServicer(pb_grpc.CrabServicer):
                 max_output=request.max_output_bytes,
                 user=request.user,
                 sink=sink,
+                turn_end=request.turn_end,
             )
 
         async for event in self._stream(context, request.stream, run):
             yield event
 
     async def SessionRun(self, request: pb.SessionRunRequest, context: Any) -> AsyncIterator[pb.ExecEvent]:
-        async def run(c: Caller, sink: Callable[[str, bytes], Awaitable[None]] | None) -> ExecOutcome:
+        async def run(c: Caller, sink: Callable[[str, bytes], Awaitable[None]] | None) -> Ran:
             return await self.service.session_run(
                 c,
                 request.sandbox,
@@ -211,6 +214,7 @@ class CrabServicer(pb_grpc.CrabServicer):
                 timeout_s=request.timeout_s,
                 max_output=request.max_output_bytes,
                 sink=sink,
+                turn_end=request.turn_end,
             )
 
         async for event in self._stream(context, request.stream, run):

@@ -26,6 +26,7 @@ from crabd.cli.common import (
     table,
 )
 from crabd.cli.core import ExecCommand
+from crabd.vocabulary import TurnEnd
 
 if TYPE_CHECKING:
     from crabd.cli.common import Columns
@@ -338,6 +339,15 @@ def _run_and_exit(items: Iterator[OutputChunk | ExecResult], as_json: bool) -> N
     raise typer.Exit(_run(items, as_json))
 
 
+AsTurnOpt = Annotated[
+    bool,
+    typer.Option(
+        "--as-turn",
+        help="Run it as a whole turn of its own: begin a turn, run, end the turn (even if the command fails).",
+    ),
+]
+
+
 @app.command(name="exec", cls=ExecCommand, rich_help_panel=SANDBOXES)
 def exec_(
     sandbox: SbArg,
@@ -346,13 +356,15 @@ def exec_(
     workdir: Annotated[str, typer.Option("--workdir", "-w", metavar="DIR", help="Working directory.")] = "",
     user: Annotated[str, typer.Option("--user", "-u", metavar="UID[:GID]", help="Run as this uid inside.")] = "",
     env: EnvOpt = None,
+    as_turn: AsTurnOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run one command in a sandbox: `crabctl exec SB [OPTIONS] -- CMD...`; exits with its exit code."""
     env_vars = parse_env(env)
+    turn = TurnEnd.DEFERRED if as_turn else ""
     with client() as c:
         sb = c.get(sandbox)
-        items = sb.stream(command, timeout=timeout, workdir=workdir, user=user, env=env_vars)
+        items = sb.stream(command, timeout=timeout, workdir=workdir, user=user, env=env_vars, turn=turn)
         _run_and_exit(items, as_json)
 
 
@@ -361,12 +373,7 @@ def sh(
     sandbox: SbArg,
     script: Annotated[str, typer.Argument(metavar="SCRIPT", help="bash text to run in the sandbox's session.")],
     timeout: TimeoutOpt = 0.0,
-    as_turn: Annotated[
-        bool,
-        typer.Option(
-            "--as-turn", help="Run it as one whole turn: begin a turn, run, end the turn (even if the command fails)."
-        ),
-    ] = False,
+    as_turn: AsTurnOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run bash in the sandbox's persistent shell session (cd/export persist).
@@ -375,13 +382,9 @@ def sh(
     into the sandbox's open implicit turn, with the commands before it.
     """
     with client() as c:
-        sb = c.get(sandbox)
-        if not as_turn:
-            _run_and_exit(sb.session.stream(script, timeout=timeout), as_json)
-        # As the SDK's Sandbox.turn(): the turn ends even if the command (or crabctl) is cut short.
-        with sb.turn():
-            code = _run(sb.session.stream(script, timeout=timeout), as_json)
-    raise typer.Exit(code)
+        # --as-turn: one call; crabd ends the turn even if the command (or crabctl) is cut short.
+        items = c.get(sandbox).session.stream(script, timeout=timeout, turn=TurnEnd.DEFERRED if as_turn else "")
+        _run_and_exit(items, as_json)
 
 
 @app.command(rich_help_panel=SANDBOXES)

@@ -379,6 +379,17 @@ class SandboxManager:
     def new_id(self) -> str:
         return secrets.token_hex(6)
 
+    def _unnamed(self, sandbox_id: str) -> str:
+        """The name of a sandbox created without one: ``sb-`` and its id's first 6 hex digits.
+
+        Six digits are 24 bits: with a thousand sandboxes on the host, one
+        unnamed create in ~17,000 meets a name already taken, and an RL host
+        creates that many in hours. Then the whole id names it (a user may
+        have taken even that name: the error says so).
+        """
+        short = f"sb-{sandbox_id[:6]}"
+        return f"sb-{sandbox_id}" if self.registry.name_taken(short) else short
+
     async def reserve(
         self, owner_uid: int, spec: SandboxSpec, image: str, *, sandbox_id: str = "", origin: str = ""
     ) -> SandboxRecord:
@@ -386,7 +397,7 @@ class SandboxManager:
         validate_spec(spec)
         sandbox_id = sandbox_id or self.new_id()
         async with self._create_lock:
-            name = spec.name or f"sb-{sandbox_id[:6]}"
+            name = spec.name or self._unnamed(sandbox_id)
             if self.registry.name_taken(name):
                 raise AlreadyExists(f"a sandbox named {name!r} already exists", name=name)
             spec = replace(spec, name=name)

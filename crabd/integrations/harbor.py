@@ -9,7 +9,7 @@ import path, with ``--ek`` keyword arguments passed to its constructor::
 What it adds over Harbor's docker environment:
 
 * every ``exec`` is one crab turn in the sandbox's persistent session
-  (``begin_turn``, ``session.run``, ``end_turn`` not waited for), so crab
+  (``session.run(..., turn="deferred")``: begun, run, ended not waited for, in one call), so crab
   checkpoints what each agent step changed while the agent waits for its model;
 * a sandbox whose container dies mid-trial is recovered from its latest
   checkpoint (``Sandbox.recover``), the steps whose effects that lost are
@@ -77,7 +77,7 @@ from crabd.integrations.harbor_dockerfile import (
     crab_env_of,
     plan_dockerfile,
 )
-from crabd.models import SandboxState
+from crabd.models import SandboxState, TurnEnd
 from crabd.sdk import AsyncClient, CreateOptions
 from crabd.sdk.aio import AsyncSandbox
 
@@ -347,17 +347,12 @@ class CrabEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor is not i
 
     async def _run_text(self, text: str, timeout: float) -> Any:
         """One session command as one crab turn; a container that died under it raises :class:`_Died`."""
-        sb = self.sandbox
-        turn = await sb.begin_turn()
-        try:
-            result = await sb.session.run(text, timeout=timeout)
-        finally:
-            with contextlib.suppress(CrabError):
-                # Not waited for: crab checkpoints while the agent waits for its model.
-                await sb.end_turn(decision=False)
+        # One call: the turn begun, the command, its end not waited for (crab checkpoints while the
+        # agent waits for its model); a failed command still ends its turn.
+        result = await self.sandbox.session.run(text, timeout=timeout, turn=TurnEnd.DEFERRED)
         if result.session_ended and not result.timed_out and not await self._running():
-            raise _Died(f"the sandbox's container died during turn {turn.number}")
-        self._last_turn = turn.number
+            raise _Died(f"the sandbox's container died during turn {result.turn}")
+        self._last_turn = result.turn
         return result
 
     async def _checked(self, what: str, text: str) -> None:

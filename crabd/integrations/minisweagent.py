@@ -8,9 +8,10 @@ is one, selectable by import path::
     mini --environment-class crabd.integrations.minisweagent.CrabEnvironment ...
     # or, in a config file:  environment: {environment_class: crabd.integrations.minisweagent.CrabEnvironment}
 
-Each ``execute`` is one crab turn in the sandbox's persistent bash session:
-``begin_turn``, the command, ``end_turn`` without waiting, so crab decides
-and checkpoints while the agent waits for its model.  On top of
+Each ``execute`` is one crab turn in the sandbox's persistent bash session,
+made in one call (``session.stream(..., turn="deferred")``: the turn begun,
+the command, its end not waited for), so crab decides and checkpoints while
+the agent waits for its model.  On top of
 mini-swe-agent's own environments it adds, for the caller:
 
 * per step, the crab turn that ran it and the checkpoint holding the state
@@ -72,7 +73,7 @@ from crabd.integrations.minisweagent_data import (
     output,
     why,
 )
-from crabd.models import CheckpointPolicy, SandboxState
+from crabd.models import CheckpointPolicy, SandboxState, TurnEnd
 from crabd.sdk import Client, Sandbox
 
 if TYPE_CHECKING:
@@ -514,17 +515,12 @@ class CrabEnvironment:
         return ran
 
     def _turn(self, text: str, limit: int) -> Ran:
-        sb = self.sandbox
-        turn = sb.begin_turn()
-        try:
-            result, data = collect(sb.session.stream(text, timeout=limit))
-        finally:
-            with contextlib.suppress(CrabError):
-                # Not waited for: crab decides and checkpoints while the agent waits for its model.
-                sb.end_turn(decision=False)
+        # One call: the turn begun, the command, its end not waited for (crab decides and
+        # checkpoints while the agent waits for its model); a failed command still ends its turn.
+        result, data = collect(self.sandbox.session.stream(text, timeout=limit, turn=TurnEnd.DEFERRED))
         if result.session_ended and not result.timed_out and not self._running():
-            raise _Died(f"the sandbox's container died during turn {turn.number}")
-        return Ran(turn.number, output(text, limit, result, data))
+            raise _Died(f"the sandbox's container died during turn {result.turn}")
+        return Ran(result.turn, output(text, limit, result, data))
 
     def _running(self) -> bool:
         try:

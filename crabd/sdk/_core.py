@@ -387,9 +387,9 @@ class SessionCore(Generic[SBX]):
     def __init__(self, sandbox: SBX) -> None:
         self._sb = sandbox
 
-    def _run(self, command: str, timeout: float, max_output: int, *, stream: bool) -> Call[Event]:
+    def _run(self, command: str, timeout: float, max_output: int, *, stream: bool, turn: str = "") -> Call[Event]:
         sb = self._sb
-        req = rq.session_request(sb.id, command, timeout=timeout, max_output=max_output, stream=stream)
+        req = rq.session_request(sb.id, command, timeout=timeout, max_output=max_output, stream=stream, turn=turn)
         return sb.client._stream("SessionRun", req, timeout)
 
     def _state(self) -> Call[dict[str, Any]]:

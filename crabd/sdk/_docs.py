@@ -66,8 +66,19 @@ CLIENT = {
         turns after the checkpoint's up to it are reported in ``lost_turns``.""",
 }
 
+#: ``run``'s ``turn`` parameter, the same for a program and for session text.
+_AS_TURN = """
+
+        ``turn="deferred" | "decided" | "durable"``: the command is a turn of its own, in one call
+        (what ``begin_turn()``, the command and ``end_turn()`` do in three; a read-only turn costs
+        crabd about a third less).  The word says when the call returns after the turn end: once it is closed (the
+        decision is made in the background, as ``end_turn(decision=False)``), once it is decided,
+        or once its checkpoint is durable (``end_turn(wait=True)``; a failed checkpoint raises).
+        The ended turn is the result's ``ended_turn``.  If the command fails, the turn is ended
+        all the same and the command's error is raised."""
+
 SESSION = {
-    "run": "Run bash text in the session and wait for it; ``cd``, ``export`` and variables persist.",
+    "run": "Run bash text in the session and wait for it; ``cd``, ``export`` and variables persist." + _AS_TURN,
     "stream": "Like :meth:`run`, but yield output chunks as they arrive, then the :class:`ExecResult`.",
     "state": "The session's semantic state now (cwd, env, variables, functions, ...).",
     "restart": "Start a fresh bash, with ``state`` (from :meth:`state`) applied if given.",
@@ -75,7 +86,7 @@ SESSION = {
 
 SANDBOX = {
     "refresh": "Fetch the sandbox's current description into ``info``, and return it.",
-    "run": "Run one program (argv list, or a string split like a shell would) and wait for it.",
+    "run": "Run one program (argv list, or a string split like a shell would) and wait for it." + _AS_TURN,
     "stream": "Like :meth:`run`, but yield output chunks as they arrive, then the :class:`ExecResult`.",
     "begin_turn": "Begin a turn (one agent action) explicitly; :meth:`turn` does it for a ``with`` block.",
     "llm_base_url": """The OpenAI ``base_url`` that routes this sandbox's LLM calls through crabd's proxy.

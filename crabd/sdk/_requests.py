@@ -22,7 +22,7 @@ from crabd.api.v1 import crab_pb2 as pb
 from crabd.config_file import DEFAULT_SOCKET, socket_path
 from crabd.errors import CrabError, InvalidRequest
 from crabd.util import validate
-from crabd.vocabulary import CheckpointPolicy, RecoveryMode, RetentionPolicy
+from crabd.vocabulary import CheckpointPolicy, RecoveryMode, RetentionPolicy, TurnEnd
 
 if TYPE_CHECKING:
     from crabd.sdk.models import CheckpointFailure
@@ -149,6 +149,9 @@ class ExecOptions:
     max_output: int = 0
     stdin: bytes | str = b""
     user: str = ""
+    #: Run as a turn of its own (one call, not begin, run, end): a :class:`TurnEnd` word saying when the
+    #: call returns after the turn end; the ended turn is ``ExecResult.ended_turn``.  "": no turn.
+    turn: str = ""
 
     def request(self, sandbox: str, *, stream: bool) -> pb.ExecRequest:
         """The wire request for ``sandbox``, every value checked."""
@@ -163,11 +166,12 @@ class ExecOptions:
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
             stream=stream,
             user=self.user,
+            turn_end=turn_end(self.turn),
         )
 
 
 def session_request(
-    sandbox: str, command: str, *, timeout: float = 0.0, max_output: int = 0, stream: bool = False
+    sandbox: str, command: str, *, timeout: float = 0.0, max_output: int = 0, stream: bool = False, turn: str = ""
 ) -> pb.SessionRunRequest:
     return pb.SessionRunRequest(
         sandbox=sandbox,
@@ -175,7 +179,13 @@ def session_request(
         timeout_s=validate.seconds(timeout, "timeout"),
         max_output_bytes=validate.integer(max_output, "max_output", maximum=INT64_MAX),
         stream=stream,
+        turn_end=turn_end(turn),
     )
+
+
+def turn_end(turn: str) -> str:
+    """A command's ``turn`` argument checked before it is sent: "" (no turn) or a :class:`TurnEnd` word."""
+    return TurnEnd.parse(turn).value if turn else ""
 
 
 def client_timeout(timeout: float) -> float:

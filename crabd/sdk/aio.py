@@ -226,13 +226,16 @@ class AsyncClient(ClientCore["AsyncSandbox"]):
 class AsyncSession(SessionCore["AsyncSandbox"]):
     """The sandbox's persistent bash: state carries over between commands."""
 
-    async def run(self, command: str, *, timeout: float = 0.0, max_output: int = 0) -> models.ExecResult:
-        return await _result(self._sb.client._send_stream(self._run(command, timeout, max_output, stream=False)))
+    async def run(
+        self, command: str, *, timeout: float = 0.0, max_output: int = 0, turn: str = ""
+    ) -> models.ExecResult:
+        call = self._run(command, timeout, max_output, stream=False, turn=turn)
+        return await _result(self._sb.client._send_stream(call))
 
     def stream(
-        self, command: str, *, timeout: float = 0.0, max_output: int = 0
+        self, command: str, *, timeout: float = 0.0, max_output: int = 0, turn: str = ""
     ) -> AsyncIterator[models.OutputChunk | models.ExecResult]:
-        return self._sb.client._send_stream(self._run(command, timeout, max_output, stream=True))
+        return self._sb.client._send_stream(self._run(command, timeout, max_output, stream=True, turn=turn))
 
     async def state(self) -> dict[str, Any]:
         return await self._sb.client._send(self._state())

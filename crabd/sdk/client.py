@@ -232,13 +232,13 @@ class Client(ClientCore["Sandbox"]):
 class Session(SessionCore["Sandbox"]):
     """The sandbox's persistent bash: state carries over between commands."""
 
-    def run(self, command: str, *, timeout: float = 0.0, max_output: int = 0) -> models.ExecResult:
-        return _result(self._sb.client._send_stream(self._run(command, timeout, max_output, stream=False)))
+    def run(self, command: str, *, timeout: float = 0.0, max_output: int = 0, turn: str = "") -> models.ExecResult:
+        return _result(self._sb.client._send_stream(self._run(command, timeout, max_output, stream=False, turn=turn)))
 
     def stream(
-        self, command: str, *, timeout: float = 0.0, max_output: int = 0
+        self, command: str, *, timeout: float = 0.0, max_output: int = 0, turn: str = ""
     ) -> Iterator[models.OutputChunk | models.ExecResult]:
-        return self._sb.client._send_stream(self._run(command, timeout, max_output, stream=True))
+        return self._sb.client._send_stream(self._run(command, timeout, max_output, stream=True, turn=turn))
 
     def state(self) -> dict[str, Any]:
         return self._sb.client._send(self._state())

@@ -33,6 +33,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 
 from crabd import __version__
 from crabd.config import CrabConfig
@@ -57,6 +58,7 @@ from crabd.models import (
     SandboxRecord,
     SandboxSpec,
     SandboxState,
+    TurnEnd,
     TurnRecord,
 )
 from crabd.runtime.session_state import SessionState
@@ -262,36 +264,63 @@ class Service:
         max_output: int,
         user: str,
         sink: ChunkSink | None,
-    ) -> ExecOutcome:
+        turn_end: str = "",
+    ) -> tuple[ExecOutcome, TurnRecord | None]:
+        """Run ``argv``; with ``turn_end``, as a turn of its own (:meth:`_command`)."""
         uid, gid = command_requests.check_exec(self.cfg.limits, argv, env, stdin, workdir, user)
+        end = TurnEnd.parse(turn_end) if turn_end else None
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
         rec = await self._lookup(caller, ref)
-        await self.flow.before_action(rec)
-        outcome = await self.commands.exec(
-            rec,
-            argv,
-            env=env,
-            workdir=workdir,
-            stdin=stdin,
-            timeout_s=timeout,
-            max_output=limit,
-            uid=uid,
-            gid=gid,
-            sink=sink,
-        )
-        return fit_output(outcome, self.cfg.limits.max_reply_output_bytes)
+
+        async def run() -> ExecOutcome:
+            return await self.commands.exec(
+                rec,
+                argv,
+                env=env,
+                workdir=workdir,
+                stdin=stdin,
+                timeout_s=timeout,
+                max_output=limit,
+                uid=uid,
+                gid=gid,
+                sink=sink,
+            )
+
+        return await self._command(rec, end, run)
 
     async def session_run(
-        self, caller: Caller, ref: str, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None
-    ) -> ExecOutcome:
+        self,
+        caller: Caller,
+        ref: str,
+        command: str,
+        *,
+        timeout_s: float,
+        max_output: int,
+        sink: ChunkSink | None,
+        turn_end: str = "",
+    ) -> tuple[ExecOutcome, TurnRecord | None]:
+        """Run ``command`` in the session; with ``turn_end``, as a turn of its own (:meth:`_command`)."""
         command_requests.check_session_command(self.cfg.limits, command)
+        end = TurnEnd.parse(turn_end) if turn_end else None
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
         rec = await self._lookup(caller, ref)
-        await self.flow.before_action(rec)
-        outcome = await self.commands.session_run(rec, command, timeout_s=timeout, max_output=limit, sink=sink)
-        return fit_output(outcome, self.cfg.limits.max_reply_output_bytes)
+        return await self._command(
+            rec, end, lambda: self.commands.session_run(rec, command, timeout_s=timeout, max_output=limit, sink=sink)
+        )
+
+    async def _command(
+        self, rec: SandboxRecord, end: TurnEnd | None, run: Callable[[], Awaitable[ExecOutcome]]
+    ) -> tuple[ExecOutcome, TurnRecord | None]:
+        """A command alone (once the last turn end's checkpoint is durable), or begun, run and ended as one turn."""
+        turn: TurnRecord | None = None
+        if end is None:
+            await self.flow.before_action(rec)
+            outcome = await run()
+        else:
+            outcome, turn = await self.flow.command_turn(rec, end, run)
+        return fit_output(outcome, self.cfg.limits.max_reply_output_bytes), turn
 
     async def session_state(self, caller: Caller, ref: str) -> tuple[str, SessionState | None]:
         rec = await self._lookup(caller, ref)

@@ -297,7 +297,8 @@ def test_exec_options_end_where_the_command_begins(
     fake.sandboxes = [info("0123456789ab", "web")]
     code, _, _ = crabctl(capsys, *args)
     assert code == 0
-    assert fake.calls == [("stream", ["sleep", "10"], {"timeout": 2.0, "workdir": "", "user": "", "env": {}})]
+    expected = {"timeout": 2.0, "workdir": "", "user": "", "env": {}, "turn": ""}
+    assert fake.calls == [("stream", ["sleep", "10"], expected)]
 
 
 def test_exec_passes_the_commands_own_options(fake: FakeClient, capsys: pytest.CaptureFixture[str]) -> None:

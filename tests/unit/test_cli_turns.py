@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import replace
@@ -35,15 +34,11 @@ class FakeSandbox:
         self.calls.append(f"end wait={wait} decision={decision}")
         return ENDED
 
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[Turn]:
-        from crabd.sdk.client import Sandbox
-
-        with Sandbox.turn(self) as t:  # type: ignore[arg-type]  # the SDK's own begin/end logic
-            yield t
-
-    def stream(self, command: str, *, timeout: float = 0.0) -> Iterator[OutputChunk | ExecResult]:
-        self.calls.append(f"run {command}")
+    def stream(
+        self, command: str | list[str], *, timeout: float = 0.0, turn: str = "", **_: object
+    ) -> Iterator[OutputChunk | ExecResult]:
+        text = command if isinstance(command, str) else " ".join(command)
+        self.calls.append(f"run {text}" + (f" turn={turn}" if turn else ""))
         yield OutputChunk("stdout", b"out\n")
         if self.fail is not None:
             raise self.fail
@@ -85,18 +80,23 @@ def test_turn_begin_prints_the_number_and_end_the_checkpoint(monkeypatch: pytest
 
 
 @pytest.mark.parametrize("code", [0, 3])
-def test_sh_turn_brackets_the_command_and_exits_with_its_code(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+@pytest.mark.parametrize("command", [["sh", "sb", "make"], ["exec", "sb", "--", "make"]])
+def test_as_turn_is_one_call_and_exits_with_the_commands_code(
+    monkeypatch: pytest.MonkeyPatch, code: int, command: list[str]
+) -> None:
     sb = FakeSandbox(exit_code=code)
-    done = invoke(monkeypatch, sb, "sh", "sb", "make", "--as-turn")
+    done = invoke(monkeypatch, sb, *command[:2], "--as-turn", *command[2:])
     assert done.exit_code == code and done.output == "out\n"
-    assert sb.calls == ["begin", "run make", "end wait=False decision=False"]
+    # Begin, command and end in one call; crabd ends the turn even if the command breaks
+    # (tests/unit/test_command_turns.py).
+    assert sb.calls == ["run make turn=deferred"]
 
 
-def test_sh_turn_ends_the_turn_when_the_command_breaks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sh_turn_reports_a_command_that_breaks(monkeypatch: pytest.MonkeyPatch) -> None:
     sb = FakeSandbox(fail=SandboxDead("the container died", sandbox="sb-1"))
     done = invoke(monkeypatch, sb, "sh", "sb", "make", "--as-turn")
     assert isinstance(done.exception, SandboxDead)
-    assert sb.calls == ["begin", "run make", "end wait=False decision=False"]
+    assert sb.calls == ["run make turn=deferred"]
 
 
 def test_sh_without_turn_leaves_turns_alone(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -183,7 +184,18 @@ class FakeSandbox:
     async def remove(self, force: bool = True) -> None:
         self.removed = True
 
-    async def _run(self, text: str, *, timeout: float = 0.0) -> ExecResult:
+    async def _run(self, text: str, *, timeout: float = 0.0, turn: str = "") -> ExecResult:
+        """As crabd: with ``turn``, the command is a turn of its own, ended even when the command fails."""
+        if not turn:
+            return self._command(text)
+        opened = await self.begin_turn()
+        try:
+            return replace(self._command(text), turn=opened.number)
+        finally:
+            with contextlib.suppress(CrabError):
+                await self.end_turn(wait=turn == "durable", decision=turn != "deferred")
+
+    def _command(self, text: str) -> ExecResult:
         """Understands the few shell forms the environment sends; ``die`` kills the container mid-command."""
         if self.dead:
             raise SandboxDead("the sandbox's container is not running", sandbox=self.name)
@@ -263,7 +275,7 @@ def test_recovery_gives_up_after_max_recoveries_with_crabs_message(tmp_path: Pat
     sb = FakeSandbox()
     env = started(tmp_path, sb, max_recoveries=1)
 
-    async def dies_always(text: str, *, timeout: float = 0.0) -> ExecResult:
+    async def dies_always(text: str, *, timeout: float = 0.0, turn: str = "") -> ExecResult:
         sb.dead = True
         raise SandboxDead("container exited 137 (killed)", sandbox=sb.name)
 
@@ -284,7 +296,7 @@ def test_a_crabd_that_goes_away_mid_trial_is_not_taken_for_a_dead_sandbox(tmp_pa
     sb = FakeSandbox()
     env = started(tmp_path, sb)
 
-    async def gone(text: str, *, timeout: float = 0.0) -> ExecResult:
+    async def gone(text: str, *, timeout: float = 0.0, turn: str = "") -> ExecResult:
         raise DaemonUnavailable("crabd closed the connection", socket="/s")
 
     sb.session.run = gone
@@ -320,7 +332,7 @@ def test_a_failed_dockerfile_step_fails_the_build_and_removes_the_sandbox(
 ) -> None:
     sb = FakeSandbox()
 
-    async def failing(text: str, *, timeout: float = 0.0) -> ExecResult:
+    async def failing(text: str, *, timeout: float = 0.0, turn: str = "") -> ExecResult:
         return ExecResult(2, b"", b"no such package\n")
 
     sb.session.run = failing

@@ -8,6 +8,7 @@ turns after its latest checkpoint and reports those turns lost, as crabd does.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -161,12 +162,25 @@ class FakeSession:
         #: Answers every command instead (the events it returns, or it raises).
         self.override: Callable[[str], list[OutputChunk | ExecResult]] | None = None
 
-    def run(self, command: str, *, timeout: float = 0.0) -> ExecResult:
-        *_, result = self.stream(command, timeout=timeout)
+    def run(self, command: str, *, timeout: float = 0.0, turn: str = "") -> ExecResult:
+        *_, result = self.stream(command, timeout=timeout, turn=turn)
         assert isinstance(result, ExecResult)
         return result
 
-    def stream(self, command: str, *, timeout: float = 0.0) -> Iterator[OutputChunk | ExecResult]:
+    def stream(self, command: str, *, timeout: float = 0.0, turn: str = "") -> Iterator[OutputChunk | ExecResult]:
+        """As crabd: with ``turn``, the command is a turn of its own, ended even when the command fails."""
+        if not turn:
+            return self._events(command, timeout)
+        sb = self.sb
+        sb.begin_turn()
+        try:
+            events = list(self._events(command, timeout))
+        finally:
+            with contextlib.suppress(CrabError):
+                sb.end_turn(wait=turn == "durable", decision=turn != "deferred")
+        return iter(events)
+
+    def _events(self, command: str, timeout: float) -> Iterator[OutputChunk | ExecResult]:
         sb = self.sb
         if self.override is not None:
             return iter(self.override(command))

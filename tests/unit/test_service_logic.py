@@ -158,6 +158,25 @@ def test_a_taken_name_is_refused_before_any_container(tmp_path: Path, monkeypatc
     run(body())
 
 
+def test_an_unnamed_sandbox_whose_short_name_is_taken_gets_its_whole_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st = build_stack(tmp_path, monkeypatch)
+    ids = iter(["abcdef000001", "abcdef000002", "abcdef000003"])
+    monkeypatch.setattr(st.service.sandboxes, "new_id", lambda: next(ids))
+
+    async def body() -> None:
+        first = await st.service.create(ALICE, spec("", checkpoints="fs"))
+        # Same first six digits: the short name is taken, so the whole id names it (not AlreadyExists).
+        second = await st.service.create(BOB, spec("", checkpoints="fs"))
+        assert (first.name, second.name) == ("sb-abcdef", "sb-abcdef000002")
+        # A name a user gave is still refused when taken.
+        err = await _refused(st, CrabError, lambda: st.service.create(BOB, spec("sb-abcdef")))
+        assert "already exists" in err.message
+
+    run(body())
+
+
 def test_bad_requests_on_a_sandbox_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     st = build_stack(tmp_path, monkeypatch)
     svc = st.service

@@ -5,6 +5,7 @@ Its turns and recoveries are in :mod:`crabd.sdk.models.turns`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.vocabulary import (
@@ -14,6 +15,9 @@ from crabd.vocabulary import (
     RecoveryMode,
     RetentionPolicy,
 )
+
+if TYPE_CHECKING:
+    from crabd.sdk.models.turns import Turn
 
 
 def _image_source(text: str) -> ImageSource | None:
@@ -116,6 +120,8 @@ class ExecResult:
     turn: int = 0
     seq: int = 0
     session_ended: bool = False
+    #: The turn the command was, ended, when it ran as a turn of its own (``run(..., turn=...)``).
+    ended_turn: Turn | None = None
 
     @property
     def ok(self) -> bool:
@@ -128,6 +134,12 @@ class ExecResult:
 
     @classmethod
     def from_pb(cls, m: pb.ExecResult) -> ExecResult:
+        ended = None
+        if m.HasField("ended_turn"):
+            # Imported here: a plain command (crabctl sh) needs none of the turn models (models/__init__.py).
+            from crabd.sdk.models.turns import Turn
+
+            ended = Turn.from_pb(m.ended_turn)
         return cls(
             exit_code=m.exit_code,
             stdout=m.stdout,
@@ -139,6 +151,7 @@ class ExecResult:
             turn=m.turn,
             seq=m.seq,
             session_ended=m.session_ended,
+            ended_turn=ended,
         )
 
 
