@@ -31,7 +31,8 @@ turn.  At each size:
   included) and this client's own;
 * **offered load**: skip turns (``--offered-kind``) started at ``--offered`` per second
   (open loop, spread over all N), latency from each turn's planned start,
-  so that a crabd that falls behind shows it;
+  so that a crabd that falls behind shows it; right after the first turns,
+  before the closed loops (see ``at_size``);
 * crabd's RSS (its process; helpers are short-lived), and how long a
   listing of all N sandboxes and ``DaemonStatus`` take (what ``crabctl ps``
   and ``crabctl daemon status`` wait for; median of 5, crabd idle).
@@ -356,11 +357,14 @@ def at_size(
     if made:
         print(f"[scale] N={len(boxes)}: a first turn in each of {len(made)} new sandboxes ...", file=sys.stderr)
         out["first_turns"] = closed_loop(made, "skip", args.agents, None, cpu)
+    # The offered load first, right after the first turns: after a closed loop it measured that
+    # loop's aftermath (the implicit turn the plain loop leaves open, ended by each offered turn
+    # first; the process the full loop leaves running), not turns of sandboxes in use.
+    print(f"[scale] N={len(boxes)}: offered {args.offered}/s ...", file=sys.stderr)
+    out["offered"] = offered_load(boxes, args.offered, args.duration, cpu, args.offered_kind)
     for kind in args.kinds.split(","):
         print(f"[scale] N={len(boxes)}: {kind} ...", file=sys.stderr)
         out["kinds"][kind] = closed_loop(boxes, kind, args.agents, args.duration, cpu)
-    print(f"[scale] N={len(boxes)}: offered {args.offered}/s ...", file=sys.stderr)
-    out["offered"] = offered_load(boxes, args.offered, args.duration, cpu, args.offered_kind)
     out["crabd_rss_mb"] = round(proc.memory_info().rss / 2**20, 1)
     # What an operator's `crabctl ps` and `crabctl daemon status` wait for at this N (idle crabd).
     out["list_ms"] = _median_ms(c.list)
