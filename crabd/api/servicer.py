@@ -40,14 +40,12 @@ from crabd.api.peercred import CallerTable
 from crabd.api.v1 import crab_pb2 as pb
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.errors import CrabError, InvalidRequest, Unauthenticated
-from crabd.models import Caller, ExecOutcome, TurnRecord
-from crabd.service.service import Service
+from crabd.models import Caller
+from crabd.service.service import Ran, Service
 
 log = logging.getLogger("crabd.api")
 
 T = TypeVar("T")
-#: A command's outcome and, when it ran as a turn of its own, that turn (``Service.exec``).
-Ran = tuple[ExecOutcome, TurnRecord | None]
 #: Output chunks queued per streaming call before the producer waits.
 STREAM_QUEUE = 64
 

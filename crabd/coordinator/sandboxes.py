@@ -379,27 +379,20 @@ class SandboxManager:
     def new_id(self) -> str:
         return secrets.token_hex(6)
 
-    def _unnamed(self, sandbox_id: str) -> str:
-        """The name of a sandbox created without one: ``sb-`` and its id's first 6 hex digits.
-
-        Six digits are 24 bits: with a thousand sandboxes on the host, one
-        unnamed create in ~17,000 meets a name already taken, and an RL host
-        creates that many in hours. Then the whole id names it (a user may
-        have taken even that name: the error says so).
-        """
-        short = f"sb-{sandbox_id[:6]}"
-        return f"sb-{sandbox_id}" if self.registry.name_taken(short) else short
-
     async def reserve(
         self, owner_uid: int, spec: SandboxSpec, image: str, *, sandbox_id: str = "", origin: str = ""
     ) -> SandboxRecord:
         """Validate ``spec`` and write its registry row in state ``creating`` (before any container exists)."""
         validate_spec(spec)
         sandbox_id = sandbox_id or self.new_id()
+        # Unnamed: "sb-" and the id's first 6 hex digits, or the whole id if another sandbox has
+        # those (24 bits: with a thousand sandboxes, one unnamed create in ~17,000 meets a taken
+        # name, and an RL host creates that many in hours).
+        names = [spec.name] if spec.name else [f"sb-{sandbox_id[:6]}", f"sb-{sandbox_id}"]
         async with self._create_lock:
-            name = spec.name or self._unnamed(sandbox_id)
-            if self.registry.name_taken(name):
-                raise AlreadyExists(f"a sandbox named {name!r} already exists", name=name)
+            name = next((n for n in names if not self.registry.name_taken(n)), None)
+            if name is None:
+                raise AlreadyExists(f"a sandbox named {names[-1]!r} already exists", name=names[-1])
             spec = replace(spec, name=name)
             rec = SandboxRecord(
                 sandbox_id, name, owner_uid, spec, image, "", SandboxState.CREATING, time.time(), origin=origin

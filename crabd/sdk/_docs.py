@@ -71,11 +71,11 @@ _AS_TURN = """
 
         ``turn="deferred" | "decided" | "durable"``: the command is a turn of its own, in one call
         (what ``begin_turn()``, the command and ``end_turn()`` do in three; a read-only turn costs
-        crabd about a third less).  The word says when the call returns after the turn end: once it is closed (the
-        decision is made in the background, as ``end_turn(decision=False)``), once it is decided,
-        or once its checkpoint is durable (``end_turn(wait=True)``; a failed checkpoint raises).
-        The ended turn is the result's ``ended_turn``.  If the command fails, the turn is ended
-        all the same and the command's error is raised."""
+        crabd about a third less).  The word says when the call returns after the turn end: once
+        it is closed (the decision is made in the background, as ``end_turn(decision=False)``),
+        once it is decided, or once its checkpoint is durable (``end_turn(wait=True)``; a failed
+        checkpoint raises).  The ended turn is the result's ``ended_turn``.  If the command
+        fails, the turn is ended all the same and the command's error is raised."""
 
 SESSION = {
     "run": "Run bash text in the session and wait for it; ``cd``, ``export`` and variables persist." + _AS_TURN,

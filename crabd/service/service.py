@@ -76,6 +76,9 @@ from crabd.store.remote.tier import SyncReport, Transfer
 from crabd.util import validate
 from crabd.util.faults import crash_point
 
+#: A command's outcome and, when it ran as a turn of its own, that turn (:meth:`Service.exec`).
+Ran = tuple[ExecOutcome, TurnRecord | None]
+
 log = logging.getLogger("crabd.service")
 
 #: Most changed paths one `checkpoint inspect` returns.
@@ -265,7 +268,7 @@ class Service:
         user: str,
         sink: ChunkSink | None,
         turn_end: str = "",
-    ) -> tuple[ExecOutcome, TurnRecord | None]:
+    ) -> Ran:
         """Run ``argv``; with ``turn_end``, as a turn of its own (:meth:`_command`)."""
         uid, gid = command_requests.check_exec(self.cfg.limits, argv, env, stdin, workdir, user)
         end = TurnEnd.parse(turn_end) if turn_end else None
@@ -299,7 +302,7 @@ class Service:
         max_output: int,
         sink: ChunkSink | None,
         turn_end: str = "",
-    ) -> tuple[ExecOutcome, TurnRecord | None]:
+    ) -> Ran:
         """Run ``command`` in the session; with ``turn_end``, as a turn of its own (:meth:`_command`)."""
         command_requests.check_session_command(self.cfg.limits, command)
         end = TurnEnd.parse(turn_end) if turn_end else None
@@ -310,9 +313,7 @@ class Service:
             rec, end, lambda: self.commands.session_run(rec, command, timeout_s=timeout, max_output=limit, sink=sink)
         )
 
-    async def _command(
-        self, rec: SandboxRecord, end: TurnEnd | None, run: Callable[[], Awaitable[ExecOutcome]]
-    ) -> tuple[ExecOutcome, TurnRecord | None]:
+    async def _command(self, rec: SandboxRecord, end: TurnEnd | None, run: Callable[[], Awaitable[ExecOutcome]]) -> Ran:
         """A command alone (once the last turn end's checkpoint is durable), or begun, run and ended as one turn."""
         turn: TurnRecord | None = None
         if end is None:
