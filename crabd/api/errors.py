@@ -24,28 +24,55 @@ from crabd.errors import CrabError, DaemonUnavailable, error_class
 from crabd.errors.client import unreachable
 
 METADATA_KEY = "crab-error"
+#: What an error may put in a reply's metadata: its status message and the ``crab-error`` key
+#: together.  A gRPC client rejects metadata past 8 KiB now and then and past 16 KiB always
+#: ("received metadata size exceeds hard limit"), so an error quoting a caller's long input (an
+#: unknown word of 20 KB) reached the caller as RESOURCE_EXHAUSTED, not as itself.  Texts are
+#: clipped to fit: first at MAX_TEXT characters (a CRIU log excerpt fits whole), then shorter.
+METADATA_BUDGET = 7 * 1024
+MAX_TEXT = 4096
+MAX_ATTR_TEXT = 256
+MIN_TEXT = 64
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, str | int | float | bool) or value is None:
+def _clipped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def _status_size(message: str) -> int:
+    """The bytes of ``message`` as gRPC sends it (``grpc-message``: percent-encoded outside printable ASCII)."""
+    return sum(1 if 0x20 <= b <= 0x7E and b != 0x25 else 3 for b in message.encode())
+
+
+def _jsonable(value: Any, limit: int) -> Any:
+    """``value`` as JSON can hold it, each text clipped to ``limit`` characters."""
+    if isinstance(value, str):
+        return _clipped(value, limit)
+    if isinstance(value, int | float | bool) or value is None:
         return value
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, limit) for v in value]
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return str(value)
+        return {str(k): _jsonable(v, limit) for k, v in value.items()}
+    return _clipped(str(value), limit)
 
 
 def encode(err: CrabError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
-    """Status code, message and trailing metadata for ``err``."""
+    """Status code, message and trailing metadata for ``err``, within :data:`METADATA_BUDGET`."""
     code = getattr(grpc.StatusCode, err.grpc_code, grpc.StatusCode.INTERNAL)
-    details = {
-        "kind": type(err).__name__,
-        "message": err.message,
-        "hint": err.hint,
-        "attrs": _jsonable(err.attrs),
-    }
-    return code, err.message, ((METADATA_KEY, json.dumps(details)),)
+    limit = MAX_TEXT
+    while True:
+        message = _clipped(err.message, limit)
+        details = {
+            "kind": type(err).__name__,
+            "message": message,
+            "hint": err.hint if err.hint is None else _clipped(err.hint, limit),
+            "attrs": _jsonable(err.attrs, min(limit, MAX_ATTR_TEXT)),
+        }
+        text = json.dumps(details)  # ASCII (metadata must be): a character may take 12 bytes
+        if _status_size(message) + len(text) <= METADATA_BUDGET or limit <= MIN_TEXT:
+            return code, message, ((METADATA_KEY, text),)
+        limit //= 4
 
 
 def decode(exc: grpc.RpcError, *, socket: str = "") -> CrabError:

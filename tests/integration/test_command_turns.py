@@ -62,6 +62,16 @@ def test_an_open_turn_or_a_bad_word_changes_nothing(client: Client, make_sandbox
                 client._stream("Exec", pb.ExecRequest(sandbox=sb.id, argv=["touch", "/tmp/ran"], turn_end="x"), 0)
             )
         )
+    # A word of a megabyte: crabd's error quotes it, clipped, and still arrives as InvalidRequest
+    # (whole, it passed gRPC's 16 KiB metadata limit and reached the caller as RESOURCE_EXHAUSTED).
+    with pytest.raises(InvalidRequest, match=r"unknown turn end .*more characters"):
+        list(
+            client._send_stream(
+                client._stream(
+                    "Exec", pb.ExecRequest(sandbox=sb.id, argv=["touch", "/tmp/ran"], turn_end="x" * 2**20), 0
+                )
+            )
+        )
     ended = sb.end_turn(wait=True)
     assert ended.commands == [] and sb.run(["ls", "/tmp"]).stdout == b""
 

@@ -38,6 +38,30 @@ def test_round_trip_keeps_class_attrs_and_hint() -> None:
     assert back.hint == err.hint and str(back) == "sandbox x is dead"
 
 
+@pytest.mark.parametrize("char", ["x", "\u00e9", "\U0001f980", "\x01"])
+def test_an_error_quoting_a_huge_input_still_arrives_as_itself(char: str) -> None:
+    # A caller's 1 MB word quoted in the message, the hint and attrs; non-ASCII and control
+    # characters grow up to 12-fold on the wire.  gRPC's client rejects metadata past 8-16 KiB.
+    huge = char * 1_000_000
+    err = SandboxDead(f"unknown word {huge!r}", sandbox=huge, reason=huge, hint=huge)
+    code, message, trailers = wire.encode(err)
+    assert wire._status_size(message) + sum(len(k) + len(v) for k, v in trailers) <= wire.METADATA_BUDGET
+    assert all(v.isascii() for _, v in trailers)
+    back = wire.decode(FakeRpcError(code, message, trailers))
+    assert type(back) is SandboxDead
+    assert back.message.startswith("unknown word '") and back.message.endswith("more characters)")
+    assert back.sandbox.endswith("more characters)") and back.hint.endswith("more characters)")
+
+
+def test_a_long_but_reasonable_message_arrives_whole() -> None:
+    excerpt = "\n".join(
+        f"(00.{i:06d}) Error (criu/sk-unix.c:{i}): unix: something failed on a socket" for i in range(15)
+    )
+    code, message, trailers = wire.encode(CrabError(f"the dump failed: {excerpt}"))
+    assert message == f"the dump failed: {excerpt}"
+    assert wire.decode(FakeRpcError(code, message, trailers)).message == message
+
+
 def test_permission_denied_code() -> None:
     code, _, _ = wire.encode(PermissionDenied("no", uid=5, sandbox="s"))
     assert code is grpc.StatusCode.PERMISSION_DENIED
