@@ -42,6 +42,11 @@ time until it answers, and until it has adopted every sandbox and lists
 them running again),
 then **removal** of all of them (sandboxes per second).
 
+``--workers 1,2`` measures one arm per count of crabd's processes
+(``[daemon] workers``), one after the other, each its own crabd: crabd's
+CPU is then that of all its processes (workers included), its RSS their
+sum.
+
 Results as JSON (``--out``), a Markdown table on stdout, and with
 ``--plot`` a figure of throughput and p99 against N (matplotlib, the
 ``bench`` extra).  The machine is noisy: compare runs made side by side.
@@ -94,19 +99,38 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
 
 
+def crabd_processes(main: psutil.Process) -> list[psutil.Process]:
+    """crabd's main process and its workers (``[daemon] workers``: each a keeper's child, daemon/worker.py)."""
+    out = [main]
+    with contextlib.suppress(psutil.Error):
+        for p in main.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "crabd.daemon.worker" in " ".join(p.cmdline()):
+                    out.append(p)
+    return out
+
+
 @dataclass
 class CpuMeter:
-    """CPU seconds of crabd (own; waited-for children), of the whole host, and of this process, over a phase."""
+    """CPU seconds of crabd (own; waited-for children), of the whole host, and of this process, over a phase.
+
+    crabd's: its main process and every worker's, each with its waited-for children (its helpers).
+    """
 
     crabd: psutil.Process
     me: psutil.Process = field(default_factory=psutil.Process)
 
     def read(self) -> tuple[float, float, float, float]:
-        c = self.crabd.cpu_times()
+        own = helpers = 0.0
+        for p in crabd_processes(self.crabd):
+            with contextlib.suppress(psutil.Error):
+                c = p.cpu_times()
+                own += c.user + c.system
+                helpers += c.children_user + c.children_system
         host = psutil.cpu_times()
         busy = sum(host) - host.idle - getattr(host, "iowait", 0.0)
         m = self.me.cpu_times()
-        return c.user + c.system, c.children_user + c.children_system, busy, m.user + m.system
+        return own, helpers, busy, m.user + m.system
 
     @staticmethod
     def per_op(before: tuple[float, ...], after: tuple[float, ...], ops: int) -> dict[str, float]:
@@ -274,6 +298,7 @@ def restart(d: EmbeddedDaemon, expect: int) -> dict[str, float | None]:
     """
     assert d.proc is not None
     before = _adoptions_logged(d)
+    processes = len(crabd_processes(psutil.Process(d.proc.pid))) if d.proc is not None else 1
     os.kill(d.proc.pid, signal.SIGKILL)
     d.proc.wait()
     t0 = time.monotonic()
@@ -281,7 +306,7 @@ def restart(d: EmbeddedDaemon, expect: int) -> dict[str, float | None]:
     serve = time.monotonic() - t0
     with Client(d.socket, timeout=600) as c:
         while True:
-            if _adoptions_logged(d) > before:
+            if _adoptions_logged(d) >= before + processes:  # one line from each of crabd's processes
                 running = sum(1 for sb in c.list() if sb.info.state == "running")
                 if running >= expect:
                     break
@@ -365,7 +390,7 @@ def at_size(
     for kind in args.kinds.split(","):
         print(f"[scale] N={len(boxes)}: {kind} ...", file=sys.stderr)
         out["kinds"][kind] = closed_loop(boxes, kind, args.agents, args.duration, cpu)
-    out["crabd_rss_mb"] = round(proc.memory_info().rss / 2**20, 1)
+    out["crabd_rss_mb"] = round(sum(p.memory_info().rss for p in crabd_processes(proc)) / 2**20, 1)
     # What an operator's `crabctl ps` and `crabctl daemon status` wait for at this N (idle crabd).
     out["list_ms"] = _median_ms(c.list)
     out["status_ms"] = _median_ms(c.status)
@@ -434,11 +459,18 @@ def plot(results: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def run_arm(label: str, src: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_arm(label: str, src: str, args: argparse.Namespace, workers: int = 1) -> dict[str, Any]:
     """Every size, the restart and the removal against one crabd, run from the checkout ``src`` ("" = this one)."""
     sizes = sorted(int(x) for x in args.sizes.split(","))
-    arm: dict[str, Any] = {"label": label, "src": src or str(Path(__file__).resolve().parents[1]), "sizes": []}
+    arm: dict[str, Any] = {
+        "label": label,
+        "src": src or str(Path(__file__).resolve().parents[1]),
+        "workers": workers,
+        "sizes": [],
+    }
     config = f'[runtime]\nbackend = "{args.backend}"\n[network]\nname = "crabscale"\n'
+    if workers > 1:
+        config += f"[daemon]\nworkers = {workers}\n"
     with from_checkout(src), daemon(config) as d, Client(d.socket, timeout=600) as c:
         boxes: list[Sandbox] = []
         for n in sizes:
@@ -472,6 +504,11 @@ def main() -> None:
     ap.add_argument("--backend", default="runc+btrfs")
     ap.add_argument("--no-restart", action="store_true", help="skip the kill -9 / re-adoption run")
     ap.add_argument(
+        "--workers",
+        default="1",
+        help="[daemon] workers: one arm per count given, side by side (e.g. 1,2), each its own crabd",
+    )
+    ap.add_argument(
         "--baseline-src",
         default="",
         help="also measure a crabd run from this checkout (e.g. a worktree of the previous main), "
@@ -491,9 +528,11 @@ def main() -> None:
         "backend": args.backend,
         "arms": [],
     }
-    arms = [("this", "")] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
-    for label, src in arms:
-        results["arms"].append(run_arm(label, src, args))
+    counts = [int(w) for w in args.workers.split(",")]
+    arms = [(f"workers={w}" if len(counts) > 1 else "this", "", w) for w in counts]
+    arms += [("baseline", args.baseline_src, 1)] if args.baseline_src else []
+    for label, src, workers in arms:
+        results["arms"].append(run_arm(label, src, args, workers))
         write_json(results, args.out)  # what is measured so far survives a later failure
     for arm in results["arms"]:
         print(f"\n{arm['label']} ({arm['src']}):\n{table(arm)}")

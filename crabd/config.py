@@ -46,6 +46,24 @@ class PathsConfig(_Model):
     state_dir: Path = Field(Path("/var/lib/crab"), description="registry, checkpoints, blobs")
     log_dir: Path = Field(Path("/var/log/crab"), description="crabd and helper logs")
 
+    def shard_socket(self, shard: int) -> Path:
+        """Where crabd's process ``shard`` listens: 0 is ``socket`` itself, 1 ``crabd-1.sock`` beside it."""
+        if shard == 0:
+            return self.socket
+        return self.socket.with_name(f"{self.socket.stem}-{shard}{self.socket.suffix}")
+
+
+class DaemonConfig(_Model):
+    """crabd's processes (see docs/architecture.md, "More than one core")."""
+
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="processes that serve sandboxes, each owning a share of them with its own event loop "
+        "and socket; 1 is one process, as before; more lets crabd use more than one core",
+    )
+
 
 class DockerConfig(_Model):
     """How crabd reaches the Docker engine."""
@@ -590,6 +608,7 @@ class CrabConfig(_Model):
     """The whole configuration file."""
 
     paths: PathsConfig = PathsConfig()
+    daemon: DaemonConfig = DaemonConfig()
     docker: DockerConfig = DockerConfig()
     doctor: DoctorConfig = DoctorConfig()
     limits: LimitsConfig = LimitsConfig()
@@ -605,6 +624,17 @@ class CrabConfig(_Model):
     btrfs: BtrfsConfig = BtrfsConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     remote: RemoteConfig = RemoteConfig()
+
+    @model_validator(mode="after")
+    def _proxy_with_one_process(self) -> CrabConfig:
+        # The proxy ends turns at LLM calls through the main process's service, which serves only
+        # its own share of the sandboxes when there are workers.
+        if self.proxy.enabled and self.daemon.workers > 1:
+            raise ValueError(
+                "[proxy] enabled needs [daemon] workers = 1: the OpenAI proxy cannot yet end turns of sandboxes"
+                " another crabd process serves"
+            )
+        return self
 
 
 def load_config(path: str | os.PathLike[str] | None = None, *, overrides: dict[str, Any] | None = None) -> CrabConfig:

@@ -62,6 +62,23 @@ class SandboxSpec:
     disk_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class ShardPlace:
+    """Which of crabd's processes this is, and where each one listens (``[daemon] workers``).
+
+    Each process owns the sandboxes whose row names its index; a request
+    for another's sandbox is answered with where to send it (WrongShard).
+    """
+
+    index: int = 0
+    #: The public socket of every process, by index (one entry: crabd is one process).
+    sockets: tuple[str, ...] = ("",)
+
+    @property
+    def count(self) -> int:
+        return len(self.sockets)
+
+
 @dataclass
 class SandboxRecord:
     """A sandbox as the registry knows it."""
@@ -84,6 +101,8 @@ class SandboxRecord:
     origin: str = ""
     #: Bumped by every in-place restore: checkpoints after it form a new branch.
     branch: int = 0
+    #: Which of crabd's processes owns it (daemon/shards.py; 0: the main one, the only one by default).
+    shard: int = 0
     #: Transient, set by a restore, fork or recovery: what of the checkpoint's state the new
     #: container could not be given (e.g. the session's open descriptors after a files-only restore).
     not_restored: list[str] = field(default_factory=list)

@@ -658,7 +658,7 @@ def build_stack(
     housekeeping = Housekeeper(checkpointer, sandboxes, catalog, blobs, fs, store_lock)
     engine = HostEngine(cfg.engine)
     engine.store_lock = store_lock.stats
-    quotas = Quotas(cfg.quota, db, lambda uid: len(sandboxes.list_sandboxes(uid)))
+    quotas = Quotas(cfg.quota, db)
     checkpointer.store_quota = quotas.check_store
     retention = Retention(catalog, sandboxes, housekeeping, restorer.leases, cfg.retention, cfg.quota)
     checkpointer.make_room = retention.make_room

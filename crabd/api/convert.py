@@ -55,7 +55,18 @@ def retention_to_pb(p: RetentionPolicy) -> pb.Retention:
     )
 
 
-def sandbox_to_pb(rec: SandboxRecord, head: str = "") -> pb.Sandbox:
+def socket_of(rec: SandboxRecord, sockets: tuple[str, ...]) -> str:
+    """The public socket of the process that serves ``rec``, so a client can send its calls there.
+
+    ``sockets``: every process's (``ShardPlace.sockets``).  '' when crabd is one process (or
+    the shard is out of range): the client then uses the socket it is connected to.
+    """
+    if len(sockets) > 1 and 0 <= rec.shard < len(sockets):
+        return sockets[rec.shard]
+    return ""
+
+
+def sandbox_to_pb(rec: SandboxRecord, head: str = "", sockets: tuple[str, ...] = ()) -> pb.Sandbox:
     s = rec.spec
     return pb.Sandbox(
         id=rec.id,
@@ -86,6 +97,7 @@ def sandbox_to_pb(rec: SandboxRecord, head: str = "") -> pb.Sandbox:
         images_from=rec.images_from or "",
         retention=retention_to_pb(s.retention) if s.retention is not None else None,
         retention_policy=s.retention.describe() if s.retention is not None else "",
+        socket=socket_of(rec, sockets),
     )
 
 
@@ -276,9 +288,9 @@ def verify_to_pb(r: VerifyReport) -> pb.VerifyResponse:
     )
 
 
-def recovered_to_pb(done: Recovered) -> pb.RecoverResponse:
+def recovered_to_pb(done: Recovered, sockets: tuple[str, ...] = ()) -> pb.RecoverResponse:
     return pb.RecoverResponse(
-        sandbox=sandbox_to_pb(done.sandbox, done.checkpoint.id),
+        sandbox=sandbox_to_pb(done.sandbox, done.checkpoint.id, sockets),
         checkpoint=done.checkpoint.id,
         checkpoint_turn=done.checkpoint.turn,
         lost_turns=done.lost_turns,

@@ -61,6 +61,10 @@ class CrabServicer(pb_grpc.CrabServicer):
         self.service = service
         self.callers = callers
 
+    def _sockets(self) -> tuple[str, ...]:
+        """Every crabd process's public socket: a sandbox in a reply names its own, where its calls go."""
+        return self.service.sandboxes.place.sockets
+
     def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
         caller = self.callers.resolve(context.peer())
         if caller is None:
@@ -114,7 +118,7 @@ class CrabServicer(pb_grpc.CrabServicer):
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context: Any) -> pb.Sandbox:
         async def go(c: Caller) -> pb.Sandbox:
             rec = await self.service.create(c, spec_from_pb(request))
-            return sandbox_to_pb(rec, self.service.head_of(rec.id))
+            return sandbox_to_pb(rec, self.service.head_of(rec.id), self._sockets())
 
         return await self._call(context, go)
 
@@ -122,20 +126,23 @@ class CrabServicer(pb_grpc.CrabServicer):
         async def go(c: Caller) -> pb.ListSandboxesResponse:
             recs = await self.service.list_sandboxes(c)
             heads = self.service.heads()  # one statement, not two queries per sandbox
-            return pb.ListSandboxesResponse(sandboxes=[sandbox_to_pb(r, heads.get(r.id, "")) for r in recs])
+            return pb.ListSandboxesResponse(
+                sandboxes=[sandbox_to_pb(r, heads.get(r.id, ""), self._sockets()) for r in recs]
+            )
 
         return await self._call(context, go)
 
     async def GetSandbox(self, request: pb.SandboxRef, context: Any) -> pb.Sandbox:
         async def go(c: Caller) -> pb.Sandbox:
             rec = await self.service.get(c, request.sandbox)
-            return sandbox_to_pb(rec, self.service.head_of(rec.id))
+            return sandbox_to_pb(rec, self.service.head_of(rec.id), self._sockets())
 
         return await self._call(context, go)
 
     async def StopSandbox(self, request: pb.StopSandboxRequest, context: Any) -> pb.Sandbox:
         async def go(c: Caller) -> pb.Sandbox:
-            return sandbox_to_pb(await self.service.stop(c, request.sandbox, request.timeout_s))
+            rec = await self.service.stop(c, request.sandbox, request.timeout_s)
+            return sandbox_to_pb(rec, sockets=self._sockets())
 
         return await self._call(context, go)
 
@@ -291,7 +298,7 @@ class CrabServicer(pb_grpc.CrabServicer):
     async def Restore(self, request: pb.RestoreRequest, context: Any) -> pb.Sandbox:
         async def go(c: Caller) -> pb.Sandbox:
             rec = await self.service.restore(c, request.sandbox, request.checkpoint, request.turn)
-            return sandbox_to_pb(rec, self.service.head_of(rec.id))
+            return sandbox_to_pb(rec, self.service.head_of(rec.id), self._sockets())
 
         return await self._call(context, go)
 
@@ -301,7 +308,7 @@ class CrabServicer(pb_grpc.CrabServicer):
             ckpt, recs = await self.service.fork(
                 c, request.checkpoint, request.sandbox, request.n, request.name_prefix, turn
             )
-            return pb.ForkResponse(checkpoint=ckpt, sandboxes=[sandbox_to_pb(r, ckpt) for r in recs])
+            return pb.ForkResponse(checkpoint=ckpt, sandboxes=[sandbox_to_pb(r, ckpt, self._sockets()) for r in recs])
 
         return await self._call(context, go)
 
@@ -336,7 +343,7 @@ class CrabServicer(pb_grpc.CrabServicer):
                 raise InvalidRequest("give a sandbox either a retention policy or use_default, not both or neither")
             policy = None if request.use_default else retention_from_pb(request.retention)
             rec = await self.service.retention.set_policy(c, request.sandbox, policy)
-            return sandbox_to_pb(rec, self.service.head_of(rec.id))
+            return sandbox_to_pb(rec, self.service.head_of(rec.id), self._sockets())
 
         return await self._call(context, go)
 
@@ -381,13 +388,14 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def Recover(self, request: pb.SandboxRef, context: Any) -> pb.RecoverResponse:
         async def go(c: Caller) -> pb.RecoverResponse:
-            return recovered_to_pb(await self.service.recover(c, request.sandbox))
+            return recovered_to_pb(await self.service.recover(c, request.sandbox), self._sockets())
 
         return await self._call(context, go)
 
     async def ImportSandbox(self, request: pb.ImportSandboxRequest, context: Any) -> pb.RecoverResponse:
         async def go(c: Caller) -> pb.RecoverResponse:
-            return recovered_to_pb(await self.service.import_sandbox(c, request.checkpoint, request.last_turn))
+            done = await self.service.import_sandbox(c, request.checkpoint, request.last_turn)
+            return recovered_to_pb(done, self._sockets())
 
         return await self._call(context, go)
 

@@ -145,15 +145,17 @@ class Adoption:
         m = self.manager
         self._ids = await asyncio.to_thread(m.backend.instance_ids, m.instance)
         rows = await asyncio.to_thread(m.registry.list_sandboxes, None)
-        self._rows = {r.id: r for r in rows}
-        self._creating = {r.id for r in rows if r.state is SandboxState.CREATING}
-        for rec in rows:
+        # Every row's container is known (another process's sandboxes are never orphans here);
+        # only this process's rows are its to adopt.
+        self._known = {r.container_id for r in rows if r.container_id}
+        mine = [r for r in rows if r.shard == m.place.index]
+        self._rows = {r.id: r for r in mine}
+        self._creating = {r.id for r in mine if r.state is SandboxState.CREATING}
+        for rec in mine:
             self._queue.append(rec.id)
             self._queued.add(rec.id)
-            if rec.container_id:
-                self._known.add(rec.container_id)
         m.gate = self
-        return len(rows)
+        return len(mine)
 
     # --- the gate ----------------------------------------------------------------------------
 
@@ -296,6 +298,30 @@ class Adoption:
                 self._labelled = labelled
             return self._labelled
 
+    async def _not_anothers(self, candidates: list[str], shards: dict[str, int]) -> list[str]:
+        """Those of ``candidates`` that are this process's to remove.
+
+        A container of a sandbox another process serves may be that process's
+        work in flight (a restore makes the new container before the row names
+        it): its owner's own start-up removes it if a crash left it.  One that
+        names no sandbox row (a sandbox removed, a warm network slot, a
+        container of an older crabd) is the main process's, which starts
+        only while no other process of crabd is alive (daemon/workers.py); a
+        restarted worker would take its peers' slots.
+        """
+        m = self.manager
+        try:
+            found = await asyncio.to_thread(m.backend.list_instance, m.instance)
+        except CrabError as exc:
+            log.warning("orphaned containers not removed", extra={"error": exc.message})
+            return []
+        keep = []
+        for cid in candidates:
+            owner = found[cid].labels.get(LABEL_SANDBOX, "") if cid in found else ""
+            if shards.get(owner, 0) == m.place.index:
+                keep.append(cid)
+        return keep
+
     async def _remove_orphans(self) -> None:
         """Containers no row named when crabd started: left by a crash mid-create, or a restore's new
         container that never replaced the old one."""
@@ -308,10 +334,12 @@ class Adoption:
                 log.warning("orphaned containers not removed", extra={"error": exc.message})
                 return
         # Named now: a container id cannot come back, but a row naming one is never taken from.
-        named = {r.container_id for r in await asyncio.to_thread(m.registry.list_sandboxes, None)}
-        for cid in sorted(self._ids):
-            if cid in self._known or cid in named:
-                continue
+        rows = await asyncio.to_thread(m.registry.list_sandboxes, None)
+        named = {r.container_id for r in rows}
+        candidates = sorted(self._ids - self._known - named)
+        if candidates and m.place.count > 1:
+            candidates = await self._not_anothers(candidates, {r.id: r.shard for r in rows})
+        for cid in candidates:
             try:
                 await asyncio.to_thread(m.backend.remove, cid)
                 self.counts.orphans_removed += 1

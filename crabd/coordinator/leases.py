@@ -9,31 +9,32 @@ step.  Retention chooses what to delete inside its deleting transaction,
 which holds that same database lock (``Housekeeper.delete_chosen``), and
 skips held checkpoints.  So either the lease comes first (the checkpoint is
 kept) or the deletion does (the operation fails with CheckpointNotFound
-before it reads anything).  Lock order is always database lock, then the
-lease table's lock.
+before it reads anything).  The leases are rows of the shared database
+(``store/leasing.py``), both steps write transactions, so this holds across
+crabd's processes too (``[daemon] workers``): retention in one never
+deletes what a restore in another is reading.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-from collections import Counter
 from collections.abc import AsyncIterator
 
 from crabd.errors import CheckpointNotFound
 from crabd.models import CheckpointRecord
+from crabd.store import leasing
 from crabd.store.catalog import Catalog
 
 
 class Leases:
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, *, shard: int = 0) -> None:
         self.catalog = catalog
-        self._lock = threading.Lock()
-        self._held: Counter[str] = Counter()
+        #: The crabd process this is: its leases are dropped when its successor starts.
+        self.shard = shard
 
-    def _take(self, ckpt_id: str) -> CheckpointRecord:
-        with self.catalog.db.lock, self._lock:
+    def _take(self, ckpt_id: str) -> tuple[CheckpointRecord, str]:
+        with self.catalog.db.tx(durable=False) as conn:
             rec = self.catalog.find(ckpt_id)
             if rec is None:
                 raise CheckpointNotFound(
@@ -43,25 +44,29 @@ class Leases:
                     hint="List what is left with `crabctl checkpoint ls`; pin checkpoints you need"
                     " (`crabctl checkpoint pin`).",
                 )
-            self._held[ckpt_id] += 1
-            return rec
+            return rec, leasing.add(conn, self.shard, ckpt_id)
 
-    def _give_back(self, ckpt_id: str) -> None:
-        with self._lock:
-            self._held[ckpt_id] -= 1
-            if self._held[ckpt_id] <= 0:
-                del self._held[ckpt_id]
+    def _give_back(self, lease_id: str) -> None:
+        with self.catalog.db.tx(durable=False) as conn:
+            leasing.remove(conn, lease_id)
 
     @contextlib.asynccontextmanager
     async def hold(self, ckpt_id: str) -> AsyncIterator[CheckpointRecord]:
         """Hold ``ckpt_id`` while the body runs (CheckpointNotFound if it is gone already)."""
-        rec = await asyncio.to_thread(self._take, ckpt_id)
+        rec, lease_id = await asyncio.to_thread(self._take, ckpt_id)
         try:
             yield rec
         finally:
-            self._give_back(ckpt_id)
+            # Shielded from a cancelled caller: a lease left behind would keep the checkpoint until
+            # this process restarts.
+            await asyncio.shield(asyncio.to_thread(self._give_back, lease_id))
 
     def held(self) -> set[str]:
-        """The checkpoints held now (call with the database lock held to act on the answer)."""
-        with self._lock:
-            return set(self._held)
+        """The checkpoints any crabd process holds now (read inside the deleting transaction to act on it)."""
+        with self.catalog.db.lock:
+            return leasing.held(self.catalog.db.conn)
+
+    def drop_dead(self) -> int:
+        """Before serving: what this process's predecessor held (its operations died with it)."""
+        with self.catalog.db.tx(durable=False) as conn:
+            return leasing.drop_shard(conn, self.shard)

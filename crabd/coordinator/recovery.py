@@ -11,7 +11,8 @@ open descriptors after a files-only checkpoint).
 With ``recovery="auto"`` crabd does this by itself: a watcher lists the
 containers of this daemon that exited (one Docker call every
 :data:`WATCH_INTERVAL_S`), marks their sandboxes dead, and recovers those
-whose policy asks for it; adoption at start-up does the same for sandboxes
+whose policy asks for it (each of crabd's processes only its own sandboxes:
+``SandboxRecord.shard``); adoption at start-up does the same for sandboxes
 that died while crabd was down (a host reboot).  A sandbox stopped on
 request is never recovered behind its owner's back.
 """
@@ -181,6 +182,10 @@ class Recovery:
         self._deaths_seen = self.sandboxes.deaths
         done = []
         for rec in self.sandboxes.list_sandboxes(None):
+            # ``exited`` is the whole runtime instance's, the rows every process's ([daemon] workers):
+            # another process's sandbox is that process's to mark dead and recover (else both restore it).
+            if rec.shard != self.sandboxes.place.index:
+                continue
             if rec.state is SandboxState.RUNNING and rec.container_id in exited:
                 rec, _ = await self.sandboxes.refresh(rec)
             if rec.state is not SandboxState.DEAD or rec.spec.recovery is not RecoveryMode.AUTO or rec.id in self._busy:

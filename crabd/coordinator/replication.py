@@ -3,7 +3,8 @@
 Uploads follow publication, in the background:
 
 * every published checkpoint joins the upload queue (and at start-up every
-  local checkpoint the remote tier does not hold yet), oldest first;
+  local checkpoint the remote tier does not hold yet, of the sandboxes this
+  process owns when crabd runs as several: ``shard_owns``), oldest first;
 * a pump hands the queue to the host engine a few at a time, as upload
   jobs (low priority, sharing its bandwidth budget; ``engine/engine.py``);
 * an upload that fails because the store is unreachable or erring puts its
@@ -42,7 +43,7 @@ from crabd.backends.fsdelta import ScanLimits
 from crabd.engine import HostEngine
 from crabd.engine.jobs import JobControl, Outcome
 from crabd.errors import CheckpointNotFound, CrabError, RemoteStoreError, StoreError
-from crabd.models import CheckpointRecord
+from crabd.models import CheckpointRecord, SandboxRecord
 from crabd.store.identity import SandboxIds
 from crabd.store.maintenance import GcReport, sweep_some
 from crabd.store.remote.manifest import Manifest
@@ -59,6 +60,27 @@ _NO_RING = "this crabd checks no provenance, so it takes no process image"
 
 #: Called with a fetched checkpoint's owner uid before its blobs move; raises to refuse.
 MayFetch = Callable[[int], None]
+#: Whether this process uploads the checkpoints of a sandbox id (``[daemon] workers``: see :func:`shard_owns`).
+Owns = Callable[[str], bool]
+
+
+def _owns_all(_sandbox_id: str) -> bool:
+    return True
+
+
+def shard_owns(index: int, row: Callable[[str], SandboxRecord | None]) -> Owns:
+    """Process ``index``'s share of the backlog: its own sandboxes' checkpoints, and for process 0
+    also those of sandboxes that have no row any more (``row``: the registry's lookup by id).
+
+    With several processes on one store each would otherwise queue every checkpoint not yet
+    remote at start-up (and at every sync), and all of them upload it at once.
+    """
+
+    def owns(sandbox_id: str) -> bool:
+        rec = row(sandbox_id)
+        return rec.shard == index if rec is not None else index == 0
+
+    return owns
 
 
 class Replication:
@@ -73,8 +95,11 @@ class Replication:
         retry_max_s: float,
         checker: ReferenceChecker | None = None,
         limits: ScanLimits | None = None,
+        owns: Owns = _owns_all,
     ) -> None:
         self.tier = tier
+        #: Whether this process queues a sandbox's backlog (default: every one, crabd being one process).
+        self.owns = owns
         #: Checks a fetched checkpoint's references and expansion (None: tests of the queue on fake blobs).
         self.checker = checker
         self.limits = limits or ScanLimits()
@@ -287,10 +312,19 @@ class Replication:
         return report
 
     async def _queue_backlog(self) -> None:
-        """Queue every local checkpoint the remote tier does not hold and no upload is moving now."""
+        """Queue every local checkpoint the remote tier does not hold and no upload is moving now.
+
+        Only those of sandboxes this process owns (:attr:`owns`): the other processes sharing the
+        store queue theirs, and one checkpoint is uploaded by one of them, not by each.
+        """
+        mine: dict[str, bool] = {}  # one registry read per sandbox, not per checkpoint
         for ckpt_id in await asyncio.to_thread(self.tier.state.not_uploaded):
             rec = self.tier.catalog.find(ckpt_id)
-            if rec is not None and ckpt_id not in self._inflight:
+            if rec is None or ckpt_id in self._inflight:
+                continue
+            if rec.sandbox_id not in mine:
+                mine[rec.sandbox_id] = self.owns(rec.sandbox_id)
+            if mine[rec.sandbox_id]:
                 self._queue.setdefault(rec.id, (rec.sandbox_id, rec.owner_uid))
 
     def snapshot(self) -> dict[str, Any]:

@@ -444,6 +444,8 @@ class Restorer:
             names = [f"{prefix}-{i}" for i in range(1, len(ids) + 1)]
         else:
             names = [f"{ckpt.sandbox_name}-{sid[:6]}" for sid in ids]
+        # Early and lock-free: a name taken after this check (by this process or another of
+        # [daemon] workers) is refused by reserve as AlreadyExists, and _fork_all undoes the others.
         for n in names:
             if self.sandboxes.registry.name_taken(n):
                 raise InvalidRequest(f"a sandbox named {n!r} already exists", hint="Pick another name prefix.")

@@ -49,7 +49,7 @@ from crabd.errors import (
 )
 from crabd.host import images
 from crabd.inspector.model import MemoryWrites
-from crabd.models import SandboxRecord, SandboxSpec, SandboxState
+from crabd.models import SandboxRecord, SandboxSpec, SandboxState, ShardPlace
 from crabd.runtime import session_os
 from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
@@ -159,6 +159,8 @@ class SandboxManager:
         self.deaths = 0
         #: Set before serving by start-up adoption; None: every sandbox is adopted.
         self.gate: AdoptionGate | None = None
+        #: Which of crabd's processes this is: it serves only the sandboxes whose row names it.
+        self.place = ShardPlace()
         #: The probes' memory-writes count of a sandbox (set by the daemon's assembly; None: unwatched).
         self.memory_writes: Callable[[str], MemoryWrites | None] = lambda _sandbox_id: None
         #: Session states stored by turn ends and checkpoints: captured in bash, or reused.
@@ -177,7 +179,8 @@ class SandboxManager:
         or a finished removal is gone, a failed adoption reads ``dead``.
         """
         rec = self.registry.get_sandbox(ref)
-        if rec is None or self.gate is None or self.gate.settled(rec.id):
+        # Another process's sandbox is that process's to adopt: the row as it stands (Access refuses it).
+        if rec is None or self.gate is None or rec.shard != self.place.index or self.gate.settled(rec.id):
             return rec
         await self.gate.wait(rec.id)
         return self.registry.get_sandbox(rec.id)
@@ -390,15 +393,29 @@ class SandboxManager:
         # name, and an RL host creates that many in hours).
         names = [spec.name] if spec.name else [f"sb-{sandbox_id[:6]}", f"sb-{sandbox_id}"]
         async with self._create_lock:
-            name = next((n for n in names if not self.registry.name_taken(n)), None)
-            if name is None:
-                raise AlreadyExists(f"a sandbox named {names[-1]!r} already exists", name=names[-1])
-            spec = replace(spec, name=name)
-            rec = SandboxRecord(
-                sandbox_id, name, owner_uid, spec, image, "", SandboxState.CREATING, time.time(), origin=origin
-            )
-            self.registry.insert_sandbox(rec)
-        return rec
+            for name in names:
+                if self.registry.name_taken(name):
+                    continue
+                rec = SandboxRecord(
+                    sandbox_id,
+                    name,
+                    owner_uid,
+                    replace(spec, name=name),
+                    image,
+                    "",
+                    SandboxState.CREATING,
+                    time.time(),
+                    origin=origin,
+                    shard=self.place.index,
+                )
+                try:
+                    self.registry.insert_sandbox(rec)
+                except AlreadyExists:
+                    # This lock is one process's ([daemon] workers): another may have taken the name
+                    # since name_taken, and the table's UNIQUE name refused ours: as if it were taken.
+                    continue
+                return rec
+        raise AlreadyExists(f"a sandbox named {names[-1]!r} already exists", name=names[-1])
 
     async def launch(
         self,
@@ -604,7 +621,10 @@ class SandboxManager:
         if self._background:
             await asyncio.wait(self._background, timeout=60)
         if remove_all:
+            # Only this process's sandboxes: the others' processes remove theirs ([daemon] workers).
             for rec in self.list_sandboxes(None):
+                if rec.shard != self.place.index:
+                    continue
                 try:
                     await self.remove(rec, force=True)
                 except CrabError as exc:

@@ -1,8 +1,15 @@
 """The daemon's lifetime: wire the layers together, serve, shut down cleanly.
 
 Start-up order matters for safety, and serving comes early (issue 34: with
-1,000 sandboxes, adopting them all first kept crabd deaf for ~40 s):
-1. state dir (0700) and registry;
+1,000 sandboxes, adopting them all first kept crabd deaf for ~40 s).  With
+``[daemon] workers`` > 1 this is each process's start-up, for its own share
+of the sandboxes (daemon/workers.py); the steps that sweep what all of
+crabd left run in the main process only, while no other is alive:
+0. this process's shard lock; the main process waits until no process of
+   an earlier crabd is left (``run/shard-*.lock``);
+1. state dir (0700) and registry; the main process rehomes the sandboxes
+   of processes there are no longer, and drops every process's quota
+   reservations and checkpoint leases (a worker: its own);
 2. install crab's init binary (content-addressed, immutable);
 3. reach the container runtime; the inspector, the store and the
    coordinator over them;
@@ -15,7 +22,8 @@ Start-up order matters for safety, and serving comes early (issue 34: with
 5. turns whose checkpoint was still queued when crabd last stopped are
    marked lost (before any request can end or list a turn), then the host
    engine (checkpoint queue);
-6. the private gRPC server, then the public socket (0660 root:crab), then
+6. the main process starts the workers and waits until each serves; then
+   the private gRPC server, then the public socket (0660 root:crab), then
    the OpenAI proxy if enabled;
 7. READY=1 to systemd, watchdog pings, "crabd ready";
 8. in the background: the eBPF probes' compile (mode "auto"; the scan
@@ -23,8 +31,8 @@ Start-up order matters for safety, and serving comes early (issue 34: with
    started only now (on a small host they held serving back); adoption of
    every sandbox (a few at once, one a request needs first), then recovery
    of those found dead (policy "auto"), then the full gc of blobs a crash
-   orphaned (``_reconcile``: under the store lock held exclusively, see
-   there).
+   orphaned (``_reconcile``, the main process only: under the store lock
+   held exclusively, see there).
 
 Shut-down runs the other way; the engine drains its queue (bounded by
 ``[engine] drain_timeout_s``) after the API stops taking requests.
@@ -41,6 +49,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -57,28 +66,31 @@ from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.backends.criu.hotimages import HotImages
 from crabd.backends.criu.imagestore import ImageStore
 from crabd.backends.fsdelta import FsDelta, ScanLimits
-from crabd.config import CrabConfig
+from crabd.config import CrabConfig, EngineConfig
 from crabd.coordinator.adoption import Adoption
 from crabd.coordinator.archives import Archives
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovery
-from crabd.coordinator.replication import Replication
+from crabd.coordinator.replication import Replication, shard_owns
 from crabd.coordinator.restore import Restorer
 from crabd.coordinator.retention import Retention
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.daemon import assembly, notify
 from crabd.daemon.provenance import attach_checkpoints, attach_edges, open_provenance
+from crabd.daemon.workers import ShardLock, Workers, place_of, wait_for_predecessors
 from crabd.engine import HostEngine
 from crabd.errors import CrabError
 from crabd.inspector.choose import open_inspector
 from crabd.inspector.decide import Inspector
 from crabd.inspector.deferred import DeferredProbes
+from crabd.models import ShardPlace
 from crabd.runtime import initbin
 from crabd.service.llm_gate import ServiceGate
 from crabd.service.quota import Quotas
 from crabd.service.service import Service
+from crabd.store import leasing, reservations
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
@@ -134,9 +146,24 @@ class _Wiring:
 class Daemon:
     """One running crabd.  ``async with Daemon(cfg) as d: await d.wait()``."""
 
-    def __init__(self, cfg: CrabConfig, *, ephemeral: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: CrabConfig,
+        *,
+        ephemeral: bool = False,
+        place: ShardPlace | None = None,
+        on_ready: Callable[[], None] | None = None,
+        log_level: str = "info",
+        log_file: str | None = None,
+    ) -> None:
         self.cfg = cfg
         self.ephemeral = ephemeral
+        #: Which of crabd's processes this is (daemon/workers.py): 0, the main one, starts the others.
+        self.place = place if place is not None else place_of(cfg, 0)
+        self._on_ready = on_ready
+        self._log = (log_level, log_file)
+        self._workers: Workers | None = None
+        self._shard_lock: ShardLock | None = None
         self._stop = asyncio.Event()
         self._db: Database | None = None
         self._registry: Registry | None = None
@@ -158,14 +185,27 @@ class Daemon:
         self._adopting: asyncio.Task[None] | None = None
 
     @property
+    def is_main(self) -> bool:
+        return self.place.index == 0
+
+    def _per_shard(self, path: Path) -> Path:
+        """``path`` for the main process, ``path-N`` beside it for worker N (what each may sweep at start)."""
+        return path if self.is_main else path.with_name(f"{path.name}-{self.place.index}")
+
+    @property
     def private_socket(self) -> Path:
-        return self.cfg.paths.state_dir / "run" / "grpc.sock"
+        return self._per_shard(self.cfg.paths.state_dir / "run" / "grpc.sock")
+
+    @property
+    def public_socket(self) -> Path:
+        return self.cfg.paths.shard_socket(self.place.index)
 
     async def start(self) -> None:
         """Bring crabd up in the module doc's order; every step is one method below."""
         t0 = time.monotonic()
         steps = Laps()
         self._prepare_host()
+        await self._own_shard()
         docker_version = await self._open_sandboxes()
         steps.lap("sandboxes")
         wiring = await self._open_checkpoints()
@@ -197,6 +237,10 @@ class Daemon:
         await self._start_archives(wiring, service)
         await self._start_replication(wiring, engine, service)
         steps.lap("archives")
+        # Before this process serves: once the main socket answers, every process does (a create
+        # it places elsewhere finds its process there), and its sweeps above are done.
+        await self._start_workers()
+        steps.lap("workers")
         await self._serve(service)
         await self._start_proxy(service, engine)
         steps.lap("serve")
@@ -213,6 +257,16 @@ class Daemon:
     def _manager_or_fail(self) -> SandboxManager:
         assert self._manager is not None, "the sandbox manager is opened first"
         return self._manager
+
+    async def _own_shard(self) -> None:
+        """This shard's lock; the main process first waits until no process of an earlier crabd is left."""
+        run_dir = self.cfg.paths.state_dir / "run"
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(run_dir, 0o700)
+        self._shard_lock = ShardLock(run_dir, self.place.index)
+        await self._shard_lock.take()
+        if self.is_main:
+            await wait_for_predecessors(run_dir, self.place.index)
 
     def _prepare_host(self) -> None:
         """The state dir (0700), the fd limit, and a worker pool sized for blocking work."""
@@ -237,7 +291,27 @@ class Daemon:
         self._side = await asyncio.to_thread(assembly.open_sandbox_side, self.cfg, instance)
         version = await asyncio.to_thread(self._side.sandbox.server_version)
         self._manager = SandboxManager(self.cfg, self._registry, self._side.sandbox, init_binary, instance)
+        self._manager.place = self.place
+        await asyncio.to_thread(self._settle_shards, self._db)
         return f"{self._side.kind}: {version}"
+
+    def _settle_shards(self, db: Database) -> None:
+        """What earlier processes of this shard left in the shared tables; the main one also rehomes.
+
+        The main process runs while no other is alive (``_own_shard``): it
+        moves the sandboxes of shards there are no longer (``[daemon]
+        workers`` lowered) to those there are, and drops every process's
+        reservations and leases.  A restarted worker drops its own.
+        """
+        assert self._registry is not None
+        if self.is_main:
+            moved = self._registry.rehome_shards(self.place.count)
+            if moved:
+                log.warning("sandboxes moved to another crabd process", extra={"sandboxes": moved})
+        shard = None if self.is_main else self.place.index
+        reservations.drop_shard(db, shard)
+        with db.tx(durable=False) as conn:
+            leasing.drop_shard(conn, shard)
 
     async def _open_checkpoints(self) -> _Wiring:
         """The inspector, the blob store, the file and process backends, and the coordinator over them."""
@@ -250,21 +324,24 @@ class Daemon:
         inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits, compile_later=True)
         self._inspector = inspector
         blobs = FileBlobStore(paths.state_dir / "blobs", level=ck.zstd_level)
-        # Leftovers of writes a crash interrupted; nothing references them.
-        await asyncio.to_thread(blobs.clean_tmp, 0)
+        if self.is_main:
+            # Leftovers of writes a crash interrupted; nothing references them.  The main process
+            # only, while no other is alive: a worker's restart would take its peers' writes.
+            await asyncio.to_thread(blobs.clean_tmp, 0)
         side = self._side
         assert side is not None, "the sandbox backend is opened first"
         fs = assembly.open_fs(side, blobs, limits, ck.page_cache_entries, manager.instance)
         self._fs = fs
         dumper = assembly.open_dumper(self.cfg, side)
-        dump_root = paths.state_dir / "run" / "dumps"
-        # Dumps a crash interrupted; nothing references them.
+        dump_root = self._per_shard(paths.state_dir / "run" / "dumps")
+        # Dumps a crash interrupted; nothing references them (this process's: each has its own).
         await asyncio.to_thread(shutil.rmtree, dump_root, True)
         dump_root.mkdir(parents=True, exist_ok=True, mode=0o700)
         catalog = Catalog(db)
         # Each sandbox's newest dump kept as it was stored, for fast restores; budget 0 empties it.
-        hot_budget = self.cfg.criu.hot_images_bytes
-        hot = await asyncio.to_thread(HotImages, paths.state_dir / "images-hot", hot_budget)
+        # Each process its own share and directory (HotImages sweeps its directory at start).
+        hot_budget = self.cfg.criu.hot_images_bytes // self.place.count
+        hot = await asyncio.to_thread(HotImages, self._per_shard(paths.state_dir / "images-hot"), hot_budget)
         images = ImageStore(blobs, hot=hot if hot_budget > 0 else None, max_bytes=ck.max_restore_bytes)
         # Held across processes too (util/filelock.py): the store may have more users than this process.
         self._store_file = FileRWLock(paths.state_dir / STORE_LOCK_FILE)
@@ -288,7 +365,8 @@ class Daemon:
         restorer.inspection = inspection
         self._recovery = Recovery(restorer, manager, catalog)
         housekeeping = Housekeeper(checkpointer, manager, catalog, blobs, fs, store_lock)
-        quotas = Quotas(self.cfg.quota, db, manager.count_sandboxes)
+        quotas = Quotas(self.cfg.quota, db, shard=self.place.index)
+        restorer.leases.shard = self.place.index
         # A checkpoint's new bytes are charged just before it is published (coordinator/checkpoints.py).
         checkpointer.store_quota = quotas.check_store
         retention = Retention(catalog, manager, housekeeping, restorer.leases, self.cfg.retention, self.cfg.quota)
@@ -318,16 +396,32 @@ class Daemon:
         """Turns whose checkpoint was still queued when crabd stopped: lost (the queue lived in memory)."""
         assert self._registry is not None, "the registry is opened first"
         lost = await asyncio.to_thread(
-            self._registry.lose_pending_turns, "crabd stopped before this turn's checkpoint was taken"
+            self._registry.lose_pending_turns,
+            "crabd stopped before this turn's checkpoint was taken",
+            self.place.index,
         )
         if lost:
             log.warning("turn checkpoints lost in the last shutdown", extra={"turns": lost})
 
     async def _start_engine(self) -> HostEngine:
         """The host engine (each adopted sandbox is handed to the inspector by its adoption)."""
-        self._engine = HostEngine(self.cfg.engine)
+        self._engine = HostEngine(self._engine_share())
         await self._engine.start()
         return self._engine
+
+    def _engine_share(self) -> EngineConfig:
+        """This process's share of the host's checkpoint budget (each process runs an engine of its own)."""
+        e, n = self.cfg.engine, self.place.count
+        if n == 1:
+            return e
+        return e.model_copy(
+            update={
+                "max_concurrent": max(1, e.max_concurrent // n),
+                "max_uploads": max(1, e.max_uploads // n),
+                "max_pending": max(1, e.max_pending // n),
+                "bandwidth_mib_s": e.bandwidth_mib_s / n,
+            }
+        )
 
     async def _adopt(self, adoption: Adoption, housekeeping: Housekeeper) -> None:
         """The background half of start-up (step 8 of the module doc)."""
@@ -339,8 +433,11 @@ class Daemon:
         # from here on they (and any that die later) are recovered (policy "auto").
         assert self._recovery is not None, "recovery is wired before serving"
         self._recovery.start()
-        # After adoption: it finishes interrupted removals, whose heads this pass drops.
-        await self._reconcile(housekeeping)
+        # After adoption: it finishes interrupted removals, whose heads this pass drops.  The main
+        # process's only: a full gc under the exclusive store lock at every worker restart would
+        # stall every process's checkpoints.
+        if self.is_main:
+            await self._reconcile(housekeeping)
 
     async def _reconcile(self, housekeeping: Housekeeper) -> None:
         """Orphaned blobs (and heads of removed sandboxes): a full gc, once, with crabd serving.
@@ -368,7 +465,7 @@ class Daemon:
             wiring.catalog,
             ck.blobs,
             wiring.store_lock,
-            self.cfg.paths.state_dir / "archives",
+            self._per_shard(self.cfg.paths.state_dir / "archives"),
             ck.dumper.version,
             checker=ReferenceChecker(ck.fs, ck.images),
             limits=ScanLimits(
@@ -402,6 +499,7 @@ class Daemon:
                 max_depth=self.cfg.checkpoint.max_depth,
                 max_restore_bytes=self.cfg.checkpoint.max_restore_bytes,
             ),
+            owns=shard_owns(self.place.index, self._manager_or_fail().row),
         )
         assert self._provenance is not None, "provenance is opened with the checkpoints"
         attach_edges(self._provenance, None, None, self._replication)
@@ -429,14 +527,14 @@ class Daemon:
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._grpc)
         self._grpc.add_insecure_port(f"unix:{self.private_socket}")
         await self._grpc.start()
-        self._front = FrontDoor(self.cfg.paths.socket, self.private_socket, callers)
+        self._front = FrontDoor(self.public_socket, self.private_socket, callers)
         await self._front.start()
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         await health_servicer.set("crab.v1.Crab", health_pb2.HealthCheckResponse.SERVING)
 
     async def _start_proxy(self, service: Service, engine: HostEngine) -> None:
-        """The OpenAI proxy, if enabled."""
-        if self.cfg.proxy.enabled:
+        """The OpenAI proxy, if enabled (the main process's; config.py refuses it with workers)."""
+        if self.cfg.proxy.enabled and self.is_main:
             # Imported only here: aiohttp is ~140 ms of a start-up that decides how soon crabd serves
             # again after a crash, and the proxy is off by default.
             from crabd.proxy.server import OpenAIProxy
@@ -445,19 +543,35 @@ class Daemon:
             await self._proxy.start()
             service.proxy_url = self._proxy.url
 
+    async def _start_workers(self) -> None:
+        """The main process starts the other processes and waits until each serves (daemon/workers.py)."""
+        if not self.is_main or self.place.count == 1:
+            return
+        level, log_file = self._log
+        self._workers = Workers(self.cfg, ephemeral=self.ephemeral, log_level=level, log_file=log_file)
+        await self._workers.start()
+
     def _ready(
         self, inspector: str, docker_version: str, to_adopt: int, prepared_s: float, took: float, steps: Laps
     ) -> None:
-        """READY=1 and watchdog pings to systemd, and one log line (adoption goes on in the background)."""
+        """READY=1 and watchdog pings to systemd, and one log line (adoption goes on in the background).
+
+        A worker tells the main process instead (``on_ready``), and its line says "crabd worker ready":
+        "crabd ready" is the whole daemon's, once every process serves.
+        """
         paths = self.cfg.paths
-        notify.notify(f"READY=1\nSTATUS=serving on {paths.socket}\nMAINPID={os.getpid()}")
-        interval = notify.watchdog_interval()
-        if interval is not None:
-            self._watchdog = asyncio.create_task(notify.watchdog_loop(interval))
+        if self.is_main:
+            notify.notify(f"READY=1\nSTATUS=serving on {paths.socket}\nMAINPID={os.getpid()}")
+            interval = notify.watchdog_interval()
+            if interval is not None:
+                self._watchdog = asyncio.create_task(notify.watchdog_loop(interval))
+        if self._on_ready is not None:
+            self._on_ready()
         log.info(
-            "crabd ready",
+            "crabd ready" if self.is_main else "crabd worker ready",
             extra={
-                "socket": str(paths.socket),
+                "workers": self.place.count,
+                "socket": str(self.public_socket),
                 "state_dir": str(paths.state_dir),
                 "docker": docker_version,
                 "ephemeral": self.ephemeral,
@@ -479,8 +593,12 @@ class Daemon:
         await self._stop.wait()
 
     async def close(self) -> None:
-        notify.notify("STOPPING=1")
+        if self.is_main:
+            notify.notify("STOPPING=1")
         log.info("crabd stopping")
+        if self._workers is not None:
+            # First, and while this process still serves: they drain their engines meanwhile.
+            await self._workers.close()
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._adopting is not None:
@@ -507,7 +625,7 @@ class Daemon:
             await asyncio.wait({self._kdat})
         if self._manager is not None:
             await self._manager.close(remove_all=self.ephemeral)
-        if self.ephemeral and self._fs is not None:
+        if self.ephemeral and self.is_main and self._fs is not None:
             # An embedded daemon's store goes with its state dir; its snapshots live in the
             # host's shared btrfs pool and would outlive it.
             await asyncio.to_thread(self._fs.retain, set())
@@ -519,6 +637,8 @@ class Daemon:
             self._db.close()
         if self._store_file is not None:
             self._store_file.close()
+        if self._shard_lock is not None:
+            self._shard_lock.close()
         log.info("crabd stopped")
 
     async def __aenter__(self) -> Daemon:
@@ -533,8 +653,18 @@ class Daemon:
         await self.close()
 
 
-async def serve(cfg: CrabConfig, *, ephemeral: bool = False) -> None:
-    async with Daemon(cfg, ephemeral=ephemeral) as daemon:
+async def serve(
+    cfg: CrabConfig,
+    *,
+    ephemeral: bool = False,
+    place: ShardPlace | None = None,
+    on_ready: Callable[[], None] | None = None,
+    log_level: str = "info",
+    log_file: str | None = None,
+) -> None:
+    async with Daemon(
+        cfg, ephemeral=ephemeral, place=place, on_ready=on_ready, log_level=log_level, log_file=log_file
+    ) as daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.request_stop)

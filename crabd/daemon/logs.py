@@ -29,7 +29,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, sort_keys=False)
 
 
-def setup(level: str = "info", log_file: Path | None = None) -> None:
+class _Shard(logging.Filter):
+    """Marks a worker's lines with its shard ([daemon] workers), unless a line names one itself."""
+
+    def __init__(self, shard: int) -> None:
+        super().__init__()
+        self.shard = shard
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "shard"):
+            record.shard = self.shard
+        return True
+
+
+def setup(level: str = "info", log_file: Path | None = None, *, shard: int = 0) -> None:
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(level.upper())
@@ -43,6 +56,8 @@ def setup(level: str = "info", log_file: Path | None = None) -> None:
             os.chmod(log_file, 0o600)
     for h in handlers:
         h.setFormatter(JsonFormatter())
+        if shard:
+            h.addFilter(_Shard(shard))
         root.addHandler(h)
     # grpc and docker are chatty at debug level; keep them at warning.
     for noisy in ("urllib3", "docker", "grpc", "asyncio"):

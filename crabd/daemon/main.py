@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         armed = faults.arm_from_env()
         if armed:
             logging.getLogger("crabd").warning("fault injection armed", extra={"points": armed})
-        asyncio.run(serve(cfg, ephemeral=args.ephemeral))
+        asyncio.run(serve(cfg, ephemeral=args.ephemeral, log_level=args.log_level, log_file=args.log_file))
     except CrabError as exc:
         sys.stderr.write(f"crabd: {exc.message}\nhint: {exc.hint}\n")
         sys.exit(1)

@@ -41,6 +41,7 @@ each under its parent)::
         PermissionDenied: the caller may not act on this object
         SandboxDead: the sandbox's container is no longer running
         SandboxBusy: the sandbox (or its session) is busy with another operation
+        WrongShard: another of crabd's processes serves this sandbox
         InitUnavailable: crab's init inside the sandbox cannot be reached
         InitProtocolError: crab's init broke the protocol
         InitSpawnError: crab's init refused to start a process
@@ -120,6 +121,7 @@ from crabd.errors.sandbox import (
     SessionCommandError,
     SessionProcessError,
     SessionStateError,
+    WrongShard,
 )
 from crabd.errors.store import (
     CheckpointNotFound,
@@ -186,6 +188,7 @@ __all__ = [
     "TooManyEntries",
     "Unauthenticated",
     "UnsafeEntry",
+    "WrongShard",
     "error_class",
     "registered",
 ]

@@ -53,6 +53,24 @@ class SandboxBusy(CrabError):
         self.sandbox = sandbox
 
 
+class WrongShard(CrabError):
+    """Another of crabd's processes serves this sandbox (``[daemon] workers``).
+
+    Attributes: ``sandbox``, ``shard`` (the owner's index) and ``socket``
+    (where the owner listens).  Nothing was done: the SDK sends the call
+    there and remembers it; another client must do the same.
+    """
+
+    grpc_code = "FAILED_PRECONDITION"
+    default_hint = "Send the call to the socket named here (crab's SDK and crabctl do so on their own)."
+
+    def __init__(self, message: str, *, sandbox: str, shard: int, socket: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.sandbox = sandbox
+        self.shard = shard
+        self.socket = socket
+
+
 class InitUnavailable(CrabError):
     """crab's init inside the sandbox cannot be reached.  Attribute: ``sandbox``."""
 

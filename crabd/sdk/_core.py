@@ -10,13 +10,26 @@ one line of I/O in ``client.py`` or ``aio.py``), return the parsed reply.
 
 The public methods' docstrings are written once too, in ``_docs.py``, and
 put on both twins by :func:`documented`.
+
+Where a call goes is decided here too.  crabd may run as several processes
+(``[daemon] workers``), each serving its own sandboxes on its own socket.  A
+call about a sandbox goes to the socket its :class:`SandboxInfo` names
+(:meth:`SandboxCore._routed`); any other call to the socket the client was
+opened on.  A process that does not serve the sandbox (or, for a create,
+the main process placing it on another) answers :class:`WrongShard` before
+doing anything, so the client sends the identical call once more to the
+socket named there (:meth:`ClientCore._resend`) and the sandbox's handle
+remembers it.  With one process every socket is the client's own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
+import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +39,8 @@ import grpc
 
 from crabd.api import errors as wire_errors
 from crabd.api.v1 import crab_pb2 as pb
-from crabd.errors import ClientClosed, CrabError, InvalidRequest
+from crabd.api.v1 import crab_pb2_grpc as pb_grpc
+from crabd.errors import ClientClosed, CrabError, InvalidRequest, WrongShard
 from crabd.sdk import _requests as rq
 from crabd.sdk import models
 from crabd.sdk._requests import CreateOptions, ExecOptions
@@ -85,13 +99,20 @@ FORK_PER_SANDBOX_S = 30.0
 class Call(Generic[T]):
     """One RPC ready to send: the stub's method, the request, its deadline, and how to read the reply.
 
-    For a streaming RPC, ``parse`` reads each message of the stream.
+    For a streaming RPC, ``parse`` reads each message of the stream.  ``socket``
+    is the crabd process to send it to ('' : the one the client was opened on).
     """
 
     rpc: str
     request: Any
     timeout: float
     parse: Callable[[Any], T]
+    socket: str = ""
+    #: Told the owner's socket when a WrongShard answer sends the call there: a sandbox's handle
+    #: remembers it, so its next calls go straight there.
+    moved: Callable[[str], None] | None = None
+    #: Already the one resend a WrongShard answer earns: another is the caller's to see.
+    resent: bool = False
 
 
 def event_from_pb(ev: pb.ExecEvent) -> Event:
@@ -167,9 +188,17 @@ class ClientCore(Generic[SB]):
         self.timeout = rq.client_timeout(timeout)
         self._daemon: EmbeddedDaemon | None = None
         self._closed = False
-        self._open_channel(f"unix:{self.socket}")
+        self._channel = self._open_channel(f"unix:{self.socket}")
+        self._stub = pb_grpc.CrabStub(self._channel)
+        #: The channels and stubs of crabd's other processes, by socket: opened on first use
+        #: (most clients never need one), closed with the client.
+        self._shard_channels: dict[str, Any] = {}
+        self._shard_stubs: dict[str, pb_grpc.CrabStub] = {}
+        # A sync client may be shared by threads: two first calls to one process open one channel.
+        self._shard_lock = threading.Lock()
 
-    def _open_channel(self, target: str) -> None:
+    def _open_channel(self, target: str) -> Any:
+        """A new channel to ``target`` (the flavour's: sync or asyncio)."""
         raise NotImplementedError
 
     def _wrap(self, info: SandboxInfo) -> SB:
@@ -199,9 +228,53 @@ class ClientCore(Generic[SB]):
         if self._closed:
             raise ClientClosed(f"this {type(self).__name__} of {self.socket} is closed", socket=self.socket)
 
-    def _error(self, exc: grpc.RpcError) -> CrabError:
-        """The CrabError a failed call stands for (the daemon's own class, or DaemonUnavailable)."""
-        return wire_errors.decode(exc, socket=self.socket)
+    def _error(self, exc: grpc.RpcError, socket: str = "") -> CrabError:
+        """The CrabError a failed call stands for (the daemon's own class, or DaemonUnavailable).
+
+        ``socket``: where the call went, when not to the client's own socket.
+        """
+        return wire_errors.decode(exc, socket=socket or self.socket)
+
+    # --- routing among crabd's processes ---------------------------------------------------
+
+    def _channels(self) -> list[Any]:
+        """Every channel the client opened, its own first: closing the client closes them all."""
+        with self._shard_lock:
+            return [self._channel, *self._shard_channels.values()]
+
+    def _stub_for(self, call: Call[Any]) -> pb_grpc.CrabStub:
+        """The stub of the crabd process ``call`` goes to, its channel opened on first use."""
+        if not call.socket or call.socket == self.socket:
+            return self._stub
+        with self._shard_lock:
+            stub = self._shard_stubs.get(call.socket)
+            if stub is None:
+                channel = self._open_channel(f"unix:{call.socket}")
+                self._shard_channels[call.socket] = channel
+                stub = self._shard_stubs[call.socket] = pb_grpc.CrabStub(channel)
+            return stub
+
+    def _resend(self, call: Call[T], exc: grpc.RpcError, *, started: bool = False) -> Call[T]:
+        """The call to send again after it failed with ``exc``; else that failure, raised as its CrabError.
+
+        Only a WrongShard answer earns a resend, once, to the socket it names:
+        crabd answers it before doing anything, so the identical call is safe
+        to repeat.  Not after a stream has yielded (``started``): an answer
+        then is not one of those.  The call's ``moved`` learns the socket.
+        """
+        sent_to = call.socket or self.socket
+        err = self._error(exc, sent_to)
+        if (
+            not isinstance(err, WrongShard)
+            or started
+            or call.resent
+            or not os.path.isabs(err.socket)
+            or err.socket == sent_to
+        ):
+            raise err from exc
+        if call.moved is not None:
+            call.moved(err.socket)
+        return dataclasses.replace(call, socket=err.socket, resent=True)
 
     def _call(self, rpc: str, request: Any, parse: Callable[[Any], T], timeout: float = 0.0) -> Call[T]:
         return Call(rpc, request, timeout or self.timeout, parse)
@@ -335,16 +408,29 @@ class SandboxCore(Generic[CL]):
     def _ref(self) -> pb.SandboxRef:
         return pb.SandboxRef(sandbox=self.id)
 
+    # --- routing: this sandbox's calls go to the crabd process that serves it --------------
+
+    def _routed(self, call: Call[T]) -> Call[T]:
+        """``call`` addressed to this sandbox's process; a WrongShard answer corrects (and updates) that."""
+        return dataclasses.replace(call, socket=self.info.socket, moved=self._moved)
+
+    def _moved(self, socket: str) -> None:
+        """Remember where crabd said this sandbox is served, for its next calls."""
+        self.info = dataclasses.replace(self.info, socket=socket)
+
+    def _call(self, rpc: str, request: Any, parse: Callable[[Any], T], timeout: float = 0.0) -> Call[T]:
+        return self._routed(self.client._call(rpc, request, parse, timeout))
+
     # --- calls of the public methods (same names, no I/O) -----------------------------------
 
     def _refresh(self) -> Call[SandboxInfo]:
-        return self.client._call("GetSandbox", self._ref(), self._keep)
+        return self._call("GetSandbox", self._ref(), self._keep)
 
     def _exec(self, options: ExecOptions, *, stream: bool) -> Call[Event]:
-        return self.client._stream("Exec", options.request(self.id, stream=stream), options.timeout)
+        return self._routed(self.client._stream("Exec", options.request(self.id, stream=stream), options.timeout))
 
     def _begin_turn(self) -> Call[Turn]:
-        return self.client._call("BeginTurn", self._ref(), models.Turn.from_pb)
+        return self._call("BeginTurn", self._ref(), models.Turn.from_pb)
 
     def _llm_base_url(self, status: DaemonStatus) -> str:
         if not status.proxy_url:
@@ -356,29 +442,29 @@ class SandboxCore(Generic[CL]):
 
     def _end_turn(self, wait: bool, decision: bool) -> Call[Turn]:
         req = pb.EndTurnRequest(sandbox=self.id, wait=wait, defer_decision=not decision)
-        return self.client._call("EndTurn", req, models.Turn.from_pb)
+        return self._call("EndTurn", req, models.Turn.from_pb)
 
     def _turns(self, limit: int) -> Call[list[Turn]]:
         req = rq.turns_request(self.id, limit)
-        return self.client._call("ListTurns", req, lambda m: [models.Turn.from_pb(t) for t in m.turns])
+        return self._call("ListTurns", req, lambda m: [models.Turn.from_pb(t) for t in m.turns])
 
     def _stop(self, timeout: float) -> Call[SandboxInfo]:
         req = rq.stop_request(self.id, timeout)
-        return self.client._call("StopSandbox", req, self._keep, timeout=timeout + self.client.timeout)
+        return self._call("StopSandbox", req, self._keep, timeout=timeout + self.client.timeout)
 
     def _remove(self, force: bool, keep_checkpoints: bool) -> Call[None]:
         req = pb.RemoveSandboxRequest(sandbox=self.id, force=force, keep_checkpoints=keep_checkpoints)
-        return self.client._call("RemoveSandbox", req, lambda _: None)
+        return self._call("RemoveSandbox", req, lambda _: None)
 
     def _checkpoint(self, label: str, kind: str) -> Call[CheckpointInfo]:
         req = pb.CreateCheckpointRequest(sandbox=self.id, label=label, kind=kind)
-        return self.client._call("CreateCheckpoint", req, models.CheckpointInfo.from_pb)
+        return self._call("CreateCheckpoint", req, models.CheckpointInfo.from_pb)
 
     def _restore(self, checkpoint: CheckpointRef | None, turn: int | None) -> Call[SandboxInfo]:
-        return self.client._call("Restore", rq.restore_request(self.id, checkpoint, turn), self._keep)
+        return self._call("Restore", rq.restore_request(self.id, checkpoint, turn), self._keep)
 
     def _recover(self) -> Call[Recovered]:
-        return self.client._call("Recover", self._ref(), self._kept, timeout=RECOVER_S)
+        return self._call("Recover", self._ref(), self._kept, timeout=RECOVER_S)
 
 
 class SessionCore(Generic[SBX]):
@@ -390,14 +476,14 @@ class SessionCore(Generic[SBX]):
     def _run(self, command: str, timeout: float, max_output: int, *, stream: bool, turn: str = "") -> Call[Event]:
         sb = self._sb
         req = rq.session_request(sb.id, command, timeout=timeout, max_output=max_output, stream=stream, turn=turn)
-        return sb.client._stream("SessionRun", req, timeout)
+        return sb._routed(sb.client._stream("SessionRun", req, timeout))
 
     def _state(self) -> Call[dict[str, Any]]:
         sb = self._sb
-        return sb.client._call("GetSessionState", sb._ref(), session_state)
+        return sb._call("GetSessionState", sb._ref(), session_state)
 
     def _restart(self, state: Mapping[str, Any] | str | None) -> Call[dict[str, Any]]:
         sb = self._sb
         text = "" if state is None else state if isinstance(state, str) else json.dumps(state)
         req = pb.RestartSessionRequest(sandbox=sb.id, state_json=text)
-        return sb.client._call("RestartSession", req, session_state)
+        return sb._call("RestartSession", req, session_state)

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.errors import CrabError, SandboxNotFound
 from crabd.sdk import _archives, _docs, models
 from crabd.sdk._core import Call, ClientCore, Event, SandboxCore, SessionCore, documented, takes
@@ -80,28 +79,33 @@ class AsyncClient(ClientCore["AsyncSandbox"]):
 
     _channel: grpc.aio.Channel
 
-    def _open_channel(self, target: str) -> None:
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.CrabStub(self._channel)
+    def _open_channel(self, target: str) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
 
     def _wrap(self, info: models.SandboxInfo) -> AsyncSandbox:
         return AsyncSandbox(self, info)
 
     async def _send(self, call: Call[T]) -> T:
         self._ensure_open()
-        try:
-            reply = await getattr(self._stub, call.rpc)(call.request, timeout=call.timeout)
-        except grpc.RpcError as exc:
-            raise self._error(exc) from exc
-        return call.parse(reply)
+        while True:  # at most twice: _resend raises unless a WrongShard names another process
+            try:
+                reply = await getattr(self._stub_for(call), call.rpc)(call.request, timeout=call.timeout)
+            except grpc.RpcError as exc:
+                call = self._resend(call, exc)
+                continue
+            return call.parse(reply)
 
-    async def _send_stream(self, call: Call[Event]) -> AsyncIterator[Event]:
+    async def _send_stream(self, call: Call[T]) -> AsyncIterator[T]:
         self._ensure_open()
-        try:
-            async for message in getattr(self._stub, call.rpc)(call.request, timeout=call.timeout):
-                yield call.parse(message)
-        except grpc.RpcError as exc:
-            raise self._error(exc) from exc
+        while True:  # as _send; once a message came, a failure is the caller's
+            started = False
+            try:
+                async for message in getattr(self._stub_for(call), call.rpc)(call.request, timeout=call.timeout):
+                    started = True
+                    yield call.parse(message)
+                return
+            except grpc.RpcError as exc:
+                call = self._resend(call, exc, started=started)
 
     @classmethod
     async def embedded(cls, state_dir: str | Path | None = None, **daemon_args: Any) -> AsyncClient:
@@ -113,7 +117,8 @@ class AsyncClient(ClientCore["AsyncSandbox"]):
 
     async def aclose(self) -> None:
         daemon = self._release()
-        await self._channel.close(None)
+        for channel in self._channels():
+            await channel.close(None)
         if daemon is not None:
             await asyncio.to_thread(daemon.close)
 
@@ -202,13 +207,9 @@ class AsyncClient(ClientCore["AsyncSandbox"]):
         self._ensure_open()
         size = 0
         with _archives.writer(target) as write:
-            try:
-                async for message in self._stub.ExportCheckpoint(call.request, timeout=call.timeout):
-                    data = call.parse(message)
-                    await asyncio.to_thread(write, data)
-                    size += len(data)
-            except grpc.RpcError as exc:
-                raise self._error(exc) from exc
+            async for data in self._send_stream(call):
+                await asyncio.to_thread(write, data)
+                size += len(data)
         return size
 
     async def import_checkpoint(self, source: _archives.ArchiveFile) -> models.ImportResult:
@@ -298,7 +299,7 @@ class AsyncSandbox(SandboxCore[AsyncClient]):
         return await self.client._send(self._checkpoint(label, kind))
 
     async def checkpoints(self) -> list[models.CheckpointInfo]:
-        return await self.client._send(self.client._checkpoints(self.id))
+        return await self.client._send(self._routed(self.client._checkpoints(self.id)))
 
     async def restore(self, checkpoint: CheckpointRef | None = None, *, turn: int | None = None) -> models.SandboxInfo:
         return await self.client._send(self._restore(checkpoint, turn))
@@ -307,11 +308,11 @@ class AsyncSandbox(SandboxCore[AsyncClient]):
         self, n: int = 1, checkpoint: CheckpointRef | None = None, *, name_prefix: str = "", turn: int | None = None
     ) -> AsyncForkSet:
         call = self.client._fork(n, name_prefix=name_prefix, checkpoint=checkpoint, sandbox=self.id, turn=turn)
-        made: list[AsyncSandbox] = await self.client._send(call)
+        made: list[AsyncSandbox] = await self.client._send(self._routed(call))
         return AsyncForkSet(made)
 
     async def tree(self) -> models.Tree:
-        return await self.client._send(self.client._tree(self.id, ""))
+        return await self.client._send(self._routed(self.client._tree(self.id, "")))
 
     async def recover(self) -> models.Recovered:
         return await self.client._send(self._recover())

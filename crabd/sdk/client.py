@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.errors import CrabError, SandboxNotFound
 from crabd.sdk import _archives, _docs, models
 from crabd.sdk._core import Call, ClientCore, Event, SandboxCore, SessionCore, documented, takes
@@ -90,28 +89,33 @@ class Client(ClientCore["Sandbox"]):
 
     _channel: grpc.Channel
 
-    def _open_channel(self, target: str) -> None:
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.CrabStub(self._channel)
+    def _open_channel(self, target: str) -> grpc.Channel:
+        return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
 
     def _wrap(self, info: models.SandboxInfo) -> Sandbox:
         return Sandbox(self, info)
 
     def _send(self, call: Call[T]) -> T:
         self._ensure_open()
-        try:
-            reply = getattr(self._stub, call.rpc)(call.request, timeout=call.timeout)
-        except grpc.RpcError as exc:
-            raise self._error(exc) from exc
-        return call.parse(reply)
+        while True:  # at most twice: _resend raises unless a WrongShard names another process
+            try:
+                reply = getattr(self._stub_for(call), call.rpc)(call.request, timeout=call.timeout)
+            except grpc.RpcError as exc:
+                call = self._resend(call, exc)
+                continue
+            return call.parse(reply)
 
-    def _send_stream(self, call: Call[Event]) -> Iterator[Event]:
+    def _send_stream(self, call: Call[T]) -> Iterator[T]:
         self._ensure_open()
-        try:
-            for message in getattr(self._stub, call.rpc)(call.request, timeout=call.timeout):
-                yield call.parse(message)
-        except grpc.RpcError as exc:
-            raise self._error(exc) from exc
+        while True:  # as _send; once a message came, a failure is the caller's
+            started = False
+            try:
+                for message in getattr(self._stub_for(call), call.rpc)(call.request, timeout=call.timeout):
+                    started = True
+                    yield call.parse(message)
+                return
+            except grpc.RpcError as exc:
+                call = self._resend(call, exc, started=started)
 
     @classmethod
     def embedded(cls, state_dir: str | Path | None = None, **daemon_args: Any) -> Client:
@@ -123,7 +127,8 @@ class Client(ClientCore["Sandbox"]):
 
     def close(self) -> None:
         daemon = self._release()
-        self._channel.close()
+        for channel in self._channels():
+            channel.close()
         if daemon is not None:
             daemon.close()
 
@@ -208,13 +213,9 @@ class Client(ClientCore["Sandbox"]):
         self._ensure_open()
         size = 0
         with _archives.writer(target) as write:
-            try:
-                for message in self._stub.ExportCheckpoint(call.request, timeout=call.timeout):
-                    data = call.parse(message)
-                    write(data)
-                    size += len(data)
-            except grpc.RpcError as exc:
-                raise self._error(exc) from exc
+            for data in self._send_stream(call):
+                write(data)
+                size += len(data)
         return size
 
     def import_checkpoint(self, source: _archives.ArchiveFile) -> models.ImportResult:
@@ -301,7 +302,7 @@ class Sandbox(SandboxCore[Client]):
         return self.client._send(self._checkpoint(label, kind))
 
     def checkpoints(self) -> list[models.CheckpointInfo]:
-        return self.client._send(self.client._checkpoints(self.id))
+        return self.client._send(self._routed(self.client._checkpoints(self.id)))
 
     def restore(self, checkpoint: CheckpointRef | None = None, *, turn: int | None = None) -> models.SandboxInfo:
         return self.client._send(self._restore(checkpoint, turn))
@@ -310,11 +311,11 @@ class Sandbox(SandboxCore[Client]):
         self, n: int = 1, checkpoint: CheckpointRef | None = None, *, name_prefix: str = "", turn: int | None = None
     ) -> ForkSet:
         call = self.client._fork(n, name_prefix=name_prefix, checkpoint=checkpoint, sandbox=self.id, turn=turn)
-        made: list[Sandbox] = self.client._send(call)
+        made: list[Sandbox] = self.client._send(self._routed(call))
         return ForkSet(made)
 
     def tree(self) -> models.Tree:
-        return self.client._send(self.client._tree(self.id, ""))
+        return self.client._send(self._routed(self.client._tree(self.id, "")))
 
     def recover(self) -> models.Recovered:
         return self.client._send(self._recover())

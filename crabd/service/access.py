@@ -8,6 +8,10 @@ The rules (the service layer's, ``service.py``):
   gets PERMISSION_DENIED (its existence is not hidden from a direct lookup,
   but it never appears in that caller's listing).
 
+With several crabd processes (``[daemon] workers``) a sandbox is served by
+the one its row names: another answers WrongShard with that one's socket,
+after the checks above, and does nothing else.
+
 A sandbox is named by its id, its name, or a unique prefix of the id of
 one of the caller's own sandboxes (``refs.py``).  A checkpoint's reader is
 checked where checkpoints are found, local or remote
@@ -17,7 +21,7 @@ checked where checkpoints are found, local or remote
 from __future__ import annotations
 
 from crabd.coordinator.sandboxes import SandboxManager
-from crabd.errors import InvalidRequest, PermissionDenied, SandboxNotFound
+from crabd.errors import InvalidRequest, PermissionDenied, SandboxNotFound, WrongShard
 from crabd.models import Caller, SandboxRecord
 from crabd.service import refs
 
@@ -66,5 +70,15 @@ class Access:
                 f"sandbox {ref!r} belongs to uid {rec.owner_uid}, not to you (uid {caller.uid})",
                 uid=caller.uid,
                 sandbox=ref,
+            )
+        place = self.sandboxes.place
+        if rec.shard != place.index:
+            # Only after the owner check: the redirect tells nothing a refusal would not.
+            socket = place.sockets[rec.shard] if 0 <= rec.shard < place.count else ""
+            raise WrongShard(
+                f"sandbox {rec.name!r} is served by crabd's process {rec.shard} at {socket}, not by this one",
+                sandbox=rec.id,
+                shard=rec.shard,
+                socket=socket,
             )
         return rec

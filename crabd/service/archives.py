@@ -11,7 +11,8 @@
   (what a fork of it gets: limits, environment) a create request here could
   not ask for.  At most ``[archive] max_concurrent_imports`` imports per uid
   run at once (each holds a staging dir and a worker thread for as long as
-  its client streams), refused before anything is read; and what a restore
+  its client streams; with ``[daemon] workers`` each process admits its share),
+  refused before anything is read; and what a restore
   of each imported checkpoint would write must fit the uid's store quota
   (``admit_expansion``: a checkpoint it could never hold the files of).
 
@@ -146,17 +147,28 @@ class ArchiveEdge:
         with self._one_import(caller):
             return await archives.import_archive(chunks, caller.uid, admit, admit_expansion)
 
+    @property
+    def process_max_imports(self) -> int:
+        """This process's share of ``max_imports`` (at least 1).
+
+        The count is per process: with ``[daemon] workers`` K each would admit the whole limit
+        and a uid could run K times as many imports at once.  Read at each import: the daemon
+        sets ``sandboxes.place`` after the service is made.
+        """
+        return max(1, self.max_imports // max(1, self.sandboxes.place.count))
+
     @contextlib.contextmanager
     def _one_import(self, caller: Caller) -> Iterator[None]:
-        """Count one import of ``caller`` while the body runs; QuotaExceeded past ``max_imports``."""
+        """Count one import of ``caller`` while the body runs; QuotaExceeded past this process's ``max_imports``."""
         uid = caller.uid
-        if self._importing[uid] >= self.max_imports:
+        limit = self.process_max_imports
+        if self._importing[uid] >= limit:
             raise QuotaExceeded(
                 f"uid {uid} is already importing {self._importing[uid]} archives, its limit at once;"
                 " nothing was read of this one",
                 uid=uid,
                 quota="max_concurrent_imports",
-                limit=self.max_imports,
+                limit=limit,
                 used=self._importing[uid],
                 requested=1,
                 hint="Wait for your imports in progress to finish, then import again"

@@ -19,8 +19,9 @@ acts on it: root acting on a user's sandbox charges that user):
   heads are charged as they are made, and the uid's next checkpoint is
   refused up front if that took it past the limit.
 
-All checks happen on the event loop with no ``await`` between check and
-reservation, which is what makes them atomic.  With ``exempt_root`` (the
+The sandbox and fork checks and their reservations are one transaction of
+the shared database (``store/reservations.py``), which is what makes them
+atomic, within one crabd process and across several (``[daemon] workers``).  With ``exempt_root`` (the
 default) uid 0 is not limited; its use is still reported.  The session
 state and turn history bounds hold for every sandbox, root's included
 (``coordinator/turns.py``): they protect the daemon's database.
@@ -29,13 +30,12 @@ state and turn history bounds hold for every sandbox, root's included
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from crabd.config import QuotaConfig
 from crabd.errors import QuotaExceeded
-from crabd.store import accounting
+from crabd.store import accounting, reservations
 from crabd.store.db import Database
 
 
@@ -68,13 +68,11 @@ def _size(n: int) -> str:
 
 
 class Quotas:
-    def __init__(self, cfg: QuotaConfig, db: Database, owned: Callable[[int], int]) -> None:
+    def __init__(self, cfg: QuotaConfig, db: Database, *, shard: int = 0) -> None:
         self.cfg = cfg
         self.db = db
-        #: Sandboxes ``uid`` owns now (the registry's count).
-        self._owned = owned
-        self._making: Counter[int] = Counter()
-        self._forking: Counter[int] = Counter()
+        #: The crabd process this is (its reservations are dropped when it restarts).
+        self.shard = shard
         #: What holds a uid's store space that retention may not thin (set by the daemon: coordinator/retention.py).
         self.room_hint: Callable[[int], str] | None = None
 
@@ -85,43 +83,46 @@ class Quotas:
 
     @contextlib.contextmanager
     def new_sandboxes(self, uid: int, n: int, *, fork: bool = False) -> Iterator[None]:
-        """Reserve ``n`` sandboxes (and, for a fork, ``n`` fork slots) for ``uid`` while the body runs."""
-        if self.limited(uid):
-            if fork and self._forking[uid] + n > self.cfg.max_concurrent_forks:
-                raise QuotaExceeded(
-                    f"uid {uid} is already forking {self._forking[uid]} sandboxes; {n} more would exceed "
-                    f"its limit of {self.cfg.max_concurrent_forks} sandboxes being forked at once",
-                    uid=uid,
-                    quota="max_concurrent_forks",
-                    limit=self.cfg.max_concurrent_forks,
-                    used=self._forking[uid],
-                    requested=n,
-                    hint="Wait for the forks in progress to finish, or fork fewer at a time.",
-                )
-            have = self._owned(uid) + self._making[uid]
-            if have + n > self.cfg.max_sandboxes:
-                raise QuotaExceeded(
-                    f"uid {uid} has {have} sandboxes; {n} more would exceed its limit of {self.cfg.max_sandboxes}",
-                    uid=uid,
-                    quota="max_sandboxes",
-                    limit=self.cfg.max_sandboxes,
-                    used=have,
-                    requested=n,
-                    hint="Remove sandboxes you no longer need (`crabctl rm`), or ask root to raise "
-                    "[quota] max_sandboxes.",
-                )
-        self._making[uid] += n
-        if fork:
-            self._forking[uid] += n
+        """Reserve ``n`` sandboxes (and, for a fork, ``n`` fork slots) for ``uid`` while the body runs.
+
+        The check and the reservation are one transaction of the shared
+        database (``store/reservations.py``), so they hold across crabd's
+        processes as they did within one.
+        """
+
+        def admit(now: reservations.UidSandboxes) -> None:
+            if self.limited(uid):
+                self._admit(uid, n, fork, now)
+
+        rid = reservations.reserve(self.db, shard=self.shard, uid=uid, sandboxes=n, forks=n if fork else 0, admit=admit)
         try:
             yield
         finally:
-            self._making[uid] -= n
-            if fork:
-                self._forking[uid] -= n
-            # Unary + drops the uids back at zero, so the counters never grow with uids seen.
-            self._making = +self._making
-            self._forking = +self._forking
+            reservations.release(self.db, rid)
+
+    def _admit(self, uid: int, n: int, fork: bool, now: reservations.UidSandboxes) -> None:
+        if fork and now.forking + n > self.cfg.max_concurrent_forks:
+            raise QuotaExceeded(
+                f"uid {uid} is already forking {now.forking} sandboxes; {n} more would exceed "
+                f"its limit of {self.cfg.max_concurrent_forks} sandboxes being forked at once",
+                uid=uid,
+                quota="max_concurrent_forks",
+                limit=self.cfg.max_concurrent_forks,
+                used=now.forking,
+                requested=n,
+                hint="Wait for the forks in progress to finish, or fork fewer at a time.",
+            )
+        have = now.owned + now.making
+        if have + n > self.cfg.max_sandboxes:
+            raise QuotaExceeded(
+                f"uid {uid} has {have} sandboxes; {n} more would exceed its limit of {self.cfg.max_sandboxes}",
+                uid=uid,
+                quota="max_sandboxes",
+                limit=self.cfg.max_sandboxes,
+                used=have,
+                requested=n,
+                hint="Remove sandboxes you no longer need (`crabctl rm`), or ask root to raise [quota] max_sandboxes.",
+            )
 
     # --- store bytes ------------------------------------------------------------------
 
@@ -155,12 +156,13 @@ class Quotas:
     # --- report -----------------------------------------------------------------------
 
     def use(self, uid: int) -> QuotaUse:
+        now = reservations.current(self.db, uid)
         return QuotaUse(
             uid=uid,
             limited=self.limited(uid),
-            sandboxes=self._owned(uid) + self._making[uid],
+            sandboxes=now.owned + now.making,
             max_sandboxes=self.cfg.max_sandboxes,
-            forks_in_flight=self._forking[uid],
+            forks_in_flight=now.forking,
             max_concurrent_forks=self.cfg.max_concurrent_forks,
             store_bytes=accounting.store_bytes_used(self.db, uid),
             max_store_bytes=self.cfg.max_store_bytes,

@@ -66,6 +66,7 @@ from crabd.service import command_requests
 from crabd.service.access import Access
 from crabd.service.archives import ArchiveEdge
 from crabd.service.limits import RequestLimits, fit_output
+from crabd.service.placement import place_create
 from crabd.service.quota import Quotas, QuotaUse
 from crabd.service.remote import RemoteCheckpoints, readable_checkpoint
 from crabd.service.reports import CheckpointDetail, DaemonStatus, EngineReport
@@ -210,6 +211,9 @@ class Service:
             )
         command_requests.check_env(self.cfg.limits, spec.env_vars)
         spec = self.limits.resources(spec)
+        place = self.sandboxes.place
+        if place.count > 1:
+            place_create(place, self.sandboxes.registry.shard_loads(place.count))
         with self.quotas.new_sandboxes(caller.uid, 1):
             rec = await self.sandboxes.create(caller.uid, spec)
         await self.inspection.watch(rec, None)
@@ -225,7 +229,8 @@ class Service:
         for rec in self.sandboxes.list_sandboxes(None if caller.is_root else caller.uid):
             # Not yet adopted after a restart: listed as the registry has it (coordinator/adoption.py);
             # its container is not looked at before its adoption has decided about it.
-            if self.sandboxes.adopted(rec.id):
+            # Another crabd process's sandbox likewise: that process alone may decide it died.
+            if rec.shard == self.sandboxes.place.index and self.sandboxes.adopted(rec.id):
                 rec, _ = await self.sandboxes.refresh(rec)
             out.append(rec)
         return out

@@ -23,7 +23,7 @@ Durability: WAL mode.  A transaction commits in one of two ways:
   row without the rows written before it.  Why: a skip turn wrote five rows
   in five transactions, each an fsync (issue 34).
 
-Schema (version 7)::
+Schema (version 8)::
 
     meta(key TEXT PK, value TEXT)                      -- schema_version
     sandboxes(id TEXT PK, name TEXT UNIQUE, owner_uid INT, spec_json TEXT,
@@ -31,7 +31,8 @@ Schema (version 7)::
               state TEXT,                             -- creating|running|stopped|dead
               created_at REAL, exit_code INT NULL, oom_killed INT, dead_reason TEXT,
               origin TEXT,                            -- checkpoint it was forked from ('' = none)
-              branch INT)                             -- bumped by every in-place restore
+              branch INT,                             -- bumped by every in-place restore
+              shard INT)                              -- the crabd process that owns it (daemon/shards.py)
     turns(sandbox_id, number, started_at, ended_at NULL, implicit, session_state_json NULL,
           decision_json NULL,                     -- the inspector's decision (crabd.inspector.model.Decision)
           checkpoint_id NULL,                     -- the checkpoint the turn end took, if any
@@ -68,6 +69,8 @@ Schema (version 7)::
     sandbox_ids(id TEXT PK, owner_uid INT,            -- every sandbox id ever used here, and its one owner
                 first_seen REAL, source TEXT)         -- (never deleted: store/identity.py)
     failures.owner_uid INT NULL                       -- the sandbox's owner (NULL: recorded before it)
+    reservations(id TEXT PK, shard INT, uid INT, sandboxes INT, forks INT)   -- store/reservations.py
+    leases(id TEXT PK, shard INT, checkpoint_id TEXT)                        -- store/leasing.py
 
 Version 1 (issue 3) had only meta, sandboxes (without origin and branch),
 turns and commands; version 2 (issue 4) had turns without decision_json and
@@ -75,7 +78,8 @@ checkpoint_id; version 3 (issue 6) without checkpoint_state and
 checkpoint_error; version 4 without basis_id and branch (rows from before
 v5 keep NULL there: see ``coordinator/turnmap.py`` for how such turns are
 resolved); version 5 without the remote tables; version 6 without
-checkpoints.pinned.  :func:`_migrate` upgrades
+checkpoints.pinned; version 7 without sandboxes.shard (every sandbox then
+belonged to the one process there was: shard 0).  :func:`_migrate` upgrades
 any of them in place.
 """
 
@@ -90,11 +94,14 @@ from pathlib import Path
 from types import TracebackType
 
 from crabd.errors import StoreError, StoreFull
-from crabd.store import charges
+from crabd.store import charges, leasing, reservations
 
 log = logging.getLogger("crabd.store")
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
+
+#: How long a transaction waits for another process's writer before failing.
+BUSY_S = 30.0
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -165,6 +172,8 @@ _SANDBOX_COLUMNS_V2 = (
     ("origin", "TEXT NOT NULL DEFAULT ''"),
     ("branch", "INTEGER NOT NULL DEFAULT 0"),
 )
+#: Issue 34: which of crabd's processes owns a sandbox (0 for every row made before there were several).
+_SANDBOX_COLUMNS_SHARD = (("shard", "INTEGER NOT NULL DEFAULT 0"),)
 _CHECKPOINT_COLUMNS_V7 = (("pinned", "INTEGER NOT NULL DEFAULT 0"),)
 #: Issue 33: who produced a checkpoint, signed ('' = nobody said; see crabd/trust/provenance.py).
 _CHECKPOINT_COLUMNS_PROVENANCE = (("provenance", "TEXT NOT NULL DEFAULT ''"),)
@@ -198,7 +207,9 @@ class Database:
         self.lock = threading.RLock()
         self._flusher = _WalFlusher(Path(f"{path}-wal"), group_commit_s)
         try:
-            self.conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            # Several crabd processes may share the file ([daemon] workers): a writer waits for
+            # another's transaction (milliseconds) rather than failing with "database is locked".
+            self.conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=BUSY_S)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=FULL")
             self._migrate()
@@ -220,7 +231,10 @@ class Database:
         self.conn.executescript(_SCHEMA_IDS)
         self._add_columns("checkpoints", _CHECKPOINT_COLUMNS_PROVENANCE)
         self._add_columns("refs", _REF_COLUMNS_CHARGES)
+        self._add_columns("sandboxes", _SANDBOX_COLUMNS_SHARD)
         self.conn.executescript(charges.SCHEMA)
+        self.conn.executescript(reservations.SCHEMA)
+        self.conn.executescript(leasing.SCHEMA)
         with self.tx() as db:
             if db.execute("SELECT 1 FROM meta WHERE key=?", (charges.BACKFILLED_KEY,)).fetchone() is None:
                 charges.backfill(db)

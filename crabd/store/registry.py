@@ -14,6 +14,7 @@ import json
 import sqlite3
 from dataclasses import asdict, replace
 
+from crabd.errors import AlreadyExists
 from crabd.models import (
     CheckpointPolicy,
     CommandRecord,
@@ -73,25 +74,35 @@ class Registry:
     # --- sandboxes ------------------------------------------------------------
 
     def insert_sandbox(self, rec: SandboxRecord) -> None:
-        """Insert ``rec``; refused (PermissionDenied, nothing written) if its id ever belonged to another uid."""
+        """Insert ``rec``; refused (PermissionDenied, nothing written) if its id ever belonged to another uid,
+        and (AlreadyExists, nothing written) if another sandbox has its name."""
         with self._tx() as db:
             identity.claim(db, rec.id, rec.owner_uid, "fork" if rec.origin else "create")
-            db.execute(
-                "INSERT INTO sandboxes(id, name, owner_uid, spec_json, image, container_id, state, created_at,"
-                " origin, branch) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                (
-                    rec.id,
-                    rec.name,
-                    rec.owner_uid,
-                    spec_to_json(rec.spec),
-                    rec.image,
-                    rec.container_id,
-                    rec.state.value,
-                    rec.created_at,
-                    rec.origin,
-                    rec.branch,
-                ),
-            )
+            try:
+                db.execute(
+                    "INSERT INTO sandboxes(id, name, owner_uid, spec_json, image, container_id, state, created_at,"
+                    " origin, branch, shard) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        rec.id,
+                        rec.name,
+                        rec.owner_uid,
+                        spec_to_json(rec.spec),
+                        rec.image,
+                        rec.container_id,
+                        rec.state.value,
+                        rec.created_at,
+                        rec.origin,
+                        rec.branch,
+                        rec.shard,
+                    ),
+                )
+            except sqlite3.IntegrityError as exc:
+                # Several crabd processes ([daemon] workers) check a name each under its own lock:
+                # the one that loses the race to the UNIQUE name gets what a taken name gets, not a
+                # StoreError (Tx rolls the claim above back; any other constraint stays a StoreError).
+                if "sandboxes.name" not in str(exc):
+                    raise
+                raise AlreadyExists(f"a sandbox named {rec.name!r} already exists", name=rec.name) from exc
 
     def update_sandbox(
         self,
@@ -138,7 +149,7 @@ class Registry:
     def _row_to_sandbox(self, row: sqlite3.Row | tuple[object, ...]) -> SandboxRecord:
         """A :data:`_SANDBOX_SELECT` row: the sandbox's columns, then its last turn's number and end (NULL: none)."""
         (sid, name, owner, spec_json, image, cid, state, created, exit_code, oom, reason, origin, branch) = row[:13]
-        turn, ended_at = row[13], row[14]
+        turn, ended_at, shard = row[13], row[14], row[15]
         rec = SandboxRecord(
             id=str(sid),
             name=str(name),
@@ -153,6 +164,7 @@ class Registry:
             dead_reason=str(reason),
             origin=str(origin),
             branch=int(str(branch)),
+            shard=int(str(shard)),
         )
         if turn is not None:
             rec.turn = int(str(turn))
@@ -164,7 +176,7 @@ class Registry:
     #: The turn's number is the last of its primary key (sandbox_id, number): an index lookup.
     _SANDBOX_SELECT = (
         "SELECT s.id, s.name, s.owner_uid, s.spec_json, s.image, s.container_id, s.state, s.created_at,"
-        " s.exit_code, s.oom_killed, s.dead_reason, s.origin, s.branch, t.number, t.ended_at"
+        " s.exit_code, s.oom_killed, s.dead_reason, s.origin, s.branch, t.number, t.ended_at, s.shard"
         " FROM sandboxes s LEFT JOIN turns t ON t.sandbox_id = s.id"
         " AND t.number = (SELECT MAX(number) FROM turns WHERE sandbox_id = s.id)"
     )
@@ -204,6 +216,34 @@ class Registry:
             else:
                 rows = self._db.execute("SELECT id, name FROM sandboxes WHERE owner_uid=?", (owner_uid,)).fetchall()
             return {str(i): str(n) for i, n in rows}
+
+    def shard_loads(self, shards: int) -> list[int]:
+        """How many sandboxes each of ``shards`` processes owns (where a create is placed: daemon/shards.py)."""
+        loads = [0] * shards
+        with self._lock:
+            for shard, n in self._db.execute("SELECT shard, COUNT(*) FROM sandboxes GROUP BY shard"):
+                if 0 <= int(shard) < shards:
+                    loads[int(shard)] = int(n)
+        return loads
+
+    def rehome_shards(self, shards: int) -> int:
+        """Sandboxes owned by a process there is no longer (``[daemon] workers`` lowered): to the least loaded.
+
+        Run by the main process before it starts any other, so no process
+        holds them meanwhile; returns how many moved.
+        """
+        with self._tx() as db:
+            orphans = [str(r[0]) for r in db.execute("SELECT id FROM sandboxes WHERE shard<0 OR shard>=?", (shards,))]
+            loads = [0] * shards
+            for shard, n in db.execute(
+                "SELECT shard, COUNT(*) FROM sandboxes WHERE shard>=0 AND shard<? GROUP BY shard", (shards,)
+            ):
+                loads[int(shard)] = int(n)
+            for sid in orphans:
+                to = loads.index(min(loads))
+                loads[to] += 1
+                db.execute("UPDATE sandboxes SET shard=? WHERE id=?", (to, sid))
+        return len(orphans)
 
     def name_taken(self, name: str) -> bool:
         with self._lock:
@@ -283,12 +323,17 @@ class Registry:
                 (state, checkpoint_id, error, basis_id, sandbox_id, number),
             )
 
-    def lose_pending_turns(self, reason: str) -> int:
+    def lose_pending_turns(self, reason: str, shard: int = 0) -> int:
         """Turns whose checkpoint was queued when crabd stopped: they have none, and say why.
 
         A checkpoint published just before the stop, whose turn was not yet
         marked done, is found in the catalog and the turn marked done instead.
+        Only the turns of ``shard``'s sandboxes (and, for shard 0, of rows no
+        sandbox has any more): another process's queue is still alive.
         """
+        mine = "sandbox_id IN (SELECT id FROM sandboxes WHERE shard=?)"
+        if shard == 0:
+            mine = f"({mine} OR sandbox_id NOT IN (SELECT id FROM sandboxes))"
         with self._tx() as db:
             found = (
                 "SELECT c.id FROM checkpoints c WHERE c.sandbox_id=turns.sandbox_id AND c.turn=turns.number"
@@ -300,12 +345,12 @@ class Registry:
             pending = TurnCheckpointState.PENDING
             db.execute(
                 f"UPDATE turns SET checkpoint_state=?, checkpoint_id=({found})"
-                f" WHERE checkpoint_state=? AND EXISTS({found})",
-                (TurnCheckpointState.DONE, pending),
+                f" WHERE checkpoint_state=? AND {mine} AND EXISTS({found})",
+                (TurnCheckpointState.DONE, pending, shard),
             )
             cur = db.execute(
-                "UPDATE turns SET checkpoint_state=?, checkpoint_error=? WHERE checkpoint_state=?",
-                (TurnCheckpointState.LOST, reason, pending),
+                f"UPDATE turns SET checkpoint_state=?, checkpoint_error=? WHERE checkpoint_state=? AND {mine}",
+                (TurnCheckpointState.LOST, reason, pending, shard),
             )
             return int(cur.rowcount)
 

@@ -236,4 +236,4 @@ def test_schema_v1_database_is_upgraded(tmp_path: Path) -> None:
 
         rec = Registry(db).get_sandbox("old")
         assert rec is not None and rec.origin == "" and rec.branch == 0 and rec.spec.checkpoints == "auto"
-        assert db.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "7"
+        assert db.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "8"

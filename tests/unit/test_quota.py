@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import multiprocessing.queues
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +18,7 @@ from crabd.coordinator.turns import check_session_state
 from crabd.errors import ConfigError, QuotaExceeded
 from crabd.models import CommandRecord, SandboxRecord, SandboxSpec, SandboxState
 from crabd.service.quota import Quotas
-from crabd.store import accounting, charges
+from crabd.store import accounting, charges, reservations
 from crabd.store.db import Database
 from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import SESSION_STATES_KEPT, Registry
@@ -45,7 +49,7 @@ def test_store_bytes_charged_per_uid_from_one_row(tmp_path: Path) -> None:
 
 def test_store_quota_refuses_at_and_past_the_limit_and_exempts_root(tmp_path: Path) -> None:
     with Database(tmp_path / "r.db") as d:
-        q = Quotas(QuotaConfig(max_store_bytes=1000), d, lambda uid: 0)
+        q = Quotas(QuotaConfig(max_store_bytes=1000), d)
         _hold(d, 1000, 600)
         q.check_store(1000, 0)  # under: may start
         q.check_store(1000, 400)  # exactly at the limit after: allowed
@@ -59,34 +63,88 @@ def test_store_quota_refuses_at_and_past_the_limit_and_exempts_root(tmp_path: Pa
             q.check_store(1000, 0)  # at the limit: not even started
         _hold(d, 0, 10**12)
         q.check_store(0, 10**12)  # root exempt by default
-        strict = Quotas(QuotaConfig(max_store_bytes=1000, exempt_root=False), d, lambda uid: 0)
+        strict = Quotas(QuotaConfig(max_store_bytes=1000, exempt_root=False), d)
         with pytest.raises(QuotaExceeded):
             strict.check_store(0, 0)
 
 
-def test_sandbox_reservations_count_requests_in_flight() -> None:
-    owned = {1000: 1}
-    q = Quotas(QuotaConfig(max_sandboxes=4, max_concurrent_forks=2), None, lambda uid: owned.get(uid, 0))  # type: ignore[arg-type]
-    with q.new_sandboxes(1000, 2, fork=True):
-        # A concurrent request sees the reservation: 1 owned + 2 being made.
-        with pytest.raises(QuotaExceeded) as info, q.new_sandboxes(1000, 2):
+def _own_sandbox(d: Database, uid: int, sid: str) -> None:
+    spec = SandboxSpec(env="base")
+    Registry(d).insert_sandbox(SandboxRecord(sid, sid, uid, spec, "img", "", SandboxState.RUNNING, 0.0))
+
+
+def test_sandbox_reservations_count_requests_in_flight(tmp_path: Path) -> None:
+    with Database(tmp_path / "r.db") as d:
+        _own_sandbox(d, 1000, "sb1")
+        q = Quotas(QuotaConfig(max_sandboxes=4, max_concurrent_forks=2), d)
+        with q.new_sandboxes(1000, 2, fork=True):
+            # A concurrent request sees the reservation: 1 owned + 2 being made.
+            with pytest.raises(QuotaExceeded) as info, q.new_sandboxes(1000, 2):
+                pass
+            assert info.value.quota == "max_sandboxes" and info.value.used == 3 and "limit of 4" in info.value.message
+            with pytest.raises(QuotaExceeded) as forks, q.new_sandboxes(1000, 1, fork=True):
+                pass
+            assert forks.value.quota == "max_concurrent_forks" and forks.value.limit == 2
+            assert q.use(1000).sandboxes == 3 and q.use(1000).forks_in_flight == 2
+            with q.new_sandboxes(1000, 1):  # exactly the limit
+                pass
+            with q.new_sandboxes(2000, 4):  # other uids are counted apart
+                pass
+        # Released on exit, error or not.
+        with pytest.raises(RuntimeError), q.new_sandboxes(1000, 3):
+            raise RuntimeError("boom")
+        with q.new_sandboxes(1000, 3):
             pass
-        assert info.value.quota == "max_sandboxes" and info.value.used == 3 and "limit of 4" in info.value.message
-        with pytest.raises(QuotaExceeded) as forks, q.new_sandboxes(1000, 1, fork=True):
+        assert reservations.current(d, 1000) == reservations.UidSandboxes(owned=1, making=0, forking=0)
+        with q.new_sandboxes(0, 100, fork=True):  # root exempt
             pass
-        assert forks.value.quota == "max_concurrent_forks" and forks.value.limit == 2
-        with q.new_sandboxes(1000, 1):  # exactly the limit
+
+
+def _reserve_in_another_process(path: str, tried: threading.Barrier, out: multiprocessing.queues.Queue[str]) -> None:
+    """One of several crabd processes' requests: hold a reservation until every one has tried, or be refused."""
+    with Database(Path(path)) as d:
+        q = Quotas(QuotaConfig(max_sandboxes=3), d, shard=os.getpid())
+        try:
+            with q.new_sandboxes(1000, 1):
+                out.put("admitted")
+                tried.wait(60)
+        except QuotaExceeded:
+            out.put("refused")
+            tried.wait(60)
+
+
+def test_sandbox_reservations_hold_across_processes(tmp_path: Path) -> None:
+    # [daemon] workers > 1: creates of one uid may run in different processes at once.  With the
+    # old in-memory counter each process would admit all; the shared table admits 3 of 8 in all
+    # (no reservation is released before all 8 have asked).
+    path = tmp_path / "r.db"
+    Database(path).close()
+    ctx = multiprocessing.get_context("spawn")
+    out: multiprocessing.queues.Queue[str] = ctx.Queue()
+    tried = ctx.Barrier(8)
+    procs = [ctx.Process(target=_reserve_in_another_process, args=(str(path), tried, out)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+    got = sorted(out.get(timeout=5) for _ in procs)
+    assert got.count("admitted") == 3 and got.count("refused") == 5
+    assert all(p.exitcode == 0 for p in procs)
+
+
+def test_a_dead_process_reservations_are_dropped(tmp_path: Path) -> None:
+    with Database(tmp_path / "r.db") as d:
+        q = Quotas(QuotaConfig(max_sandboxes=2), d, shard=3)
+        held = q.new_sandboxes(1000, 2)
+        held.__enter__()  # the process dies holding it: never released
+        with pytest.raises(QuotaExceeded), Quotas(QuotaConfig(max_sandboxes=2), d, shard=0).new_sandboxes(1000, 1):
             pass
-        with q.new_sandboxes(2000, 4):  # other uids are counted apart
+        assert reservations.drop_shard(d, 2) == 0  # another process's rows stay
+        assert reservations.drop_shard(d, 3) == 1  # what its successor drops before serving
+        with Quotas(QuotaConfig(max_sandboxes=2), d).new_sandboxes(1000, 2):
             pass
-    # Released on exit, error or not.
-    with pytest.raises(RuntimeError), q.new_sandboxes(1000, 3):
-        raise RuntimeError("boom")
-    with q.new_sandboxes(1000, 3):
-        pass
-    assert not q._making and not q._forking
-    with q.new_sandboxes(0, 100, fork=True):  # root exempt
-        pass
+        held.__exit__(None, None, None)  # a release of a dropped row changes nothing
+        assert reservations.current(d, 1000).making == 0
 
 
 def test_quota_exceeded_crosses_the_wire_as_itself() -> None:

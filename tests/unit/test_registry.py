@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from crabd.errors import StoreError
+from crabd.errors import AlreadyExists
 from crabd.models import CommandRecord, SandboxRecord, SandboxSpec, SandboxState
 from crabd.store.db import Database
 from crabd.store.registry import Registry
@@ -62,7 +62,8 @@ def test_names_are_unique(tmp_path: Path) -> None:
     with Database(tmp_path / "r.db") as d:
         reg = Registry(d)
         reg.insert_sandbox(_rec("a1", "same"))
-        with pytest.raises(StoreError, match="UNIQUE"):
+        # The one check across crabd's processes ([daemon] workers): the name's UNIQUE constraint.
+        with pytest.raises(AlreadyExists, match="already exists"):
             reg.insert_sandbox(_rec("a2", "same"))
         assert [r.id for r in reg.list_sandboxes(None)] == ["a1"]
 

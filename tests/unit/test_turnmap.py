@@ -247,4 +247,4 @@ def test_schema_v4_turns_gain_basis_and_branch(tmp_path: Path) -> None:
     with Database(path) as db:
         [t] = Registry(db).list_turns("s1")
         assert t.checkpoint_state == "skipped" and t.basis_id is None and t.branch is None
-        assert db.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "7"
+        assert db.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "8"

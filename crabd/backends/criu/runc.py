@@ -30,6 +30,7 @@ the error, with an excerpt.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import time
@@ -116,12 +117,26 @@ def checkpoint_argv(
     ]
 
 
+#: The longest container id a kept log's name holds as it is (runc's ids are at most 114: runc/naming.py).
+_LOG_ID_MAX = 128
+
+
+def _log_name(container_id: str) -> str:
+    """``container_id`` as a kept log names it: whole, as a runc id's first 12 characters are its
+    crabd instance (the same for every sandbox, so the logs of two sandboxes in one second collided);
+    characters other than ``[A-Za-z0-9_.-]`` replaced, and an overlong id cut, a digest of it kept."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", container_id) or "_"
+    if len(safe) > _LOG_ID_MAX:
+        safe = f"{safe[: _LOG_ID_MAX - 17]}-{hashlib.sha256(container_id.encode()).hexdigest()[:16]}"
+    return safe
+
+
 def keep_log(log: Path, log_dir: Path, container_id: str, what: str) -> Path | None:
     """Copy CRIU's ``log`` into ``log_dir`` under a dated name; None if there is no log."""
     if not log.exists():
         return None
     log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    kept = log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{container_id[:12]}-{what}.log"
+    kept = log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{_log_name(container_id)}-{what}.log"
     shutil.copyfile(log, kept)
     return kept
 

@@ -42,8 +42,10 @@ non-dumpable crab-init (the reason is at the top of crab-init.c).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,14 +266,22 @@ class Bundle:
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write ``path`` through a tmp file beside it, fsynced, then renamed over it."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    # A name of this writer's own (pid and random): with a fixed one, two processes writing the
+    # same file ([daemon] workers: the CNI conflist) shared the tmp file, and the second rename
+    # found it gone (FileNotFoundError) or renamed the other's half-written bytes.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _etc_files(spec: ContainerSpec, etc: Path) -> dict[str, Path]:

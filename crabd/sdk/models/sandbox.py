@@ -67,6 +67,9 @@ class SandboxInfo:
     retention: RetentionPolicy | None = None
     #: Its disk limit (runc+btrfs), as crabd resolved it (0: none).
     disk_bytes: int = 0
+    #: The public socket of the crabd process that serves it ('' when crabd is one process):
+    #: the SDK sends its calls there (``[daemon] workers``).
+    socket: str = ""
 
     @classmethod
     def from_pb(cls, m: pb.Sandbox) -> SandboxInfo:
@@ -101,6 +104,7 @@ class SandboxInfo:
             files_from=FilesSource(m.files_from) if m.files_from else None,
             images_from=_image_source(m.images_from),
             retention=retention_from_pb(m.retention) if m.HasField("retention") else None,
+            socket=m.socket,
         )
 
 
