@@ -46,11 +46,9 @@ import contextlib
 import hashlib
 import logging
 import os
-import shutil
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -63,43 +61,31 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from crabd.api.peercred import CallerTable, FrontDoor
 from crabd.api.servicer import CrabServicer
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
-from crabd.backends.criu.hotimages import HotImages
-from crabd.backends.criu.imagestore import ImageStore
 from crabd.backends.fsdelta import FsDelta, ScanLimits
-from crabd.config import CrabConfig, EngineConfig
+from crabd.config import CrabConfig
 from crabd.coordinator.adoption import Adoption
 from crabd.coordinator.archives import Archives
-from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.housekeeping import Housekeeper
-from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.recovery import Recovery
 from crabd.coordinator.replication import Replication, shard_owns
-from crabd.coordinator.restore import Restorer
-from crabd.coordinator.retention import Retention
 from crabd.coordinator.sandboxes import SandboxManager
-from crabd.daemon import assembly, notify
-from crabd.daemon.provenance import attach_checkpoints, attach_edges, open_provenance
-from crabd.daemon.workers import ShardLock, Workers, place_of, wait_for_predecessors
+from crabd.daemon import assembly, notify, shards
+from crabd.daemon.provenance import attach_edges
+from crabd.daemon.wiring import Wiring, open_checkpoints
+from crabd.daemon.workers import ShardLock, Workers, place_of
 from crabd.engine import HostEngine
 from crabd.errors import CrabError
-from crabd.inspector.choose import open_inspector
 from crabd.inspector.decide import Inspector
 from crabd.inspector.deferred import DeferredProbes
 from crabd.models import ShardPlace
 from crabd.runtime import initbin
 from crabd.service.llm_gate import ServiceGate
-from crabd.service.quota import Quotas
 from crabd.service.service import Service
-from crabd.store import leasing, reservations
-from crabd.store.catalog import Catalog
 from crabd.store.db import Database
-from crabd.store.fsblobs import FileBlobStore
 from crabd.store.registry import Registry
-from crabd.store.remote.tier import RemoteTier
 from crabd.trust.provenance import Provenance
 from crabd.trust.references import ReferenceChecker
-from crabd.util.aiolock import RWLock
-from crabd.util.filelock import STORE_LOCK_FILE, FileRWLock
+from crabd.util.filelock import FileRWLock
 from crabd.util.laps import Laps
 
 if TYPE_CHECKING:
@@ -125,22 +111,6 @@ def _since_exec() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return round(uptime - ticks / os.sysconf("SC_CLK_TCK"), 3)
-
-
-@dataclass(frozen=True)
-class _Wiring:
-    """The coordinator's parts, built over the chosen backends."""
-
-    checkpointer: Checkpointer
-    restorer: Restorer
-    recovery: Recovery
-    inspection: TurnInspection
-    housekeeping: Housekeeper
-    catalog: Catalog
-    quotas: Quotas
-    store_lock: RWLock
-    remote: RemoteTier | None
-    retention: Retention
 
 
 class Daemon:
@@ -189,8 +159,7 @@ class Daemon:
         return self.place.index == 0
 
     def _per_shard(self, path: Path) -> Path:
-        """``path`` for the main process, ``path-N`` beside it for worker N (what each may sweep at start)."""
-        return path if self.is_main else path.with_name(f"{path.name}-{self.place.index}")
+        return shards.per_shard(path, self.place)
 
     @property
     def private_socket(self) -> Path:
@@ -205,7 +174,7 @@ class Daemon:
         t0 = time.monotonic()
         steps = Laps()
         self._prepare_host()
-        await self._own_shard()
+        self._shard_lock = await shards.own_shard(self.cfg.paths.state_dir, self.place)
         docker_version = await self._open_sandboxes()
         steps.lap("sandboxes")
         wiring = await self._open_checkpoints()
@@ -258,16 +227,6 @@ class Daemon:
         assert self._manager is not None, "the sandbox manager is opened first"
         return self._manager
 
-    async def _own_shard(self) -> None:
-        """This shard's lock; the main process first waits until no process of an earlier crabd is left."""
-        run_dir = self.cfg.paths.state_dir / "run"
-        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(run_dir, 0o700)
-        self._shard_lock = ShardLock(run_dir, self.place.index)
-        await self._shard_lock.take()
-        if self.is_main:
-            await wait_for_predecessors(run_dir, self.place.index)
-
     def _prepare_host(self) -> None:
         """The state dir (0700), the fd limit, and a worker pool sized for blocking work."""
         paths = self.cfg.paths
@@ -292,105 +251,16 @@ class Daemon:
         version = await asyncio.to_thread(self._side.sandbox.server_version)
         self._manager = SandboxManager(self.cfg, self._registry, self._side.sandbox, init_binary, instance)
         self._manager.place = self.place
-        await asyncio.to_thread(self._settle_shards, self._db)
+        await asyncio.to_thread(shards.settle, self._db, self._registry, self.place)
         return f"{self._side.kind}: {version}"
 
-    def _settle_shards(self, db: Database) -> None:
-        """What earlier processes of this shard left in the shared tables; the main one also rehomes.
-
-        The main process runs while no other is alive (``_own_shard``): it
-        moves the sandboxes of shards there are no longer (``[daemon]
-        workers`` lowered) to those there are, and drops every process's
-        reservations and leases.  A restarted worker drops its own.
-        """
-        assert self._registry is not None
-        if self.is_main:
-            moved = self._registry.rehome_shards(self.place.count)
-            if moved:
-                log.warning("sandboxes moved to another crabd process", extra={"sandboxes": moved})
-        shard = None if self.is_main else self.place.index
-        reservations.drop_shard(db, shard)
-        with db.tx(durable=False) as conn:
-            leasing.drop_shard(conn, shard)
-
-    async def _open_checkpoints(self) -> _Wiring:
+    async def _open_checkpoints(self) -> Wiring:
         """The inspector, the blob store, the file and process backends, and the coordinator over them."""
-        paths, ck = self.cfg.paths, self.cfg.checkpoint
-        db, manager = self._db, self._manager_or_fail()
-        assert db is not None, "the registry is opened first"
-        limits = ScanLimits(max_entries=ck.max_entries, max_depth=ck.max_depth, max_restore_bytes=ck.max_restore_bytes)
-        # Not on the way to serving: in mode "auto" the probes compile in the background, from
-        # serving on (``start``), while the scan inspector decides.
-        inspector, _ = await asyncio.to_thread(open_inspector, self.cfg.inspector, limits, compile_later=True)
-        self._inspector = inspector
-        blobs = FileBlobStore(paths.state_dir / "blobs", level=ck.zstd_level)
-        if self.is_main:
-            # Leftovers of writes a crash interrupted; nothing references them.  The main process
-            # only, while no other is alive: a worker's restart would take its peers' writes.
-            await asyncio.to_thread(blobs.clean_tmp, 0)
-        side = self._side
-        assert side is not None, "the sandbox backend is opened first"
-        fs = assembly.open_fs(side, blobs, limits, ck.page_cache_entries, manager.instance)
-        self._fs = fs
-        dumper = assembly.open_dumper(self.cfg, side)
-        dump_root = self._per_shard(paths.state_dir / "run" / "dumps")
-        # Dumps a crash interrupted; nothing references them (this process's: each has its own).
-        await asyncio.to_thread(shutil.rmtree, dump_root, True)
-        dump_root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        catalog = Catalog(db)
-        # Each sandbox's newest dump kept as it was stored, for fast restores; budget 0 empties it.
-        # Each process its own share and directory (HotImages sweeps its directory at start).
-        hot_budget = self.cfg.criu.hot_images_bytes // self.place.count
-        hot = await asyncio.to_thread(HotImages, self._per_shard(paths.state_dir / "images-hot"), hot_budget)
-        images = ImageStore(blobs, hot=hot if hot_budget > 0 else None, max_bytes=ck.max_restore_bytes)
-        # Held across processes too (util/filelock.py): the store may have more users than this process.
-        self._store_file = FileRWLock(paths.state_dir / STORE_LOCK_FILE)
-        store_lock = RWLock(file=self._store_file)
-        checkpointer = Checkpointer(
-            db,
-            manager,
-            catalog,
-            blobs,
-            fs,
-            dumper,
-            images=images,
-            dump_root=dump_root,
-            store_lock=store_lock,
-            busy_wait_s=self.cfg.criu.busy_wait_s,
-        )
-        checkpointer.inspector = inspector
-        manager.memory_writes = inspector.source.memory_writes
-        inspection = TurnInspection(inspector, checkpointer, manager, catalog, fs)
-        restorer = Restorer(checkpointer, manager, db, catalog, fs, images, store_lock)
-        restorer.inspection = inspection
-        self._recovery = Recovery(restorer, manager, catalog)
-        housekeeping = Housekeeper(checkpointer, manager, catalog, blobs, fs, store_lock)
-        quotas = Quotas(self.cfg.quota, db, shard=self.place.index)
-        restorer.leases.shard = self.place.index
-        # A checkpoint's new bytes are charged just before it is published (coordinator/checkpoints.py).
-        checkpointer.store_quota = quotas.check_store
-        retention = Retention(catalog, manager, housekeeping, restorer.leases, self.cfg.retention, self.cfg.quota)
-        # Near its quota, a uid's sandboxes are thinned before its next checkpoint; a refusal names what holds space.
-        checkpointer.make_room = retention.make_room
-        checkpointer.on_published.append(retention.published)
-        quotas.room_hint = retention.room_hint
-        remote = await asyncio.to_thread(assembly.open_remote, self.cfg, db, blobs, catalog)
-        # Signs at publication, checks before a process image is restored; signs what this host made before.
-        self._provenance = await asyncio.to_thread(open_provenance, paths.state_dir)
-        await attach_checkpoints(self._provenance, checkpointer, restorer, catalog)
-        attach_edges(self._provenance, None, remote, None)
-        return _Wiring(
-            checkpointer,
-            restorer,
-            self._recovery,
-            inspection,
-            housekeeping,
-            catalog,
-            quotas,
-            store_lock,
-            remote,
-            retention,
-        )
+        assert self._db is not None and self._side is not None, "the registry and the sandbox backend come first"
+        wiring = await open_checkpoints(self.cfg, self._db, self._manager_or_fail(), self._side, self.place)
+        self._inspector, self._fs, self._store_file = wiring.inspector, wiring.fs, wiring.store_file
+        self._recovery, self._provenance = wiring.recovery, wiring.provenance
+        return wiring
 
     async def _lose_pending_turns(self) -> None:
         """Turns whose checkpoint was still queued when crabd stopped: lost (the queue lived in memory)."""
@@ -405,23 +275,9 @@ class Daemon:
 
     async def _start_engine(self) -> HostEngine:
         """The host engine (each adopted sandbox is handed to the inspector by its adoption)."""
-        self._engine = HostEngine(self._engine_share())
+        self._engine = HostEngine(shards.engine_share(self.cfg, self.place))
         await self._engine.start()
         return self._engine
-
-    def _engine_share(self) -> EngineConfig:
-        """This process's share of the host's checkpoint budget (each process runs an engine of its own)."""
-        e, n = self.cfg.engine, self.place.count
-        if n == 1:
-            return e
-        return e.model_copy(
-            update={
-                "max_concurrent": max(1, e.max_concurrent // n),
-                "max_uploads": max(1, e.max_uploads // n),
-                "max_pending": max(1, e.max_pending // n),
-                "bandwidth_mib_s": e.bandwidth_mib_s / n,
-            }
-        )
 
     async def _adopt(self, adoption: Adoption, housekeeping: Housekeeper) -> None:
         """The background half of start-up (step 8 of the module doc)."""
@@ -458,7 +314,7 @@ class Daemon:
         # The last of start-up's background half (EmbeddedDaemon.wait_settled waits for this line).
         log.info("start-up reconciled", extra={"seconds": round(time.monotonic() - t0, 3)})
 
-    async def _start_archives(self, wiring: _Wiring, service: Service) -> None:
+    async def _start_archives(self, wiring: Wiring, service: Service) -> None:
         """Portable archives (coordinator/archives.py); what interrupted exports and imports left is removed."""
         ck = wiring.checkpointer
         archives = Archives(
@@ -481,7 +337,7 @@ class Daemon:
         attach_edges(self._provenance, archives, None, None)
         service.archives.archives = archives
 
-    async def _start_replication(self, wiring: _Wiring, engine: HostEngine, service: Service) -> None:
+    async def _start_replication(self, wiring: Wiring, engine: HostEngine, service: Service) -> None:
         """Uploads to the remote tier (when configured): what earlier runs left, then every publication."""
         if wiring.remote is None:
             return
