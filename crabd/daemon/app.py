@@ -208,7 +208,7 @@ class Daemon:
         steps.lap("archives")
         # Before this process serves: once the main socket answers, every process does (a create
         # it places elsewhere finds its process there), and its sweeps above are done.
-        await self._start_workers()
+        await self._start_workers(service)
         steps.lap("workers")
         await self._serve(service)
         await self._start_proxy(service, engine)
@@ -399,13 +399,14 @@ class Daemon:
             await self._proxy.start()
             service.proxy_url = self._proxy.url
 
-    async def _start_workers(self) -> None:
+    async def _start_workers(self, service: Service) -> None:
         """The main process starts the other processes and waits until each serves (daemon/workers.py)."""
         if not self.is_main or self.place.count == 1:
             return
         level, log_file = self._log
-        self._workers = Workers(self.cfg, ephemeral=self.ephemeral, log_level=level, log_file=log_file)
-        await self._workers.start()
+        self._workers = workers = Workers(self.cfg, ephemeral=self.ephemeral, log_level=level, log_file=log_file)
+        await workers.start()
+        service.process_restarts = lambda: workers.restarts
 
     def _ready(
         self, inspector: str, docker_version: str, to_adopt: int, prepared_s: float, took: float, steps: Laps

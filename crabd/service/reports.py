@@ -33,6 +33,9 @@ class DaemonStatus:
     #: The remote tier ("" = none configured), and this host's id in the cluster.
     remote_store: str = ""
     host_id: str = ""
+    #: crabd's processes (``[daemon] workers``), and how often one was started again after it died.
+    processes: int = 1
+    process_restarts: int = 0
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,8 @@ class Service:
         self.started_at = time.time()
         #: Set by the daemon once the OpenAI proxy listens ("" = not enabled).
         self.proxy_url = ""
+        #: Set by the main process when it has workers: how often one was started again after it died.
+        self.process_restarts: Callable[[], int] = lambda: 0
         self.docker_version = docker_version
         #: The remote tier's edge (a tier is attached by the daemon when [remote] is configured).
         self.remote = RemoteCheckpoints(catalog)
@@ -186,6 +188,8 @@ class Service:
             inspector_pending=self.inspection.pending,
             remote_store=self.remote.describe(),
             host_id=self.remote.host_id(),
+            processes=self.sandboxes.place.count,
+            process_restarts=self.process_restarts(),
         )
 
     def engine_status(self, caller: Caller) -> EngineReport:

@@ -104,6 +104,8 @@ def test_each_process_serves_its_own_sandboxes_through_one_client(wdaemon: Embed
     assert {listed[f.id] for f in forks} == {"crabd-1.sock"}
     # Lookups by name, through the main socket, reach the worker's sandbox too.
     assert root.get(worker.info.name).run(["cat", "/f"]).stdout == b"x\n"
+    st = root.status()
+    assert st.processes == 2 and st.process_restarts == 0
 
 
 def test_a_call_that_reaches_the_wrong_process_changes_nothing(wdaemon: EmbeddedDaemon, root: Client) -> None:
@@ -238,6 +240,7 @@ def test_kill_9_of_a_worker_of_crabd_and_fewer_workers_keep_every_sandbox(kept_s
             assert again == marks[worker.id] and _worker_pid(d) != old
             log = [json.loads(line) for line in d.log_file.read_text().splitlines()]
             assert any(e["msg"] == "worker exited; starting it again" for e in log)
+            assert c.status().process_restarts == 1
 
         # kill -9 of crabd: its worker goes with it (parent-death signal), the next crabd adopts all.
         assert d.proc is not None

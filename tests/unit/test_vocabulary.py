@@ -31,6 +31,7 @@ from crabd.models import (
     SandboxRecord,
     SandboxSpec,
     SandboxState,
+    ShardPlace,
     TurnCheckpointState,
     Vocabulary,
 )
@@ -285,9 +286,11 @@ def test_catalog_failures_are_records(db: Database) -> None:
 def test_service_status_is_a_record_that_fills_the_reply() -> None:
     svc = Service.__new__(Service)
     svc.cfg = SimpleNamespace(paths=SimpleNamespace(state_dir=Path("/var/lib/crab"), socket=Path("/run/crab.sock")))  # type: ignore[assignment]
-    svc.sandboxes = SimpleNamespace(count_sandboxes=lambda _uid: 2)  # type: ignore[assignment]
+    place = ShardPlace(0, ("/run/crab.sock", "/run/crab-1.sock"))
+    svc.sandboxes = SimpleNamespace(count_sandboxes=lambda _uid: 2, place=place)  # type: ignore[assignment]
     svc.inspection = SimpleNamespace(name="scan", why="probes compiling", pending=True)  # type: ignore[assignment]
     svc.started_at, svc.docker_version, svc.proxy_url = 5.0, "27.0", ""
+    svc.process_restarts = lambda: 3
     svc.remote = RemoteCheckpoints(SimpleNamespace())  # type: ignore[arg-type]
     st = svc.status(ROOT)
     assert isinstance(st, DaemonStatus)
@@ -295,6 +298,7 @@ def test_service_status_is_a_record_that_fills_the_reply() -> None:
     reply = pb.DaemonStatusResponse(**dataclasses.asdict(st))
     assert reply.sandboxes == 2 and reply.socket == "/run/crab.sock"
     assert (reply.inspector_why, reply.inspector_pending) == ("probes compiling", True)
+    assert (reply.processes, reply.process_restarts) == (2, 3)
 
 
 def test_engine_status_and_checkpoint_detail_are_records() -> None:

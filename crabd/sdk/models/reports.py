@@ -87,6 +87,9 @@ class DaemonStatus:
     #: The remote tier this crabd uploads to ("" = none), and its host id in the cluster.
     remote_store: str = ""
     host_id: str = ""
+    #: crabd's processes (``[daemon] workers``; 1: one), and how often one was started again after it died.
+    processes: int = 1
+    process_restarts: int = 0
 
     @classmethod
     def from_pb(cls, m: pb.DaemonStatusResponse) -> DaemonStatus:
@@ -105,6 +108,8 @@ class DaemonStatus:
             m.inspector_pending,
             m.remote_store,
             m.host_id,
+            m.processes or 1,
+            m.process_restarts,
         )
 
 
