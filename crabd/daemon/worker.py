@@ -17,8 +17,10 @@ It reads the configuration in force (JSON) from stdin, then splits in two:
   the end of it as the worker's exit, even while the keeper stays for the
   inits.
 
-Both die with the process above them (``PR_SET_PDEATHSIG``, checked right
-after it is set: a parent that died before that would never signal).
+Both die with the process above them (``PR_SET_PDEATHSIG`` with SIGKILL,
+checked right after it is set: a parent that died before that would never
+signal).  The inits the keeper held then go to the host's init, as a
+crashed single-process crabd's do.
 """
 
 from __future__ import annotations
@@ -49,8 +51,14 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _die_with(parent: int) -> None:
-    """SIGTERM when ``parent`` exits; exit now if it already has."""
-    if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+    """SIGKILL when ``parent`` exits; exit now if it already has.
+
+    SIGKILL, not a graceful stop: a process above that died did not stop
+    crabd, it crashed, and the next crabd must not wait for this one's
+    engine to drain (it waits for its shard lock).  Everything here is safe
+    against kill -9 by design (crashes are the case the store is built for).
+    """
+    if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
     if os.getppid() != parent:
         os._exit(0)

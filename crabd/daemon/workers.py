@@ -18,11 +18,11 @@ crabd.daemon.worker`` with the configuration in force on its stdin, and
 counts crabd ready once every one has said so on its stdout.  Then it
 watches them: one that exits is started again (after a pause that grows
 while it keeps failing), and adopts its own sandboxes as a restarted crabd
-would.  A worker dies with the main process (parent-death signal, and a
-check of its parent right after setting it), so a kill -9 of crabd never
-leaves a worker serving beside the next crabd; and a worker takes its
-shard's lock file before anything else (``run/shard-N.lock``), so even a
-worker still draining its engine after its main process died cannot overlap
+would.  A worker dies with the main process (SIGKILL as its parent-death
+signal, and a check of its parent right after setting it), so a kill -9 of
+crabd never leaves a worker serving beside the next crabd; and every
+process takes its shard's lock file before anything else
+(``run/shard-N.lock``), so even a worker that is slow to go cannot overlap
 with its successor.
 """
 
@@ -104,7 +104,7 @@ class Workers:
     async def start(self) -> None:
         """Start every worker and wait until each serves (HostError if one cannot)."""
         for w in self._workers:
-            await self._spawn(w)
+            w.watch = asyncio.create_task(self._supervise(w), name=f"crab-worker-{w.index}")
         deadline = time.monotonic() + READY_TIMEOUT_S
         for w in self._workers:
             try:
@@ -114,6 +114,34 @@ class Workers:
                     f"crabd's worker {w.index} did not start serving within {READY_TIMEOUT_S:.0f} s",
                     hint='Its log lines ("shard": N) say why; crabd starts with [daemon] workers = 1 meanwhile.',
                 ) from exc
+
+    async def _supervise(self, w: _Worker) -> None:
+        """Worker ``w`` for as long as crabd runs: start it, read its ready line and its exit, start it again.
+
+        The pause before a start grows while the worker keeps dying within :data:`STABLE_S`
+        (:data:`RESTART_DELAYS`), so a worker that cannot start does not spin.
+        """
+        while not self._closing:
+            try:
+                await self._spawn(w)
+            except OSError as exc:  # the interpreter could not be started: try again, as after a death
+                w.exited.set()
+                log.error("worker could not be started", extra={"shard": w.index, "error": str(exc)})
+            else:
+                await self._until_exit(w)
+            if self._closing:
+                return
+            served = time.monotonic() - w.started_at
+            w.restarts_in_a_row = 0 if served >= STABLE_S else w.restarts_in_a_row + 1
+            delay = (
+                0.0 if w.restarts_in_a_row == 0 else RESTART_DELAYS[min(w.restarts_in_a_row, len(RESTART_DELAYS)) - 1]
+            )
+            log.error(
+                "worker exited; starting it again",
+                extra={"shard": w.index, "served_s": round(served, 1), "in_s": delay},
+            )
+            await asyncio.sleep(delay)
+            self.restarts += 1
 
     async def _spawn(self, w: _Worker) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
@@ -125,23 +153,22 @@ class Workers:
             argv.append("--ephemeral")
         w.ready.clear()
         w.exited.clear()
+        w.started_at = time.monotonic()
         w.proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True
         )
-        w.started_at = time.monotonic()
         assert w.proc.stdin is not None
         # The configuration in force (the file with the command line's overrides), not the file again.
         w.proc.stdin.write(self.cfg.model_dump_json().encode())
         await w.proc.stdin.drain()
         w.proc.stdin.close()
-        w.watch = asyncio.create_task(self._watch(w), name=f"crab-worker-{w.index}")
-        log.info("worker started", extra={"shard": w.index, "pid": w.proc.pid})
+        log.info("worker started", extra={"shard": w.index, "keeper": w.proc.pid})
 
-    async def _watch(self, w: _Worker) -> None:
-        """Read the worker's ready line and the end of its stdout (its exit); start it again unless crabd stops.
+    async def _until_exit(self, w: _Worker) -> None:
+        """Read the worker's ready line, then the end of its stdout: its exit.
 
         The process started is the worker's keeper (daemon/worker.py), which may stay after the
-        worker for the sandboxes' inits it inherited: the worker's exit is the end of its stdout.
+        worker for the sandboxes' inits it inherited; only the worker holds the pipe.
         """
         proc = w.proc
         assert proc is not None and proc.stdout is not None
@@ -149,20 +176,6 @@ class Workers:
             if line == READY_LINE:
                 w.ready.set()
         w.exited.set()
-        if self._closing:
-            return
-        served = time.monotonic() - w.started_at
-        w.restarts_in_a_row = 0 if served >= STABLE_S else w.restarts_in_a_row + 1
-        delay = 0.0 if w.restarts_in_a_row == 0 else RESTART_DELAYS[min(w.restarts_in_a_row, len(RESTART_DELAYS)) - 1]
-        log.error(
-            "worker exited; starting it again",
-            extra={"shard": w.index, "keeper": proc.pid, "served_s": round(served, 1), "in_s": delay},
-        )
-        await asyncio.sleep(delay)
-        if self._closing:
-            return
-        self.restarts += 1
-        await self._spawn(w)
 
     async def close(self) -> None:
         """SIGTERM to every worker (each stops as crabd does), SIGKILL after :data:`STOP_GRACE_S`.
@@ -198,8 +211,8 @@ class ShardLock:
     flock belongs to the open file and the kernel drops it when the process
     dies, kill -9 included; opened close-on-exec so no runc or CRIU child
     keeps it.  Two processes never serve one shard: a worker whose main
-    process died may still be draining its engine when the next crabd starts
-    one for its shard, which then waits here.
+    process died may still be exiting (or a second crabd was started on this
+    state dir) when the next one for its shard starts, which then waits here.
     """
 
     def __init__(self, run_dir: Path, index: int) -> None:
@@ -229,8 +242,8 @@ async def wait_for_predecessors(run_dir: Path, mine: int, timeout_s: float = LOC
 
     The main process's start-up sweeps (orphaned containers, blob and dump
     leftovers, everyone's reservations and leases) assume no other crabd
-    process is alive; an earlier one's workers die with it, but may take
-    their engine's drain time to go.
+    process is alive; an earlier one's workers die with it (SIGKILL), but
+    not in the same instant.
     """
     for path in sorted(run_dir.glob("shard-*.lock")):
         if path.name == f"shard-{mine}.lock":
