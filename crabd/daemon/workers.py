@@ -83,8 +83,18 @@ class _Worker:
 class Workers:
     """The main process's view of its workers: ``await start()``, then ``await close()``."""
 
-    def __init__(self, cfg: CrabConfig, *, ephemeral: bool, log_level: str, log_file: str | None) -> None:
+    def __init__(
+        self,
+        cfg: CrabConfig,
+        *,
+        ephemeral: bool,
+        log_level: str,
+        log_file: str | None,
+        module: str = "crabd.daemon.worker",
+    ) -> None:
         self.cfg = cfg
+        #: What each worker runs (``python -m``): a stand-in in the unit tests.
+        self.module = module
         self.ephemeral = ephemeral
         self.log_level = log_level
         self.log_file = log_file
@@ -96,6 +106,11 @@ class Workers:
     @property
     def count(self) -> int:
         return len(self._workers)
+
+    def ready(self, shard: int) -> bool:
+        """Whether worker ``shard`` serves now (it said so and has not exited since)."""
+        w = self._workers[shard - 1]
+        return w.ready.is_set() and not w.exited.is_set()
 
     def keepers(self) -> dict[int, int]:
         """The pid of each running worker's keeper (the worker is its one child that holds stdout), by shard."""
@@ -145,7 +160,7 @@ class Workers:
 
     async def _spawn(self, w: _Worker) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
-        argv = [sys.executable, "-m", "crabd.daemon.worker", "--shard", str(w.index), "--parent", str(os.getpid())]
+        argv = [sys.executable, "-m", self.module, "--shard", str(w.index), "--parent", str(os.getpid())]
         argv += ["--log-level", self.log_level]
         if self.log_file:
             argv += ["--log-file", self.log_file]
