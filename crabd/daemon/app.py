@@ -510,18 +510,9 @@ class Daemon:
         await self.close()
 
 
-async def serve(
-    cfg: CrabConfig,
-    *,
-    ephemeral: bool = False,
-    place: ShardPlace | None = None,
-    on_ready: Callable[[], None] | None = None,
-    log_level: str = "info",
-    log_file: str | None = None,
-) -> None:
-    async with Daemon(
-        cfg, ephemeral=ephemeral, place=place, on_ready=on_ready, log_level=log_level, log_file=log_file
-    ) as daemon:
+async def serve(daemon: Daemon) -> None:
+    """Run ``daemon`` until SIGTERM or SIGINT."""
+    async with daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.request_stop)

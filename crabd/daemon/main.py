@@ -10,7 +10,7 @@ from pathlib import Path
 
 from crabd.config import load_config
 from crabd.daemon import logs
-from crabd.daemon.app import serve
+from crabd.daemon.app import Daemon, serve
 from crabd.errors import CrabError
 from crabd.models import InspectorMode
 from crabd.util import faults
@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
         armed = faults.arm_from_env()
         if armed:
             logging.getLogger("crabd").warning("fault injection armed", extra={"points": armed})
-        asyncio.run(serve(cfg, ephemeral=args.ephemeral, log_level=args.log_level, log_file=args.log_file))
+        daemon = Daemon(cfg, ephemeral=args.ephemeral, log_level=args.log_level, log_file=args.log_file)
+        asyncio.run(serve(daemon))
     except CrabError as exc:
         sys.stderr.write(f"crabd: {exc.message}\nhint: {exc.hint}\n")
         sys.exit(1)

@@ -39,7 +39,7 @@ from typing import NoReturn
 
 from crabd.config import CrabConfig
 from crabd.daemon import logs
-from crabd.daemon.app import serve
+from crabd.daemon.app import Daemon, serve
 from crabd.daemon.workers import READY_LINE, place_of
 from crabd.errors import CrabError
 from crabd.util import faults
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     if armed:
         logging.getLogger("crabd").warning("fault injection armed", extra={"points": armed})
     try:
-        asyncio.run(serve(cfg, ephemeral=args.ephemeral, place=place_of(cfg, args.shard), on_ready=_ready))
+        daemon = Daemon(cfg, ephemeral=args.ephemeral, place=place_of(cfg, args.shard), on_ready=_ready)
+        asyncio.run(serve(daemon))
     except CrabError as exc:
         sys.stderr.write(f"crabd worker {args.shard}: {exc.message}\nhint: {exc.hint}\n")
         sys.exit(1)

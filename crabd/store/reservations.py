@@ -16,6 +16,13 @@ Table::
                  sandboxes INT,       -- being made
                  forks INT)           -- of those, made by a fork (max_concurrent_forks)
 
+A uid's count is its sandboxes past ``creating`` plus its reservations: a
+request's sandbox is counted by its reservation until the request ends,
+and by its row from then on.  Between the row turning ``running`` and the
+reservation's release (two transactions in a row, no wait between them) it
+is counted twice, so a request of another crabd process in that instant
+may be refused one sandbox early, never admitted one too many.
+
 A row lives while its request runs.  A process that dies leaves its rows;
 the process that takes its place drops them (:func:`drop_shard`) before it
 serves, so a crash never holds a uid's quota.  Group-committed (store/db.py):
@@ -30,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from crabd.vocabulary import SandboxState
+
 if TYPE_CHECKING:  # db.py makes this module's table
     from crabd.store.db import Database
 
@@ -42,7 +51,7 @@ CREATE INDEX IF NOT EXISTS reservations_uid ON reservations(uid);
 
 @dataclass(frozen=True)
 class UidSandboxes:
-    """One uid's sandboxes: owned (registry rows, ``creating`` ones included) and being made."""
+    """One uid's sandboxes: owned (registry rows past ``creating``) and being made (reserved)."""
 
     owned: int
     making: int
@@ -51,7 +60,13 @@ class UidSandboxes:
 
 def _read(conn: sqlite3.Connection, uid: int) -> UidSandboxes:
     execute = conn.execute
-    owned = int(execute("SELECT COUNT(*) FROM sandboxes WHERE owner_uid=?", (uid,)).fetchone()[0])
+    # A row still ``creating`` is a request's sandbox in the making: its reservation counts it
+    # already (counting both refused concurrent creates well below the limit).
+    owned = int(
+        execute(
+            "SELECT COUNT(*) FROM sandboxes WHERE owner_uid=? AND state<>?", (uid, SandboxState.CREATING.value)
+        ).fetchone()[0]
+    )
     making, forking = execute(
         "SELECT COALESCE(SUM(sandboxes), 0), COALESCE(SUM(forks), 0) FROM reservations WHERE uid=?", (uid,)
     ).fetchone()

@@ -100,6 +100,22 @@ def test_sandbox_reservations_count_requests_in_flight(tmp_path: Path) -> None:
             pass
 
 
+def test_a_sandbox_being_made_counts_once(tmp_path: Path) -> None:
+    # Its reservation and its row (``creating``) are one sandbox: counting both refused the second of
+    # two concurrent creates under a limit of 2 (seen with [daemon] workers, true of one process too).
+    with Database(tmp_path / "r.db") as d:
+        q = Quotas(QuotaConfig(max_sandboxes=2), d)
+        with q.new_sandboxes(1000, 1):
+            spec = SandboxSpec(env="base")
+            Registry(d).insert_sandbox(SandboxRecord("sb1", "sb1", 1000, spec, "img", "", SandboxState.CREATING, 0.0))
+            assert q.use(1000).sandboxes == 1
+            # The second is admitted; a third is one too many.
+            with q.new_sandboxes(1000, 1), pytest.raises(QuotaExceeded), q.new_sandboxes(1000, 1):
+                pass
+        Registry(d).update_sandbox("sb1", state=SandboxState.RUNNING)
+        assert q.use(1000).sandboxes == 1
+
+
 def _reserve_in_another_process(path: str, tried: threading.Barrier, out: multiprocessing.queues.Queue[str]) -> None:
     """One of several crabd processes' requests: hold a reservation until every one has tried, or be refused."""
     with Database(Path(path)) as d:
