@@ -61,7 +61,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from crabd.api.peercred import CallerTable, FrontDoor
 from crabd.api.servicer import CrabServicer
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
-from crabd.backends.fsdelta import FsDelta, ScanLimits
+from crabd.backends.fsdelta import FsDelta
 from crabd.config import CrabConfig
 from crabd.coordinator.adoption import Adoption
 from crabd.coordinator.archives import Archives
@@ -324,11 +324,7 @@ class Daemon:
             self._per_shard(self.cfg.paths.state_dir / "archives"),
             ck.dumper.version,
             checker=ReferenceChecker(ck.fs, ck.images),
-            limits=ScanLimits(
-                max_entries=self.cfg.checkpoint.max_entries,
-                max_depth=self.cfg.checkpoint.max_depth,
-                max_restore_bytes=self.cfg.checkpoint.max_restore_bytes,
-            ),
+            limits=wiring.limits,
         )
         gone = await asyncio.to_thread(archives.clean_staging)
         if gone:
@@ -350,11 +346,7 @@ class Daemon:
             retry_initial_s=r.retry_initial_s,
             retry_max_s=r.retry_max_s,
             checker=ReferenceChecker(wiring.checkpointer.fs, wiring.checkpointer.images),
-            limits=ScanLimits(
-                max_entries=self.cfg.checkpoint.max_entries,
-                max_depth=self.cfg.checkpoint.max_depth,
-                max_restore_bytes=self.cfg.checkpoint.max_restore_bytes,
-            ),
+            limits=wiring.limits,
             owns=shard_owns(self.place.index, self._manager_or_fail().row),
         )
         assert self._provenance is not None, "provenance is opened with the checkpoints"

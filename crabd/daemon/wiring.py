@@ -61,6 +61,8 @@ class Wiring:
     fs: FsDelta
     store_file: FileRWLock
     provenance: Provenance
+    #: ``[checkpoint]``'s bounds on a tree, for every part that walks or expands one.
+    limits: ScanLimits
 
 
 async def open_checkpoints(
@@ -147,4 +149,5 @@ async def open_checkpoints(
         fs,
         store_file,
         provenance,
+        limits,
     )

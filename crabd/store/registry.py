@@ -219,12 +219,8 @@ class Registry:
 
     def shard_loads(self, shards: int) -> list[int]:
         """How many sandboxes each of ``shards`` processes owns (where a create is placed: daemon/shards.py)."""
-        loads = [0] * shards
         with self._lock:
-            for shard, n in self._db.execute("SELECT shard, COUNT(*) FROM sandboxes GROUP BY shard"):
-                if 0 <= int(shard) < shards:
-                    loads[int(shard)] = int(n)
-        return loads
+            return _shard_loads(self._db, shards)
 
     def rehome_shards(self, shards: int) -> int:
         """Sandboxes owned by a process there is no longer (``[daemon] workers`` lowered): to the least loaded.
@@ -234,11 +230,7 @@ class Registry:
         """
         with self._tx() as db:
             orphans = [str(r[0]) for r in db.execute("SELECT id FROM sandboxes WHERE shard<0 OR shard>=?", (shards,))]
-            loads = [0] * shards
-            for shard, n in db.execute(
-                "SELECT shard, COUNT(*) FROM sandboxes WHERE shard>=0 AND shard<? GROUP BY shard", (shards,)
-            ):
-                loads[int(shard)] = int(n)
+            loads = _shard_loads(db, shards)
             for sid in orphans:
                 to = loads.index(min(loads))
                 loads[to] += 1
@@ -476,6 +468,15 @@ class Registry:
                 (sandbox_id,),
             ).fetchone()
             return None if row is None else str(row[0])
+
+
+def _shard_loads(db: sqlite3.Connection, shards: int) -> list[int]:
+    """Sandboxes per process, for processes ``0..shards-1`` (rows of others are not counted)."""
+    loads = [0] * shards
+    for shard, n in db.execute("SELECT shard, COUNT(*) FROM sandboxes GROUP BY shard"):
+        if 0 <= int(shard) < shards:
+            loads[int(shard)] = int(n)
+    return loads
 
 
 def _prune_turns(db: sqlite3.Connection, sandbox_id: str, keep: int) -> int:
