@@ -105,6 +105,9 @@ class LimitsConfig(_Model):
     )
     default_pids: int = Field(4096, gt=0, description="process limit of a sandbox whose request gives none (or 0)")
     max_pids: int = Field(4096, gt=0, description="largest process limit a sandbox may ask for")
+    max_image_archive_bytes: int = Field(
+        16 << 30, gt=0, description="largest image archive or OCI layout a create may name (crabd copies it once)"
+    )
 
     @model_validator(mode="after")
     def _defaults_within_maxima(self) -> LimitsConfig:
@@ -137,6 +140,9 @@ class QuotaConfig(_Model):
         4 << 20, ge=1024, le=64 << 20, description="largest session state stored at one turn end (else refused)"
     )
     turns_kept: int = Field(1000, ge=1, description="turn rows kept per sandbox; older ones are pruned")
+    max_sessions: int = Field(
+        64, ge=1, le=4096, description="named sessions (each its own bash) one sandbox may have at once"
+    )
 
 
 class RetentionConfig(_Model):

@@ -60,6 +60,10 @@ class SandboxSpec:
     retention: RetentionPolicy | None = None
     #: Disk limit of its writable layer (runc+btrfs: a btrfs quota; 0: ``[btrfs] sandbox_disk_bytes``).
     disk_bytes: int = 0
+    #: Any image of the host's Docker instead of an env's (``env`` is then ""): the reference the caller
+    #: gave, or for an archive or OCI layout path the digest it was loaded as.  The record's ``image``
+    #: holds the digest either way (docs/images.md).
+    image: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,15 @@ class TurnRecord:
     @property
     def open(self) -> bool:
         return self.ended_at is None
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """One session of a sandbox as crab's init and crabd see it (``coordinator/sessions.py``)."""
+
+    name: str  # "" = the default session
+    pid: int  # its bash's pid inside the sandbox
+    busy: bool  # running a command now
 
 
 @dataclass(frozen=True)

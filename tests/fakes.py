@@ -67,6 +67,7 @@ from crabd.errors import (
     CrabError,
     CriuError,
     DockerError,
+    ImageError,
     InitSpawnError,
     RemoteObjectMissing,
     RemoteStoreError,
@@ -87,6 +88,7 @@ from crabd.trust.keys import open_keyring
 from crabd.trust.provenance import Provenance
 from crabd.trust.references import ReferenceChecker
 from crabd.util.aiolock import RWLock
+from crabd.util.validate import IMAGE_DIGEST_RE
 from tests.criu_forge import NORMAL_POSTURE, write_images
 
 T = TypeVar("T")
@@ -203,6 +205,8 @@ class FakeSandboxBackend:
         self.containers: dict[str, FakeContainer] = {}
         self.removed: list[str] = []
         self.frozen_now: set[str] = set()
+        #: Images this fake host lacks (every other one "exists").
+        self.missing_images: set[str] = set()
 
     def create(
         self,
@@ -295,7 +299,12 @@ class FakeSandboxBackend:
         return set(self.containers)
 
     def image_exists(self, image: str) -> bool:
-        return True
+        return image not in self.missing_images
+
+    def image_digest(self, image: str) -> str:
+        if image in self.missing_images:
+            raise ImageError(f"no Docker image {image!r} on this host", env=image)
+        return image if IMAGE_DIGEST_RE.match(image) else "sha256:" + hashlib.sha256(image.encode()).hexdigest()
 
     def server_version(self) -> str:
         return "fake"

@@ -19,6 +19,7 @@ from crabd.models import (
     RetentionPolicy,
     SandboxRecord,
     SandboxSpec,
+    SessionInfo,
     TurnRecord,
 )
 from crabd.service.reports import CheckpointDetail
@@ -41,6 +42,7 @@ def spec_from_pb(req: pb.CreateSandboxRequest) -> SandboxSpec:
         checkpoints=CheckpointPolicy.parse(req.checkpoints) if req.checkpoints else CheckpointPolicy.AUTO,
         recovery=RecoveryMode.parse(req.recovery) if req.recovery else RecoveryMode.MANUAL,
         retention=retention_from_pb(req.retention) if req.HasField("retention") else None,
+        image=req.image,
     )
 
 
@@ -326,3 +328,7 @@ def imported_to_pb(r: Imported) -> pb.ImportCheckpointResponse:
         bytes=r.bytes,
         seconds=r.seconds,
     )
+
+
+def session_info_to_pb(sandbox_id: str, info: SessionInfo) -> pb.SessionInfo:
+    return pb.SessionInfo(sandbox_id=sandbox_id, name=info.name, pid=info.pid, busy=info.busy)

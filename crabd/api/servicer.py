@@ -30,6 +30,7 @@ from crabd.api.convert import (
     recovered_to_pb,
     retention_from_pb,
     sandbox_to_pb,
+    session_info_to_pb,
     spec_from_pb,
     thin_to_pb,
     tree_to_pb,
@@ -220,10 +221,40 @@ class CrabServicer(pb_grpc.CrabServicer):
                 max_output=request.max_output_bytes,
                 sink=sink,
                 turn_end=request.turn_end,
+                session=request.session,
             )
 
         async for event in self._stream(context, request.stream, run):
             yield event
+
+    async def OpenSession(self, request: pb.OpenSessionRequest, context: Any) -> pb.SessionInfo:
+        async def go(c: Caller) -> pb.SessionInfo:
+            sid, info = await self.service.open_session(
+                c,
+                request.sandbox,
+                request.name,
+                env=dict(request.env),
+                empty_env=request.empty_env,
+                workdir=request.workdir,
+                user=request.user,
+            )
+            return session_info_to_pb(sid, info)
+
+        return await self._call(context, go)
+
+    async def ListSessions(self, request: pb.SandboxRef, context: Any) -> pb.ListSessionsResponse:
+        async def go(c: Caller) -> pb.ListSessionsResponse:
+            sid, infos = await self.service.list_sessions(c, request.sandbox)
+            return pb.ListSessionsResponse(sessions=[session_info_to_pb(sid, i) for i in infos])
+
+        return await self._call(context, go)
+
+    async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.SessionInfo:
+        async def go(c: Caller) -> pb.SessionInfo:
+            sid, info = await self.service.close_session(c, request.sandbox, request.name)
+            return session_info_to_pb(sid, info)
+
+        return await self._call(context, go)
 
     async def GetSessionState(self, request: pb.SandboxRef, context: Any) -> pb.SessionState:
         async def go(c: Caller) -> pb.SessionState:

@@ -41,9 +41,10 @@ from crabd.backends.network import SANDBOX_SYSCTLS, SandboxNetwork
 from crabd.backends.procdump import Posture, capability_mask
 from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus, sandbox_hostname
 from crabd.config import NetworkConfig
-from crabd.errors import CriuError, DockerError, HostError
+from crabd.errors import CriuError, DockerError, HostError, ImageError
 from crabd.models import SandboxSpec
 from crabd.util import netns
+from crabd.util.validate import IMAGE_DIGEST_RE
 
 log = logging.getLogger("crabd.docker")
 
@@ -125,6 +126,17 @@ class DockerSandboxBackend:
                 return True
             except docker.errors.ImageNotFound:
                 return False
+
+    def image_digest(self, image: str) -> str:
+        inspect: Any = self._api.inspect_image  # untyped in types-docker
+        with docker_errors(f"inspect image {image}"):
+            try:
+                ident = str(inspect(image).get("Id", ""))
+            except docker.errors.ImageNotFound as exc:
+                raise ImageError(f"no Docker image {image!r} on this host", env=image) from exc
+        if not IMAGE_DIGEST_RE.match(ident):
+            raise ImageError(f"Docker reports no digest for image {image!r}", env=image)
+        return ident
 
     def create(
         self,

@@ -35,7 +35,7 @@ CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_w
 PANELS = ("Sandboxes", "Turns", "Checkpoints", "Store", "Host")
 #: The order of commands within a panel (others follow in the order they were added).
 ORDER = (
-    *("create", "ps", "inspect", "exec", "sh", "stop", "rm", "recover"),
+    *("create", "ps", "inspect", "exec", "sh", "session", "stop", "rm", "recover"),
     *("turn", "log"),
     *("checkpoint", "restore", "fork", "tree"),
     *("store", "retention", "quota", "gc", "verify"),

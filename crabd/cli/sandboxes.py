@@ -64,7 +64,7 @@ def _sandbox_table(infos: list[SandboxInfo], no_trunc: bool) -> Columns:
         t.add_row(
             short(i.id),
             i.name,
-            i.env,
+            i.env or i.image.removeprefix("sha256:")[:12],  # any image: its short id, as `docker images` shows it
             state,
             str(i.owner_uid),
             f"{i.turn}{' (open)' if i.turn_open else ''}",
@@ -111,7 +111,18 @@ def parse_env(pairs: list[str] | None) -> dict[str, str]:
 
 @app.command(rich_help_panel=SANDBOXES)
 def create(
-    image: Annotated[str, typer.Argument(metavar="IMAGE", help="The env image, e.g. bookworm (`crabctl env ls`).")],
+    image: Annotated[
+        str | None, typer.Argument(metavar="ENV", help="The env image, e.g. bookworm (`crabctl env ls`).")
+    ] = None,
+    any_image: Annotated[
+        str | None,
+        typer.Option(
+            "--image",
+            metavar="IMAGE",
+            help="Instead of an env: any image the host's Docker has (debian:12, sha256:<id>), or a path to"
+            " a `docker save` archive or an OCI image layout dir (read with your permissions, loaded once).",
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", help="Sandbox name (default: generated).")] = None,
     env: EnvOpt = None,
     cpus: Annotated[float | None, typer.Option("--cpus", metavar="N", help="CPU limit (0 = none).")] = None,
@@ -143,8 +154,10 @@ def create(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create and start a sandbox from the env IMAGE; print its id and name."""
-    from crabd.sdk import CreateOptions
+    """Create and start a sandbox from the env ENV (or --image IMAGE); print its id and name."""
+    if (image is None) == (any_image is None):
+        raise typer.BadParameter("give an ENV or --image IMAGE (one of the two)", param_hint="ENV / '--image'")
+    from crabd.sdk import CreateOptions  # (only now: a usage error loads no SDK)
 
     given: dict[str, Any] = {
         "name": name,
@@ -158,7 +171,14 @@ def create(
         "recovery": recovery,
     }
     # What is not given is the SDK's default (one place for both).
-    options = CreateOptions(image, env_vars=parse_env(env), **{k: v for k, v in given.items() if v is not None})
+    if any_image is not None and not any_image.startswith("/") and os.path.exists(any_image):
+        any_image = os.path.abspath(any_image)  # a relative path, as the shell meant it (crabd's cwd is not ours)
+    options = CreateOptions(
+        image or "",
+        image=any_image or "",
+        env_vars=parse_env(env),
+        **{k: v for k, v in given.items() if v is not None},
+    )
     with client() as c:
         sb = c.create_from(options)
     if as_json:
@@ -373,17 +393,27 @@ def sh(
     sandbox: SbArg,
     script: Annotated[str, typer.Argument(metavar="SCRIPT", help="bash text to run in the sandbox's session.")],
     timeout: TimeoutOpt = 0.0,
+    session: Annotated[
+        str,
+        typer.Option(
+            "--session",
+            "-s",
+            metavar="NAME",
+            help="A named session (its own bash; opened if new); default: the main one.",
+        ),
+    ] = "",
     as_turn: AsTurnOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run bash in the sandbox's persistent shell session (cd/export persist).
+    """Run bash in one of the sandbox's persistent shell sessions (cd/export persist).
 
     Without --as-turn (and outside `crabctl turn begin|end`) the command goes
     into the sandbox's open implicit turn, with the commands before it.
     """
     with client() as c:
         # --as-turn: one call; crabd ends the turn even if the command (or crabctl) is cut short.
-        items = c.get(sandbox).session.stream(script, timeout=timeout, turn=TurnEnd.DEFERRED if as_turn else "")
+        shell = c.get(sandbox).session(session)
+        items = shell.stream(script, timeout=timeout, turn=TurnEnd.DEFERRED if as_turn else "")
         _run_and_exit(items, as_json)
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import time
 
-from crabd.coordinator.runner import ChunkSink, Session, SessionFoundDead, run_exec
+from crabd.coordinator.oneshot import ChunkSink, run_exec
+from crabd.coordinator.runner import Session, SessionFoundDead
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
+from crabd.coordinator.sessions import NamedSessions
 from crabd.coordinator.turns import check_session_state
 from crabd.errors import CrabError, InitUnavailable, InvalidRequest
 from crabd.models import ExecOutcome, SandboxRecord, TurnRecord
@@ -27,6 +29,7 @@ log = logging.getLogger("crabd.commands")
 class Commands:
     def __init__(self, sandboxes: SandboxManager) -> None:
         self.sandboxes = sandboxes
+        self.sessions = NamedSessions(sandboxes)
 
     async def exec(
         self,
@@ -62,9 +65,17 @@ class Commands:
         return self.sandboxes.turns.record(rec.id, turn, "exec", " ".join(argv), outcome, started_wall)
 
     async def session_run(
-        self, rec: SandboxRecord, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None
+        self,
+        rec: SandboxRecord,
+        command: str,
+        *,
+        timeout_s: float,
+        max_output: int,
+        sink: ChunkSink | None,
+        session_name: str = "",
     ) -> ExecOutcome:
-        session = await self.sandboxes.session_for(rec)
+        """Run ``command`` in a session ("": the default one; a named one is opened if it does not exist)."""
+        session = await self.sessions.get(rec, session_name)
         turn = self.sandboxes.turns.ensure_open(rec.id)
         started_wall = time.time()
         async with self.sandboxes.init_lost_means_dead(rec):
@@ -72,15 +83,27 @@ class Commands:
                 outcome = await session.run(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
             except SessionFoundDead:
                 # Killed from inside the sandbox between commands; the command never ran.
-                log.warning("the session's bash had exited; reviving it", extra={"sandbox": rec.id})
-                await self._revive_session(rec, session)
+                log.warning(
+                    "the session's bash had exited; reviving it", extra={"sandbox": rec.id, "session": session_name}
+                )
+                session = await self._revive(rec, session)
                 try:
                     outcome = await session.run(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
                 except SessionFoundDead as exc:  # the fresh bash died at once too
                     raise InitUnavailable(f"the session could not be revived: {exc}", sandbox=rec.id) from exc
         if outcome.session_ended:
+            await self._revive(rec, session)
+        kind = "session" if not session_name else f"session:{session_name}"
+        return self.sandboxes.turns.record(rec.id, turn, kind, command, outcome, started_wall)
+
+    async def _revive(self, rec: SandboxRecord, session: Session) -> Session:
+        """After a session's bash died: the default one gets a fresh bash with its last state; a named one
+        is closed, and a fresh one (the container's defaults) opened in its place."""
+        if not session.name:
             await self._revive_session(rec, session)
-        return self.sandboxes.turns.record(rec.id, turn, "session", command, outcome, started_wall)
+            return session
+        await self.sessions.forget_dead(rec, session.name)
+        return await self.sessions.get(rec, session.name)
 
     async def _revive_session(self, rec: SandboxRecord, session: Session) -> None:
         """After the session died (exit, timeout): a fresh bash with the last captured state."""
@@ -108,8 +131,13 @@ class Commands:
                 hint=f"Begin one first: begin_turn() in the SDK, `crabctl turn begin {rec.name}` in a shell.",
             )
         session = await self.sandboxes.session_for(rec)
-        async with self.sandboxes.init_lost_means_dead(rec):
-            text = await session.capture_json()
+        if session.busy:
+            # A command still runs in it (sessions run at the same time, and a turn is the sandbox's):
+            # its bash is checkpointed as a process, mid-command; its state stays the last one captured.
+            text = self.sandboxes.registry.latest_session_state(rec.id)
+        else:
+            async with self.sandboxes.init_lost_means_dead(rec):
+                text = await session.capture_json()
         limit = self.sandboxes.cfg.quota.max_session_state_bytes
         check_session_state(text, limit, uid=rec.owner_uid, sandbox=rec.name)
         return self.sandboxes.turns.end(rec.id, current.number, text)

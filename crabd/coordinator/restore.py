@@ -97,6 +97,7 @@ from crabd.trust.provenance import Provenance
 from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point, write_point
 from crabd.util.netns import Netns
+from crabd.util.validate import IMAGE_DIGEST_RE
 
 log = logging.getLogger("crabd.restore")
 
@@ -237,12 +238,21 @@ class Restorer:
         )
 
     def _check_image(self, ckpt: CheckpointRecord) -> None:
-        if not self.sandboxes.backend.image_exists(ckpt.image):
+        if self.sandboxes.backend.image_exists(ckpt.image):
+            return
+        if IMAGE_DIGEST_RE.match(ckpt.image):  # any image, recorded by its digest (service/images.py)
             raise ImageError(
-                f"checkpoint {ckpt.id} needs image {ckpt.image}, which is no longer on this host",
-                env=spec_from_json(ckpt.spec_json).env,
-                hint="Rebuild that env image (its recipe must be unchanged) or restore another checkpoint.",
+                f"checkpoint {ckpt.id} needs the image with digest {ckpt.image}, which this host's Docker lacks;"
+                " nothing was restored",
+                env=ckpt.image,
+                hint=f"Load that image here (e.g. `docker load` of a `docker save` of it: its id must be {ckpt.image})"
+                " or restore another checkpoint.",
             )
+        raise ImageError(
+            f"checkpoint {ckpt.id} needs image {ckpt.image}, which is no longer on this host",
+            env=spec_from_json(ckpt.spec_json).env,
+            hint="Rebuild that env image (its recipe must be unchanged) or restore another checkpoint.",
+        )
 
     def _preparer(self, tree: _TreeOnce, out: _Prepared, ckpt: CheckpointRecord) -> Callable[[str], Awaitable[None]]:
         fs = self.fs
@@ -343,9 +353,11 @@ class Restorer:
             try:
                 # No store lock here: each step that reads or writes the store takes it (module docstring).
                 async with self.leases.hold(ckpt.id), self.sandboxes.op_lock(rec.id):
-                    if self.sandboxes.session_busy(rec.id):
+                    busy = self.sandboxes.busy_sessions(rec.id)
+                    if busy:
+                        which = ", ".join(repr(n) if n else "the default" for n in busy)
                         raise SandboxBusy(
-                            f"sandbox {rec.name}'s session is running a command; restore after it finished",
+                            f"sandbox {rec.name}: sessions running commands ({which}); restore after they finished",
                             sandbox=rec.id,
                         )
                     return await self._restore_locked(rec, ckpt)

@@ -1,11 +1,11 @@
-"""Running commands inside a sandbox, through crab's init (never `docker exec`).
+"""The sandbox's persistent shells, run through crab's init (never `docker exec`).
 
-Two ways:
+(One-shot commands are ``oneshot.py``'s.)
 
-* :func:`run_exec` — a one-shot process spawned by init, bound to one
-  connection; killed (whole process group) on timeout or if crabd goes away.
-* :class:`Session` — the sandbox's persistent bash, a *persistent* init child
-  named ``crab-session`` with a control channel (``SpawnSpec.control``).
+* :class:`Session` — one persistent bash of the sandbox: its default
+  session, or a named one (``sessions.py``); a *persistent* init child
+  named ``crab-session`` (``crab-session:NAME``) with a control channel
+  (``SpawnSpec.control``).
   Each command attaches, writes the framed command
   (``session_proto.wrap_command``), reads output until the done marker
   arrives on the control channel (authenticated by init: only the bash
@@ -28,6 +28,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
+from crabd.coordinator.oneshot import KILL_GRACE_S, ChunkSink, Connector, next_event, truncation_marker
 from crabd.coordinator.sessionkeep import CaptureCounts, IdleReading, Kept
 from crabd.errors import InitSpawnError, InitUnavailable, InvalidRequest, SandboxBusy
 from crabd.models import ExecOutcome
@@ -36,123 +37,58 @@ from crabd.runtime.initproto import Control, ControlRejected, Event, Exit, InitC
 
 log = logging.getLogger("crabd.session")
 
-#: Called with ("stdout" | "stderr", data) as output arrives (already bounded).
-ChunkSink = Callable[[str, bytes], Awaitable[None]]
-#: Opens a fresh connection to the sandbox's init.
-Connector = Callable[[], Awaitable[InitConnection]]
 #: Given the session bash's pid inside the sandbox: its limits, descriptors and whether it ran, or None
 #: if unreadable (see ``runtime/session_os.py``, ``coordinator/sessionkeep.py``).
 ProcessProbe = Callable[[int], Awaitable[IdleReading | None]]
 
 SESSION_NAME = "crab-session"
+#: Init's name for named session NAME's bash: ``crab-session:NAME`` (the default session keeps the plain one).
+NAMED_PREFIX = SESSION_NAME + ":"
 SESSION_ARGV = ["bash", "--noprofile", "--norc"]
-#: After a kill, how long to wait for the process to be reported gone.
-KILL_GRACE_S = 5.0
 
 
-def truncation_marker(stream: str, dropped: int) -> bytes:
-    return f"\n[crab: {stream} truncated, {dropped} more bytes dropped]\n".encode()
+def init_name(session: str) -> str:
+    """The name crab's init knows session ``session``'s bash by ("" is the default session)."""
+    return NAMED_PREFIX + session if session else SESSION_NAME
 
 
-class BoundedOutput:
-    """Keeps the first ``limit`` bytes of a stream and counts the rest."""
+class DumpYield:
+    """Lets commands running in sessions step aside while a process dump runs.
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._parts: list[bytes] = []
-        self.kept = 0
-        self.dropped = 0
-
-    def add(self, data: bytes) -> bytes:
-        """Store ``data`` within the bound; return the part that was kept."""
-        room = self.limit - self.kept
-        keep = data[: max(room, 0)]
-        if keep:
-            self._parts.append(keep)
-            self.kept += len(keep)
-        self.dropped += len(data) - len(keep)
-        return keep
-
-    def value(self, stream: str) -> bytes:
-        out = b"".join(self._parts)
-        return out + truncation_marker(stream, self.dropped) if self.dropped else out
-
-
-def _spawn_failure_outcome(exc: InitSpawnError, argv0: str, started: float) -> ExecOutcome:
-    # Like a shell: 127 when the program does not exist, 126 when it cannot run.
-    code = 127 if exc.errno == errno_mod.ENOENT else 126
-    msg = f"crab: cannot execute {argv0!r}: {exc.message}\n".encode()
-    return ExecOutcome(code, False, b"", msg, 0, 0, time.monotonic() - started)
-
-
-async def _next_event(conn: InitConnection, timeout_s: float) -> Event:
-    """The connection's next event, TimeoutError after ``timeout_s``.
-
-    A timer on the calling task: ``asyncio.wait_for`` would make a task per
-    event (most events are already read and decoded: the wait costs nothing).
+    A process dump needs no crabd connection into the sandbox (CRIU would
+    find a socket whose peer is outside the dumped tree).  A command in a
+    session holds one for as long as it runs, and with several sessions a
+    long command in one must not hold back the checkpoint a turn end in
+    another needs.  The dump clears ``gate`` and calls :meth:`request`: each
+    waiting command's timer fires at once, the command detaches (init holds
+    what its bash writes meanwhile; bash blocks once a pipe is full), closes
+    its connection, waits for the gate, attaches again and reads on: its
+    bash never noticed, and the dump saw it mid-command, like any
+    background process.
     """
-    async with asyncio.timeout(timeout_s):
-        return await conn.next_event()
 
+    def __init__(self, gate: asyncio.Event) -> None:
+        self._gate = gate
+        self._waiting: set[asyncio.Timeout] = set()
 
-async def run_exec(
-    connect: Connector,
-    spec: SpawnSpec,
-    *,
-    stdin: bytes,
-    timeout_s: float,
-    max_output: int,
-    sink: ChunkSink | None = None,
-) -> ExecOutcome:
-    started = time.monotonic()
-    out, err = BoundedOutput(max_output), BoundedOutput(max_output)
-    conn = await connect()
-    async with conn:
-        try:
-            await conn.spawn(spec)
-        except InitSpawnError as exc:
-            if "chdir" in exc.message or exc.errno in (errno_mod.ENOTDIR,):
-                raise InvalidRequest(
-                    f"cannot use workdir {spec.cwd!r} in the sandbox: {exc.message}",
-                    hint="Pass an existing directory as workdir.",
-                ) from exc
-            return _spawn_failure_outcome(exc, str(spec.argv[0]), started)
-        if stdin:
-            await conn.write_stdin(stdin)
-            await conn.close_stdin()
-        timed_out = False
-        deadline = started + timeout_s
-        exit_event: Exit | None = None
-        while exit_event is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 and not timed_out:
-                timed_out = True
-                await conn.signal(signal.SIGKILL)
-                deadline = time.monotonic() + KILL_GRACE_S
-                continue
-            if remaining <= 0:
-                raise InitUnavailable("init did not report the killed command's exit", sandbox="")
+    @property
+    def wanted(self) -> bool:
+        return not self._gate.is_set()
+
+    def request(self) -> None:
+        """A dump wants the sandbox quiet: wake every command waiting for output."""
+        now = asyncio.get_running_loop().time()
+        for timer in list(self._waiting):
+            timer.reschedule(now)
+
+    async def next_event(self, conn: InitConnection, timeout_s: float) -> Event:
+        """:func:`~crabd.coordinator.oneshot.next_event`, woken early (TimeoutError) when a dump asks for quiet."""
+        async with asyncio.timeout(timeout_s) as timer:
+            self._waiting.add(timer)
             try:
-                ev = await _next_event(conn, remaining)
-            except TimeoutError:
-                continue
-            if isinstance(ev, Stdout | Stderr):
-                name = "stdout" if isinstance(ev, Stdout) else "stderr"
-                kept = (out if name == "stdout" else err).add(ev.data)
-                if kept and sink is not None:
-                    await sink(name, kept)
-            elif isinstance(ev, Exit):
-                exit_event = ev
-            # (Control frames: a one-shot process has no control channel.)
-    return ExecOutcome(
-        exit_code=exit_event.exit_code,
-        timed_out=timed_out,
-        stdout=out.value("stdout"),
-        stderr=err.value("stderr"),
-        stdout_dropped=out.dropped,
-        stderr_dropped=err.dropped,
-        duration_s=time.monotonic() - started,
-    )
+                return await conn.next_event()
+            finally:
+                self._waiting.discard(timer)
 
 
 class SessionFoundDead(Exception):
@@ -169,14 +105,33 @@ class _NoSession(Exception):
 
 
 class Session:
-    """The persistent bash of one sandbox.  One command at a time."""
+    """One persistent bash of a sandbox: the default session (``name`` "") or a named one.
+
+    One command at a time per session; sessions of one sandbox run at the
+    same time, each its own bash (own cwd, environment, functions, options,
+    limits, descriptors and jobs).
+    """
 
     def __init__(
-        self, connect: Connector, env: dict[str, str], workdir: str, counts: CaptureCounts | None = None
+        self,
+        connect: Connector,
+        env: dict[str, str],
+        workdir: str,
+        counts: CaptureCounts | None = None,
+        *,
+        name: str = "",
+        uid: int | None = None,
+        gid: int | None = None,
+        yielding: DumpYield | None = None,
     ) -> None:
         self._connect = connect
         self._env = env
         self._workdir = workdir
+        self.name = name
+        self._init_name = init_name(name)
+        self._uid, self._gid = uid, gid
+        #: Steps aside for process dumps while a command runs (None: holds its connection).
+        self.yielding = yielding
         self._lock = asyncio.Lock()
         #: Reads the idle bash's limits and descriptors from the host (set by the coordinator).
         self.probe: ProcessProbe | None = None
@@ -220,19 +175,19 @@ class Session:
         """Bind ``conn`` to the session, starting bash if there is none (``start``; else
         :class:`_NoSession`).  Returns the bash's pid in the sandbox, as init reports it."""
         try:
-            attached, listed = await conn.attach_listed(SESSION_NAME)
-            if any(p.name == SESSION_NAME and p.alive for p in listed):
+            attached, listed = await conn.attach_listed(self._init_name)
+            if any(p.name == self._init_name and p.alive for p in listed):
                 return attached.pid
             # Init kept a session whose bash exited while no command ran (something in the
             # sandbox killed it): nothing was written to it yet.  A capture finds no session
             # (the next command revives it with its state); a command must not run into it.
             if not start:
                 raise _NoSession
-            await conn.forget(SESSION_NAME)
+            await conn.forget(self._init_name)
             raise SessionFoundDead("the session's bash had exited before the command was sent")
         except InitSpawnError as exc:
             if exc.errno == errno_mod.EBUSY:
-                raise SandboxBusy("the sandbox's session is in use by another client", sandbox="") from exc
+                raise SandboxBusy(f"{self.label} is in use by another client", sandbox="") from exc
             if exc.errno != errno_mod.ENOENT:
                 raise InitUnavailable(f"attaching to the session failed: {exc.message}", sandbox="") from exc
             if not start:
@@ -252,7 +207,9 @@ class Session:
                     argv=list(SESSION_ARGV),
                     env=self._env,
                     cwd=self._workdir,
-                    name=SESSION_NAME,
+                    uid=self._uid,
+                    gid=self._gid,
+                    name=self._init_name,
                     persistent=True,
                     control=True,
                 )
@@ -260,20 +217,27 @@ class Session:
         except InitSpawnError as exc:
             if exc.errno == errno_mod.ENOENT and "exec" in exc.init_message:
                 raise InvalidRequest(
-                    "this sandbox's image has no bash; the persistent session needs bash",
-                    hint="Use an env with bash (e.g. bookworm), or run programs with exec.",
+                    f"this sandbox's image has no bash; {self.label} needs bash",
+                    hint="Use an image with bash (e.g. crab-env/bookworm), or run programs with exec.",
                 ) from exc
             raise
 
         await conn.write_stdin(session_proto.BOOTSTRAP)
         return started.pid
 
+    @property
+    def label(self) -> str:
+        """How messages name this session."""
+        return f"session {self.name!r}" if self.name else "the session"
+
     async def run(
         self, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None = None
     ) -> ExecOutcome:
         if self._lock.locked():
             raise SandboxBusy(
-                "the session is already running a command; one session runs one command at a time", sandbox=""
+                f"{self.label} is already running a command; one session runs one command at a time",
+                sandbox="",
+                hint="Wait for it, or run the command in another session (session(name) in the SDK).",
             )
         async with self._lock:
             return await self._run_locked(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
@@ -306,35 +270,28 @@ class Session:
         payload = session_proto.wrap_command(command, nonce, keep_status=keep_status)
         scanner = session_proto.MarkerScanner(nonce, max_stdout=max_output, max_stderr=max_output)
         conn = await self._connect()
-        async with conn:
+        try:
             self._bash_pid = await self._attach_or_spawn(conn, start=start)
             await conn.write_stdin(payload)
             timed_out = False
             ended: Exit | None = None
             deadline = started + timeout_s
             while not scanner.done and ended is None:
+                if self.yielding is not None and self.yielding.wanted:
+                    conn, ended = await self._step_aside(conn, scanner, sink)
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     timed_out = True
                     break
                 try:
-                    ev = await _next_event(conn, remaining)
+                    if self.yielding is not None:
+                        ev = await self.yielding.next_event(conn, remaining)
+                    else:
+                        ev = await next_event(conn, remaining)
                 except TimeoutError:
                     continue
-                if isinstance(ev, Stdout):
-                    kept = scanner.feed("stdout", ev.data)
-                    if sink is not None and kept:
-                        await sink("stdout", kept)
-                elif isinstance(ev, Stderr):
-                    kept = scanner.feed("stderr", ev.data)
-                    if sink is not None and kept:
-                        await sink("stderr", kept)
-                elif isinstance(ev, Control):
-                    scanner.feed_control(ev.data)
-                elif isinstance(ev, ControlRejected):
-                    self._rejected(ev)
-                elif isinstance(ev, Exit):
-                    ended = ev
+                ended = await self._take(ev, scanner, sink)
             if timed_out:
                 # A non-interactive bash cannot be interrupted back to a clean
                 # prompt reliably (a half-run heredoc, traps, SIGINT semantics),
@@ -343,11 +300,13 @@ class Session:
                 await conn.signal(signal.SIGKILL)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._drain_until_exit(conn), timeout=KILL_GRACE_S)
-                await conn.forget(SESSION_NAME)
+                await conn.forget(self._init_name)
             elif ended is not None:
-                await conn.forget(SESSION_NAME)
+                await conn.forget(self._init_name)
             else:
                 await conn.detach()
+        finally:
+            await conn.aclose()
         stdout, stderr = scanner.stdout, scanner.stderr
         if scanner.dropped_stdout:
             stdout += truncation_marker("stdout", scanner.dropped_stdout)
@@ -371,6 +330,44 @@ class Session:
         )
         return outcome, scanner
 
+    async def _take(self, ev: Event, scanner: session_proto.MarkerScanner, sink: ChunkSink | None) -> Exit | None:
+        """Feed one event of the running command to ``scanner`` (and ``sink``); its Exit if the bash ended."""
+        if isinstance(ev, Stdout | Stderr):
+            name: session_proto.Stream = "stdout" if isinstance(ev, Stdout) else "stderr"
+            kept = scanner.feed(name, ev.data)
+            if sink is not None and kept:
+                await sink(name, kept)
+        elif isinstance(ev, Control):
+            scanner.feed_control(ev.data)
+        elif isinstance(ev, ControlRejected):
+            self._rejected(ev)
+        elif isinstance(ev, Exit):
+            return ev
+        return None
+
+    async def _step_aside(
+        self, conn: InitConnection, scanner: session_proto.MarkerScanner, sink: ChunkSink | None
+    ) -> tuple[InitConnection, Exit | None]:
+        """A process dump wants the sandbox quiet (:class:`DumpYield`): detach, close, wait, attach again.
+
+        Returns the new connection, attached to the same bash, and its Exit if
+        the bash ended meanwhile (its frames, held by init, come first).
+        """
+        raced: list[Event] = []
+        await conn.detach(keep=raced)
+        await conn.aclose()
+        self.counts.stepped_aside += 1
+        ended = None
+        for ev in raced:
+            ended = await self._take(ev, scanner, sink) or ended
+        conn = await self._connect()  # waits until the dump is done
+        try:
+            await conn.attach_listed(self._init_name, keep_dead=True)
+        except BaseException:
+            await conn.aclose()
+            raise
+        return conn, ended
+
     def _rejected(self, ev: ControlRejected) -> None:
         self.control_rejections += ev.count
         log.warning(
@@ -383,12 +380,37 @@ class Session:
         while not isinstance(await conn.next_event(), Exit):
             pass
 
+    async def start(self) -> int:
+        """Start this session's bash now (not at its first command); its pid in the sandbox.
+
+        Raises InvalidRequest if the image has no bash.
+        """
+        async with self._lock:
+            self._captured = self._kept = None
+            for _ in range(2):
+                conn = await self._connect()
+                async with conn:
+                    try:
+                        pid = await self._attach_or_spawn(conn)
+                    except SessionFoundDead:
+                        continue  # init still listed an exited bash of that name; it forgot it: start afresh
+                    await conn.detach()
+                    self._bash_pid = pid
+                    return pid
+        raise InitUnavailable(f"{self.label}'s bash exited as soon as it started", sandbox="")
+
+    async def processes(self) -> list[initproto.PersistentInfo]:
+        """Init's persistent processes: every session's bash (and whether it lives)."""
+        conn = await self._connect()
+        async with conn:
+            return await conn.list()
+
     async def pid(self) -> int | None:
         """The session bash's pid inside the sandbox, or None when none runs (crab's init knows it by name)."""
         conn = await self._connect()
         async with conn:
             for p in await conn.list():
-                if p.name == SESSION_NAME and p.alive:
+                if p.name == self._init_name and p.alive:
                     return p.pid
         return None
 
@@ -480,15 +502,7 @@ class Session:
             self._captured = self._kept = None
             conn = await self._connect()
             async with conn:
-                for p in await conn.list():
-                    if p.name != SESSION_NAME:
-                        continue
-                    if p.alive:
-                        await conn.attach(SESSION_NAME)
-                        await conn.signal(signal.SIGKILL)
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._drain_until_exit(conn), timeout=KILL_GRACE_S)
-                    await conn.forget(SESSION_NAME)
+                await self._kill_bash(conn)
             if state is not None:
                 outcome = await self._run_locked(
                     session_state.render_restore_script(state), timeout_s=timeout_s, max_output=1 << 20, sink=None
@@ -499,3 +513,30 @@ class Session:
                         + outcome.stderr[-500:].decode("utf-8", "replace"),
                         sandbox="",
                     )
+
+    async def _kill_bash(self, conn: InitConnection) -> bool:
+        """Kill this session's bash (if it lives) and make init forget it; whether init knew it."""
+        for p in await conn.list():
+            if p.name != self._init_name:
+                continue
+            if p.alive:
+                await conn.attach(self._init_name)
+                await conn.signal(signal.SIGKILL)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._drain_until_exit(conn), timeout=KILL_GRACE_S)
+            await conn.forget(self._init_name)
+            return True
+        return False
+
+    async def close(self) -> bool:
+        """End the session: its bash and its jobs' process group are killed; whether it existed.
+
+        Refused while it runs a command (its caller is waiting for it).
+        """
+        if self._lock.locked():
+            raise SandboxBusy(f"{self.label} is running a command; close it after that", sandbox="")
+        async with self._lock:
+            self._captured = self._kept = None
+            conn = await self._connect()
+            async with conn:
+                return await self._kill_bash(conn)

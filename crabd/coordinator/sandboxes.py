@@ -35,7 +35,7 @@ from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, C
 from crabd.config import CrabConfig
 from crabd.coordinator.livestatus import RunningStatus
 from crabd.coordinator.quiesce import until_init_alone
-from crabd.coordinator.runner import ProcessProbe, Session
+from crabd.coordinator.runner import DumpYield, ProcessProbe, Session
 from crabd.coordinator.sessionkeep import CaptureCounts, IdleReading
 from crabd.coordinator.turns import TurnKeeper
 from crabd.errors import (
@@ -104,6 +104,8 @@ class _Live:
     def __init__(self, sandbox_id: str) -> None:
         self.sandbox_id = sandbox_id
         self.session: Session | None = None
+        #: Named sessions met so far, by name (``coordinator/sessions.py``); init's table is the truth.
+        self.named: dict[str, Session] = {}
         #: (container id, init pid) the session's connector reaches.
         self.bound: tuple[str, int] | None = None
         self.op_lock = asyncio.Lock()
@@ -113,6 +115,8 @@ class _Live:
         # connections and ``idle`` is set when there are none.
         self.gate = asyncio.Event()
         self.gate.set()
+        #: Session commands in flight step aside for a dump (``runner.DumpYield``).
+        self.yielding = DumpYield(self.gate)
         self.conns = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -322,6 +326,7 @@ class SandboxManager:
         """
         live = self._live_for(rec)
         live.gate.clear()
+        live.yielding.request()
         try:
             try:
                 await asyncio.wait_for(live.idle.wait(), wait_s)
@@ -344,6 +349,7 @@ class SandboxManager:
         live = self._live.get(sandbox_id)
         if live is not None:
             live.session = None
+            live.named.clear()
 
     def _live_for(self, rec: SandboxRecord) -> _Live:
         return self._live_for_id(rec.id)
@@ -364,19 +370,30 @@ class SandboxManager:
         # The container's pid changes only if it was restarted; rebind then.
         target = (rec.container_id, st.pid)
         if live.session is None:
-            live.session = Session(self.connector(rec, st.pid), env_dict(st.env), rec.spec.workdir, self.capture_counts)
+            live.session = Session(
+                self.connector(rec, st.pid),
+                env_dict(st.env),
+                rec.spec.workdir,
+                self.capture_counts,
+                yielding=live.yielding,
+            )
         elif live.bound != target:
             live.session.rebind(self.connector(rec, st.pid))
+            for named in live.named.values():
+                named.rebind(self.connector(rec, st.pid))
         live.bound = target
         live.session.probe = self.session_probe(rec.container_id, rec.id)
         return live.session
 
     # --- create / stop / remove ---------------------------------------
 
-    def resolve_image(self, env: str) -> str:
-        recipe = images.find_recipe(env)
+    def resolve_image(self, spec: SandboxSpec) -> str:
+        """What a new sandbox's record names as its image: its env's current build, or any image by digest."""
+        if spec.image:
+            return self.backend.image_digest(spec.image)
+        recipe = images.find_recipe(spec.env)
         if not self.backend.image_exists(recipe.image_ref):
-            raise ImageError(f"env {env!r} has no built image ({recipe.image_ref})", env=env)
+            raise ImageError(f"env {spec.env!r} has no built image ({recipe.image_ref})", env=spec.env)
         return recipe.image_ref
 
     def new_id(self) -> str:
@@ -455,7 +472,7 @@ class SandboxManager:
         return cid, st
 
     async def create(self, owner_uid: int, spec: SandboxSpec) -> SandboxRecord:
-        image = await self._io(self.resolve_image, spec.env)
+        image = await self._io(self.resolve_image, spec)
         rec = await self.reserve(owner_uid, spec, image)
         try:
             _, st = await self.launch(rec, image)
@@ -533,14 +550,33 @@ class SandboxManager:
         """Make ``session`` the sandbox's session (after its container was replaced)."""
         live = self._live_for_id(sandbox_id)
         live.session, live.bound = session, None
+        if session is not None:
+            session.yielding = live.yielding
+        live.named.clear()  # another container: its named sessions are found in its init again
 
     def op_lock(self, sandbox_id: str) -> asyncio.Lock:
         """Serialises checkpoint, restore and fork of one sandbox."""
         return self._live_for_id(sandbox_id).op_lock
 
     def session_busy(self, sandbox_id: str) -> bool:
+        """Whether the default session runs a command."""
         live = self._live.get(sandbox_id)
         return live is not None and live.session is not None and live.session.busy
+
+    def busy_sessions(self, sandbox_id: str) -> list[str]:
+        """The sessions running a command now ("" is the default session)."""
+        live = self._live.get(sandbox_id)
+        if live is None:
+            return []
+        named = [name for name, s in live.named.items() if s.busy]
+        return ([""] if live.session is not None and live.session.busy else []) + named
+
+    def named_sessions(self, rec: SandboxRecord) -> dict[str, Session]:
+        """The sandbox's named session objects met so far (``coordinator/sessions.py`` manages them)."""
+        return self._live_for(rec).named
+
+    def dump_yield(self, rec: SandboxRecord) -> DumpYield:
+        return self._live_for(rec).yielding
 
     def remove_in_background(self, container_id: str, sandbox_id: str) -> None:
         """Remove a container no registry row names any more (a replaced one) without waiting for it.

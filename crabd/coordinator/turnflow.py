@@ -87,6 +87,9 @@ class TurnFlow:
         self._locks: dict[str, asyncio.Lock] = {}
         #: Turn ends being decided in the background (end_turn(decide=False)); the next action waits.
         self._deciding: dict[str, asyncio.Task[None]] = {}
+        #: Commands of each sandbox running as turns of their own now (``command_turn``; several
+        #: sessions run at the same time).
+        self._in_flight: dict[str, int] = {}
 
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
         lock = self._locks.get(sandbox_id)
@@ -184,26 +187,45 @@ class TurnFlow:
         RPC's machinery, about a third of a skip turn's CPU (issue 34).
 
         1. open the turn (the last turn end's checkpoint durable first, as
-           before any action);
+           before any action), or join the one open if another such command
+           runs now (in another session: a turn is the sandbox's);
         2. run the command; if it raises (a dead container, a call its
            client cancelled), the turn is ended all the same, its decision
            not waited for, and the command's error is what the caller gets;
-        3. end the turn as ``end`` says; return the command's result and the
-           ended turn (``durable``: a failed checkpoint raises, as
-           ``end_turn(wait=True)`` does).
+        3. end the sandbox's open turn as ``end`` says, whatever commands
+           still run in other sessions (the turn end decides and checkpoints
+           them as running processes); if another command's end closed it
+           already, a turn of its own is begun and ended, so what this
+           command changed since is covered by a turn end too.  Return the
+           command's result and the ended turn (``durable``: a failed
+           checkpoint raises, as ``end_turn(wait=True)`` does).
         """
-        await self.begin_turn(rec)
+        joined = self._in_flight.get(rec.id, 0) > 0
+        self._in_flight[rec.id] = self._in_flight.get(rec.id, 0) + 1
         try:
-            result = await run()
-        except BaseException:
-            # Shielded: grpc.aio cancels the handler when its client goes away, and a turn left
-            # open would make the sandbox's next turn fail as "already open".
-            with contextlib.suppress(CrabError):
-                await asyncio.shield(self.end_turn(rec, decide=False))
-            raise
-        turn = await self.end_turn(rec, wait=end is TurnEnd.DURABLE, decide=end is not TurnEnd.DEFERRED)
-        assert turn is not None  # if_open=False: no open turn raised
-        return result, turn
+            if not joined:
+                await self.begin_turn(rec)
+            try:
+                result = await run()
+            except BaseException:
+                # Shielded: grpc.aio cancels the handler when its client goes away, and a turn left
+                # open would make the sandbox's next turn fail as "already open".
+                with contextlib.suppress(CrabError):
+                    await asyncio.shield(self.end_turn(rec, decide=False, if_open=True))
+                raise
+            wait, decide = end is TurnEnd.DURABLE, end is not TurnEnd.DEFERRED
+            turn = await self.end_turn(rec, wait=wait, decide=decide, if_open=True)
+            if turn is None:
+                await self.begin_turn(rec)
+                turn = await self.end_turn(rec, wait=wait, decide=decide)
+            assert turn is not None  # if_open=False: no open turn raised
+            return result, turn
+        finally:
+            left = self._in_flight[rec.id] - 1
+            if left:
+                self._in_flight[rec.id] = left
+            else:
+                del self._in_flight[rec.id]
 
     async def _decide_later(self, rec: SandboxRecord, turn: TurnRecord) -> TurnRecord:
         """Mark the turn's checkpoint pending, then decide and queue it in a task of its own.

@@ -353,28 +353,14 @@ class InitConnection:
 
     async def next_event(self) -> Event:
         kind, payload = await self._recv()
-        if kind == STDOUT:
-            return Stdout(payload)
-        if kind == STDERR:
-            return Stderr(payload)
-        if kind == EXIT:
-            return Exit(struct.unpack(">i", payload)[0])
-        if kind == CONTROL:
-            return Control(payload)
-        if kind == CONTROL_REJECTED:
-            if len(payload) != 8:
-                raise InitProtocolError("malformed CONTROL_REJECTED frame")
-            return ControlRejected(*struct.unpack(">II", payload))
-        if kind == ERROR:
-            raise _parse_error(payload)
-        raise InitProtocolError(f"unexpected frame 0x{kind:02x} while waiting for output")
+        return _event(kind, payload)
 
     async def attach(self, name: str) -> Attached:
         await self._send(ATTACH, _str(name))
         _, p = await self._expect(ATTACHED)
         return Attached(*struct.unpack(">IIQQ", p))
 
-    async def attach_listed(self, name: str) -> tuple[Attached, list[PersistentInfo]]:
+    async def attach_listed(self, name: str, *, keep_dead: bool = False) -> tuple[Attached, list[PersistentInfo]]:
         """ATTACH to ``name`` and LIST init's processes, in one round trip.
 
         Init answers requests in order: ATTACHED (or ERROR), then whatever it
@@ -413,11 +399,16 @@ class InitConnection:
             raise refused
         assert attached is not None
         procs = parse_list(listed)
-        if any(p.name == name and p.alive for p in procs):
+        if keep_dead or any(p.name == name and p.alive for p in procs):
             self._pending[:0] = held
         return attached, procs
 
-    async def detach(self) -> None:
+    async def detach(self, *, keep: list[Event] | None = None) -> None:
+        """Stop receiving the attached process's frames (init holds what it writes from now on).
+
+        ``keep``: frames that raced the detach are appended to it (a command
+        stepping aside for a process dump; they are its output), else dropped.
+        """
         await self._send(DETACH)
         while True:
             kind, payload = await self._recv()
@@ -425,6 +416,9 @@ class InitConnection:
                 return
             if kind == ERROR:
                 raise _parse_error(payload)
+            if keep is not None and kind in (STDOUT, STDERR, CONTROL, CONTROL_REJECTED, EXIT):
+                keep.append(_event(kind, payload))
+                continue
             # Output that raced the detach: a background job of the session
             # (or bash's "Terminated" notice for one) wrote after the command's
             # end marker (and what it wrote on its control channel since).
@@ -440,6 +434,25 @@ class InitConnection:
         await self._send(LIST)
         _, p = await self._expect(LIST_OK)
         return parse_list(p)
+
+
+def _event(kind: int, payload: bytes) -> Event:
+    """A frame that a process spawned by init sent, as an event (output, exit, control)."""
+    if kind == STDOUT:
+        return Stdout(payload)
+    if kind == STDERR:
+        return Stderr(payload)
+    if kind == EXIT:
+        return Exit(struct.unpack(">i", payload)[0])
+    if kind == CONTROL:
+        return Control(payload)
+    if kind == CONTROL_REJECTED:
+        if len(payload) != 8:
+            raise InitProtocolError("malformed CONTROL_REJECTED frame")
+        return ControlRejected(*struct.unpack(">II", payload))
+    if kind == ERROR:
+        raise _parse_error(payload)
+    raise InitProtocolError(f"unexpected frame 0x{kind:02x} while waiting for output")
 
 
 def parse_list(p: bytes) -> list[PersistentInfo]:

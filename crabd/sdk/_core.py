@@ -44,7 +44,7 @@ from crabd.errors import ClientClosed, CrabError, InvalidRequest, WrongShard
 from crabd.sdk import _requests as rq
 from crabd.sdk import models
 from crabd.sdk._requests import CreateOptions, ExecOptions
-from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo, chunk_from_pb
+from crabd.sdk.models import ExecResult, OutputChunk, SandboxInfo, SessionInfo, chunk_from_pb
 from crabd.vocabulary import RetentionPolicy
 
 if TYPE_CHECKING:
@@ -444,6 +444,9 @@ class SandboxCore(Generic[CL]):
         req = pb.EndTurnRequest(sandbox=self.id, wait=wait, defer_decision=not decision)
         return self._call("EndTurn", req, models.Turn.from_pb)
 
+    def _sessions(self) -> Call[list[SessionInfo]]:
+        return self._call("ListSessions", self._ref(), lambda m: [SessionInfo.from_pb(s) for s in m.sessions])
+
     def _turns(self, limit: int) -> Call[list[Turn]]:
         req = rq.turns_request(self.id, limit)
         return self._call("ListTurns", req, lambda m: [models.Turn.from_pb(t) for t in m.turns])
@@ -468,22 +471,56 @@ class SandboxCore(Generic[CL]):
 
 
 class SessionCore(Generic[SBX]):
-    """A sandbox's persistent bash, less the I/O: :class:`Session` and :class:`AsyncSession` add that."""
+    """A sandbox's persistent bash, less the I/O: :class:`Session` and :class:`AsyncSession` add that.
 
-    def __init__(self, sandbox: SBX) -> None:
+    ``name`` "" is the default session; ``sb.session("name")`` is a named one.
+    """
+
+    def __init__(self, sandbox: SBX, name: str = "") -> None:
         self._sb = sandbox
+        self.name = name
+
+    def __call__(self, name: str) -> Self:
+        """The sandbox's session ``name`` (its own bash, running at the same time as the others).
+
+        It opens at its first command with the container's environment, as
+        root, in the sandbox's workdir, unless :meth:`open` opened it first.
+        """
+        if not isinstance(name, str):
+            raise InvalidRequest(f"a session name is a string, not {type(name).__name__}")
+        return type(self)(self._sb, name)
 
     def _run(self, command: str, timeout: float, max_output: int, *, stream: bool, turn: str = "") -> Call[Event]:
         sb = self._sb
-        req = rq.session_request(sb.id, command, timeout=timeout, max_output=max_output, stream=stream, turn=turn)
+        req = rq.session_request(
+            sb.id, command, timeout=timeout, max_output=max_output, stream=stream, turn=turn, session=self.name
+        )
         return sb._routed(sb.client._stream("SessionRun", req, timeout))
 
+    def _default_only(self, what: str) -> None:
+        if self.name:
+            raise InvalidRequest(
+                f"{what} is the default session's; session {self.name!r} is checkpointed as a process",
+                hint="Use sb.session.state() / sb.session.restart() for the default session.",
+            )
+
     def _state(self) -> Call[dict[str, Any]]:
+        self._default_only("state()")
         sb = self._sb
         return sb._call("GetSessionState", sb._ref(), session_state)
 
     def _restart(self, state: Mapping[str, Any] | str | None) -> Call[dict[str, Any]]:
+        self._default_only("restart()")
         sb = self._sb
         text = "" if state is None else state if isinstance(state, str) else json.dumps(state)
         req = pb.RestartSessionRequest(sandbox=sb.id, state_json=text)
         return sb._call("RestartSession", req, session_state)
+
+    def _open(self, env: Mapping[str, str] | None, empty_env: bool, workdir: str, user: str) -> Call[SessionInfo]:
+        sb = self._sb
+        req = rq.open_session_request(sb.id, self.name, env=env, empty_env=empty_env, workdir=workdir, user=user)
+        return sb._call("OpenSession", req, SessionInfo.from_pb)
+
+    def _close(self) -> Call[None]:
+        sb = self._sb
+        return sb._call("CloseSession", pb.CloseSessionRequest(sandbox=sb.id, name=self.name), lambda _: None)

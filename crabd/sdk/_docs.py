@@ -82,6 +82,11 @@ SESSION = {
     "stream": "Like :meth:`run`, but yield output chunks as they arrive, then the :class:`ExecResult`.",
     "state": "The session's semantic state now (cwd, env, variables, functions, ...).",
     "restart": "Start a fresh bash, with ``state`` (from :meth:`state`) applied if given.",
+    "open": """Open this named session now: the container's environment (none with ``empty_env``) plus
+        ``env``, in ``workdir`` (default: the sandbox's), as ``user`` ("uid" or "uid:gid"; default root).
+
+        Without it a named session opens at its first command with those defaults.""",
+    "close": "End this session's bash (refused while it runs a command); a named one is gone.",
 }
 
 SANDBOX = {
@@ -110,6 +115,7 @@ SANDBOX = {
     "turn": """``with sb.turn():`` — one agent action; the turn ends (and is recorded) on exit, also on an
         error.  The turn ends with ``end_turn(decision=False)``: the decision is made in the background.""",
     "turns": "The sandbox's turns, oldest first, with the commands run in each (``limit``: only the last N).",
+    "sessions": 'The sandbox\'s sessions whose bash runs: the default one (name "") first, then the named ones.',
     "stop": "Stop the sandbox's container (it can then only be removed); waits up to ``timeout`` s for it.",
     "remove": "Remove the sandbox.  Its checkpoints go too, unless kept or forked from.",
     "checkpoint": """Take a checkpoint now: ``kind="fs"`` (files and the session's state), ``"full"`` (every

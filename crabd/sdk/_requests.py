@@ -82,10 +82,17 @@ class CreateOptions:
     or processes and files); ``"fs"`` and ``"full"`` take that kind at every
     turn end; ``"none"`` only when asked.  ``recovery="auto"`` lets crabd
     recreate a dead sandbox from its latest checkpoint by itself.
+
+    ``env`` names one of crab's env images (``crabctl env ls``); ``image``
+    instead names any image the host's Docker has (``debian:12``,
+    ``name@sha256:...``, an id), or the absolute path (a ``Path`` is made
+    absolute) of a ``docker save`` archive or an OCI image layout that crabd
+    loads once, reading it with the caller's permissions.  Give one of the two.
     """
 
-    env: str
+    env: str = ""
     _: KW_ONLY
+    image: str | os.PathLike[str] = ""
     name: str = ""
     cpus: float = 0.0
     memory: int | str | None = None
@@ -103,8 +110,10 @@ class CreateOptions:
 
     def request(self) -> pb.CreateSandboxRequest:
         """The wire request, every value checked."""
+        image = os.path.abspath(self.image) if isinstance(self.image, os.PathLike) else self.image
         return pb.CreateSandboxRequest(
             env=self.env,
+            image=validate.image_ref(image) if image else "",
             name=self.name,
             limits=pb.Limits(
                 cpus=validate.fraction(self.cpus, "cpus"),
@@ -171,7 +180,14 @@ class ExecOptions:
 
 
 def session_request(
-    sandbox: str, command: str, *, timeout: float = 0.0, max_output: int = 0, stream: bool = False, turn: str = ""
+    sandbox: str,
+    command: str,
+    *,
+    timeout: float = 0.0,
+    max_output: int = 0,
+    stream: bool = False,
+    turn: str = "",
+    session: str = "",
 ) -> pb.SessionRunRequest:
     return pb.SessionRunRequest(
         sandbox=sandbox,
@@ -180,6 +196,22 @@ def session_request(
         max_output_bytes=validate.integer(max_output, "max_output", maximum=INT64_MAX),
         stream=stream,
         turn_end=turn_end(turn),
+        session=session,
+    )
+
+
+def open_session_request(
+    sandbox: str, name: str, *, env: Mapping[str, str] | None, empty_env: bool, workdir: str, user: str
+) -> pb.OpenSessionRequest:
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest("a session to open needs a name (the default session opens by itself)")
+    return pb.OpenSessionRequest(
+        sandbox=sandbox,
+        name=name,
+        env=dict(env or {}),
+        empty_env=bool(empty_env),
+        workdir=workdir,
+        user=user,
     )
 
 

@@ -223,7 +223,7 @@ class AsyncClient(ClientCore["AsyncSandbox"]):
         return call.parse(reply)
 
 
-@documented(_docs.SESSION)
+@documented(_docs.SESSION, aliases=_docs.ASYNC_ALIASES)
 class AsyncSession(SessionCore["AsyncSandbox"]):
     """The sandbox's persistent bash: state carries over between commands."""
 
@@ -243,6 +243,14 @@ class AsyncSession(SessionCore["AsyncSandbox"]):
 
     async def restart(self, state: Mapping[str, Any] | str | None = None) -> dict[str, Any]:
         return await self._sb.client._send(self._restart(state))
+
+    async def open(
+        self, *, env: Mapping[str, str] | None = None, empty_env: bool = False, workdir: str = "", user: str = ""
+    ) -> models.SessionInfo:
+        return await self._sb.client._send(self._open(env, empty_env, workdir, user))
+
+    async def aclose(self) -> None:
+        await self._sb.client._send(self._close())
 
 
 @documented(_docs.SANDBOX)
@@ -288,6 +296,9 @@ class AsyncSandbox(SandboxCore[AsyncClient]):
 
     async def turns(self, limit: int = 0) -> list[models.Turn]:
         return await self.client._send(self._turns(limit))
+
+    async def sessions(self) -> list[models.SessionInfo]:
+        return await self.client._send(self._sessions())
 
     async def stop(self, timeout: float = 0.0) -> models.SandboxInfo:
         return await self.client._send(self._stop(timeout))

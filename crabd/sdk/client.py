@@ -247,6 +247,14 @@ class Session(SessionCore["Sandbox"]):
     def restart(self, state: Mapping[str, Any] | str | None = None) -> dict[str, Any]:
         return self._sb.client._send(self._restart(state))
 
+    def open(
+        self, *, env: Mapping[str, str] | None = None, empty_env: bool = False, workdir: str = "", user: str = ""
+    ) -> models.SessionInfo:
+        return self._sb.client._send(self._open(env, empty_env, workdir, user))
+
+    def close(self) -> None:
+        self._sb.client._send(self._close())
+
 
 @documented(_docs.SANDBOX)
 class Sandbox(SandboxCore[Client]):
@@ -291,6 +299,9 @@ class Sandbox(SandboxCore[Client]):
 
     def turns(self, limit: int = 0) -> list[models.Turn]:
         return self.client._send(self._turns(limit))
+
+    def sessions(self) -> list[models.SessionInfo]:
+        return self.client._send(self._sessions())
 
     def stop(self, timeout: float = 0.0) -> models.SandboxInfo:
         return self.client._send(self._stop(timeout))

@@ -9,7 +9,8 @@
   checkpoint id this host has for another uid, a checkpoint whose
   sandbox is a live sandbox of another uid here, and one whose sandbox spec
   (what a fork of it gets: limits, environment) a create request here could
-  not ask for.  At most ``[archive] max_concurrent_imports`` imports per uid
+  not ask for (a sandbox of any image: one whose digest Docker here
+  lacks).  At most ``[archive] max_concurrent_imports`` imports per uid
   run at once (each holds a staging dir and a worker thread for as long as
   its client streams; with ``[daemon] workers`` each process admits its share),
   refused before anything is read; and what a restore
@@ -97,12 +98,20 @@ class ArchiveEdge:
             spec = spec_from_json(rec.spec_json)
             validate.env_vars(spec.env_vars)
             self.limits.resources(spec)
-            # A fork starts the image the record names: only one of crab's own env images (the
-            # sandbox's env, any build of it), never an arbitrary image that happens to be on this host.
-            if _ENV_IMAGE.fullmatch(rec.image) is None or rec.image.split("/", 1)[1].split(":")[0] != spec.env:
+            # A fork starts the image the record names: one of crab's own env images (the sandbox's
+            # env, any build of it), or for a sandbox made from any image (no env) that image's digest,
+            # which this host's Docker must have (any member of crab may start any image Docker has:
+            # service/images.py); never a name an archive picks to re-point at some other image.
+            if not spec.env and validate.IMAGE_DIGEST_RE.match(rec.image):
+                if not self.sandboxes.backend.image_exists(rec.image):
+                    raise InvalidRequest(
+                        f"it needs the image with digest {rec.image}, which this host's Docker lacks",
+                        hint=f"Load that image here first (its id must be {rec.image}), then import again.",
+                    )
+            elif _ENV_IMAGE.fullmatch(rec.image) is None or rec.image.split("/", 1)[1].split(":")[0] != spec.env:
                 raise InvalidRequest(
                     f"its image {rec.image[:200]!r} is not one of crab's env images for env {spec.env[:64]!r}"
-                    f" ({REPO_PREFIX}/<env>:<tag>)"
+                    f" ({REPO_PREFIX}/<env>:<tag>), nor the digest of an image (sha256:<id>) for a sandbox of no env"
                 )
         except (CrabError, ValueError, TypeError, KeyError) as exc:
             message = exc.message if isinstance(exc, CrabError) else str(exc)[:300]

@@ -12,6 +12,8 @@ functions of the request and the limits: no state.
 
 from __future__ import annotations
 
+import re
+
 from crabd.config import LimitsConfig
 from crabd.errors import InvalidRequest, RequestTooLarge
 from crabd.runtime import session_state
@@ -98,3 +100,30 @@ def check_session_state(lim: LimitsConfig, state_json: str) -> None:
         if not isinstance(state.variables, dict):
             raise InvalidRequest("invalid session state: 'variables' must map names to declarations")
         validate.env_vars(dict.fromkeys(state.variables, ""), "session")
+
+
+#: A named session's name: what init's table, a CLI flag and a log line all carry safely.
+SESSION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_session_name(name: str) -> None:
+    """A named session's name ("" is the default session and passes)."""
+    if name and not SESSION_NAME_RE.fullmatch(name):
+        raise InvalidRequest(
+            f"session name {name[:80]!r} is not valid",
+            hint="Use 1-64 characters: letters, digits, '.', '_', '-', starting with a letter or digit.",
+        )
+
+
+def check_open_session(
+    lim: LimitsConfig, name: str, env: dict[str, str], workdir: str, user: str
+) -> tuple[int | None, int | None]:
+    """Check a request to open a named session; its user as (uid, gid)."""
+    if not name:
+        raise InvalidRequest("a session to open needs a name (the default session opens by itself)")
+    check_session_name(name)
+    validate.env_vars(env, "session environment")
+    command_size(lim, sum(len(k) + len(v) + 2 for k, v in env.items()), "the session environment")
+    if workdir and (not workdir.startswith("/") or "\0" in workdir):
+        raise InvalidRequest(f"workdir {workdir!r} must be an absolute path")
+    return parse_user(user)

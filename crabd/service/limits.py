@@ -21,7 +21,7 @@ import os
 from dataclasses import replace
 
 from crabd.config import MIN_MEMORY, LimitsConfig
-from crabd.coordinator.runner import truncation_marker
+from crabd.coordinator.oneshot import truncation_marker
 from crabd.errors import InvalidRequest
 from crabd.models import ExecOutcome, SandboxSpec
 from crabd.util import validate

@@ -41,10 +41,10 @@ from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.commands import Commands
 from crabd.coordinator.housekeeping import Housekeeper
 from crabd.coordinator.inspection import TurnInspection
+from crabd.coordinator.oneshot import ChunkSink
 from crabd.coordinator.recovery import Recovered, Recovery
 from crabd.coordinator.restore import MAX_FORKS, Restorer
 from crabd.coordinator.retention import Retention
-from crabd.coordinator.runner import ChunkSink
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.coordinator.tree import TreeView, build_tree
 from crabd.coordinator.turnflow import TurnFlow
@@ -58,6 +58,7 @@ from crabd.models import (
     SandboxRecord,
     SandboxSpec,
     SandboxState,
+    SessionInfo,
     TurnEnd,
     TurnRecord,
 )
@@ -65,6 +66,7 @@ from crabd.runtime.session_state import SessionState
 from crabd.service import command_requests
 from crabd.service.access import Access
 from crabd.service.archives import ArchiveEdge
+from crabd.service.images import ImageEdge
 from crabd.service.limits import RequestLimits, fit_output
 from crabd.service.placement import place_create
 from crabd.service.quota import Quotas, QuotaUse
@@ -115,6 +117,7 @@ class Service:
         self.catalog = catalog
         self.quotas = quotas
         self.flow = TurnFlow(cfg.engine, engine, self.commands, inspection)
+        self.images = ImageEdge(cfg, sandboxes)
         self.housekeeping = housekeeping
         self.started_at = time.time()
         #: Set by the daemon once the OpenAI proxy listens ("" = not enabled).
@@ -199,6 +202,7 @@ class Service:
         counters, text = self.engine.snapshot(), self.engine.prometheus()
         counters["inspector_process_reads"] = self.inspection.process_reads()
         counters["session_captures"] = self.sandboxes.capture_counts.snapshot()
+        counters["session_steps_aside"] = self.sandboxes.capture_counts.stepped_aside
         text += self.inspection.prometheus() + self.sandboxes.capture_counts.prometheus()
         if self.remote.replication is not None:
             counters["remote"] = self.remote.replication.snapshot()
@@ -209,12 +213,9 @@ class Service:
 
     async def create(self, caller: Caller, spec: SandboxSpec) -> SandboxRecord:
         """A new sandbox (its checkpoint and recovery policies were parsed at the edge: ``api/convert.py``)."""
-        if not spec.env:
-            raise InvalidRequest(
-                "no env given", hint="Name the env image, e.g. `crabctl create bookworm` (`crabctl env ls`)."
-            )
         command_requests.check_env(self.cfg.limits, spec.env_vars)
         spec = self.limits.resources(spec)
+        spec = await self.images.spec_for(caller, spec)  # last: a path's image is loaded only for a valid request
         place = self.sandboxes.place
         if place.count > 1:
             place_create(place, self.sandboxes.registry.shard_loads(place.count))
@@ -311,16 +312,48 @@ class Service:
         max_output: int,
         sink: ChunkSink | None,
         turn_end: str = "",
+        session: str = "",
     ) -> Ran:
-        """Run ``command`` in the session; with ``turn_end``, as a turn of its own (:meth:`_command`)."""
+        """Run ``command`` in a session ("": the default one); with ``turn_end``, as a turn of its own
+        (:meth:`_command`)."""
         command_requests.check_session_command(self.cfg.limits, command)
+        command_requests.check_session_name(session)
         end = TurnEnd.parse(turn_end) if turn_end else None
         timeout = self._timeout(timeout_s)
         limit = self._max_output(max_output)
         rec = await self._lookup(caller, ref)
         return await self._command(
-            rec, end, lambda: self.commands.session_run(rec, command, timeout_s=timeout, max_output=limit, sink=sink)
+            rec,
+            end,
+            lambda: self.commands.session_run(
+                rec, command, timeout_s=timeout, max_output=limit, sink=sink, session_name=session
+            ),
         )
+
+    async def open_session(
+        self, caller: Caller, ref: str, name: str, *, env: dict[str, str], empty_env: bool, workdir: str, user: str
+    ) -> tuple[str, SessionInfo]:
+        """Start named session ``name``'s bash (its environment, directory and user as given)."""
+        uid, gid = command_requests.check_open_session(self.cfg.limits, name, env, workdir, user)
+        rec = await self._lookup(caller, ref)
+        async with self.sandboxes.init_lost_means_dead(rec):
+            info = await self.commands.sessions.open(
+                rec, name, env=env, inherit_env=not empty_env, workdir=workdir, uid=uid, gid=gid
+            )
+        return rec.id, info
+
+    async def list_sessions(self, caller: Caller, ref: str) -> tuple[str, list[SessionInfo]]:
+        rec = await self._lookup(caller, ref)
+        async with self.sandboxes.init_lost_means_dead(rec):
+            return rec.id, await self.commands.sessions.list(rec)
+
+    async def close_session(self, caller: Caller, ref: str, name: str) -> tuple[str, SessionInfo]:
+        """End a session's bash (a named one is gone; the default one starts afresh at its next command)."""
+        command_requests.check_session_name(name)
+        rec = await self._lookup(caller, ref)
+        async with self.sandboxes.init_lost_means_dead(rec):
+            await self.commands.sessions.close(rec, name)
+        return rec.id, SessionInfo(name, 0, False)
 
     async def _command(self, rec: SandboxRecord, end: TurnEnd | None, run: Callable[[], Awaitable[ExecOutcome]]) -> Ran:
         """A command alone (once the last turn end's checkpoint is durable), or begun, run and ended as one turn."""

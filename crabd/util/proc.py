@@ -90,6 +90,7 @@ def run(
     capture: bool = True,
     stream: bool = False,
     kill_tree: bool = False,
+    stdout_fd: int | None = None,
 ) -> Completed:
     """Run ``argv`` and wait at most ``timeout`` seconds.
 
@@ -106,6 +107,10 @@ def run(
     non-zero exit whatever it left in its session is.  Only for helpers
     whose success leaves nothing of theirs in their session (a container's
     init always has a session of its own).
+
+    ``stdout_fd``: an open descriptor the program's stdout is written to
+    (output too large to hold in memory, e.g. a copy into a staging file);
+    stderr is still captured.
     """
     args = [os.fspath(a) for a in argv]
     # A checkpoint job the engine runs in the background starts its helpers demoted (util/priority.py).
@@ -115,7 +120,7 @@ def run(
         proc = subprocess.Popen(
             bg.argv(args) if bg is not None else args,
             stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-            stdout=sink,
+            stdout=stdout_fd if stdout_fd is not None else sink,
             stderr=sink,
             env=dict(env) if env is not None else None,
             cwd=cwd,

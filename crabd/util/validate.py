@@ -90,3 +90,44 @@ def env_vars(env: Mapping[Any, object], what: str = "environment") -> dict[str, 
             raise InvalidRequest(f"invalid {what} variable {name!r}: its value contains a NUL byte")
         out[name] = value
     return out
+
+
+#: A Docker image reference as crab takes it: a name (``[registry/]repo[:tag][@sha256:...]``) or an
+#: id (``sha256:<hex>``, or a prefix of the hex).  It starts with a letter or digit, so it is never an
+#: option to a ``docker`` command; Docker parses the rest (through its API, never a shell).
+IMAGE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}\Z")
+#: An image's digest as crab records it: Docker's image id (the SHA-256 of its config).
+IMAGE_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}\Z")
+#: Longest path of an image archive or OCI layout dir a request may name.
+MAX_IMAGE_PATH = 4096
+
+
+def image_ref(value: object) -> str:
+    """A create request's ``image``: a Docker image reference, or an absolute path (archive or OCI layout).
+
+    Relative paths are refused (crabd's working directory is not the
+    caller's); control characters, NUL and ``..`` components too.
+    """
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"an image must be a non-empty text, not {value!r}")
+    if value.startswith("/"):
+        if len(value.encode("utf-8", "surrogateescape")) > MAX_IMAGE_PATH:
+            raise InvalidRequest(f"the image path is longer than {MAX_IMAGE_PATH} bytes")
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise InvalidRequest(f"the image path {value[:200]!r} contains a control character")
+        if ".." in value.split("/"):
+            raise InvalidRequest(f"the image path {value[:200]!r} has a '..' component", hint="Give it resolved.")
+        return value
+    if not IMAGE_NAME_RE.match(value) or "//" in value:
+        raise InvalidRequest(
+            f"{value[:200]!r} is not an image reference crab takes",
+            hint="Name a Docker image (e.g. debian:12, sha256:<id>; letters, digits and ._/:@+-, at most 255,"
+            " starting with a letter or digit), or give the absolute path of a `docker save` archive"
+            " or an OCI layout directory.",
+        )
+    return value
+
+
+def is_image_path(ref: str) -> bool:
+    """Whether a checked :func:`image_ref` names a file or directory (else a Docker image)."""
+    return ref.startswith("/")

@@ -101,6 +101,10 @@ class FakeSandbox:
     def session(self) -> FakeSandbox:
         return self
 
+    def __call__(self, name: str) -> FakeSandbox:  # sb.session("name"): a named session
+        self.client.calls.append(("session", name, {}))
+        return self
+
     def stream(self, command: Any, **kw: Any) -> Iterator[OutputChunk | ExecResult]:
         self.client.calls.append(("stream", command, kw))
         yield self.result
@@ -177,7 +181,7 @@ def crabctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["create"], "Missing argument 'IMAGE'"),
+        (["create"], "give an ENV or --image IMAGE"),
         (["exec", "sb"], "Missing argument 'CMD'"),
         (["status"], "No such command 'status'"),
         (["fork", "-n", "abc", "x"], "'abc' is not a valid integer"),

@@ -141,3 +141,43 @@ def test_the_sdk_checks_the_word_before_sending() -> None:
     assert session_request("sb", "true", turn=TurnEnd.DEFERRED).turn_end == "deferred"
     with pytest.raises(InvalidRequest, match="unknown turn end"):
         ExecOptions("true", turn="soon").request("sb", stream=False)
+
+
+def test_commands_in_several_sessions_share_and_end_the_sandboxs_turns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn is the sandbox's: a command turn that starts while another runs joins its turn; each
+    command's end ends the turn open then, and one whose turn another end closed gets a turn of its own."""
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        rec = await st.service.create(ALICE, spec("a", checkpoints="fs"))
+        flow = st.service.flow
+        async with engine_running(st):
+            release = asyncio.Event()
+
+            async def slow() -> str:
+                st.write(rec.id, "slow.txt", "started")
+                await release.wait()
+                st.write(rec.id, "slow.txt", "ended")
+                return "slow"
+
+            long = asyncio.create_task(flow.command_turn(rec, TurnEnd.DURABLE, slow))
+            await asyncio.sleep(0.05)
+            # Another session's command meanwhile: it joins the open turn (no "already open"), and its
+            # end ends that turn while the slow command still runs.
+            _, quick = await flow.command_turn(rec, TurnEnd.DURABLE, writes(st, rec.id, "quick"))
+            assert quick.number == 1 and quick.checkpoint_state == "done" and not long.done()
+            assert st.stored_files(st.catalog.get(quick.checkpoint_id or "")) == {
+                "slow.txt": "started",
+                "state.txt": "quick",
+            }
+            release.set()
+            out, own = await long
+            # Its turn was closed by the quick one's end: what it did after that is a turn of its own.
+            assert out == "slow" and own.number == 2 and own.checkpoint_state == "done"
+            assert st.stored_files(st.catalog.get(own.checkpoint_id or ""))["slow.txt"] == "ended"
+        fresh = st.registry.get_sandbox(rec.id)
+        assert fresh is not None and (fresh.turn, fresh.turn_open) == (2, False)
+
+    run(body())

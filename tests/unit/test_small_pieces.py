@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from crabd.api.peercred import PEER_PREFIX, CallerTable, peer_credentials
-from crabd.coordinator.runner import BoundedOutput
+from crabd.coordinator.oneshot import BoundedOutput
 from crabd.coordinator.sandboxes import validate_spec
 from crabd.coordinator.turnmap import lost_turns
 from crabd.daemon import notify

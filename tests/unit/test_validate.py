@@ -9,7 +9,7 @@ import pytest
 
 from crabd.api.convert import outcome_to_pb
 from crabd.config import CrabConfig, LimitsConfig, load_config
-from crabd.coordinator.runner import truncation_marker
+from crabd.coordinator.oneshot import truncation_marker
 from crabd.errors import ConfigError, InvalidRequest
 from crabd.models import ExecOutcome, SandboxSpec
 from crabd.sdk import Client

@@ -312,11 +312,18 @@ def test_engine_status_and_checkpoint_detail_are_records() -> None:
     svc.inspection = SimpleNamespace(  # type: ignore[assignment]
         process_reads=reads_kept.snapshot, prometheus=reads_kept.prometheus
     )
-    svc.sandboxes = SimpleNamespace(capture_counts=CaptureCounts(captured=2, reused=7))  # type: ignore[assignment]
+    counts = CaptureCounts(captured=2, reused=7, stepped_aside=4)
+    svc.sandboxes = SimpleNamespace(capture_counts=counts)  # type: ignore[assignment]
     report = svc.engine_status(ROOT)
     reads = {"read": 3, "vouched": 5}
+    captures = {"captured": 2, "reused": 7}
     assert report == EngineReport(
-        counters={"queued": 0, "inspector_process_reads": reads, "session_captures": {"captured": 2, "reused": 7}},
+        counters={
+            "queued": 0,
+            "inspector_process_reads": reads,
+            "session_captures": captures,
+            "session_steps_aside": 4,
+        },
         jobs=[],
         prometheus="# crab\n"
         "# HELP crab_inspector_process_reads_total Turn ends by how the sandbox's processes were known.\n"

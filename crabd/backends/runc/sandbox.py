@@ -227,6 +227,9 @@ class RuncSandboxBackend(StatusReader):
             return False
         return True
 
+    def image_digest(self, image: str) -> str:
+        return "sha256:" + rootfs.image_id(image)
+
     def _image(self, image: str) -> tuple[Path, tuple[str, ...]]:
         """The image's lower dir and environment (exported and read once per image id)."""
         ident = rootfs.image_id(image)

@@ -16,7 +16,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from crabd.sdk.models.sandbox import ExecResult, OutputChunk, SandboxInfo, chunk_from_pb, retention_from_pb
+from crabd.sdk.models.sandbox import (
+    ExecResult,
+    OutputChunk,
+    SandboxInfo,
+    SessionInfo,
+    chunk_from_pb,
+    retention_from_pb,
+)
 from crabd.util.lazy import lazy_exports
 
 if TYPE_CHECKING:
@@ -93,6 +100,7 @@ __all__ = [
     "QuotaUse",
     "Recovered",
     "SandboxInfo",
+    "SessionInfo",
     "SyncResult",
     "ThinResult",
     "Tree",

@@ -167,3 +167,16 @@ class OutputChunk:
 
 def chunk_from_pb(m: pb.OutputChunk) -> OutputChunk:
     return OutputChunk("stderr" if m.stream == pb.STDERR else "stdout", m.data)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """One session of a sandbox: ``name`` "" is the default session."""
+
+    name: str
+    pid: int  # its bash's pid inside the sandbox
+    busy: bool  # running a command now
+
+    @classmethod
+    def from_pb(cls, m: pb.SessionInfo) -> SessionInfo:
+        return cls(m.name, m.pid, m.busy)

@@ -1,0 +1,159 @@
+"""Named sessions of a sandbox: open, find, list and close them.
+
+A sandbox has its default session (``name`` "", started on first use, as
+always) and any number of named ones (``[quota] max_sessions``), each its
+own bash, a persistent child of crab's init named ``crab-session:NAME``
+(``runner.init_name``).  Init's table is the truth about which exist: it
+survives crabd restarts, and a restore or fork from a process image brings
+it back with the bashes themselves (CRIU restores init and its children).
+The :class:`~crabd.coordinator.runner.Session` objects here are crabd's
+handles on them, made again when missing (after a restart of crabd, or
+when a restore replaced the container).
+
+How named sessions are checkpointed: a named session's bash is, to the
+inspector, a process like any other, so a turn end while one lives takes
+(or reuses) a process image, which holds every session exactly, idle or
+mid-command (a command's connection steps aside for the dump,
+``runner.DumpYield``).  Only the default session also has its semantic
+state captured at turn ends (cheap file-only checkpoints, and revival of a
+bash that died).  A named session whose command times out is killed and
+closed: the next command opens a fresh one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from crabd.coordinator.runner import NAMED_PREFIX, SESSION_NAME, Session, init_name
+from crabd.coordinator.sandboxes import SandboxManager, env_dict
+from crabd.errors import InvalidRequest, QuotaExceeded
+from crabd.models import SandboxRecord, SessionInfo
+
+log = logging.getLogger("crabd.sessions")
+
+
+class NamedSessions:
+    """The sandboxes' named sessions (the default one stays ``SandboxManager.session_for``'s)."""
+
+    def __init__(self, sandboxes: SandboxManager) -> None:
+        self.sandboxes = sandboxes
+
+    async def open(
+        self,
+        rec: SandboxRecord,
+        name: str,
+        *,
+        env: dict[str, str] | None,
+        inherit_env: bool,
+        workdir: str,
+        uid: int | None,
+        gid: int | None,
+    ) -> SessionInfo:
+        """Start session ``name``'s bash: the container's environment (``inherit_env``) or none, plus ``env``.
+
+        Refused if it exists already, or if the sandbox has ``max_sessions`` of them.
+        """
+        listed = await self.list(rec)
+        if any(s.name == name for s in listed):
+            raise InvalidRequest(
+                f"sandbox {rec.name} already has a session named {name!r}",
+                hint="Use it (session(name).run(...)), or close it first.",
+            )
+        limit = self.sandboxes.cfg.quota.max_sessions
+        if sum(1 for s in listed if s.name) >= limit:
+            raise QuotaExceeded(
+                f"sandbox {rec.name} has {limit} named sessions, the most one sandbox may have ([quota] max_sessions)",
+                uid=rec.owner_uid,
+                quota="max_sessions",
+                limit=limit,
+                used=limit,
+                requested=1,
+                hint="Close a session you no longer need.",
+            )
+        st = await self.sandboxes.running(rec)
+        base = env_dict(st.env) if inherit_env else {}
+        base.update(env or {})
+        session = self._make(rec, st.pid, name, base, workdir or rec.spec.workdir, uid, gid)
+        pid = await session.start()
+        self.sandboxes.named_sessions(rec)[name] = session
+        log.info("session opened", extra={"sandbox": rec.id, "session": name})
+        return SessionInfo(name, pid, False)
+
+    async def get(self, rec: SandboxRecord, name: str) -> Session:
+        """Session ``name``'s handle; opened with the defaults (container environment, root) if it does not exist."""
+        if not name:
+            return await self.sandboxes.session_for(rec)
+        known = self.sandboxes.named_sessions(rec).get(name)
+        if known is not None:
+            await self.sandboxes.session_for(rec)  # rebinds every session if the container was restarted
+            return known
+        st = await self.sandboxes.running(rec)
+        # A handle made here for a bash that already runs (crabd restarted; a restore or fork brought it
+        # back) only ever attaches to it; if none runs, opening it starts one with these defaults.
+        session = self._make(rec, st.pid, name, env_dict(st.env), rec.spec.workdir, None, None)
+        if await session.pid() is None:
+            await self.open(rec, name, env=None, inherit_env=True, workdir="", uid=None, gid=None)
+            return self.sandboxes.named_sessions(rec)[name]
+        return self.sandboxes.named_sessions(rec).setdefault(name, session)
+
+    async def list(self, rec: SandboxRecord) -> list[SessionInfo]:
+        """The sessions whose bash runs, the default one first, by init's table."""
+        default = await self.sandboxes.session_for(rec)
+        busy = set(self.sandboxes.busy_sessions(rec.id))
+        out: list[SessionInfo] = []
+        for p in await default.processes():
+            if not p.alive:
+                continue
+            if p.name == SESSION_NAME:
+                out.insert(0, SessionInfo("", p.pid, "" in busy))
+            elif p.name.startswith(NAMED_PREFIX):
+                name = p.name[len(NAMED_PREFIX) :]
+                out.append(SessionInfo(name, p.pid, name in busy))
+        return out
+
+    async def close(self, rec: SandboxRecord, name: str) -> None:
+        """End session ``name``: its bash is killed (refused while it runs a command)."""
+        session = await self._existing(rec, name)
+        if not await session.close():
+            raise InvalidRequest(f"sandbox {rec.name} has no session named {name!r}")
+        if name:
+            self.sandboxes.named_sessions(rec).pop(name, None)
+        log.info("session closed", extra={"sandbox": rec.id, "session": name})
+
+    async def forget_dead(self, rec: SandboxRecord, name: str) -> None:
+        """A named session's bash ended (exit, timeout): drop its handle; the next command opens a fresh one."""
+        if name:
+            self.sandboxes.named_sessions(rec).pop(name, None)
+
+    async def _existing(self, rec: SandboxRecord, name: str) -> Session:
+        if not name:
+            return await self.sandboxes.session_for(rec)
+        known = self.sandboxes.named_sessions(rec).get(name)
+        if known is not None:
+            return known
+        st = await self.sandboxes.running(rec)
+        return self._make(rec, st.pid, name, env_dict(st.env), rec.spec.workdir, None, None)
+
+    def _make(
+        self,
+        rec: SandboxRecord,
+        pid: int,
+        name: str,
+        env: dict[str, str],
+        workdir: str,
+        uid: int | None,
+        gid: int | None,
+    ) -> Session:
+        assert init_name(name) != SESSION_NAME
+        session = Session(
+            self.sandboxes.connector(rec, pid),
+            env,
+            workdir,
+            self.sandboxes.capture_counts,
+            name=name,
+            uid=uid,
+            gid=gid,
+            yielding=self.sandboxes.dump_yield(rec),
+        )
+        session.probe = self.sandboxes.session_probe(rec.container_id, rec.id)
+        return session
