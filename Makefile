@@ -54,7 +54,7 @@ $(INIT_BIN): crabd/runtime/init/crab-init.c
 # without, measured back to back).  Python compiles what is imported, once, on first use (~2 s).
 $(STAMP): pyproject.toml setup.py $(PROTOS)
 	@$(TIMED) venv sh -c "{ test -x $(PY) || $(PYTHON) -m venv $(VENV); } && \
-	  $(PY) -m pip install -q --disable-pip-version-check --no-compile -e '.[dev,bench,rl,remote,cluster,minisweagent,skyrl,gem]'"
+	  $(PY) -m pip install -q --disable-pip-version-check --no-compile -e '.[dev,bench,rl,remote,cluster,minisweagent,skyrl,gem,rock,swerex]'"
 	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc "$$site/bcc"; fi
 	@touch $(STAMP)

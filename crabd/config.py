@@ -369,7 +369,7 @@ class ProxyConfig(_Model):
         host, _ = split_host_port(value)
         if not is_loopback(host):
             # Who is calling is read from the kernel's loopback socket table
-            # (crabd/proxy/peer.py); off loopback that identity means nothing.
+            # (crabd/util/loopback_peer.py); off loopback that identity means nothing.
             raise ValueError(f"{value!r}: the proxy listens on a loopback address only (127.0.0.1 or [::1])")
         return value
 

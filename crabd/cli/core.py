@@ -39,7 +39,7 @@ ORDER = (
     *("turn", "log"),
     *("checkpoint", "restore", "fork", "tree"),
     *("store", "retention", "quota", "gc", "verify"),
-    *("doctor", "env", "host", "daemon", "engine", "cluster"),
+    *("doctor", "env", "host", "daemon", "engine", "rock", "cluster"),
 )
 #: The order of a group's own commands, where it is not the order they were added.
 GROUP_ORDER = {

@@ -90,6 +90,13 @@ class TurnFlow:
         #: Commands of each sandbox running as turns of their own now (``command_turn``; several
         #: sessions run at the same time).
         self._in_flight: dict[str, int] = {}
+        self._finish_locks: dict[str, asyncio.Lock] = {}
+
+    def _finishing(self, sandbox_id: str) -> asyncio.Lock:
+        lock = self._finish_locks.get(sandbox_id)
+        if lock is None:
+            lock = self._finish_locks[sandbox_id] = asyncio.Lock()
+        return lock
 
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
         lock = self._locks.get(sandbox_id)
@@ -141,14 +148,19 @@ class TurnFlow:
         """Open a turn; an implicit turn still open (commands outside begin/end) is ended first."""
         await self.before_action(rec)
         await self.sandboxes.running(rec)
-        current = self.sandboxes.turns.current(rec.id)
-        if current is not None and not current.implicit:
-            raise InvalidRequest(
-                f"turn {current.number} of sandbox {rec.name} is already open",
-                hint=f"End it first: end_turn() in the SDK, `crabctl turn end {rec.name}` in a shell.",
-            )
-        closed = await self.end_turn(rec) if current is not None else None
-        return closed, self.sandboxes.turns.begin(rec.id)
+        closed = None
+        while True:
+            # Checked and begun with no await between: commands of other sessions may open
+            # (implicit) and end turns while this one waits for the end of the last.
+            current = self.sandboxes.turns.current(rec.id)
+            if current is None:
+                return closed, self.sandboxes.turns.begin(rec.id)
+            if not current.implicit:
+                raise InvalidRequest(
+                    f"turn {current.number} of sandbox {rec.name} is already open",
+                    hint=f"End it first: end_turn() in the SDK, `crabctl turn end {rec.name}` in a shell.",
+                )
+            closed = await self.end_turn(rec, if_open=True) or closed
 
     async def end_turn(
         self, rec: SandboxRecord, *, wait: bool = False, if_open: bool = False, decide: bool = True
@@ -214,10 +226,13 @@ class TurnFlow:
                     await asyncio.shield(self.end_turn(rec, decide=False, if_open=True))
                 raise
             wait, decide = end is TurnEnd.DURABLE, end is not TurnEnd.DEFERRED
-            turn = await self.end_turn(rec, wait=wait, decide=decide, if_open=True)
-            if turn is None:
-                await self.begin_turn(rec)
-                turn = await self.end_turn(rec, wait=wait, decide=decide)
+            # One finishing command at a time: another one's end between this one's begin and end
+            # would leave it no turn to end.
+            async with self._finishing(rec.id):
+                turn = await self.end_turn(rec, wait=wait, decide=decide, if_open=True)
+                if turn is None:
+                    await self.begin_turn(rec)
+                    turn = await self.end_turn(rec, wait=wait, decide=decide)
             assert turn is not None  # if_open=False: no open turn raised
             return result, turn
         finally:
@@ -332,5 +347,6 @@ class TurnFlow:
     def forget(self, sandbox_id: str) -> None:
         self._ended_at.pop(sandbox_id, None)
         self._locks.pop(sandbox_id, None)
+        self._finish_locks.pop(sandbox_id, None)
         self.latency.forget(sandbox_id)
         self.engine.forget(sandbox_id)

@@ -428,7 +428,9 @@ class Inspector:
         elif not file_changes and ev.file_notes and kind != FULL:
             reasons.append("file events, but no net change: " + "; ".join(ev.file_notes[:3]))
         d = Decision(kind=kind, reasons=reasons, inspector=name)
-        if kind == FS and paired and base is not None:
+        if kind in (FS, SKIP) and paired and base is not None:
+            # A skip records it too: an explicit checkpoint taken at a skip is files-only, and must
+            # still bring back the live processes (named sessions, jobs) the head's image holds.
             d.paired_with, d.paired_image = base.image_checkpoint, base.image
         return d
 

@@ -7,7 +7,7 @@ See docs/proxy.md.  ``server.OpenAIProxy`` is the HTTP server,
 from __future__ import annotations
 
 from crabd.proxy.gate import HeldTurn, ProxyMetrics, TurnGate
-from crabd.proxy.peer import identify_peer
 from crabd.proxy.server import SANDBOX_HEADER, OpenAIProxy
+from crabd.util.loopback_peer import identify_peer
 
 __all__ = ["SANDBOX_HEADER", "HeldTurn", "OpenAIProxy", "ProxyMetrics", "TurnGate", "identify_peer"]

@@ -12,7 +12,7 @@ response costs a bounded buffer, not the whole answer.
 Routing: ``/sandboxes/{sandbox}/v1/...`` names the sandbox in the URL (point
 the agent's ``base_url`` there); plain ``/v1/...`` takes it from the
 ``X-Crab-Sandbox`` header, and without one is a plain pass-through.  For a
-sandbox the caller is identified by the kernel (``peer.py``) and authorized
+sandbox the caller is identified by the kernel (``util/loopback_peer.py``) and authorized
 before anything is forwarded.  See docs/proxy.md.
 
 Limits (``[proxy]``): every route but ``/healthz`` (``/metrics`` and the
@@ -51,7 +51,7 @@ from crabd.errors import (
 )
 from crabd.models import Caller
 from crabd.proxy.gate import HeldTurn, ProxyMetrics, TurnGate
-from crabd.proxy.peer import identify_peer
+from crabd.util.loopback_peer import identify_peer
 
 log = logging.getLogger("crabd.proxy")
 

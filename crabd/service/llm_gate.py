@@ -3,7 +3,7 @@
 ``crabd/proxy`` (the OpenAI-compatible reverse proxy) only knows the small
 ``TurnGate`` interface; this module implements it on top of the service, so
 the proxy obeys the same rule as the gRPC socket: a caller (identified by
-the kernel, see ``proxy/peer.py``) acts only on its own sandboxes, root on
+the kernel, see ``util/loopback_peer.py``) acts only on its own sandboxes, root on
 all.
 """
 

@@ -181,3 +181,35 @@ def test_commands_in_several_sessions_share_and_end_the_sandboxs_turns(
         assert fresh is not None and (fresh.turn, fresh.turn_open) == (2, False)
 
     run(body())
+
+
+def test_command_turns_that_finish_together_each_end_a_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gathered commands (ROCK's clients gather over sessions) finishing at once: none is left without a turn."""
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        rec = await st.service.create(ALICE, spec("a", checkpoints="fs"))
+        flow = st.service.flow
+        async with engine_running(st):
+            go = asyncio.Event()
+
+            def together(i: int) -> Callable[[], Awaitable[str]]:
+                async def command() -> str:
+                    await go.wait()
+                    st.write(rec.id, f"f{i}.txt", str(i))
+                    return str(i)
+
+                return command
+
+            running = [asyncio.create_task(flow.command_turn(rec, TurnEnd.DEFERRED, together(i))) for i in range(5)]
+            await asyncio.sleep(0.05)
+            go.set()
+            done = await asyncio.gather(*running)
+            assert sorted(out for out, _ in done) == ["0", "1", "2", "3", "4"]
+            numbers = [t.number for _, t in done]
+            assert len(set(numbers)) == len(numbers)  # each ended a turn of its own
+            await flow.settle(rec.id)
+        fresh = st.registry.get_sandbox(rec.id)
+        assert fresh is not None and not fresh.turn_open
+
+    run(body())

@@ -25,8 +25,8 @@ from crabd.config import ProxyConfig, load_config
 from crabd.errors import ConfigError, PermissionDenied, SandboxDead, SandboxNotFound
 from crabd.models import Caller
 from crabd.proxy import OpenAIProxy, identify_peer
-from crabd.proxy.peer import find_client_socket, parse_hex_endpoint, parse_tcp_line
 from crabd.proxy.server import is_member
+from crabd.util.loopback_peer import find_client_socket, parse_hex_endpoint, parse_tcp_line
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

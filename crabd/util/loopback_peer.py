@@ -1,4 +1,4 @@
-"""Who is on the other end of a loopback TCP connection the proxy accepted.
+"""Who is on the other end of a loopback TCP connection crab accepted (the LLM proxy, the ROCK server).
 
 TCP has no SO_PEERCRED.  But for a loopback connection both ends live in the
 same kernel and the same network namespace, so the kernel's socket table for
@@ -13,11 +13,11 @@ keeps the creator's identity, as SO_PEERCRED does.
 
 Why only loopback: loopback is per network namespace.  Every sandbox runs
 in its own namespace (bridge or none, never the host's), so its 127.0.0.1
-is not ours and it cannot reach the proxy at all; a connection to our
+is not ours and it cannot reach such a listener at all; a connection to our
 loopback listener comes from a host process in crabd's namespace, whose
 socket is in the table we read.  A listener on any other address could be
 reached from elsewhere, where no entry exists (or a forged 4-tuple could
-match one), so ``ProxyConfig`` and the server refuse non-loopback addresses.
+match one), so ``ProxyConfig`` and the servers refuse non-loopback addresses.
 
 Entries without an inode (TIME_WAIT, orphaned sockets) report uid 0 and
 belong to no process: they never identify anyone.
@@ -163,13 +163,13 @@ def identify_peer(
     try:
         peer, ours = _endpoint(peername), _endpoint(sockname)
     except ValueError as exc:
-        raise PermissionDenied(f"cannot identify the proxy's caller: {exc}", uid=-1, sandbox="") from exc
+        raise PermissionDenied(f"cannot identify the caller: {exc}", uid=-1, sandbox="") from exc
     if not (peer[0].is_loopback and ours[0].is_loopback):
         raise PermissionDenied(
-            f"the proxy's caller {peer[0]} is not on loopback; it cannot be identified",
+            f"the caller {peer[0]} is not on loopback; it cannot be identified",
             uid=-1,
             sandbox="",
-            hint="Connect to the proxy over 127.0.0.1 or [::1] from the host.",
+            hint="Connect over 127.0.0.1 or [::1] from the host.",
         )
     tables = tuple(tables)
     entry = None
@@ -184,10 +184,10 @@ def identify_peer(
             break
     if entry is None:
         raise PermissionDenied(
-            f"cannot identify the proxy's caller at {peer[0]}:{peer[1]} (its socket is gone or not in this namespace)",
+            f"cannot identify the caller at {peer[0]}:{peer[1]} (its socket is gone or not in this namespace)",
             uid=-1,
             sandbox="",
-            hint="Connect to the proxy from the host (not from inside a container) and keep the connection open.",
+            hint="Connect from the host (not from inside a container) and keep the connection open.",
         )
     try:
         gid = pwd.getpwuid(entry.uid).pw_gid
