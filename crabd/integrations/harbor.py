@@ -16,17 +16,20 @@ What it adds over Harbor's docker environment:
   re-run, and the trial goes on instead of failing;
 * ``stop`` removes the sandbox, also after a failed start.
 
-crabd starts sandboxes only from its own env images (``envs/images``, built
-by ``crabctl env build``), not from arbitrary images.  A task's
-``environment/Dockerfile`` must therefore say ``FROM crab-env/<env>`` (the
-tag, if any, is not checked: crabd runs its current build of the env); its
-``RUN``, ``COPY``/``ADD`` (local files), ``WORKDIR``, ``ENV``, ``ARG`` and
-``USER`` are replayed in the new sandbox (as its first turns), and
-``CMD``, ``ENTRYPOINT``, ``LABEL``, ``EXPOSE``, ``VOLUME``, ``STOPSIGNAL`` and
-``HEALTHCHECK`` are ignored (Harbor runs its own commands and healthcheck).
-Anything else is refused before a sandbox is made, as Harbor's
-``SandboxBuildFailedError``.  A task with a prebuilt ``docker_image`` instead
-of a Dockerfile must name a crab env image the same way.
+The task's image is used as it is:
+
+* a task with a prebuilt ``docker_image`` starts from that image (any image
+  the host's Docker has; crab does not pull);
+* a task whose ``environment/Dockerfile`` says ``FROM crab-env/<env>`` and
+  uses only ``RUN``, ``COPY``/``ADD`` (local files), ``WORKDIR``, ``ENV``,
+  ``ARG`` and ``USER`` starts from that crab env, its steps replayed in the
+  new sandbox as its first turns (no Docker access needed; ``CMD``,
+  ``ENTRYPOINT``, ``LABEL``, ``EXPOSE``, ``VOLUME``, ``STOPSIGNAL`` and
+  ``HEALTHCHECK`` are ignored: Harbor runs its own commands and healthcheck);
+* any other Dockerfile is built by the host's Docker at ``start``
+  (``docker build``, as the caller: it needs Docker access) and the sandbox
+  starts from the image it built.  A build that fails is Harbor's
+  ``SandboxBuildFailedError`` with Docker's message.
 
 Errors: crabd unreachable -> :class:`CrabdUnavailableError` (Harbor has no
 "provider unreachable" type; this one is a ``RuntimeError``, which Harbor's
@@ -83,6 +86,8 @@ from crabd.sdk.aio import AsyncSandbox
 
 #: Bytes of a file per session command when uploading or downloading (base64 makes it 4/3 larger).
 CHUNK_BYTES = 256 * 1024
+#: Longest a task image's ``docker build`` may take.
+DOCKER_BUILD_S = 1800.0
 _NAME_BAD_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -206,9 +211,18 @@ class CrabEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor is not i
         dockerfile = Path(self.environment_dir) / "Dockerfile"
         try:
             if dockerfile.is_file():
-                self._plan = plan_dockerfile(dockerfile.read_text())
+                try:
+                    self._plan = plan_dockerfile(dockerfile.read_text())
+                except ValueError as why:
+                    # Not a crab env's steps: Docker builds the task's image, crab starts it as it is.
+                    self.logger.debug(f"{self.environment_name}: {why}; Docker builds it at start")
+                    self._plan = EnvPlan(env="", build=str(self.environment_dir))
             elif self.task_env_config.docker_image:
-                self._plan = EnvPlan(env=crab_env_of(self.task_env_config.docker_image))
+                ref = self.task_env_config.docker_image
+                try:
+                    self._plan = EnvPlan(env=crab_env_of(ref))
+                except ValueError:
+                    self._plan = EnvPlan(env="", image=ref)
             elif (Path(self.environment_dir) / "docker-compose.yaml").is_file():
                 raise ValueError("docker-compose environments are not supported by crab")
             else:
@@ -222,6 +236,8 @@ class CrabEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor is not i
         """Create the sandbox and replay the Dockerfile's steps in it (``force_build`` has nothing to build)."""
         plan = self._plan
         assert plan is not None  # _validate_definition ran in __init__
+        if plan.build:
+            plan = EnvPlan(env="", image=await self._docker_build(plan.build, force_build))
         self._client = AsyncClient(self._socket)
         try:
             await self._create(plan)
@@ -251,6 +267,7 @@ class CrabEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor is not i
         memory = self._effective_memory_mb
         options = CreateOptions(
             plan.env,
+            image=plan.image,
             name=f"{stem}-{suffix}",
             cpus=float(self._effective_cpus or 0.0),
             memory=f"{memory}m" if memory else None,
@@ -262,10 +279,37 @@ class CrabEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor is not i
         try:
             self._sandbox = await self._client.create_from(options)
         except CrabError as exc:
-            raise harbor_error(f"creating a crab sandbox from env {plan.env!r}", exc) from exc
+            source = f"env {plan.env!r}" if plan.env else f"image {plan.image!r}"
+            raise harbor_error(f"creating a crab sandbox from {source}", exc) from exc
         if plan.user:
             self.default_user = plan.user
-        self.logger.debug(f"crab sandbox {self._sandbox.name} ({self._sandbox.id}) from env {plan.env}")
+        self.logger.debug(f"crab sandbox {self._sandbox.name} ({self._sandbox.id}) from {plan.env or plan.image}")
+
+    async def _docker_build(self, context: str, force_build: bool) -> str:
+        """Build the task's Dockerfile with the host's Docker; the image's id (``sha256:...``)."""
+        tag = "crab-harbor/" + (_NAME_BAD_RE.sub("-", self.environment_name).strip("-.").lower()[:100] or "task")
+        argv = ["docker", "build", "-q", "-t", f"{tag}:latest", *(["--no-cache"] if force_build else []), context]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+        except OSError as exc:
+            raise SandboxBuildFailedError(
+                f"{self.environment_name}: its Dockerfile is not a crab env's steps, and Docker, which would build "
+                f"it, cannot be run here ({exc}); build the image as a user with Docker access and name it in "
+                "task.toml's docker_image"
+            ) from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), DOCKER_BUILD_S)
+        except TimeoutError as exc:
+            proc.kill()
+            await proc.wait()
+            raise SandboxBuildFailedError(f"{self.environment_name}: docker build ran past {DOCKER_BUILD_S} s") from exc
+        image = out.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        if proc.returncode != 0 or not image[0].startswith("sha256:"):
+            tail = err.decode(errors="replace").strip()[-2000:]
+            raise SandboxBuildFailedError(f"{self.environment_name}: docker build failed: {tail}")
+        return image[0]
 
     async def _setup_step(self, step: RunStep | CopyStep) -> None:
         if isinstance(step, CopyStep):

@@ -49,10 +49,17 @@ class CopyStep:
 
 @dataclass
 class EnvPlan:
-    """What a task's environment is in crab's terms: a crab env, and the steps that make the rest."""
+    """What a task's environment is in crab's terms: a crab env and the steps that make the rest, or an image.
+
+    ``image``: any image the host's Docker has (the task's ``docker_image``);
+    ``build``: a directory whose Dockerfile crab cannot replay, for Docker to
+    build into that image at start.  ``env`` is "" then.
+    """
 
     env: str
     steps: list[RunStep | CopyStep] = field(default_factory=list)
+    image: str = ""
+    build: str = ""
     workdir: str = ""
     env_vars: dict[str, str] = field(default_factory=dict)
     user: str = ""

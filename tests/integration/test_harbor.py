@@ -161,3 +161,27 @@ def test_the_documented_oracle_recipe_runs_as_written_and_exits_promptly(
     # With harbor's telemetry on, the process waited 4.5-12 s here (42 s on a fresh machine) after its
     # last line for a thread that imports litellm to build the job-finished event.
     assert exited - last < 2.0, f"harbor run exited {exited - last:.1f} s after its last line of output"
+
+
+def test_a_task_image_crab_did_not_build_is_built_by_docker_and_used_as_it_is(
+    daemon: EmbeddedDaemon, tmp_path: Path
+) -> None:
+    """A Dockerfile FROM an image that is not a crab env: Docker builds it, the sandbox starts from that image."""
+    base = "crab-harbor-test/base:1"
+    bookworm = subprocess.run(
+        ["docker", "images", "-q", "--filter", "reference=crab-env/bookworm"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[0]
+    subprocess.run(["docker", "tag", bookworm, base], check=True, capture_output=True)
+    try:
+        results = run_job(daemon, tmp_path, ["image-built"])
+        result = results["image-built"]
+        assert result.get("exception_info") is None, result["exception_info"]
+        assert reward(result) == 1.0, result.get("verifier_result")
+    finally:
+        built = subprocess.run(
+            ["docker", "images", "-q", "--filter", "reference=crab-harbor/*"], capture_output=True, text=True
+        ).stdout.split()
+        subprocess.run(["docker", "rmi", "-f", base, *built], capture_output=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +132,25 @@ def test_an_image_without_bash_says_why_sessions_cannot_start(make_sandbox: Call
     with pytest.raises(InvalidRequest, match="no bash"):
         sb.session("x").run("true")
     assert sb.run(["echo", "exec works"]).stdout == b"exec works\n"
+
+
+def test_named_sessions_travel_in_an_archive(
+    client: Client, make_sandbox: Callable[..., Sandbox], tmp_path: Path
+) -> None:
+    """Export a checkpoint with named sessions, forget it, import it, fork it: the sessions run in the fork."""
+    sb = make_sandbox("bookworm")
+    for name in ("build", "serve"):
+        sb.session(name).run(f"cd /tmp && export NAME={name}; sleep 1000 & JOB=$!")
+    ck = sb.checkpoint("archived")
+    path = tmp_path / "sessions.crab"
+    client.export_checkpoint(ck, path)
+    client.delete_checkpoint(ck.id)
+    assert client.import_checkpoint(path).checkpoint.id == ck.id
+    clone = client.fork(ck.id, 1)[0]
+    try:
+        assert {s.name for s in clone.sessions()} >= {"build", "serve"}
+        for name in ("build", "serve"):
+            assert _jobs_alive(clone, name) == f"{name}\nalive\n".encode()
+            assert clone.session(name).run("echo $PWD").stdout == b"/tmp\n"
+    finally:
+        clone.remove(force=True)

@@ -122,10 +122,78 @@ def test_what_crab_cannot_run_is_refused_with_the_reason(text: str, why: str) ->
         plan_dockerfile(text)
 
 
-def test_a_task_whose_dockerfile_crab_cannot_run_fails_before_any_sandbox(tmp_path: Path) -> None:
+def test_a_dockerfile_crab_cannot_replay_is_built_by_docker_and_its_image_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN true\n")
+    env = make_env(tmp_path)
+    assert env._plan is not None and env._plan.build == str(tmp_path) and not env._plan.env
+    made: list[Any] = []
+    ran: list[tuple[str, ...]] = []
+
+    class Built:
+        returncode = 0
+
+        async def communicate(self) -> tuple[bytes, bytes]:
+            return b"sha256:" + b"ab" * 32 + b"\n", b""
+
+    async def docker(*argv: str, **_: Any) -> Built:
+        ran.append(argv)
+        return Built()
+
+    class FakeClient:
+        def __init__(self, socket: str | None) -> None:
+            pass
+
+        async def create_from(self, options: Any) -> Any:
+            made.append(options)
+            raise DaemonUnavailable("stop here", socket="x")
+
+        async def aclose(self) -> None:
+            pass
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", docker)
+    monkeypatch.setattr(crab_harbor, "AsyncClient", FakeClient)
+    with pytest.raises(CrabdUnavailableError):
+        asyncio.run(env.start(force_build=True))
+    assert ran[0][:3] == ("docker", "build", "-q") and "--no-cache" in ran[0] and ran[0][-1] == str(tmp_path)
+    assert made[0].image == "sha256:" + "ab" * 32 and made[0].env == ""
+
+
+def test_a_docker_build_that_fails_or_cannot_run_is_a_build_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "Dockerfile").write_text("FROM ubuntu:24.04\n")
-    with pytest.raises(SandboxBuildFailedError, match=r"FROM ubuntu:24\.04: crab starts sandboxes only"):
-        make_env(tmp_path)
+
+    class Failed:
+        returncode = 1
+
+        async def communicate(self) -> tuple[bytes, bytes]:
+            return b"", b"pull access denied for ubuntu\n"
+
+    async def failing(*argv: str, **_: Any) -> Failed:
+        return Failed()
+
+    async def missing(*argv: str, **_: Any) -> Failed:
+        raise FileNotFoundError("docker")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", failing)
+    with pytest.raises(SandboxBuildFailedError, match="docker build failed: pull access denied"):
+        asyncio.run(make_env(tmp_path).start(force_build=False))
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", missing)
+    with pytest.raises(SandboxBuildFailedError, match="Docker, which would build it, cannot be run here"):
+        asyncio.run(make_env(tmp_path).start(force_build=False))
+
+
+def test_a_prebuilt_docker_image_is_used_as_it_is(tmp_path: Path) -> None:
+    env = CrabEnvironment(
+        environment_dir=tmp_path,
+        environment_name="t",
+        session_id="t__abc",
+        trial_paths=TrialPaths(trial_dir=tmp_path / "trial"),
+        task_env_config=EnvironmentConfig(docker_image="ghcr.io/org/task:1"),
+    )
+    assert env._plan is not None and (env._plan.env, env._plan.image) == ("", "ghcr.io/org/task:1")
 
 
 def test_exec_text_runs_in_a_child_shell_with_its_cwd_env_and_user() -> None:
