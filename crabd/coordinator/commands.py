@@ -102,7 +102,7 @@ class Commands:
         if not session.name:
             await self._revive_session(rec, session)
             return session
-        await self.sessions.forget_dead(rec, session.name)
+        self.sessions.forget_dead(rec, session.name)
         return await self.sessions.get(rec, session.name)
 
     async def _revive_session(self, rec: SandboxRecord, session: Session) -> None:

@@ -60,13 +60,14 @@ class NamedSessions:
                 hint="Use it (session(name).run(...)), or close it first.",
             )
         limit = self.sandboxes.cfg.quota.max_sessions
-        if sum(1 for s in listed if s.name) >= limit:
+        used = sum(1 for s in listed if s.name)
+        if used >= limit:
             raise QuotaExceeded(
-                f"sandbox {rec.name} has {limit} named sessions, the most one sandbox may have ([quota] max_sessions)",
+                f"sandbox {rec.name} has {used} named sessions, the most one sandbox may have ([quota] max_sessions)",
                 uid=rec.owner_uid,
                 quota="max_sessions",
                 limit=limit,
-                used=limit,
+                used=used,
                 requested=1,
                 hint="Close a session you no longer need.",
             )
@@ -81,20 +82,16 @@ class NamedSessions:
 
     async def get(self, rec: SandboxRecord, name: str) -> Session:
         """Session ``name``'s handle; opened with the defaults (container environment, root) if it does not exist."""
-        if not name:
-            return await self.sandboxes.session_for(rec)
-        known = self.sandboxes.named_sessions(rec).get(name)
-        if known is not None:
-            await self.sandboxes.session_for(rec)  # rebinds every session if the container was restarted
-            return known
-        st = await self.sandboxes.running(rec)
-        # A handle made here for a bash that already runs (crabd restarted; a restore or fork brought it
-        # back) only ever attaches to it; if none runs, opening it starts one with these defaults.
-        session = self._make(rec, st.pid, name, env_dict(st.env), rec.spec.workdir, None, None)
+        session = await self._handle(rec, name)
+        named = self.sandboxes.named_sessions(rec)
+        if not name or named.get(name) is session:
+            return session
+        # A handle made for a bash that already runs (crabd restarted; a restore or fork brought it
+        # back) only ever attaches to it; if none runs, opening it starts one with the defaults.
         if await session.pid() is None:
             await self.open(rec, name, env=None, inherit_env=True, workdir="", uid=None, gid=None)
-            return self.sandboxes.named_sessions(rec)[name]
-        return self.sandboxes.named_sessions(rec).setdefault(name, session)
+            return named[name]
+        return named.setdefault(name, session)
 
     async def list(self, rec: SandboxRecord) -> list[SessionInfo]:
         """The sessions whose bash runs, the default one first, by init's table."""
@@ -113,21 +110,23 @@ class NamedSessions:
 
     async def close(self, rec: SandboxRecord, name: str) -> None:
         """End session ``name``: its bash is killed (refused while it runs a command)."""
-        session = await self._existing(rec, name)
+        session = await self._handle(rec, name)
         if not await session.close():
             raise InvalidRequest(f"sandbox {rec.name} has no session named {name!r}")
         if name:
             self.sandboxes.named_sessions(rec).pop(name, None)
         log.info("session closed", extra={"sandbox": rec.id, "session": name})
 
-    async def forget_dead(self, rec: SandboxRecord, name: str) -> None:
+    def forget_dead(self, rec: SandboxRecord, name: str) -> None:
         """A named session's bash ended (exit, timeout): drop its handle; the next command opens a fresh one."""
         if name:
             self.sandboxes.named_sessions(rec).pop(name, None)
 
-    async def _existing(self, rec: SandboxRecord, name: str) -> Session:
+    async def _handle(self, rec: SandboxRecord, name: str) -> Session:
+        """Session ``name``'s handle: the one met before, or a new one (its bash may or may not run)."""
+        default = await self.sandboxes.session_for(rec)  # rebinds every session if the container was restarted
         if not name:
-            return await self.sandboxes.session_for(rec)
+            return default
         known = self.sandboxes.named_sessions(rec).get(name)
         if known is not None:
             return known

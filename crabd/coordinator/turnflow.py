@@ -93,16 +93,10 @@ class TurnFlow:
         self._finish_locks: dict[str, asyncio.Lock] = {}
 
     def _finishing(self, sandbox_id: str) -> asyncio.Lock:
-        lock = self._finish_locks.get(sandbox_id)
-        if lock is None:
-            lock = self._finish_locks[sandbox_id] = asyncio.Lock()
-        return lock
+        return _lock_in(self._finish_locks, sandbox_id)
 
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
-        lock = self._locks.get(sandbox_id)
-        if lock is None:
-            lock = self._locks[sandbox_id] = asyncio.Lock()
-        return lock
+        return _lock_in(self._locks, sandbox_id)
 
     # --- the next action ------------------------------------------------------------
 
@@ -350,3 +344,11 @@ class TurnFlow:
         self._finish_locks.pop(sandbox_id, None)
         self.latency.forget(sandbox_id)
         self.engine.forget(sandbox_id)
+
+
+def _lock_in(locks: dict[str, asyncio.Lock], sandbox_id: str) -> asyncio.Lock:
+    """The sandbox's lock in ``locks``, made on first use."""
+    lock = locks.get(sandbox_id)
+    if lock is None:
+        lock = locks[sandbox_id] = asyncio.Lock()
+    return lock

@@ -83,7 +83,7 @@ from swerex.runtime.abstract import (
 )
 
 from crabd.errors import CrabError, InvalidRequest
-from crabd.sdk import Client, Sandbox
+from crabd.sdk import Client, Sandbox, shell
 
 T = TypeVar("T")
 log = logging.getLogger("crabd.integrations.swerex")
@@ -94,11 +94,6 @@ TURN = "deferred"
 MAX_UPLOAD = 8 << 20
 #: ``run_in_session`` without a timeout: SWE-ReX waits forever; crab needs a bound.
 DEFAULT_TIMEOUT_S = 3600.0
-
-
-def _merged(command: str) -> str:
-    """``command`` with stderr in stdout, at the session's top level (``cd``/``export`` persist)."""
-    return "{ " + command + "\n} 2>&1"
 
 
 class CrabRuntime(AbstractRuntime):
@@ -145,8 +140,7 @@ class CrabRuntime(AbstractRuntime):
                 raise SessionExistsError(f"session {name!r} already exists") from exc
             out = ""
             for path in request.startup_source:
-                quoted = "'" + path.replace("'", "'\\''") + "'"
-                r = sb.session(name).run(_merged(f"source {quoted}"), timeout=max(request.startup_timeout, 1.0))
+                r = sb.session(name).run(shell.sourced(path), timeout=max(request.startup_timeout, 1.0))
                 out += r.text
             return out
 
@@ -167,7 +161,7 @@ class CrabRuntime(AbstractRuntime):
         await self._check_syntax(action.command)
         timeout = action.timeout or DEFAULT_TIMEOUT_S
         r = await self._call(
-            lambda sb: sb.session(action.session).run(_merged(action.command), timeout=timeout, turn=TURN)
+            lambda sb: sb.session(action.session).run(shell.merged(action.command), timeout=timeout, turn=TURN)
         )
         output = r.stdout.decode("utf-8", "replace")
         if r.timed_out:
@@ -246,8 +240,7 @@ class CrabRuntime(AbstractRuntime):
         return WriteFileResponse()
 
     async def _write(self, path: str, data: bytes) -> None:
-        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
-        r = await self._call(lambda sb: sb.run(["sh", "-c", script, "sh", path], stdin=data, turn=TURN))
+        r = await self._call(lambda sb: sb.run(shell.write_file_argv(path), stdin=data, turn=TURN))
         if r.exit_code != 0:
             raise SwerexException(f"cannot write {path}: {r.stderr.decode('utf-8', 'replace').strip()}")
 

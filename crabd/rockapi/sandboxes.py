@@ -43,7 +43,7 @@ from typing import Any
 
 from crabd.errors import CrabError, InvalidRequest, NotFound, QuotaExceeded
 from crabd.rockapi import wire
-from crabd.sdk import AsyncClient, AsyncSandbox
+from crabd.sdk import AsyncClient, AsyncSandbox, shell
 from crabd.sdk.models import ExecResult
 
 log = logging.getLogger("crabd.rockapi")
@@ -161,7 +161,7 @@ class RockSandboxes:
         sessions[req.session] = _Session(temp=bool(wire.TEMP_SESSION.fullmatch(req.session)))
         output = ""
         for path in req.startup_source:
-            r = await sb.session(req.session).run(f"source {_quote(path)} 2>&1", timeout=30)
+            r = await sb.session(req.session).run(shell.sourced(path), timeout=30)
             output += r.text
         return {"output": output.strip(), "session_type": "bash"}
 
@@ -189,7 +189,7 @@ class RockSandboxes:
         async with entry.lock:  # ROCK's clients may send one session two commands at once; crab runs one
             entry.used = time.monotonic()
             timeout = req.timeout or 300.0
-            r = await sb.session(req.session).run(_merged(req.command), timeout=timeout, turn=TURN)
+            r = await sb.session(req.session).run(shell.merged(req.command), timeout=timeout, turn=TURN)
             entry.used = time.monotonic()
         output = r.stdout.decode("utf-8", "replace").strip()
         if r.timed_out:
@@ -276,8 +276,7 @@ class RockSandboxes:
         if not path.startswith("/") or "\0" in path:
             raise InvalidRequest(f"path {path[:200]!r} must be absolute")
         sb = await self._sandbox(sid)
-        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
-        r = await sb.run(["sh", "-c", script, "sh", path], stdin=data, turn=TURN)
+        r = await sb.run(shell.write_file_argv(path), stdin=data, turn=TURN)
         if r.exit_code != 0:
             raise InvalidRequest(f"cannot write {path}: {r.stderr.decode('utf-8', 'replace').strip()}")
 
@@ -298,20 +297,6 @@ class RockSandboxes:
         sb = await self._sandbox(req.sandbox_id)
         forks = await sb.fork(req.n, req.checkpoint or None, turn=req.turn, name_prefix=f"{req.sandbox_id}-f")
         return {"sandbox_ids": [f.info.name for f in forks]}
-
-
-def _merged(command: str) -> str:
-    """``command`` with its stderr in its stdout (ROCK's sessions answer one stream), run at the top level.
-
-    A brace group, not a subshell: ``cd``, ``export`` and functions persist
-    as when typed.  The newline before ``}`` ends a here-document or a
-    comment on the command's last line.
-    """
-    return "{ " + command + "\n} 2>&1"
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def _code(r: ExecResult) -> int:

@@ -53,10 +53,16 @@ def command_size(lim: LimitsConfig, size: int, what: str) -> None:
         raise RequestTooLarge(f"{what} is {size} bytes, more than the limit of {limit}", limit=limit, size=size)
 
 
-def check_env(lim: LimitsConfig, env: dict[str, str]) -> None:
-    """Check a new sandbox's environment variables: the shared rule, and their size."""
-    validate.env_vars(env)
-    command_size(lim, sum(len(k) + len(v) + 2 for k, v in env.items()), "the environment")
+def check_env(lim: LimitsConfig, env: dict[str, str], what: str = "environment") -> None:
+    """Check environment variables (a new sandbox's, a session's): the shared rule, and their size."""
+    validate.env_vars(env, what)
+    command_size(lim, sum(len(k) + len(v) + 2 for k, v in env.items()), f"the {what}")
+
+
+def check_workdir(workdir: str) -> None:
+    """A working directory in the sandbox: absolute ("" is the sandbox's own)."""
+    if workdir and (not workdir.startswith("/") or "\0" in workdir):
+        raise InvalidRequest(f"workdir {workdir!r} must be an absolute path")
 
 
 def check_exec(
@@ -76,8 +82,7 @@ def check_exec(
             limit=lim.max_stdin_bytes,
             size=len(stdin),
         )
-    if workdir and (not workdir.startswith("/") or "\0" in workdir):
-        raise InvalidRequest(f"workdir {workdir!r} must be an absolute path")
+    check_workdir(workdir)
     return parse_user(user)
 
 
@@ -122,8 +127,6 @@ def check_open_session(
     if not name:
         raise InvalidRequest("a session to open needs a name (the default session opens by itself)")
     check_session_name(name)
-    validate.env_vars(env, "session environment")
-    command_size(lim, sum(len(k) + len(v) + 2 for k, v in env.items()), "the session environment")
-    if workdir and (not workdir.startswith("/") or "\0" in workdir):
-        raise InvalidRequest(f"workdir {workdir!r} must be an absolute path")
+    check_env(lim, env, "session environment")
+    check_workdir(workdir)
     return parse_user(user)
