@@ -422,6 +422,30 @@ class BtrfsConfig(_Model):
         return int(self.size.rstrip("KMGT")) * unit
 
 
+class ImagesConfig(_Model):
+    """Images crabd pins for sandboxes of any image, and their collection (docs/images.md, "Pinned images")."""
+
+    claims_dir: Path = Field(
+        Path("/var/lib/crab/image-claims"),
+        description="host-wide record of which crabd instance pinned which image (crab-loaded:<hex>), shared by"
+        " every crabd instance on the host: an image goes only once no instance claims it",
+    )
+    gc_grace_s: float = Field(
+        3600.0,
+        ge=0,
+        le=100 * 365 * 86400,
+        description="an unreferenced pinned image is removed only once this long has passed since crabd last"
+        " pinned it (every create from it pins it again)",
+    )
+    gc_interval_s: float = Field(
+        600.0,
+        ge=0,
+        le=86400,
+        description="seconds between collections of unreferenced pinned images (main process); 0: only"
+        " `crabctl image prune` collects",
+    )
+
+
 #: ``[runtime] backend``: "auto" takes runc+btrfs where the host supports it (``crabctl doctor``), else docker.
 BackendChoice = Literal["auto", "docker", "runc+btrfs"]
 
@@ -629,6 +653,7 @@ class CrabConfig(_Model):
     network: NetworkConfig = NetworkConfig()
     btrfs: BtrfsConfig = BtrfsConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    images: ImagesConfig = ImagesConfig()
     remote: RemoteConfig = RemoteConfig()
 
     @model_validator(mode="after")

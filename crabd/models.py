@@ -164,6 +164,8 @@ class SessionInfo:
     name: str  # "" = the default session
     pid: int  # its bash's pid inside the sandbox
     busy: bool  # running a command now
+    #: Its stdout and stderr are one pseudo-terminal of this size (rows, columns); None: pipes.
+    pty: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

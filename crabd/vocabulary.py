@@ -214,3 +214,7 @@ class FilesSource(StrEnum):
 #: Where a restore took the process images from: the hot copy of the sandbox's newest dump
 #: (hard-linked), or the page-deduplicated blob store.
 ImageSource = Literal["hot", "blobs"]
+
+#: A pinned image's standing with the collector (``coordinator/image_gc.py``): named by a record,
+#: within its grace, claimed by another crabd instance on the host, or free to go.
+PinState = Literal["in use", "grace", "claimed", "removable"]

@@ -258,8 +258,17 @@ ensure_dockerd() {
     log "dockerd: no engine answers; starting dockerd --experimental (log: $CRAB_LOG_DIR/dockerd.log)"
     # /usr/local/sbin first, so runc (started by containerd under dockerd's
     # environment) finds the CRIU wrapper before any older system criu.
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-        setsid nohup dockerd --experimental >>"$CRAB_LOG_DIR/dockerd.log" 2>&1 </dev/null &
+    # Descriptors above 2 are closed first: dockerd outlives this script, and
+    # one inherited from the caller (a `flock LOCK make setup` lock, a CI
+    # runner's pipe) would stay held for as long as dockerd runs.
+    (
+        for fd in /proc/self/fd/*; do
+            fd=${fd##*/}
+            [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
+        done
+        PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+            exec setsid nohup dockerd --experimental >>"$CRAB_LOG_DIR/dockerd.log" 2>&1 </dev/null
+    ) &
     for _ in $(seq 1 120); do
         docker_answers && { log "dockerd: up"; return; }
         sleep 0.5

@@ -28,6 +28,7 @@ import hashlib
 import json
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ from crabd.backends.fsdelta import (
 
 # The one overlay type the tests name (it may move beside the FsDelta protocol).
 from crabd.backends.procdump import DumpResult, Posture
-from crabd.backends.sandbox import ContainerStatus
+from crabd.backends.sandbox import ENV_REPO_PREFIX, PIN_REPO, ContainerStatus, PinnedImage, Unpinned
 from crabd.config import CrabConfig
 from crabd.coordinator.archives import Archives
 from crabd.coordinator.checkpoints import Checkpointer
@@ -207,6 +208,11 @@ class FakeSandboxBackend:
         self.frozen_now: set[str] = set()
         #: Images this fake host lacks (every other one "exists").
         self.missing_images: set[str] = set()
+        #: Images pinned (crab-loaded:<hex>), by digest; what unpin_image removed, in order.
+        self.pins: dict[str, PinnedImage] = {}
+        self.unpinned: list[str] = []
+        #: Digests whose unpin the "engine" refuses (a container of the image exists).
+        self.refuse_unpin: set[str] = set()
 
     def create(
         self,
@@ -305,6 +311,25 @@ class FakeSandboxBackend:
         if image in self.missing_images:
             raise ImageError(f"no Docker image {image!r} on this host", env=image)
         return image if IMAGE_DIGEST_RE.match(image) else "sha256:" + hashlib.sha256(image.encode()).hexdigest()
+
+    def pin_image(self, image: str) -> str:
+        digest = self.image_digest(image)
+        if not image.startswith(ENV_REPO_PREFIX):
+            tag = f"{PIN_REPO}:{digest.removeprefix('sha256:')}"
+            self.pins[digest] = PinnedImage(digest, 1000, (tag,), time.time())
+        return digest
+
+    def pinned_images(self) -> list[PinnedImage]:
+        return sorted(self.pins.values(), key=lambda p: p.digest)
+
+    def unpin_image(self, digest: str) -> Unpinned:
+        if digest in self.refuse_unpin:
+            return Unpinned(untagged=False, note="a container of the image exists")
+        if self.pins.pop(digest, None) is None:
+            return Unpinned(untagged=True, note="not pinned")
+        self.unpinned.append(digest)
+        self.missing_images.add(digest)
+        return Unpinned(untagged=True, deleted=True, export_removed=True)
 
     def server_version(self) -> str:
         return "fake"
@@ -637,6 +662,8 @@ def build_stack(
     monkeypatch.setattr(InitConnection, "open", _open_fake_init)
     state = tmp_path / "state"
     state.mkdir()
+    # Image claims are host-wide on a real host; a stack's are its own.
+    config = {"images": {"claims_dir": str(tmp_path / "image-claims"), **config.pop("images", {})}, **config}
     cfg = CrabConfig.model_validate({"paths": {"state_dir": str(state), "socket": str(tmp_path / "s.sock")}, **config})
     faults = Faults()
     backend = FakeSandboxBackend(tmp_path / "containers", faults)

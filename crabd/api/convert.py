@@ -331,4 +331,7 @@ def imported_to_pb(r: Imported) -> pb.ImportCheckpointResponse:
 
 
 def session_info_to_pb(sandbox_id: str, info: SessionInfo) -> pb.SessionInfo:
-    return pb.SessionInfo(sandbox_id=sandbox_id, name=info.name, pid=info.pid, busy=info.busy)
+    rows, cols = info.pty or (0, 0)
+    return pb.SessionInfo(
+        sandbox_id=sandbox_id, name=info.name, pid=info.pid, busy=info.busy, pty=bool(info.pty), rows=rows, cols=cols
+    )

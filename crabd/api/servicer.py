@@ -237,6 +237,7 @@ class CrabServicer(pb_grpc.CrabServicer):
                 empty_env=request.empty_env,
                 workdir=request.workdir,
                 user=request.user,
+                pty=(request.rows, request.cols) if request.pty else None,
             )
             return session_info_to_pb(sid, info)
 

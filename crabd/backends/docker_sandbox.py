@@ -32,14 +32,21 @@ import docker
 import docker.errors
 import docker.types
 
-from crabd.backends import cgroup_freezer
+from crabd.backends import cgroup_freezer, image_pins
 from crabd.backends.criu import init_versions
 from crabd.backends.criu.runc import log_excerpt
 from crabd.backends.docker_errors import docker_errors
 from crabd.backends.limits import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
 from crabd.backends.network import SANDBOX_SYSCTLS, SandboxNetwork
 from crabd.backends.procdump import Posture, capability_mask
-from crabd.backends.sandbox import INIT_PATH_IN_SANDBOX, LABEL_INSTANCE, ContainerStatus, sandbox_hostname
+from crabd.backends.sandbox import (
+    INIT_PATH_IN_SANDBOX,
+    LABEL_INSTANCE,
+    ContainerStatus,
+    PinnedImage,
+    Unpinned,
+    sandbox_hostname,
+)
 from crabd.config import NetworkConfig
 from crabd.errors import CriuError, DockerError, HostError, ImageError
 from crabd.models import SandboxSpec
@@ -137,6 +144,16 @@ class DockerSandboxBackend:
         if not IMAGE_DIGEST_RE.match(ident):
             raise ImageError(f"Docker reports no digest for image {image!r}", env=image)
         return ident
+
+    def pin_image(self, image: str) -> str:
+        return image_pins.pin(self._api, image)
+
+    def pinned_images(self) -> list[PinnedImage]:
+        return image_pins.pinned(self._api)
+
+    def unpin_image(self, digest: str) -> Unpinned:
+        # Docker's own layers are the only copy this backend has: the image's removal is all there is.
+        return image_pins.unpin(self._api, digest)
 
     def create(
         self,

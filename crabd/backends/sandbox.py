@@ -21,6 +21,11 @@ INIT_PATH_IN_SANDBOX = "/.crab/init"
 
 _HOSTNAME_BAD = re.compile(r"[^a-zA-Z0-9-]")
 
+#: The repository crab pins images in: ``crab-loaded:<digest hex>`` (docs/images.md, "Pinned images").
+PIN_REPO = "crab-loaded"
+#: crab's env images (``crab-env/<env>:<tag>``, crabd/host/images.py): never pinned, never collected.
+ENV_REPO_PREFIX = "crab-env/"
+
 
 def sandbox_hostname(spec: SandboxSpec, sandbox_id: str) -> str:
     """The sandbox's host name: its name made a valid host name label, else the head of its id."""
@@ -43,6 +48,40 @@ class ContainerStatus:
     lower_dirs: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PinnedImage:
+    """An image crab pinned (tagged ``crab-loaded:<its own id hex>``), as the engine reports it."""
+
+    digest: str
+    #: Bytes the engine reports for the image (its layers, shared ones included).
+    size: int
+    #: Every name it has, crab's own among them.
+    tags: tuple[str, ...]
+    #: When it was last tagged (each pin tags it again); 0 if the engine does not know (a load).
+    pinned_at: float
+
+    @property
+    def env(self) -> bool:
+        """One of crab's env images has this digest too (then only crab's tag is ever removed)."""
+        return any(t.startswith(ENV_REPO_PREFIX) for t in self.tags)
+
+
+@dataclass(frozen=True)
+class Unpinned:
+    """What :meth:`SandboxBackend.unpin_image` did."""
+
+    #: crab's tag is gone (False: the engine refused, e.g. a container of the image exists).
+    untagged: bool
+    #: The image itself is gone too (no other name held it).
+    deleted: bool = False
+    #: The backend's own copy of it was removed (runc: its exported lower dir).
+    export_removed: bool = False
+    #: Why something was left ("" if nothing was).
+    note: str = ""
+    #: One of crab's env images has this digest too: only crab's tag went, its export stays.
+    env: bool = False
 
 
 class SandboxBackend(Protocol):
@@ -118,6 +157,27 @@ class SandboxBackend(Protocol):
 
     def image_digest(self, image: str) -> str:
         """The digest crab records ``image`` by: Docker's image id, ``sha256:<hex>``; ImageError if there is none."""
+        ...
+
+    def pin_image(self, image: str) -> str:
+        """The digest of ``image`` (as :meth:`image_digest`), tagged ``crab-loaded:<hex>`` unless it is an env image.
+
+        Tagged again at every call: the engine's last-tag time says when crab last
+        pinned it.  So that a user's ``docker rmi`` or re-tag of the name never
+        loses an image a checkpoint needs.  ImageError if there is no such image.
+        """
+        ...
+
+    def pinned_images(self) -> list[PinnedImage]:
+        """Every image tagged ``crab-loaded:<hex>`` whose id is that hex (another tag there is not crab's)."""
+        ...
+
+    def unpin_image(self, digest: str) -> Unpinned:
+        """Remove crab's tag of ``digest`` and what this backend derived from the image.
+
+        Never forced: the image itself goes only if no other name and no container
+        holds it; an env image's (or a mounted) export is never removed.
+        """
         ...
 
     def server_version(self) -> str: ...

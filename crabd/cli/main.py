@@ -24,7 +24,20 @@ import typer
 from typer import _click
 from typer.models import CommandInfo
 
-from crabd.cli import archives, checkpoints, engine, host, quota, retention, rock, sandboxes, sessions, store, turns  # noqa: F401
+from crabd.cli import (  # noqa: F401
+    archives,
+    checkpoints,
+    engine,
+    host,
+    pinned_images,
+    quota,
+    retention,
+    rock,
+    sandboxes,
+    sessions,
+    store,
+    turns,
+)
 from crabd.cli.common import JsonOpt, app, emit_json, err, error_json, escape, out, show_error, state, sub_app
 
 if TYPE_CHECKING:

@@ -31,9 +31,10 @@ def ls(sandbox: SbArg, as_json: JsonOpt = False) -> None:
         return
     from rich.table import Table
 
-    table = Table("SESSION", "PID", "BUSY", box=None, pad_edge=False)
+    table = Table("SESSION", "PID", "BUSY", "OUTPUT", box=None, pad_edge=False)
     for s in found:
-        table.add_row(s.name or "-", str(s.pid), "yes" if s.busy else "no")
+        output = f"pty {s.pty[0]}x{s.pty[1]}" if s.pty else "pipes"
+        table.add_row(s.name or "-", str(s.pid), "yes" if s.busy else "no", output)
     out.print(table)
 
 
@@ -47,12 +48,35 @@ def open_(
     ] = False,
     workdir: Annotated[str, typer.Option("--workdir", "-w", metavar="DIR", help="Its first directory.")] = "",
     user: Annotated[str, typer.Option("--user", "-u", metavar="UID[:GID]", help="Run its bash as this uid.")] = "",
+    tty: Annotated[
+        bool, typer.Option("--tty", "-t", help="Its output is a pseudo-terminal (one stream; isatty() is true).")
+    ] = False,
+    size: Annotated[
+        str, typer.Option("--size", metavar="ROWSxCOLS", help="The terminal's size with --tty (default 24x80).")
+    ] = "",
     as_json: JsonOpt = False,
 ) -> None:
     """Open a named session (without this, it opens at its first `crabctl sh --session`)."""
+    pty = _pty(tty, size)
     with client() as c:
-        info = c.get(sandbox).session(name).open(env=parse_env(env), empty_env=empty_env, workdir=workdir, user=user)
+        info = (
+            c.get(sandbox)
+            .session(name)
+            .open(env=parse_env(env), empty_env=empty_env, workdir=workdir, user=user, pty=pty)
+        )
     emit_json(asdict(info)) if as_json else out.print(f"{info.name} {info.pid}", markup=False, highlight=False)
+
+
+def _pty(tty: bool, size: str) -> bool | tuple[int, int]:
+    """``--tty`` and ``--size ROWSxCOLS`` as the SDK's ``pty`` argument."""
+    if not size:
+        return tty
+    if not tty:
+        raise typer.BadParameter("--size is the terminal's size; give --tty too", param_hint="--size")
+    rows, sep, cols = size.lower().partition("x")
+    if not sep or not rows.isdigit() or not cols.isdigit():
+        raise typer.BadParameter(f"{size!r} is not ROWSxCOLS (e.g. 40x120)", param_hint="--size")
+    return int(rows), int(cols)
 
 
 @session_app.command("close")

@@ -60,11 +60,12 @@ class DumpYield:
     session holds one for as long as it runs, and with several sessions a
     long command in one must not hold back the checkpoint a turn end in
     another needs.  The dump clears ``gate`` and calls :meth:`request`: each
-    waiting command's timer fires at once, the command detaches (init holds
-    what its bash writes meanwhile; bash blocks once a pipe is full), closes
-    its connection, waits for the gate, attaches again and reads on: its
-    bash never noticed, and the dump saw it mid-command, like any
-    background process.
+    waiting command's timer fires at once, the command detaches (init keeps
+    the last 1 MiB per stream of what its bash writes meanwhile, and counts
+    what it drops: ``Session._step_aside`` reports that), closes its
+    connection, waits for the gate, attaches again and reads on: its bash
+    never noticed, and the dump saw it mid-command, like any background
+    process.
     """
 
     def __init__(self, gate: asyncio.Event) -> None:
@@ -89,6 +90,28 @@ class DumpYield:
                 return await conn.next_event()
             finally:
                 self._waiting.discard(timer)
+
+
+class _Lost:
+    """A command's output that init dropped while the command stood aside for dumps, per stream."""
+
+    def __init__(self) -> None:
+        #: Bytes whose gap a marker line shows in the kept output.
+        self.marked: dict[session_proto.Stream, int] = {"stdout": 0, "stderr": 0}
+        #: Bytes lost where the kept output was full already (the final truncation marker counts them).
+        self.past: dict[session_proto.Stream, int] = {"stdout": 0, "stderr": 0}
+
+    async def mark(
+        self, stream: session_proto.Stream, n: int, scanner: session_proto.MarkerScanner, sink: ChunkSink | None
+    ) -> None:
+        marker = f"\n[crab: {n} bytes of {stream} lost while the command stood aside for a checkpoint]\n".encode()
+        kept = scanner.feed(stream, marker)
+        if sink is not None and kept:
+            await sink(stream, kept)
+        if kept == marker:
+            self.marked[stream] += n
+        else:  # the scanner counted the marker's bytes it did not keep as dropped output: count the gap instead
+            self.past[stream] += n - (len(marker) - len(kept))
 
 
 class SessionFoundDead(Exception):
@@ -123,6 +146,7 @@ class Session:
         uid: int | None = None,
         gid: int | None = None,
         yielding: DumpYield | None = None,
+        pty: tuple[int, int] | None = None,
     ) -> None:
         self._connect = connect
         self._env = env
@@ -130,6 +154,8 @@ class Session:
         self.name = name
         self._init_name = init_name(name)
         self._uid, self._gid = uid, gid
+        #: The bash's stdout and stderr are one pseudo-terminal of this size (rows, columns); None: two pipes.
+        self.pty = pty
         #: Steps aside for process dumps while a command runs (None: holds its connection).
         self.yielding = yielding
         self._lock = asyncio.Lock()
@@ -201,6 +227,12 @@ class Session:
                 f"{initproto.PROTO_VERSION} (recreate the sandbox)",
                 sandbox="",
             )
+        if self.pty and hello.version < initproto.PTY_PROTO_VERSION:
+            raise InvalidRequest(
+                f"this sandbox's init speaks protocol {hello.version}; a pty session needs "
+                f"{initproto.PTY_PROTO_VERSION} (the sandbox was made by an older crabd)",
+                hint="Open the session without a pty, or run it in a sandbox created by this crabd.",
+            )
         try:
             started = await conn.spawn(
                 SpawnSpec(
@@ -212,6 +244,7 @@ class Session:
                     name=self._init_name,
                     persistent=True,
                     control=True,
+                    pty=self.pty,
                 )
             )
         except InitSpawnError as exc:
@@ -269,6 +302,7 @@ class Session:
         nonce = session_proto.new_nonce()
         payload = session_proto.wrap_command(command, nonce, keep_status=keep_status)
         scanner = session_proto.MarkerScanner(nonce, max_stdout=max_output, max_stderr=max_output)
+        lost = _Lost()
         conn = await self._connect()
         try:
             self._bash_pid = await self._attach_or_spawn(conn, start=start)
@@ -278,7 +312,7 @@ class Session:
             deadline = started + timeout_s
             while not scanner.done and ended is None:
                 if self.yielding is not None and self.yielding.wanted:
-                    conn, ended = await self._step_aside(conn, scanner, sink)
+                    conn, ended = await self._step_aside(conn, scanner, sink, lost)
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -308,10 +342,12 @@ class Session:
         finally:
             await conn.aclose()
         stdout, stderr = scanner.stdout, scanner.stderr
-        if scanner.dropped_stdout:
-            stdout += truncation_marker("stdout", scanner.dropped_stdout)
-        if scanner.dropped_stderr:
-            stderr += truncation_marker("stderr", scanner.dropped_stderr)
+        cut_out = scanner.dropped_stdout + lost.past["stdout"]
+        cut_err = scanner.dropped_stderr + lost.past["stderr"]
+        if cut_out:
+            stdout += truncation_marker("stdout", cut_out)
+        if cut_err:
+            stderr += truncation_marker("stderr", cut_err)
         if timed_out:
             code = 124
         elif ended is not None:
@@ -323,8 +359,8 @@ class Session:
             timed_out=timed_out,
             stdout=stdout,
             stderr=stderr,
-            stdout_dropped=scanner.dropped_stdout,
-            stderr_dropped=scanner.dropped_stderr,
+            stdout_dropped=cut_out + lost.marked["stdout"],
+            stderr_dropped=cut_err + lost.marked["stderr"],
             duration_s=time.monotonic() - started,
             session_ended=timed_out or ended is not None,
         )
@@ -346,26 +382,52 @@ class Session:
         return None
 
     async def _step_aside(
-        self, conn: InitConnection, scanner: session_proto.MarkerScanner, sink: ChunkSink | None
+        self,
+        conn: InitConnection,
+        scanner: session_proto.MarkerScanner,
+        sink: ChunkSink | None,
+        lost: _Lost,
     ) -> tuple[InitConnection, Exit | None]:
         """A process dump wants the sandbox quiet (:class:`DumpYield`): detach, close, wait, attach again.
 
         Returns the new connection, attached to the same bash, and its Exit if
-        the bash ended meanwhile (its frames, held by init, come first).
+        the bash ended meanwhile (its frames, held by init, come first; the
+        caller then makes init forget it).  A bash that ended just before init
+        read the DETACH is not waited for: init sent its EXIT and refuses the
+        DETACH; the same connection is returned with that Exit.
+
+        While nobody is attached, init keeps the last 1 MiB per stream and
+        counts what it drops (ATTACHED's ``dropped_out``/``dropped_err``):
+        a marker line takes the missing bytes' place in the command's output,
+        and they count in its ``stdout_dropped``/``stderr_dropped`` (``lost``).
         """
         raced: list[Event] = []
-        await conn.detach(keep=raced)
+        ended = None
+        try:
+            await conn.detach(keep=raced)
+        except InitSpawnError as exc:
+            if exc.errno != errno_mod.EINVAL or not any(isinstance(ev, Exit) for ev in raced):
+                raise
+            for ev in raced:
+                ended = await self._take(ev, scanner, sink) or ended
+            return conn, ended
         await conn.aclose()
         self.counts.stepped_aside += 1
-        ended = None
         for ev in raced:
             ended = await self._take(ev, scanner, sink) or ended
         conn = await self._connect()  # waits until the dump is done
         try:
-            await conn.attach_listed(self._init_name, keep_dead=True)
+            attached, _ = await conn.attach_listed(self._init_name, keep_dead=True)
         except BaseException:
             await conn.aclose()
             raise
+        gaps: tuple[tuple[session_proto.Stream, int], ...] = (
+            ("stdout", attached.dropped_stdout),
+            ("stderr", attached.dropped_stderr),
+        )
+        for stream, dropped in gaps:
+            if dropped and not scanner.done:  # after its done marker: a background job's output
+                await lost.mark(stream, dropped, scanner, sink)
         return conn, ended
 
     def _rejected(self, ev: ControlRejected) -> None:

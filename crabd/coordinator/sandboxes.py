@@ -33,6 +33,7 @@ from typing import Protocol, TypeVar
 
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus, SandboxBackend
 from crabd.config import CrabConfig
+from crabd.coordinator.image_gc import ImageKeeper
 from crabd.coordinator.livestatus import RunningStatus
 from crabd.coordinator.quiesce import until_init_alone
 from crabd.coordinator.runner import DumpYield, ProcessProbe, Session
@@ -53,6 +54,7 @@ from crabd.models import SandboxRecord, SandboxSpec, SandboxState, ShardPlace
 from crabd.runtime import session_os
 from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
+from crabd.store.image_claims import ImageClaims
 from crabd.store.registry import Registry
 from crabd.util import validate
 from crabd.util.faults import crash_point
@@ -154,6 +156,10 @@ class SandboxManager:
         self.init_binary = init_binary
         self.instance = instance
         self.turns = TurnKeeper(registry, keep=cfg.quota.turns_kept)
+        #: Pins (and collects) the images sandboxes of any image start from (coordinator/image_gc.py).
+        self.images = ImageKeeper(
+            backend, registry.db, ImageClaims(cfg.images.claims_dir, instance, cfg.paths.state_dir), cfg.images
+        )
         self._live: dict[str, _Live] = {}
         self._create_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
@@ -390,7 +396,7 @@ class SandboxManager:
     def resolve_image(self, spec: SandboxSpec) -> str:
         """What a new sandbox's record names as its image: its env's current build, or any image by digest."""
         if spec.image:
-            return self.backend.image_digest(spec.image)
+            return self.images.pin(spec.image)
         recipe = images.find_recipe(spec.env)
         if not self.backend.image_exists(recipe.image_ref):
             raise ImageError(f"env {spec.env!r} has no built image ({recipe.image_ref})", env=spec.env)
@@ -472,8 +478,10 @@ class SandboxManager:
         return cid, st
 
     async def create(self, owner_uid: int, spec: SandboxSpec) -> SandboxRecord:
-        image = await self._io(self.resolve_image, spec)
-        rec = await self.reserve(owner_uid, spec, image)
+        # Pinned and recorded under the claims lock: a collection sees both or neither (image_gc.py).
+        async with self.images.pinning(bool(spec.image)):
+            image = await self._io(self.resolve_image, spec)
+            rec = await self.reserve(owner_uid, spec, image)
         try:
             _, st = await self.launch(rec, image)
         except BaseException:

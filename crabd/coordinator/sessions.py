@@ -48,8 +48,10 @@ class NamedSessions:
         workdir: str,
         uid: int | None,
         gid: int | None,
+        pty: tuple[int, int] | None = None,
     ) -> SessionInfo:
-        """Start session ``name``'s bash: the container's environment (``inherit_env``) or none, plus ``env``.
+        """Start session ``name``'s bash: the container's environment (``inherit_env``) or none, plus ``env``;
+        its output a pseudo-terminal of ``pty`` (rows, columns) or two pipes.
 
         Refused if it exists already, or if the sandbox has ``max_sessions`` of them.
         """
@@ -74,11 +76,11 @@ class NamedSessions:
         st = await self.sandboxes.running(rec)
         base = env_dict(st.env) if inherit_env else {}
         base.update(env or {})
-        session = self._make(rec, st.pid, name, base, workdir or rec.spec.workdir, uid, gid)
+        session = self._make(rec, st.pid, name, base, workdir or rec.spec.workdir, uid, gid, pty)
         pid = await session.start()
         self.sandboxes.named_sessions(rec)[name] = session
         log.info("session opened", extra={"sandbox": rec.id, "session": name})
-        return SessionInfo(name, pid, False)
+        return SessionInfo(name, pid, False, pty)
 
     async def get(self, rec: SandboxRecord, name: str) -> Session:
         """Session ``name``'s handle; opened with the defaults (container environment, root) if it does not exist."""
@@ -102,10 +104,10 @@ class NamedSessions:
             if not p.alive:
                 continue
             if p.name == SESSION_NAME:
-                out.insert(0, SessionInfo("", p.pid, "" in busy))
+                out.insert(0, SessionInfo("", p.pid, "" in busy, p.pty))
             elif p.name.startswith(NAMED_PREFIX):
                 name = p.name[len(NAMED_PREFIX) :]
-                out.append(SessionInfo(name, p.pid, name in busy))
+                out.append(SessionInfo(name, p.pid, name in busy, p.pty))
         return out
 
     async def close(self, rec: SandboxRecord, name: str) -> None:
@@ -142,6 +144,7 @@ class NamedSessions:
         workdir: str,
         uid: int | None,
         gid: int | None,
+        pty: tuple[int, int] | None = None,
     ) -> Session:
         assert init_name(name) != SESSION_NAME
         session = Session(
@@ -153,6 +156,7 @@ class NamedSessions:
             uid=uid,
             gid=gid,
             yielding=self.sandboxes.dump_yield(rec),
+            pty=pty,
         )
         session.probe = self.sandboxes.session_probe(rec.container_id, rec.id)
         return session

@@ -58,9 +58,11 @@ import grpc.aio
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from crabd.api.images import ImagesServicer
 from crabd.api.peercred import CallerTable, FrontDoor
 from crabd.api.servicer import CrabServicer
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
+from crabd.api.v1 import images_pb2_grpc as images_grpc
 from crabd.backends.fsdelta import FsDelta
 from crabd.config import CrabConfig
 from crabd.coordinator.adoption import Adoption
@@ -80,6 +82,7 @@ from crabd.inspector.deferred import DeferredProbes
 from crabd.models import ShardPlace
 from crabd.runtime import initbin
 from crabd.service.llm_gate import ServiceGate
+from crabd.service.pinned_images import PinnedImages
 from crabd.service.service import Service
 from crabd.store.db import Database
 from crabd.store.registry import Registry
@@ -153,6 +156,7 @@ class Daemon:
         self._store_file: FileRWLock | None = None
         self._adoption: Adoption | None = None
         self._adopting: asyncio.Task[None] | None = None
+        self._image_gc: asyncio.Task[None] | None = None
 
     @property
     def is_main(self) -> bool:
@@ -294,6 +298,8 @@ class Daemon:
         # stall every process's checkpoints.
         if self.is_main:
             await self._reconcile(housekeeping)
+            # Pinned images nothing needs any more, every [images] gc_interval_s (coordinator/image_gc.py).
+            self._image_gc = asyncio.create_task(self._manager_or_fail().images.run(), name="crab-image-gc")
 
     async def _reconcile(self, housekeeping: Housekeeper) -> None:
         """Orphaned blobs (and heads of removed sandboxes): a full gc, once, with crabd serving.
@@ -370,7 +376,11 @@ class Daemon:
                 ("grpc.max_send_message_length", MAX_MESSAGE),
             ]
         )
-        pb_grpc.add_CrabServicer_to_server(CrabServicer(service, callers), self._grpc)
+        crab = CrabServicer(service, callers)
+        pb_grpc.add_CrabServicer_to_server(crab, self._grpc)
+        images_grpc.add_CrabImagesServicer_to_server(
+            ImagesServicer(crab, PinnedImages(self._manager_or_fail().images)), self._grpc
+        )
         health_servicer = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._grpc)
         self._grpc.add_insecure_port(f"unix:{self.private_socket}")
@@ -450,6 +460,8 @@ class Daemon:
             await self._workers.close()
         if self._watchdog is not None:
             self._watchdog.cancel()
+        if self._image_gc is not None:
+            self._image_gc.cancel()  # a collection in a thread finishes; the loop stops
         if self._adopting is not None:
             # What it left half-done is done again at the next start: each step is idempotent.
             self._adopting.cancel()

@@ -153,6 +153,24 @@ class _Died(Exception):
     """The session's command ended because the sandbox's container died."""
 
 
+async def _docker_out(*args: str) -> str:
+    """``docker ARGS...``'s stdout, stripped ("" if it failed)."""
+    proc = await asyncio.create_subprocess_exec(
+        "docker",
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return ""
+    return out.decode(errors="replace").strip() if proc.returncode == 0 else ""
+
+
 class CrabEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor is not installed where mypy runs
     """A Harbor environment whose container is a crab sandbox (see the module's docstring).
 
@@ -181,6 +199,8 @@ class CrabEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor is not i
         self._name_prefix = name_prefix
         self._chunk = int(chunk_bytes)
         self._plan: EnvPlan | None = None
+        #: The tag and id of the image ``start`` had Docker build (dropped again at ``stop(delete=True)``).
+        self._built: tuple[str, str] | None = None
         self._client: AsyncClient | None = None
         self._sandbox: AsyncSandbox | None = None
         self._done: list[_Done] = []
@@ -309,7 +329,28 @@ class CrabEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor is not i
         if proc.returncode != 0 or not image[0].startswith("sha256:"):
             tail = err.decode(errors="replace").strip()[-2000:]
             raise SandboxBuildFailedError(f"{self.environment_name}: docker build failed: {tail}")
+        self._built = (f"{tag}:latest", image[0])
         return image[0]
+
+    async def _drop_built_tag(self) -> None:
+        """Remove the tag ``start`` built, as Harbor's docker environment removes its images on delete.
+
+        Only while crabd's own pin (``crab-loaded:<hex>``, set when the sandbox was
+        created from the image) still holds the image, and only if the tag still
+        names the image this trial built: then ``docker rmi`` of the tag only
+        untags, so a concurrent trial of the same task (same tag, same image) and
+        every checkpoint of it keep the image; crabd removes it once nothing needs it.
+        """
+        built, self._built = self._built, None
+        if built is None:
+            return
+        tag, digest = built
+        pin = "crab-loaded:" + digest.removeprefix("sha256:")
+        if await _docker_out("image", "inspect", "-f", "{{.Id}}", tag) != digest:
+            return
+        if await _docker_out("image", "inspect", "-f", "{{.Id}}", pin) != digest:
+            return
+        await _docker_out("rmi", tag)
 
     async def _setup_step(self, step: RunStep | CopyStep) -> None:
         if isinstance(step, CopyStep):
@@ -344,8 +385,14 @@ class CrabEnvironment(BaseEnvironment):  # type: ignore[misc]  # harbor is not i
             await self._checked(f"COPY --chmod={step.chmod}", f"chmod -R {shlex.quote(step.chmod)} {target}")
 
     async def stop(self, delete: bool) -> None:
-        """Remove the sandbox (crab keeps nothing of a stopped one worth keeping for a trial)."""
+        """Remove the sandbox (crab keeps nothing of a stopped one worth keeping for a trial).
+
+        ``delete``: also the tag of the image ``start`` built (crabd's pin keeps the image itself).
+        """
         await self._teardown()
+        if delete:
+            with contextlib.suppress(OSError):  # a tag left behind costs a name, nothing else
+                await self._drop_built_tag()
 
     async def _teardown(self) -> None:
         sb, client = self._sandbox, self._client

@@ -15,6 +15,13 @@ Protocol version 2 (this module's :data:`PROTO_VERSION`) added, over 1:
 Later, within version 2: ``HELLO_OK`` ends with ``u32 connections`` (the
 client connections open at init); an older init sends 16 bytes.
 
+Version 3 (:data:`PTY_PROTO_VERSION`) added SPAWN flag ``F_PTY``: stdout and
+stderr are one pseudo-terminal whose master init reads (its size in two
+optional trailing ``u32 rows, u32 cols``), and LIST ends with ``u8 pty,
+u16 rows, u16 cols`` per process (:func:`parse_list` reads either form).
+Sessions need version 2; only a pty session needs 3, so a sandbox whose
+init is older (restored from an old checkpoint) keeps working.
+
 :class:`InitConnection` is one asyncio connection to a sandbox's init.  It
 is created *inside the sandbox's network namespace*: init listens on an
 abstract unix socket, and abstract names are per network namespace
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import socket
 import struct
@@ -42,10 +50,15 @@ HELLO, SPAWN, STDIN, STDIN_CLOSE, SIGNAL, ATTACH, DETACH, LIST, FORGET = range(1
 HELLO_OK, STARTED, STDOUT, STDERR, EXIT, ATTACHED, DETACHED, LIST_OK, CONTROL, CONTROL_REJECTED = range(0x81, 0x8B)
 ERROR = 0x8F
 # SPAWN flags
-F_MERGE_STDERR, F_PERSISTENT, F_STDIN_NULL, F_CONTROL = 1, 2, 4, 8
+F_MERGE_STDERR, F_PERSISTENT, F_STDIN_NULL, F_CONTROL, F_PTY = 1, 2, 4, 8, 16
 
-#: The protocol crabd speaks; crab-init.c's PROTO_VERSION.
+#: The oldest protocol a session works with (control channel).
 PROTO_VERSION = 2
+#: The protocol of a pty session (crab-init.c's PROTO_VERSION now).
+PTY_PROTO_VERSION = 3
+#: A pty's size when none is given (rows, columns), and the largest either may be.
+DEFAULT_PTY_SIZE = (24, 80)
+MAX_PTY_SIDE = 0xFFFF
 #: The fd number of the control channel in a process spawned with ``control``
 #: (crab-init.c's CTL_FD).
 CONTROL_FD = 100
@@ -105,6 +118,8 @@ class SpawnSpec:
     stdin_null: bool = False
     #: A control channel on :data:`CONTROL_FD` (the session's bash).
     control: bool = False
+    #: stdout and stderr one pseudo-terminal of this size (rows, columns); None: pipes.
+    pty: tuple[int, int] | None = None
 
     def encode(self) -> bytes:
         flags = (
@@ -112,12 +127,15 @@ class SpawnSpec:
             | (F_PERSISTENT if self.persistent else 0)
             | (F_STDIN_NULL if self.stdin_null else 0)
             | (F_CONTROL if self.control else 0)
+            | (F_PTY if self.pty else 0)
         )
         env = [f"{k}={v}" for k, v in self.env.items()] if isinstance(self.env, Mapping) else list(self.env)
         out = struct.pack(">III", flags, KEEP if self.uid is None else self.uid, KEEP if self.gid is None else self.gid)
         out += _str(self.name) + _str(self.cwd)
         out += struct.pack(">I", len(self.argv)) + b"".join(_str(a) for a in self.argv)
         out += struct.pack(">I", len(env)) + b"".join(_str(e) for e in env)
+        if self.pty:
+            out += struct.pack(">II", *self.pty)
         return out
 
 
@@ -198,6 +216,8 @@ class PersistentInfo:
     attached: bool
     #: Control-channel messages from other processes that init dropped.
     control_rejected: int = 0
+    #: Its output is a pseudo-terminal of this size (rows, columns); None: pipes (or an init before protocol 3).
+    pty: tuple[int, int] | None = None
 
 
 Event = Stdout | Stderr | Control | ControlRejected | Exit
@@ -456,7 +476,7 @@ def _event(kind: int, payload: bytes) -> Event:
 
 
 def parse_list(p: bytes) -> list[PersistentInfo]:
-    """A LIST reply's payload (protocol 2)."""
+    """A LIST reply's payload (protocol 2, or 3 with each process's terminal after the entries)."""
     try:
         (count,) = struct.unpack_from(">I", p)
         off, out = 4, []
@@ -473,6 +493,12 @@ def parse_list(p: bytes) -> list[PersistentInfo]:
             )
     except struct.error as exc:
         raise InitProtocolError(f"malformed LIST reply: {exc}") from exc
+    if off + 5 * len(out) == len(p) and out:  # protocol 3's terminals
+        for i, info in enumerate(out):
+            pty, rows, cols = struct.unpack_from(">BHH", p, off + 5 * i)
+            if pty:
+                out[i] = dataclasses.replace(info, pty=(rows, cols))
+        off += 5 * len(out)
     if off != len(p):
         raise InitProtocolError(f"LIST reply has {len(p) - off} stray bytes")
     return out

@@ -516,9 +516,13 @@ class SessionCore(Generic[SBX]):
         req = pb.RestartSessionRequest(sandbox=sb.id, state_json=text)
         return sb._call("RestartSession", req, session_state)
 
-    def _open(self, env: Mapping[str, str] | None, empty_env: bool, workdir: str, user: str) -> Call[SessionInfo]:
+    def _open(
+        self, env: Mapping[str, str] | None, empty_env: bool, workdir: str, user: str, pty: bool | tuple[int, int]
+    ) -> Call[SessionInfo]:
         sb = self._sb
-        req = rq.open_session_request(sb.id, self.name, env=env, empty_env=empty_env, workdir=workdir, user=user)
+        req = rq.open_session_request(
+            sb.id, self.name, env=env, empty_env=empty_env, workdir=workdir, user=user, pty=pty
+        )
         return sb._call("OpenSession", req, SessionInfo.from_pb)
 
     def _close(self) -> Call[None]:

@@ -201,10 +201,18 @@ def session_request(
 
 
 def open_session_request(
-    sandbox: str, name: str, *, env: Mapping[str, str] | None, empty_env: bool, workdir: str, user: str
+    sandbox: str,
+    name: str,
+    *,
+    env: Mapping[str, str] | None,
+    empty_env: bool,
+    workdir: str,
+    user: str,
+    pty: bool | tuple[int, int],
 ) -> pb.OpenSessionRequest:
     if not isinstance(name, str) or not name:
         raise InvalidRequest("a session to open needs a name (the default session opens by itself)")
+    rows, cols = pty_size(pty)
     return pb.OpenSessionRequest(
         sandbox=sandbox,
         name=name,
@@ -212,6 +220,21 @@ def open_session_request(
         empty_env=bool(empty_env),
         workdir=workdir,
         user=user,
+        pty=bool(pty),
+        rows=rows,
+        cols=cols,
+    )
+
+
+def pty_size(pty: bool | tuple[int, int]) -> tuple[int, int]:
+    """``pty`` as (rows, columns) to send: True is (0, 0), crabd's default size."""
+    if isinstance(pty, bool):
+        return (0, 0)
+    if not (isinstance(pty, tuple) and len(pty) == 2):
+        raise InvalidRequest(f"pty is True, False or (rows, columns), not {pty!r:.80}")
+    return (
+        validate.integer(pty[0], "pty rows", minimum=1, maximum=0xFFFF),
+        validate.integer(pty[1], "pty columns", minimum=1, maximum=0xFFFF),
     )
 
 

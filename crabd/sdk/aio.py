@@ -245,9 +245,15 @@ class AsyncSession(SessionCore["AsyncSandbox"]):
         return await self._sb.client._send(self._restart(state))
 
     async def open(
-        self, *, env: Mapping[str, str] | None = None, empty_env: bool = False, workdir: str = "", user: str = ""
+        self,
+        *,
+        env: Mapping[str, str] | None = None,
+        empty_env: bool = False,
+        workdir: str = "",
+        user: str = "",
+        pty: bool | tuple[int, int] = False,
     ) -> models.SessionInfo:
-        return await self._sb.client._send(self._open(env, empty_env, workdir, user))
+        return await self._sb.client._send(self._open(env, empty_env, workdir, user, pty))
 
     async def aclose(self) -> None:
         await self._sb.client._send(self._close())

@@ -248,9 +248,15 @@ class Session(SessionCore["Sandbox"]):
         return self._sb.client._send(self._restart(state))
 
     def open(
-        self, *, env: Mapping[str, str] | None = None, empty_env: bool = False, workdir: str = "", user: str = ""
+        self,
+        *,
+        env: Mapping[str, str] | None = None,
+        empty_env: bool = False,
+        workdir: str = "",
+        user: str = "",
+        pty: bool | tuple[int, int] = False,
     ) -> models.SessionInfo:
-        return self._sb.client._send(self._open(env, empty_env, workdir, user))
+        return self._sb.client._send(self._open(env, empty_env, workdir, user, pty))
 
     def close(self) -> None:
         self._sb.client._send(self._close())

@@ -103,7 +103,8 @@ class ArchiveEdge:
             # which this host's Docker must have (any member of crab may start any image Docker has:
             # service/images.py); never a name an archive picks to re-point at some other image.
             if not spec.env and validate.IMAGE_DIGEST_RE.match(rec.image):
-                if not self.sandboxes.backend.image_exists(rec.image):
+                # Pinned as a create's image is, so that it stays while these checkpoints need it.
+                if not self.sandboxes.images.pin_known(rec.image):
                     raise InvalidRequest(
                         f"it needs the image with digest {rec.image}, which this host's Docker lacks",
                         hint=f"Load that image here first (its id must be {rec.image}), then import again.",

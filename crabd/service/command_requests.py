@@ -17,6 +17,7 @@ import re
 from crabd.config import LimitsConfig
 from crabd.errors import InvalidRequest, RequestTooLarge
 from crabd.runtime import session_state
+from crabd.runtime.initproto import DEFAULT_PTY_SIZE, MAX_PTY_SIDE
 from crabd.util import validate
 
 
@@ -118,6 +119,19 @@ def check_session_name(name: str) -> None:
             f"session name {name[:80]!r} is not valid",
             hint="Use 1-64 characters: letters, digits, '.', '_', '-', starting with a letter or digit.",
         )
+
+
+def check_pty_size(size: tuple[int, int] | None) -> tuple[int, int] | None:
+    """A pty's (rows, columns) as asked: 0 for either means its default (24 x 80); None: no pty."""
+    if size is None:
+        return None
+    rows, cols = size[0] or DEFAULT_PTY_SIZE[0], size[1] or DEFAULT_PTY_SIZE[1]
+    if not (1 <= rows <= MAX_PTY_SIDE and 1 <= cols <= MAX_PTY_SIDE):
+        raise InvalidRequest(
+            f"a pty of {size[0]} x {size[1]} is not possible",
+            hint=f"Give rows and columns from 1 to {MAX_PTY_SIDE} (0: the default, 24 x 80).",
+        )
+    return rows, cols
 
 
 def check_open_session(

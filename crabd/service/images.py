@@ -17,6 +17,7 @@ caller could not read.  The record names the image by digest either way
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import replace
 
@@ -58,10 +59,15 @@ class ImageEdge:
         self.loader = ImageLoader(
             cfg.paths.state_dir / "image-staging", cfg.limits.max_image_archive_bytes, sandboxes.backend
         )
+        self.keeper = sandboxes.images
 
     async def spec_for(self, caller: Caller, spec: SandboxSpec) -> SandboxSpec:
         """The spec to create: checked, and an archive's or layout's image loaded and named by its digest."""
         spec, path = image_source(spec)
         if path:
-            spec = replace(spec, image=await self.loader.load(path, caller.uid, caller.gid))
+            # Loaded and pinned under the claims lock, so a collection cannot take the image
+            # between the two; the create pins it again, well inside the grace (image_gc.py).
+            async with self.keeper.pinning():
+                digest = await self.loader.load(path, caller.uid, caller.gid)
+                spec = replace(spec, image=await asyncio.to_thread(self.keeper.pin, digest))
         return spec

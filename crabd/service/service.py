@@ -331,14 +331,24 @@ class Service:
         )
 
     async def open_session(
-        self, caller: Caller, ref: str, name: str, *, env: dict[str, str], empty_env: bool, workdir: str, user: str
+        self,
+        caller: Caller,
+        ref: str,
+        name: str,
+        *,
+        env: dict[str, str],
+        empty_env: bool,
+        workdir: str,
+        user: str,
+        pty: tuple[int, int] | None = None,
     ) -> tuple[str, SessionInfo]:
-        """Start named session ``name``'s bash (its environment, directory and user as given)."""
+        """Start named session ``name``'s bash (its environment, directory, user and terminal as given)."""
         uid, gid = command_requests.check_open_session(self.cfg.limits, name, env, workdir, user)
+        size = command_requests.check_pty_size(pty)
         rec = await self._lookup(caller, ref)
         async with self.sandboxes.init_lost_means_dead(rec):
             info = await self.commands.sessions.open(
-                rec, name, env=env, inherit_env=not empty_env, workdir=workdir, uid=uid, gid=gid
+                rec, name, env=env, inherit_env=not empty_env, workdir=workdir, uid=uid, gid=gid, pty=size
             )
         return rec.id, info
 

@@ -350,7 +350,7 @@ def test_malformed_frame_closes_only_that_connection(init: Init) -> None:
             await bad.hello()
         await bad.aclose()
         async with await InitConnection.open(name) as good:
-            assert (await good.hello()).version == 2
+            assert (await good.hello()).version == 3
 
     run(go())
 
@@ -468,11 +468,11 @@ def test_peers_inside_the_pid_namespace_are_refused(init: Init, tmp_path: Path) 
 # --- the session's control channel ----------------------------------------------
 
 
-def session(name: str) -> Session:
+def session(name: str, pty: tuple[int, int] | None = None) -> Session:
     async def connect() -> InitConnection:
         return await InitConnection.open(name)
 
-    return Session(connect, {**ENV, "HOME": "/root"}, "/")
+    return Session(connect, {**ENV, "HOME": "/root"}, "/", pty=pty)
 
 
 def counted_session(name: str) -> tuple[Session, list[int]]:
@@ -619,6 +619,46 @@ def test_session_output_precedes_the_marker_under_backpressure(init: Init) -> No
             assert r.stderr == b"\0" * 300_000 + b"E"
 
     run(go())
+
+
+def test_pty_session_output_precedes_the_marker_however_much_and_stays_exact(init: Init) -> None:
+    """A terminal's bytes reach its master through a kernel worker: init reads it dry before the marker."""
+    name, _ = init
+
+    async def go() -> None:
+        s = session(name, pty=(33, 111))
+        cmd = "head -c 3000000 /dev/zero; printf end; head -c 300000 /dev/zero >&2; printf 'E\\n'"
+        for _ in range(3):
+            r = await s.run(cmd, timeout_s=60, max_output=8 << 20)
+            assert r.exit_code == 0 and r.stderr == b""
+            assert r.stdout == b"\0" * 3_000_000 + b"end" + b"\0" * 300_000 + b"E\n"  # raw: no "\r\n"
+        for i in range(30):  # many small outputs, one right after another
+            r = await s.run(f"printf {i}", timeout_s=30, max_output=100)
+            assert r.stdout == str(i).encode()
+        r = await s.run(
+            "[ -t 1 ] && [ -t 2 ] && ! [ -t 0 ] && stty size </dev/tty && tty <&1", timeout_s=30, max_output=100
+        )
+        assert r.stdout.startswith(b"33 111\n/dev/pts/"), r
+        async with await InitConnection.open(name) as c:
+            (info,) = await c.list()
+            assert info.pty == (33, 111)
+
+    run(go())
+
+
+def test_pty_one_shot_and_its_end_when_every_holder_closed(init: Init) -> None:
+    """EIO from a master whose slave is closed everywhere is the end of the stream, as EOF of a pipe.
+
+    Init then closes the master: the terminal hangs up, and its session's leader gets SIGHUP.
+    """
+    name, _ = init
+    out, err, ex = one(name, ["sh", "-c", "tty <&1; echo e >&2; exec >&- 2>&-; sleep 5; exit 7"], pty=(5, 6))
+    assert (ex.signal, err) == (signal.SIGHUP, b"") and out.startswith(b"/dev/pts/") and out.endswith(b"\ne\n")
+    out, _, ex = one(name, ["sh", "-c", "echo o; exit 7"], pty=(5, 6))
+    assert (ex.exit_code, out) == (7, b"o\n")
+    with pytest.raises(InitSpawnError) as info:  # a size out of range: the request is refused
+        one(name, ["true"], pty=(0, 80))
+    assert info.value.errno == 22
 
 
 def test_session_marker_written_while_detached_is_not_taken_for_the_next(init: Init) -> None:

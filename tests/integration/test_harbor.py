@@ -175,6 +175,7 @@ def test_a_task_image_crab_did_not_build_is_built_by_docker_and_used_as_it_is(
         check=True,
     ).stdout.split()[0]
     subprocess.run(["docker", "tag", bookworm, base], check=True, capture_output=True)
+    pins_before = _crab_pins()
     try:
         results = run_job(daemon, tmp_path, ["image-built"])
         result = results["image-built"]
@@ -184,4 +185,15 @@ def test_a_task_image_crab_did_not_build_is_built_by_docker_and_used_as_it_is(
         built = subprocess.run(
             ["docker", "images", "-q", "--filter", "reference=crab-harbor/*"], capture_output=True, text=True
         ).stdout.split()
-        subprocess.run(["docker", "rmi", "-f", base, *built], capture_output=True)
+        # The trial drops its crab-harbor tag at stop(delete=True); crabd's pin of the image stays
+        # until its grace is over: the test removes it now.
+        subprocess.run(["docker", "rmi", "-f", base, *built, *(_crab_pins() - pins_before)], capture_output=True)
+
+
+def _crab_pins() -> set[str]:
+    """crabd's pins of images (``crab-loaded:<hex>``) in the host's Docker."""
+    return set(
+        subprocess.run(
+            ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", "crab-loaded"], capture_output=True, text=True
+        ).stdout.split()
+    )

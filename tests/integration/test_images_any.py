@@ -16,6 +16,8 @@ import secrets
 import shutil
 import subprocess
 import tarfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,8 +48,11 @@ def _gone(ref: str) -> None:
 
 
 def _forget(digest: str) -> None:
-    """The test image's lower dir, as the runc backend exported it (keyed by its id: no other image's)."""
+    """The test image's lower dir, as the runc backend exported it, and crabd's claims of it (keyed by its id)."""
+    from crabd.config import ImagesConfig
+
     shutil.rmtree(rootfs.DEFAULT_ROOTFS_ROOT / digest.removeprefix("sha256:"), ignore_errors=True)
+    shutil.rmtree(ImagesConfig().claims_dir / digest.removeprefix("sha256:"), ignore_errors=True)
 
 
 @pytest.fixture(scope="module", params=conftest.BACKENDS)
@@ -171,4 +176,117 @@ def test_an_archive_and_an_oci_layout_are_loaded_once_by_digest(client: Client, 
     finally:
         _gone(tag)
         _gone(loaded)
+        _forget(digest)
+
+
+# --- pinned images and their collection (coordinator/image_gc.py) ----------------------------------
+
+GRACE_S = 2.0
+
+
+@pytest.fixture(scope="module", params=conftest.BACKENDS)
+def gc_daemon(request: pytest.FixtureRequest) -> Iterator[EmbeddedDaemon]:
+    """A private crabd whose pins may go 2 s after their last use; it collects by hand only."""
+    toml = conftest.backend_toml(request.param, "crabimggc")
+    toml += f"[images]\ngc_grace_s = {GRACE_S}\ngc_interval_s = 0\n"
+    with daemon_with_config(toml, "crabimggc") as d:
+        yield d
+
+
+def _pinned(digest: str) -> bool:
+    done = subprocess.run(
+        ["docker", "image", "inspect", f"crab-loaded:{digest.removeprefix('sha256:')}"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def _prune_until_done(c: Client, digest: str) -> None:
+    """Collections, once the grace has passed, until one was not held back by a create."""
+    from crabd.sdk.images import prune_pinned_images
+
+    time.sleep(GRACE_S + 0.5)
+    for _ in range(50):
+        r = prune_pinned_images(c)
+        if not r.busy:
+            assert digest in r.removed, r
+            return
+        time.sleep(0.1)
+    raise AssertionError("every collection was held back")
+
+
+def test_a_pinned_image_stays_while_a_checkpoint_needs_it_and_goes_after(
+    gc_daemon: EmbeddedDaemon, tmp_path: Path
+) -> None:
+    from crabd.sdk.images import list_pinned_images, prune_pinned_images
+
+    tag, digest = _build(tmp_path, "pinned\n")
+    hexd = digest.removeprefix("sha256:")
+    export = rootfs.DEFAULT_ROOTFS_ROOT / hexd
+    try:
+        with Client(gc_daemon.socket) as c:
+            sb = c.create(image=tag, checkpoints="none")
+            assert _pinned(digest)
+            sb.run(["sh", "-c", "echo kept > /root/x"])
+            ck = sb.checkpoint(kind="fs")
+            sb.remove(keep_checkpoints=True)
+            # The user drops the name: crab's pin keeps the image the checkpoint needs.
+            _gone(tag)
+            time.sleep(GRACE_S + 0.5)
+            r = prune_pinned_images(c)
+            assert digest not in r.removed and _pinned(digest)
+            rows = {i.digest: i for i in list_pinned_images(c)}
+            assert (rows[digest].checkpoints, rows[digest].sandboxes, rows[digest].state) == (1, 0, "in use")
+            with c.fork(ck.id) as forks:
+                assert forks[0].run(["cat", "/root/x"]).stdout == b"kept\n"
+            # The checkpoint goes: after the grace, so do the pin, the image and its export.
+            c.delete_checkpoint(ck.id)
+            _prune_until_done(c, digest)
+            assert not _pinned(digest)
+            assert subprocess.run(["docker", "image", "inspect", digest], capture_output=True).returncode != 0
+            assert not export.exists()
+            assert digest not in {i.digest for i in list_pinned_images(c)}
+    finally:
+        _gone(tag)
+        _gone(f"crab-loaded:{hexd}")
+        _gone(digest)
+        _forget(digest)
+
+
+def test_a_create_racing_a_collection_still_works(gc_daemon: EmbeddedDaemon, tmp_path: Path) -> None:
+    from crabd.sdk.images import prune_pinned_images
+
+    tag, digest = _build(tmp_path, "raced\n")
+    hexd = digest.removeprefix("sha256:")
+    stop = threading.Event()
+    pruned: list[str] = []
+
+    def prune_all_the_time() -> None:
+        with Client(gc_daemon.socket) as c:
+            while not stop.is_set():
+                pruned.extend(prune_pinned_images(c).removed)
+                time.sleep(0.02)
+
+    try:
+        pruner = threading.Thread(target=prune_all_the_time)
+        pruner.start()
+        try:
+            with Client(gc_daemon.socket) as c:
+                for _ in range(3):
+                    # Each create meets an image nothing names and whose grace is over: a collection
+                    # takes its pin (and export) before the create pins it, or the create comes first.
+                    with c.create(image=tag, checkpoints="none") as sb:
+                        assert sb.info.image == digest
+                        assert sb.run(["cat", "/hello.txt"]).stdout == b"raced\n"
+                    time.sleep(GRACE_S + 0.5)
+        finally:
+            stop.set()
+            pruner.join(60)
+        assert digest in pruned  # collections took it between the creates
+    finally:
+        _gone(tag)
+        _gone(f"crab-loaded:{hexd}")
+        _gone(digest)
         _forget(digest)

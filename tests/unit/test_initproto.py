@@ -63,6 +63,22 @@ def test_list_reply_carries_control_rejections() -> None:
             ip.parse_list(bad)
 
 
+def test_spawn_pty_flag_and_size() -> None:
+    raw = ip.SpawnSpec(argv=["bash"], persistent=True, name="s", pty=(40, 120)).encode()
+    assert struct.unpack_from(">I", raw)[0] == ip.F_PTY | ip.F_PERSISTENT and ip.F_PTY == 16
+    assert raw.endswith(struct.pack(">I", 0) + struct.pack(">II", 40, 120))  # no env, then the size
+    assert not ip.SpawnSpec(argv=["bash"]).encode().endswith(struct.pack(">II", 40, 120))
+
+
+def test_list_reply_of_protocol_3_carries_each_terminal() -> None:
+    entries = struct.pack(">I", 2) + _entry(b"s", 5, 1, -1, 1, 0) + _entry(b"t", 6, 1, -1, 0, 0)
+    a, b = ip.parse_list(entries + struct.pack(">BHHBHH", 1, 40, 120, 0, 0, 0))
+    assert a.pty == (40, 120) and b.pty is None
+    assert [p.pty for p in ip.parse_list(entries)] == [None, None]  # protocol 2: no terminals
+    with pytest.raises(InitProtocolError):  # a partial trailer is stray bytes
+        ip.parse_list(entries + struct.pack(">BHH", 1, 40, 120))
+
+
 def _conn(*frames: bytes) -> ip.InitConnection:
     reader = asyncio.StreamReader()
     for f in frames:

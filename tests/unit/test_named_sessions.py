@@ -8,12 +8,15 @@ from typing import Any
 
 import pytest
 
+from crabd.api.convert import session_info_to_pb
 from crabd.coordinator.runner import init_name
 from crabd.coordinator.sessions import NamedSessions
 from crabd.errors import InvalidRequest, QuotaExceeded
 from crabd.models import SessionInfo
 from crabd.runtime.initproto import PersistentInfo
-from crabd.service.command_requests import check_open_session, check_session_name
+from crabd.sdk._requests import open_session_request
+from crabd.sdk.models.sandbox import SessionInfo as SdkSessionInfo
+from crabd.service.command_requests import check_open_session, check_pty_size, check_session_name
 
 
 def _proc(name: str, pid: int, alive: bool = True) -> PersistentInfo:
@@ -91,3 +94,43 @@ def test_an_open_request_needs_a_name_an_absolute_workdir_and_a_numeric_user() -
         check_open_session(lim, "a", {}, "tmp", "")
     with pytest.raises(InvalidRequest, match="numeric"):
         check_open_session(lim, "a", {}, "", "root")
+
+
+def test_a_pty_size_is_checked_at_the_edge_and_0_means_the_default() -> None:
+    assert check_pty_size(None) is None
+    assert check_pty_size((0, 0)) == (24, 80) and check_pty_size((40, 0)) == (40, 80)
+    assert check_pty_size((1, 65535)) == (1, 65535)
+    for bad in ((65536, 80), (-1, 80), (24, 1 << 20)):
+        with pytest.raises(InvalidRequest, match="pty"):
+            check_pty_size(bad)
+
+
+def test_the_sdk_sends_a_pty_as_asked_and_refuses_a_bad_size_before_sending() -> None:
+    req = open_session_request("sb", "t", env=None, empty_env=False, workdir="", user="", pty=True)
+    assert (req.pty, req.rows, req.cols) == (True, 0, 0)
+    req = open_session_request("sb", "t", env=None, empty_env=False, workdir="", user="", pty=(40, 120))
+    assert (req.pty, req.rows, req.cols) == (True, 40, 120)
+    assert not open_session_request("sb", "t", env=None, empty_env=False, workdir="", user="", pty=False).pty
+    for bad in ((0, 80), (24,), "24x80", (24, 1 << 16)):
+        with pytest.raises(InvalidRequest):
+            open_session_request("sb", "t", env=None, empty_env=False, workdir="", user="", pty=bad)  # type: ignore[arg-type]
+
+
+def test_a_listed_sessions_terminal_reaches_the_caller() -> None:
+    info = SessionInfo("t", 9, False, (40, 120))
+    m = session_info_to_pb("id", info)
+    assert (m.pty, m.rows, m.cols) == (True, 40, 120)
+    assert SdkSessionInfo.from_pb(m).pty == (40, 120)
+    assert SdkSessionInfo.from_pb(session_info_to_pb("id", SessionInfo("", 2, False))).pty is None
+
+
+def test_crabctl_reads_tty_and_size_as_the_sdks_pty() -> None:
+    import typer
+
+    from crabd.cli.sessions import _pty
+
+    assert _pty(False, "") is False and _pty(True, "") is True
+    assert _pty(True, "40x120") == (40, 120) and _pty(True, "40X120") == (40, 120)
+    for tty, size in ((False, "40x120"), (True, "40"), (True, "x"), (True, "-1x3"), (True, "4x5x6")):
+        with pytest.raises(typer.BadParameter):
+            _pty(tty, size)

@@ -101,6 +101,11 @@ def _docker_api() -> docker.APIClient:
         return _api
 
 
+def docker_api() -> docker.APIClient:
+    """The Docker API client image lookups use (for crab's pins of images: ``backends/image_pins.py``)."""
+    return _docker_api()
+
+
 def _inspect(image: str) -> dict[str, Any]:
     """Docker's description of ``image``; ImageError if Docker has no such image."""
     try:
@@ -175,6 +180,38 @@ def _export(image: str, into: Path) -> None:
         raise ImageError(f"cannot export image {image!r} to a root file system: {exc.message}", env=image) from exc
     finally:
         tar.unlink(missing_ok=True)
+
+
+def remove_export(ident: str, root: Path = DEFAULT_ROOTFS_ROOT) -> str:
+    """Remove the export of image ``ident`` (hex); "" if done (or none), else why it was left.
+
+    Left while any mount of this mount namespace names it (a sandbox's overlay
+    lower dir, or the idmapped bind a user-namespaced one stages from it): a
+    lower dir must never change under a mount.  The dir is renamed to a
+    ``tmp-`` name first (one rename: a create that looks for it afterwards
+    exports it again, and a crash mid-delete leaves what :func:`remove_partial`
+    reaps), then deleted.
+    """
+    final = root / ident
+    if not ident.isalnum() or not final.is_dir():
+        return ""
+    want = str(final)
+    with open(MOUNTINFO, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if want + "/" in _unescape(line) or _names(line, want):
+                return f"{final} is in use by a mount"
+    with _export_lock:
+        doomed = root / f"{TMP_PREFIX}{ident}-gc-{os.getpid()}"
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.rename(final, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+    return ""
+
+
+def _names(line: str, path: str) -> bool:
+    """Whether the mountinfo ``line`` names ``path`` itself (a field, or an item of overlay's lowerdir list)."""
+    fields = _unescape(line).replace(",", " ").replace(":", " ").replace("=", " ").split()
+    return path in fields
 
 
 def remove_partial(root: Path = DEFAULT_ROOTFS_ROOT) -> list[Path]:

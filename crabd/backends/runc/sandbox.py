@@ -62,7 +62,7 @@ import threading
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from crabd.backends import cgroup_freezer
+from crabd.backends import cgroup_freezer, image_pins
 from crabd.backends.btrfs.layout import SubvolRef
 from crabd.backends.btrfs.pool import Pool
 from crabd.backends.criu import init_versions
@@ -76,6 +76,7 @@ from crabd.backends.runc.naming import check_instance, container_id, container_s
 from crabd.backends.runc.posture import posture_of
 from crabd.backends.runc.restore_dirs import RestoreDirs
 from crabd.backends.runc.status import ETC, UPPER, WORK, Created, Facts, StatusReader, init_key, launched_facts
+from crabd.backends.sandbox import PinnedImage, Unpinned
 from crabd.errors import ContainerRuntimeError, CrabError, ImageError
 from crabd.models import SandboxSpec
 from crabd.store.idranges import IdRanges
@@ -229,6 +230,26 @@ class RuncSandboxBackend(StatusReader):
 
     def image_digest(self, image: str) -> str:
         return "sha256:" + rootfs.image_id(image)
+
+    def pin_image(self, image: str) -> str:
+        return image_pins.pin(rootfs.docker_api(), image)
+
+    def pinned_images(self) -> list[PinnedImage]:
+        return image_pins.pinned(rootfs.docker_api())
+
+    def unpin_image(self, digest: str) -> Unpinned:
+        done = image_pins.unpin(rootfs.docker_api(), digest)
+        if not done.untagged:
+            return done
+        ident = digest.removeprefix("sha256:")
+        with self._lock:
+            self._images.pop(ident, None)
+        if done.env:  # an env image's export: env sandboxes name it by its tag, not its digest
+            return done
+        # Nothing crab records names the image any more (the collector checked): a later create
+        # from it exports it afresh, and no checkpoint's upper dir points into this copy.
+        why = rootfs.remove_export(ident, self.rootfs_root)
+        return dataclasses.replace(done, export_removed=not why and not done.note, note=done.note or why)
 
     def _image(self, image: str) -> tuple[Path, tuple[str, ...]]:
         """The image's lower dir and environment (exported and read once per image id)."""

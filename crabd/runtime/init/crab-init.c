@@ -85,9 +85,12 @@
  * Client -> init:
  *   0x01 HELLO
  *   0x02 SPAWN  u32 flags, u32 uid, u32 gid, str name, str cwd,
- *               u32 argc, str*argc, u32 envc, str*envc
+ *               u32 argc, str*argc, u32 envc, str*envc [, u32 rows, u32 cols]
  *               flags: 1 MERGE_STDERR, 2 PERSISTENT, 4 STDIN_NULL,
- *                      8 CONTROL (control channel on fd 100); others: EINVAL
+ *                      8 CONTROL (control channel on fd 100),
+ *                      16 PTY (stdout and stderr: one pseudo-terminal, see
+ *                      "Pseudo-terminals"; rows and cols its size, 24x80
+ *                      if absent); others: EINVAL
  *   0x03 STDIN data   0x04 STDIN_CLOSE   0x05 SIGNAL u32 signo
  *   0x06 ATTACH str name   0x07 DETACH   0x08 LIST   0x09 FORGET str name
  * Init -> client:
@@ -100,12 +103,39 @@
  *   0x86 ATTACHED u32 pid, u32 handle, u64 dropped_out, u64 dropped_err
  *   0x87 DETACHED
  *   0x88 LIST u32 n, n * (str name, u32 pid, u32 handle, u8 alive,
- *                          i32 status, u8 attached, u64 ctl_rejected)
+ *                          i32 status, u8 attached, u64 ctl_rejected),
+ *             then n * (u8 pty, u16 rows, u16 cols) in the same order
+ *             (protocol 3; an older init ends after the entries)
  *   0x89 CONTROL data: bytes the process itself wrote to its control fd
  *   0x8A CONTROL_REJECTED u32 count, u32 pid: messages on the control fd
  *        from other processes (pid: the last one), dropped since the last
  *        report
  *   0x8F ERROR u32 errno, str message
+ */
+/*
+ * Pseudo-terminals (SPAWN flag PTY, protocol 3).  Some programs behave only
+ * on a terminal (colour, progress, line buffering, `tty`), so a session may
+ * have one: init opens a pty pair in the sandbox's own devpts (the
+ * container's /dev/ptmx), keeps the master as the process's only output
+ * stream and gives the slave to the child as stdout, stderr and controlling
+ * terminal (one interleaved stream, like a terminal shows it).  stdin stays
+ * a pipe: crabd writes the session's commands there, and a bash reading its
+ * script from a pipe stays non-interactive (no prompt, no echo, no
+ * readline).  The slave is put in raw mode (no echo, no signal characters,
+ * no output processing): output bytes arrive exactly as written, "\n" not
+ * turned into "\r\n".
+ *
+ * Ordering with the control channel: a write to the slave returns once the
+ * bytes are in the tty's buffer, but they reach the master's read side from
+ * a kernel worker, so FIONREAD on the master (what is owed before a done
+ * marker, for pipes) may not count them yet.  A read(2) of the master that
+ * finds nothing first waits for that worker (n_tty_read flushes the buffer
+ * work before it reports EAGAIN), so when control bytes arrive init reads
+ * the master until EAGAIN and relays all of it before them (at most
+ * PTY_SETTLE bytes, so a process flooding the terminal cannot hold init
+ * there; beyond that, as for pipes, some output may follow the marker).
+ * EIO from the master means every slave descriptor is closed: end of
+ * stream, like EOF on a pipe.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -126,10 +156,11 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
-#define PROTO_VERSION 2
+#define PROTO_VERSION 3
 #define MAX_FRAME ((1u << 20) + 64)
 #define OUT_CAP (256u * 1024)
 #define RING_CAP (1u << 20)
@@ -138,13 +169,14 @@
 #define POST_EXIT_DRAIN (4u << 20)
 #define MAX_CONNS 256
 #define MAX_PROCS 1024
+#define PTY_SETTLE (256u * 1024) /* most bytes read from a pty before relaying control bytes */
 #define CTL_FD 100              /* the control fd in the child; session_proto.CONTROL_FD */
 #define CTL_BATCH 64            /* control messages read per wakeup at most */
 
 enum { T_HELLO = 1, T_SPAWN, T_STDIN, T_STDIN_CLOSE, T_SIGNAL, T_ATTACH, T_DETACH, T_LIST, T_FORGET };
 enum { R_HELLO = 0x81, R_STARTED, R_STDOUT, R_STDERR, R_EXIT, R_ATTACHED, R_DETACHED, R_LIST, R_CONTROL,
        R_CONTROL_REJECTED, R_ERROR = 0x8F };
-enum { F_MERGE = 1, F_PERSISTENT = 2, F_STDIN_NULL = 4, F_CONTROL = 8, F_ALL = 15 };
+enum { F_MERGE = 1, F_PERSISTENT = 2, F_STDIN_NULL = 4, F_CONTROL = 8, F_PTY = 16, F_ALL = 31 };
 
 struct buf {
     unsigned char *p;
@@ -163,7 +195,8 @@ struct proc {
     pid_t pid;
     char *name;
     int persistent;
-    int fd[2];       /* stdout, stderr read ends; -1 when closed */
+    int fd[2];       /* stdout, stderr read ends; -1 when closed (a pty: fd[0] its master, fd[1] -1) */
+    int pty;         /* fd[0] is a pty master */
     int in_fd;       /* stdin write end, -1 when closed */
     struct buf in;   /* bytes waiting for the child's stdin */
     int in_close;    /* close stdin once `in` drains */
@@ -515,6 +548,27 @@ static int flush_ctl(int pi) {
     return 1;
 }
 
+/* Control bytes came from a pty process: relay what its terminal holds now
+ * (see "Pseudo-terminals": reading until EAGAIN waits for the tty's buffer
+ * worker, so everything written before the control bytes is in).  Called
+ * only with a client attached; may pass OUT_CAP by up to PTY_SETTLE. */
+static void pty_settle(int pi) {
+    struct proc *p = &procs[pi];
+    unsigned char tmp[CHUNK];
+    for (size_t total = 0; p->fd[0] >= 0 && total < PTY_SETTLE;) {
+        ssize_t n = read(p->fd[0], tmp, sizeof tmp);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN) break;
+        if (n <= 0) { /* EIO: every slave descriptor is closed */
+            close_fd(&p->fd[0]);
+            break;
+        }
+        total += (size_t)n;
+        send_frame(p->conn, R_STDOUT, tmp, (size_t)n);
+    }
+    p->owe[0] = p->owe[1] = 0;
+}
+
 /* The control socket is readable (we poll it only while a client is
  * attached, has room, and nothing is pending).  Every message already
  * queued is taken into one relay, up to CHUNK bytes: bash writes a state
@@ -529,7 +583,9 @@ static void read_ctl(int pi) {
     for (int i = 0; i < CTL_BATCH && p->ctl_fd >= 0 && p->ctl.len < CHUNK; i++) {
         int r = take_ctl(pi);
         if (r < 0) break;
-        if (r == 1)
+        if (r == 1 && p->pty)
+            pty_settle(pi);
+        else if (r == 1)
             for (int s = 0; s < 2; s++) p->owe[s] = pipe_pending(p->fd[s]);
     }
     report_rejections(pi);
@@ -666,13 +722,46 @@ static void exec_search(char **argv, char **envp, int status_fd) {
     child_fail(status_fd, saw_eacces ? EACCES : ENOENT, "exec");
 }
 
+/* A pty pair for a child: master and slave, both close-on-exec (the child
+ * dup2s the slave), the slave raw and sized (see "Pseudo-terminals").
+ * Returns 0, or -1 with errno set and nothing left open. */
+static int open_pty(int fds[2], const struct winsize *ws) {
+    char path[64];
+    struct termios t;
+    fds[0] = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (fds[0] < 0) return -1;
+    if (grantpt(fds[0]) || unlockpt(fds[0]) || ptsname_r(fds[0], path, sizeof path)) goto fail;
+    fds[1] = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (fds[1] < 0) goto fail;
+    if (tcgetattr(fds[1], &t)) goto fail;
+    cfmakeraw(&t);
+    if (tcsetattr(fds[1], TCSANOW, &t) || ioctl(fds[0], TIOCSWINSZ, ws)) goto fail;
+    return 0;
+fail: {
+        int e = errno;
+        close_fd(&fds[0]);
+        close_fd(&fds[1]);
+        errno = e;
+        return -1;
+    }
+}
+
 static void do_spawn(int ci, const unsigned char *pl, size_t n) {
     struct reader r = {pl, n, 0, 0};
     uint32_t flags = rd_u32(&r), uid = rd_u32(&r), gid = rd_u32(&r);
     char *name = rd_str(&r), *cwd = rd_str(&r);
     char **argv = rd_strv(&r), **envp = r.bad ? NULL : rd_strv(&r);
+    struct winsize ws = {24, 80, 0, 0};
+    if (!r.bad && r.off < r.n) { /* the optional size of a pty */
+        uint32_t rows = rd_u32(&r), cols = rd_u32(&r);
+        if (rows < 1 || rows > 0xFFFF || cols < 1 || cols > 0xFFFF) r.bad = 1;
+        ws.ws_row = (unsigned short)rows;
+        ws.ws_col = (unsigned short)cols;
+    }
     int pipes[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}}, status[2] = {-1, -1}, ctl[2] = {-1, -1};
+    int pty[2] = {-1, -1}; /* master, slave */
     int pi = -1;
+    if (flags & F_PTY) flags |= F_MERGE; /* one stream */
     if (r.bad || !argv || !argv[0] || !envp || (flags & ~(uint32_t)F_ALL)) {
         send_error(ci, EINVAL, "malformed SPAWN request");
         goto out;
@@ -692,7 +781,11 @@ static void do_spawn(int ci, const unsigned char *pl, size_t n) {
         send_error(ci, EAGAIN, "too many processes");
         goto out;
     }
-    if (pipe2(pipes[0], O_CLOEXEC) || pipe2(status, O_CLOEXEC) ||
+    if ((flags & F_PTY) && open_pty(pty, &ws)) {
+        send_error(ci, errno, "cannot open a pseudo-terminal (does the sandbox have /dev/ptmx and /dev/pts?)");
+        goto out_fds;
+    }
+    if ((!(flags & F_PTY) && pipe2(pipes[0], O_CLOEXEC)) || pipe2(status, O_CLOEXEC) ||
         (!(flags & F_MERGE) && pipe2(pipes[1], O_CLOEXEC)) ||
         (!(flags & F_STDIN_NULL) && pipe2(pipes[2], O_CLOEXEC))) {
         send_error(ci, errno, "pipe failed");
@@ -717,9 +810,12 @@ static void do_spawn(int ci, const unsigned char *pl, size_t n) {
         sigprocmask(SIG_SETMASK, &none, NULL);
         for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
         setsid();
+        /* A pty's slave becomes the new session's controlling terminal. */
+        if (pty[1] >= 0 && ioctl(pty[1], TIOCSCTTY, 0) < 0) child_fail(status[1], errno, "TIOCSCTTY");
+        int out = pty[1] >= 0 ? pty[1] : pipes[0][1];
         int in = (flags & F_STDIN_NULL) ? open("/dev/null", O_RDONLY) : pipes[2][0];
-        if (in < 0 || dup2(in, 0) < 0 || dup2(pipes[0][1], 1) < 0 ||
-            dup2((flags & F_MERGE) ? pipes[0][1] : pipes[1][1], 2) < 0)
+        if (in < 0 || dup2(in, 0) < 0 || dup2(out, 1) < 0 ||
+            dup2((flags & F_MERGE) ? out : pipes[1][1], 2) < 0)
             child_fail(status[1], errno, "dup2");
         if (ctl[1] >= 0) {
             /* The status pipe must survive until exec: move it off CTL_FD. */
@@ -756,7 +852,10 @@ static void do_spawn(int ci, const unsigned char *pl, size_t n) {
     p->persistent = !!(flags & F_PERSISTENT);
     p->name = name;
     name = NULL;
-    p->fd[0] = pipes[0][0];
+    p->pty = !!(flags & F_PTY);
+    p->fd[0] = p->pty ? pty[0] : pipes[0][0];
+    pty[0] = -1;
+    close_fd(&pty[1]);
     p->fd[1] = (flags & F_MERGE) ? -1 : pipes[1][0];
     p->in_fd = (flags & F_STDIN_NULL) ? -1 : pipes[2][1];
     p->ctl_fd = ctl[0];
@@ -783,6 +882,8 @@ out_fds:
     close_fd(&status[1]);
     close_fd(&ctl[0]);
     close_fd(&ctl[1]);
+    close_fd(&pty[0]);
+    close_fd(&pty[1]);
 out:
     free(name);
     free(cwd);
@@ -864,6 +965,19 @@ static void do_list(int ci) {
         unsigned char r64[8];
         put_u64(r64, p->ctl_rejected);
         buf_put(&b, r64, 8);
+    }
+    for (int i = 0; i < MAX_PROCS; i++) { /* protocol 3: each one's terminal */
+        struct proc *p = &procs[i];
+        if (!p->used || !p->persistent) continue;
+        struct winsize ws = {0, 0, 0, 0};
+        unsigned char t[5] = {(unsigned char)p->pty, 0, 0, 0, 0};
+        if (p->pty && p->fd[0] >= 0 && ioctl(p->fd[0], TIOCGWINSZ, &ws) == 0) {
+            t[1] = (unsigned char)(ws.ws_row >> 8);
+            t[2] = (unsigned char)ws.ws_row;
+            t[3] = (unsigned char)(ws.ws_col >> 8);
+            t[4] = (unsigned char)ws.ws_col;
+        }
+        buf_put(&b, t, 5);
     }
     send_frame(ci, R_LIST, b.p, b.len);
     buf_free(&b);

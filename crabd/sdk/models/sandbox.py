@@ -176,7 +176,9 @@ class SessionInfo:
     name: str
     pid: int  # its bash's pid inside the sandbox
     busy: bool  # running a command now
+    #: Its stdout and stderr are one pseudo-terminal of this size (rows, columns); None: two pipes.
+    pty: tuple[int, int] | None = None
 
     @classmethod
     def from_pb(cls, m: pb.SessionInfo) -> SessionInfo:
-        return cls(m.name, m.pid, m.busy)
+        return cls(m.name, m.pid, m.busy, (m.rows, m.cols) if m.pty else None)
