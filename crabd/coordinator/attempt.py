@@ -40,7 +40,8 @@ class Attempt:
     work: Path
     pair: tuple[str, str] | None
     inspector: Inspector | None
-    session_pid: int | None
+    #: The sessions' bashes the inspector leaves out (their state is captured, not dumped).
+    session_pids: frozenset[int]
     #: monotonic time the attempt began (the checkpoint's total_s).
     t0: float
     #: What the inspector saw at the dump (set while frozen).

@@ -34,7 +34,7 @@ from pathlib import Path
 from crabd.backends.fsdelta import TICK_NS, FsDelta, Prepared, Tree
 from crabd.backends.procdump import ProcessDumper, ProcessImages
 from crabd.backends.sandbox import SandboxBackend
-from crabd.coordinator import turnmap
+from crabd.coordinator import named_capture, turnmap
 from crabd.coordinator.attempt import Attempt, Blobs, FrozenCut, StoredCheckpoint
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.coordinator.turns import check_session_state
@@ -136,13 +136,15 @@ class Checkpointer:
 
     async def _session_for_checkpoint(self, rec: SandboxRecord) -> str | None:
         """The session state to store: captured now if the session is idle, else the last turn end's."""
+        text = self.sandboxes.registry.latest_session_state(rec.id)
         if not self.sandboxes.session_busy(rec.id):
             try:
                 state = await self.sandboxes.session_state(rec)
-                return state.to_json() if state is not None else None
+                text = state.to_json() if state is not None else None
             except CrabError as exc:
                 log.warning("session capture for checkpoint failed", extra={"sandbox": rec.id, "error": str(exc)})
-        return self.sandboxes.registry.latest_session_state(rec.id)
+        # The idle named sessions too (coordinator/named_capture.py).
+        return named_capture.merged(text, await named_capture.capture(self.sandboxes, rec))
 
     def _kind(self, rec: SandboxRecord, kind: CheckpointKind | None) -> CheckpointKind:
         if kind is None:
@@ -290,7 +292,7 @@ class Checkpointer:
         3. store: the index and delta, the process image, the session state;
         4. publish: the quota, fsync, then the catalog's transaction.
         """
-        attempt = await self._prepare(rec, ckpt_id, kind, pair)
+        attempt = await self._prepare(rec, ckpt_id, kind, pair, session_json)
         try:
             cut, out = await self._cut_and_store(attempt, on_phase)
             if pair:
@@ -311,7 +313,12 @@ class Checkpointer:
                 await asyncio.to_thread(shutil.rmtree, attempt.work, True)
 
     async def _prepare(
-        self, rec: SandboxRecord, ckpt_id: str, kind: CheckpointKind, pair: tuple[str, str] | None
+        self,
+        rec: SandboxRecord,
+        ckpt_id: str,
+        kind: CheckpointKind,
+        pair: tuple[str, str] | None,
+        session_json: str | None,
     ) -> Attempt:
         """Step 1: the walk while the sandbox runs, and what the frozen step needs at hand."""
         t0 = time.monotonic()
@@ -333,9 +340,13 @@ class Checkpointer:
         if pair:
             self._check_pair(rec, pair)
         full = kind is CheckpointKind.FULL
-        session_pid = await self.sandboxes.session_pid(rec, st) if inspector and (full or pair) else None
+        session_pids = (
+            await self.sandboxes.session_pids(rec, st, session_json=session_json)
+            if inspector and (full or pair)
+            else frozenset()
+        )
         return Attempt(
-            ckpt_id, rec, kind, st, head, prepared, self.dump_root / ckpt_id, pair, inspector, session_pid, t0
+            ckpt_id, rec, kind, st, head, prepared, self.dump_root / ckpt_id, pair, inspector, session_pids, t0
         )
 
     def _check_pair(self, rec: SandboxRecord, pair: tuple[str, str]) -> None:
@@ -379,7 +390,7 @@ class Checkpointer:
             f0 = time.monotonic()
             crash_point("checkpoint.frozen")
             if a.pair and inspector:
-                stale = inspector.unchanged_since_image(a.rec.id, a.cid, a.st.pid, a.session_pid)
+                stale = inspector.unchanged_since_image(a.rec.id, a.cid, a.st.pid, a.session_pids)
                 if stale:
                     raise StalePairing(stale, sandbox=a.rec.id)
             if a.full:
@@ -390,7 +401,7 @@ class Checkpointer:
             else:
                 dump = None
             if dump is not None and inspector:
-                a.dumped = inspector.at_dump(a.cid, a.st.pid, a.session_pid)
+                a.dumped = inspector.at_dump(a.cid, a.st.pid, a.session_pids)
             cut = self.fs.capture(a.prepared)
             freeze_s = time.monotonic() - f0
         return FrozenCut(cut, dump, freeze_s, time.time_ns())

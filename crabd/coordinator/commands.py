@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
+from crabd.coordinator import named_capture
 from crabd.coordinator.oneshot import ChunkSink, run_exec
 from crabd.coordinator.runner import Session, SessionFoundDead
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
@@ -97,12 +98,22 @@ class Commands:
         return self.sandboxes.turns.record(rec.id, turn, kind, command, outcome, started_wall)
 
     async def _revive(self, rec: SandboxRecord, session: Session) -> Session:
-        """After a session's bash died: the default one gets a fresh bash with its last state; a named one
-        is closed, and a fresh one (the container's defaults) opened in its place."""
+        """After a session's bash died: a fresh bash with the session's last captured state (a named one
+        without a capture: the container's defaults)."""
         if not session.name:
             await self._revive_session(rec, session)
             return session
         self.sessions.forget_dead(rec, session.name)
+        stored = self.sandboxes.registry.latest_session_state(rec.id)
+        try:
+            capture = SessionState.from_json(stored).named_captures().get(session.name) if stored else None
+            if capture is not None:
+                return await self.sessions.revive(rec, session.name, capture)
+        except CrabError as exc:
+            log.warning(
+                "named session revival failed; it opens afresh",
+                extra={"sandbox": rec.id, "session": session.name, "error": str(exc)},
+            )
         return await self.sessions.get(rec, session.name)
 
     async def _revive_session(self, rec: SandboxRecord, session: Session) -> None:
@@ -138,6 +149,8 @@ class Commands:
         else:
             async with self.sandboxes.init_lost_means_dead(rec):
                 text = await session.capture_json()
+        # Idle named sessions too (coordinator/named_capture.py): their bashes are then no processes to dump.
+        text = named_capture.merged(text, await named_capture.capture(self.sandboxes, rec))
         limit = self.sandboxes.cfg.quota.max_session_state_bytes
         check_session_state(text, limit, uid=rec.owner_uid, sandbox=rec.name)
         return self.sandboxes.turns.end(rec.id, current.number, text)

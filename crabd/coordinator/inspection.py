@@ -126,17 +126,20 @@ class TurnInspection:
 
     # --- the sandbox's life ------------------------------------------------------------
 
-    async def watch(self, rec: SandboxRecord, ckpt: CheckpointRecord | None) -> None:
-        """``rec``'s container was just started from ``ckpt`` (None: from its image, nothing restored)."""
+    async def watch(
+        self, rec: SandboxRecord, ckpt: CheckpointRecord | None, named: frozenset[int] = frozenset()
+    ) -> None:
+        """``rec``'s container was just started from ``ckpt`` (None: from its image, nothing restored);
+        ``named``: the pids of its named sessions' bashes whose state that checkpoint holds."""
         try:
             st = await self.sandboxes.running(rec)
-            session_pid = await self.sandboxes.session_pid(rec, st)
+            session_pids = await self.sandboxes.session_pids(rec, st, named=named)
             await asyncio.to_thread(
                 self.inspector.started,
                 rec.id,
                 rec.container_id,
                 st.pid,
-                session_pid,
+                session_pids,
                 ckpt.process_blob if ckpt else None,
                 ckpt.id if ckpt else None,
                 restored=ckpt is not None,
@@ -185,7 +188,9 @@ class TurnInspection:
     async def _decide(self, rec: SandboxRecord, session_json: str | None) -> tuple[Decision, str | None]:
         """:meth:`decide`, and the id of the head checkpoint it compared with."""
         st = await self.sandboxes.running(rec)
-        session_pid = await self.sandboxes.session_pid(rec, st, captured_within_s=CAPTURED_PID_S)
+        session_pids = await self.sandboxes.session_pids(
+            rec, st, captured_within_s=CAPTURED_PID_S, session_json=session_json
+        )
         upper = Path(st.upper_dir or await asyncio.to_thread(self.sandboxes.backend.upper_dir, rec.container_id))
 
         def go() -> tuple[Decision, str | None]:
@@ -203,7 +208,7 @@ class TurnInspection:
                     head_tree=tree,
                     head_racy_ns=head.racy_ns if head else 0,
                     head_checkpoint=head.checkpoint.id if head and head.checkpoint else None,
-                    session_pid=session_pid,
+                    session_pids=session_pids,
                     session_json=session_json,
                     head_session_json=head_session,
                 )

@@ -55,13 +55,14 @@ import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from crabd.backends.fsdelta import TICK_NS, FsDelta, Tree
 from crabd.backends.procdump import ProcessImages
 from crabd.backends.sandbox import ContainerStatus
+from crabd.coordinator import named_capture
 from crabd.coordinator.attempt import Blobs
 from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.inspection import TurnInspection
@@ -106,6 +107,18 @@ PROCESS_CHECKPOINT = "crab"
 #: Clones started at once by one fork (each is a container start plus a tree write).
 FORK_PARALLEL = 4
 MAX_FORKS = 64
+
+
+@dataclass
+class _Sessions:
+    """A restored or forked container's sessions (``Restorer._sessions``)."""
+
+    default: Session
+    #: Its named sessions whose state the checkpoint captured (the others: processes of its image).
+    named: dict[str, Session]
+    #: Their bashes' pids in the sandbox (the inspector leaves them out).
+    named_pids: frozenset[int]
+    not_restored: list[str]
 
 
 class _TreeOnce:
@@ -175,10 +188,10 @@ class Restorer:
                 reason="no key ring",
             )
 
-    async def _watch(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> None:
+    async def _watch(self, rec: SandboxRecord, ckpt: CheckpointRecord, named: frozenset[int]) -> None:
         if self.inspection is not None:
             fresh = await self.sandboxes.get(rec.id)
-            await self.inspection.watch(fresh or rec, ckpt)
+            await self.inspection.watch(fresh or rec, ckpt, named)
 
     @staticmethod
     def _session_to_apply(ckpt: CheckpointRecord, session_json: str | None) -> str | None:
@@ -190,6 +203,48 @@ class Restorer:
         it (replacing the bash would end the jobs it started).
         """
         return None if ckpt.process_blob and ckpt.kind is CheckpointKind.FULL else session_json
+
+    async def _sessions(
+        self,
+        rec: SandboxRecord,
+        ckpt: CheckpointRecord,
+        container_id: str,
+        st: ContainerStatus,
+        session_json: str | None,
+    ) -> _Sessions:
+        """Every session of a just-started container brought back as ``ckpt`` holds them, and what they lack.
+
+        The default one (:meth:`_fresh_session`), then the named ones whose
+        state was captured (``coordinator/named_capture.py``).
+        """
+        session, lost = await self._fresh_session(
+            rec, container_id, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
+        )
+        exact = bool(ckpt.process_blob) and ckpt.kind is CheckpointKind.FULL
+        image_named = frozenset() if exact or not ckpt.process_blob else await self._image_named(ckpt)
+        named, pids, named_lost = await named_capture.bring_back(
+            self.sandboxes,
+            rec,
+            container_id,
+            st,
+            session.connector,
+            session_json,
+            image_exact=exact,
+            image_named=image_named,
+        )
+        return _Sessions(session, named, pids, lost + named_lost)
+
+    async def _image_named(self, ckpt: CheckpointRecord) -> frozenset[str]:
+        """The named sessions captured by the checkpoint whose process image ``ckpt`` (files-only) reuses."""
+
+        def find() -> frozenset[str]:
+            for c in reversed(self.catalog.lineage(ckpt.id)):
+                if c.kind is CheckpointKind.FULL and c.process_blob == ckpt.process_blob:
+                    text = self.ck.session_json(c)
+                    return frozenset(SessionState.from_json(text).named) if text else frozenset()
+            return frozenset()
+
+        return await asyncio.to_thread(find)
 
     async def _fresh_session(
         self, rec: SandboxRecord, container_id: str, st: ContainerStatus, state_json: str | None, *, keep_bash: bool
@@ -391,10 +446,9 @@ class Restorer:
         t_launch = time.monotonic()
         try:
             crash_point("restore.after_launch")
-            # A process checkpoint brought the session's bash back itself.
-            session, not_restored = await self._fresh_session(
-                rec, new_cid, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
-            )
+            # A process checkpoint brought the sessions' bashes back itself.
+            sessions = await self._sessions(rec, ckpt, new_cid, st, session_json)
+            not_restored = sessions.not_restored
             t_session = time.monotonic()
             reg = self.sandboxes.registry
 
@@ -417,8 +471,8 @@ class Restorer:
             await asyncio.shield(asyncio.to_thread(self.sandboxes.backend.remove, new_cid))
             raise
         crash_point("restore.after_swap")
-        self.sandboxes.bind_session(rec.id, session)
-        await self._watch(rec, ckpt)
+        self.sandboxes.bind_session(rec.id, sessions.default, sessions.named)
+        await self._watch(rec, ckpt, sessions.named_pids)
         old = rec.container_id
         if old and old != new_cid:
             # Deleting a big upper dir takes seconds; the restore is complete
@@ -498,8 +552,8 @@ class Restorer:
                 raise
         out = []
         for r, res in zip(recs, results, strict=True):
-            self.sandboxes.bind_session(r.id, res[0])
-            await self._watch(r, ckpt)
+            self.sandboxes.bind_session(r.id, res[0].default, res[0].named)
+            await self._watch(r, ckpt, res[0].named_pids)
             got = await self.sandboxes.get(r.id)
             assert got is not None
             got.ip_address, got.not_restored = res[1], res[2]
@@ -509,7 +563,7 @@ class Restorer:
 
     async def _fork_all(
         self, owner_uid: int, ckpt: CheckpointRecord, ids: list[str], names: list[str], arrival: bool
-    ) -> tuple[list[SandboxRecord], list[tuple[Session, str, list[str], _Prepared]]]:
+    ) -> tuple[list[SandboxRecord], list[tuple[_Sessions, str, list[str], _Prepared]]]:
         """Reserve every fork, then clone them in parallel; any failure undoes them all."""
         base = spec_from_json(ckpt.spec_json)
         tree, session_json = await self._load(ckpt)
@@ -526,7 +580,7 @@ class Restorer:
             crash_point("fork.after_reserve")
             gate = asyncio.Semaphore(FORK_PARALLEL)
 
-            async def one(r: SandboxRecord) -> tuple[Session, str, list[str], _Prepared]:
+            async def one(r: SandboxRecord) -> tuple[_Sessions, str, list[str], _Prepared]:
                 async with gate:
                     return await self._clone(r, ckpt, tree, session_json)
 
@@ -557,7 +611,7 @@ class Restorer:
 
     async def _clone(
         self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: _TreeOnce, session_json: str | None
-    ) -> tuple[Session, str, list[str], _Prepared]:
+    ) -> tuple[_Sessions, str, list[str], _Prepared]:
         prep = _Prepared()
         cid, st = await self.sandboxes.launch(
             rec,
@@ -566,9 +620,7 @@ class Restorer:
             checkpoint=PROCESS_CHECKPOINT if ckpt.process_blob else "",
         )
         crash_point("fork.after_launch")
-        session, not_restored = await self._fresh_session(
-            rec, cid, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
-        )
+        sessions = await self._sessions(rec, ckpt, cid, st, session_json)
         reg = self.sandboxes.registry
 
         def commit() -> None:
@@ -580,7 +632,7 @@ class Restorer:
         async with self.store_lock.shared():  # (c)
             await asyncio.to_thread(commit)
         crash_point("fork.after_commit")
-        return session, st.ip_address, not_restored, prep
+        return sessions, st.ip_address, sessions.not_restored, prep
 
     async def _undo_clone(self, rec: SandboxRecord) -> None:
         await asyncio.to_thread(self.catalog.drop_head, rec.id)

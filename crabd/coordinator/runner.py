@@ -147,6 +147,7 @@ class Session:
         gid: int | None = None,
         yielding: DumpYield | None = None,
         pty: tuple[int, int] | None = None,
+        spawn_known: bool = True,
     ) -> None:
         self._connect = connect
         self._env = env
@@ -156,6 +157,9 @@ class Session:
         self._uid, self._gid = uid, gid
         #: The bash's stdout and stderr are one pseudo-terminal of this size (rows, columns); None: two pipes.
         self.pty = pty
+        #: Whether the running bash was started as this object says (user, terminal), so that a fresh one
+        #: made from a capture is the same kind (false: a handle made for a bash found running).
+        self.spawn_known = spawn_known
         #: Steps aside for process dumps while a command runs (None: holds its connection).
         self.yielding = yielding
         self._lock = asyncio.Lock()
@@ -196,6 +200,16 @@ class Session:
     @property
     def busy(self) -> bool:
         return self._lock.locked()
+
+    @property
+    def connector(self) -> Connector:
+        """How this session reaches the sandbox's init (named sessions of a new container share it)."""
+        return self._connect
+
+    @property
+    def user(self) -> tuple[int | None, int | None]:
+        """The (uid, gid) its bash runs as (None: root, init's own)."""
+        return self._uid, self._gid
 
     async def _attach_or_spawn(self, conn: InitConnection, *, start: bool = True) -> int:
         """Bind ``conn`` to the session, starting bash if there is none (``start``; else

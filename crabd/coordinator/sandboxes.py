@@ -51,7 +51,7 @@ from crabd.errors import (
 from crabd.host import images
 from crabd.inspector.model import MemoryWrites
 from crabd.models import SandboxRecord, SandboxSpec, SandboxState, ShardPlace
-from crabd.runtime import session_os
+from crabd.runtime import session_os, session_state
 from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import SessionState
 from crabd.store.image_claims import ImageClaims
@@ -554,13 +554,15 @@ class SandboxManager:
 
         return probe
 
-    def bind_session(self, sandbox_id: str, session: Session | None) -> None:
-        """Make ``session`` the sandbox's session (after its container was replaced)."""
+    def bind_session(self, sandbox_id: str, session: Session | None, named: dict[str, Session] | None = None) -> None:
+        """Make ``session`` the sandbox's session (after its container was replaced), and ``named`` the named
+        sessions known of the new container (the others are found in its init again)."""
         live = self._live_for_id(sandbox_id)
         live.session, live.bound = session, None
-        if session is not None:
-            session.yielding = live.yielding
-        live.named.clear()  # another container: its named sessions are found in its init again
+        live.named = dict(named or {})
+        for s in [session, *live.named.values()]:
+            if s is not None:
+                s.yielding = live.yielding
 
     def op_lock(self, sandbox_id: str) -> asyncio.Lock:
         """Serialises checkpoint, restore and fork of one sandbox."""
@@ -655,6 +657,21 @@ class SandboxManager:
         if seen is not None:
             return seen[0]
         return await session.pid()
+
+    async def session_pids(
+        self,
+        rec: SandboxRecord,
+        st: ContainerStatus | None = None,
+        *,
+        captured_within_s: float = 0.0,
+        session_json: str | None = None,
+        named: frozenset[int] | None = None,
+    ) -> frozenset[int]:
+        """The sessions' bashes the inspector leaves out of the processes, their state being captured: the
+        default session's (:meth:`session_pid`) and the named ones ``session_json`` holds (or ``named``)."""
+        pid = await self.session_pid(rec, st, captured_within_s=captured_within_s)
+        others = named if named is not None else session_state.named_pids(session_json)
+        return others | {pid} if pid else others
 
     async def session_state(self, rec: SandboxRecord, *, start: bool = False) -> SessionState | None:
         """The session's state (``start``: starting its bash if none runs; see ``Session.capture_state``)."""

@@ -10,14 +10,11 @@ The :class:`~crabd.coordinator.runner.Session` objects here are crabd's
 handles on them, made again when missing (after a restart of crabd, or
 when a restore replaced the container).
 
-How named sessions are checkpointed: a named session's bash is, to the
-inspector, a process like any other, so a turn end while one lives takes
-(or reuses) a process image, which holds every session exactly, idle or
-mid-command (a command's connection steps aside for the dump,
-``runner.DumpYield``).  Only the default session also has its semantic
-state captured at turn ends (cheap file-only checkpoints, and revival of a
-bash that died).  A named session whose command times out is killed and
-closed: the next command opens a fresh one.
+How named sessions are checkpointed: an idle one whose bash crabd started
+has its semantic state captured at turn ends, like the default session, and
+is then no process to the inspector; a busy one, or one found running,
+stays a process of the process image (``named_capture.py``).  A named
+session whose bash died (a timeout) comes back with its last capture.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ from crabd.coordinator.runner import NAMED_PREFIX, SESSION_NAME, Session, init_n
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
 from crabd.errors import InvalidRequest, QuotaExceeded
 from crabd.models import SandboxRecord, SessionInfo
+from crabd.runtime.session_state import NamedCapture
 
 log = logging.getLogger("crabd.sessions")
 
@@ -119,6 +117,16 @@ class NamedSessions:
             self.sandboxes.named_sessions(rec).pop(name, None)
         log.info("session closed", extra={"sandbox": rec.id, "session": name})
 
+    async def revive(self, rec: SandboxRecord, name: str, capture: NamedCapture) -> Session:
+        """Session ``name`` started afresh as ``capture`` recorded it (user, terminal) with its state applied."""
+        st = await self.sandboxes.running(rec)
+        uid, gid = capture.uid, capture.gid
+        session = self._make(rec, st.pid, name, env_dict(st.env), rec.spec.workdir, uid, gid, capture.pty)
+        await session.restart(capture.state)
+        self.sandboxes.named_sessions(rec)[name] = session
+        log.info("session revived from its capture", extra={"sandbox": rec.id, "session": name})
+        return session
+
     def forget_dead(self, rec: SandboxRecord, name: str) -> None:
         """A named session's bash ended (exit, timeout): drop its handle; the next command opens a fresh one."""
         if name:
@@ -133,7 +141,8 @@ class NamedSessions:
         if known is not None:
             return known
         st = await self.sandboxes.running(rec)
-        return self._make(rec, st.pid, name, env_dict(st.env), rec.spec.workdir, None, None)
+        # How a bash found running was started is not known here: it is checkpointed as a process.
+        return self._make(rec, st.pid, name, env_dict(st.env), rec.spec.workdir, None, None, known=False)
 
     def _make(
         self,
@@ -145,6 +154,8 @@ class NamedSessions:
         uid: int | None,
         gid: int | None,
         pty: tuple[int, int] | None = None,
+        *,
+        known: bool = True,
     ) -> Session:
         assert init_name(name) != SESSION_NAME
         session = Session(
@@ -157,6 +168,7 @@ class NamedSessions:
             gid=gid,
             yielding=self.sandboxes.dump_yield(rec),
             pty=pty,
+            spawn_known=known,
         )
         session.probe = self.sandboxes.session_probe(rec.container_id, rec.id)
         return session

@@ -102,18 +102,20 @@ class TurnEnd:
     head_tree: list[Entry] | None
     head_racy_ns: int
     head_checkpoint: str | None
-    session_pid: int | None
+    #: The sessions' bashes whose state is captured (the default one, the named ones in ``session_json``).
+    session_pids: frozenset[int]
     session_json: str | None
     head_session_json: str | None
 
 
-def _excluded(session_pid: int | None) -> set[int]:
-    return {1} | ({session_pid} if session_pid else set())
+def _excluded(session_pids: frozenset[int]) -> set[int]:
+    return {1} | {p for p in session_pids if p}
 
 
-def _counted(now: dict[int, Proc], session_pid: int | None) -> dict[int, Proc]:
-    """The processes the decision counts: all but PID 1, crab-init (its keeper's child) and the session's bash."""
-    skip = _excluded(session_pid) | {procs.crab_init(now)}
+def _counted(now: dict[int, Proc], session_pids: frozenset[int]) -> dict[int, Proc]:
+    """The processes the decision counts: all but PID 1, crab-init (its keeper's child) and the sessions' bashes
+    whose state is captured."""
+    skip = _excluded(session_pids) | {procs.crab_init(now)}
     return {p: v for p, v in now.items() if p not in skip}
 
 
@@ -170,7 +172,7 @@ class Inspector:
         sandbox_id: str,
         container_id: str,
         init_host_pid: int,
-        session_pid: int | None,
+        session_pids: frozenset[int],
         image: str | None,
         image_checkpoint: str | None,
         *,
@@ -189,7 +191,7 @@ class Inspector:
         self.source.take(sandbox_id)  # the start itself is nobody's turn
         self.vouched.forget(sandbox_id)
         now = procs.snapshot(container_id)
-        keep = _counted(now, session_pid)
+        keep = _counted(now, session_pids)
         self._baselines[sandbox_id] = Baseline(keep, image, image_checkpoint, self._digests(keep))
         self._fingerprints.pop(sandbox_id, None)
         # Without an image the head's tmpfs is what a fresh container has: nothing of the sandbox's own.
@@ -209,14 +211,14 @@ class Inspector:
         self._scan_next.add(sandbox_id)
 
     def unchanged_since_image(
-        self, sandbox_id: str, container_id: str, init_host_pid: int, session_pid: int | None
+        self, sandbox_id: str, container_id: str, init_host_pid: int, session_pids: frozenset[int]
     ) -> str:
         """ "" if the processes are still exactly the baseline's (call while frozen), else what changed."""
         base = self._baselines.get(sandbox_id)
         if base is None or base.image is None:
             return "crabd has no process image to pair with"
-        skip = _excluded(session_pid)
-        cur = _counted(procs.snapshot(container_id, skip), session_pid)
+        skip = _excluded(session_pids)
+        cur = _counted(procs.snapshot(container_id, skip), session_pids)
         for pid, p in cur.items():
             b = base.procs.get(pid)
             if b is None or b.start != p.start:
@@ -230,10 +232,10 @@ class Inspector:
             return "the tmpfs mounts changed"
         return ""
 
-    def at_dump(self, container_id: str, init_host_pid: int, session_pid: int | None) -> Dumped:
+    def at_dump(self, container_id: str, init_host_pid: int, session_pids: frozenset[int]) -> Dumped:
         """The baseline of a process dump being taken (call while the sandbox is frozen)."""
         now = procs.snapshot(container_id)
-        keep = _counted(now, session_pid)
+        keep = _counted(now, session_pids)
         return Dumped(Baseline(keep, None, None, self._digests(keep)), mounts.fingerprint(init_host_pid).digest)
 
     def settled(self, sandbox_id: str, container_id: str) -> None:
@@ -358,10 +360,10 @@ class Inspector:
         Such a process still there after SESSION_FORK_WAIT_S counts like any
         other (a process may blank its own command line).
         """
-        kept = self.vouched.still(turn.sandbox_id, turn.container_id, turn.session_pid, ev, name)
+        kept = self.vouched.still(turn.sandbox_id, turn.container_id, turn.session_pids, ev, name)
         if kept is not None:
             return kept
-        skip = _excluded(turn.session_pid)
+        skip = _excluded(turn.session_pids)
         base = self._baselines.get(turn.sandbox_id)
         known = {p.key() for p in base.procs.values()} if base else set()
         deadline = time.monotonic() + SESSION_FORK_WAIT_S
@@ -369,17 +371,17 @@ class Inspector:
             # Read before /proc: a task begun after this reading is counted against the read below.
             tasks = self.vouched.tasks_now(turn.sandbox_id)
             now = procs.snapshot(turn.container_id, skip)
-            shell = now.get(turn.session_pid or 0)
+            shells = {pid: now[pid] for pid in turn.session_pids if pid in now}
             forks = [
                 p
                 for p in now.values()
                 if p.pid not in skip
                 and p.key() not in known  # a background subshell already checkpointed is not momentary
-                and (p.cmd in ("", "?") or (shell and p.ppid == shell.pid and p.cmd == shell.cmd))
+                and (p.cmd in ("", "?") or (p.ppid in shells and p.cmd == shells[p.ppid].cmd))
             ]
             if not forks or time.monotonic() > deadline:
                 light = skip | {procs.crab_init(now)}
-                self.vouched.read(turn.sandbox_id, turn.container_id, turn.session_pid, now, light, tasks)
+                self.vouched.read(turn.sandbox_id, turn.container_id, turn.session_pids, now, light, tasks)
                 return now
             time.sleep(0.002)
 
@@ -395,7 +397,7 @@ class Inspector:
                 ev.file_notes.append("a process could write through a shared file mapping (no syscall to see)")
         else:
             self._mapped.discard(turn.sandbox_id)
-        cur = _counted(now, turn.session_pid)
+        cur = _counted(now, turn.session_pids)
         base = self._baselines.get(turn.sandbox_id)
         proc_changes = self._process_changes(turn, cur, base, ev, check_memory)
         tmpfs = self._tmpfs_now(turn, ev, now, last_tmpfs)

@@ -1,12 +1,16 @@
 """How a session's captured state differs from the head's: the decision's "session" reason.
 
 The state is the JSON of ``runtime/session_state.py`` (cwd, environment,
-shell variables and options, limits and descriptors read from /proc).
+shell variables and options, limits and descriptors read from /proc), with
+the named sessions captured with it under ``named``: their states and how
+they were started; a bash's pid is not part of its state (a restore starts
+a new one).
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 
 def session_change(now: str | None, before: str | None) -> str:
@@ -16,10 +20,21 @@ def session_change(now: str | None, before: str | None) -> str:
     if before is None:
         return "the session's state was never checkpointed"
     try:
-        a, b = json.loads(now), json.loads(before)
+        a: Any = json.loads(now)
+        b: Any = json.loads(before)
     except ValueError:
         return "the session's state changed"
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return "the session's state changed"
+    a, b = _without_pids(a), _without_pids(b)
     parts = []
+    named_a, named_b = a.get("named", {}), b.get("named", {})
+    if named_a != named_b:
+        if not isinstance(named_a, dict) or not isinstance(named_b, dict):
+            parts.append("named sessions")
+        else:
+            names = sorted(k for k in set(named_a) | set(named_b) if named_a.get(k) != named_b.get(k))
+            parts.append("named sessions " + ", ".join(names[:5]) + (" ..." if len(names) > 5 else ""))
     if a.get("cwd") != b.get("cwd"):
         parts.append(f"cwd {b.get('cwd')} -> {a.get('cwd')}")
     env_a, env_b = a.get("env", {}), b.get("env", {})
@@ -46,3 +61,11 @@ def session_change(now: str | None, before: str | None) -> str:
     if not parts and {k: v for k, v in a.items() if k != "fds"} == {k: v for k, v in b.items() if k != "fds"}:
         return ""  # only pipe or socket inode numbers differ (new ones after every restore)
     return "session changed: " + ("; ".join(parts) if parts else "state")
+
+
+def _without_pids(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with its named sessions' pids left out."""
+    named = state.get("named")
+    if not isinstance(named, dict):
+        return state
+    return {**state, "named": {k: {**v, "pid": None} if isinstance(v, dict) else v for k, v in named.items()}}

@@ -42,7 +42,7 @@ class Vouched:
     """A /proc read that found only the processes the decision never counts, and when it was taken."""
 
     container_id: str
-    session_pid: int | None
+    session_pids: frozenset[int]
     procs: dict[int, Proc]
     host_pids: frozenset[int]
     #: The probes' task counters read just before that /proc read.
@@ -84,14 +84,14 @@ class VouchedProcesses:
         return self._tasks(sandbox_id)
 
     def still(
-        self, sandbox_id: str, container_id: str, session_pid: int | None, ev: Evidence, gathered_by: str
+        self, sandbox_id: str, container_id: str, session_pids: frozenset[int], ev: Evidence, gathered_by: str
     ) -> dict[int, Proc] | None:
         """The kept read's processes if the probes vouch nothing changed them since; else None (read /proc).
 
         ``gathered_by``: the source of ``ev`` ("ebpf" or "scan"); the scan vouches for nothing.
         """
         kept = self._kept.get(sandbox_id)
-        if kept is None or kept.container_id != container_id or kept.session_pid != session_pid:
+        if kept is None or kept.container_id != container_id or kept.session_pids != session_pids:
             return None
         if gathered_by != "ebpf" or ev.files_dirty or ev.tmpfs_dirty or ev.lost or ev.process_notes:
             return None
@@ -109,7 +109,7 @@ class VouchedProcesses:
         self,
         sandbox_id: str,
         container_id: str,
-        session_pid: int | None,
+        session_pids: frozenset[int],
         now: dict[int, Proc],
         light: set[int],
         tasks: TaskCounts | None,
@@ -118,7 +118,7 @@ class VouchedProcesses:
         self.walked += 1
         if tasks is not None and now and light_only(now, light):
             self._kept[sandbox_id] = Vouched(
-                container_id, session_pid, now, frozenset(p.host_pid for p in now.values()), tasks
+                container_id, session_pids, now, frozenset(p.host_pid for p in now.values()), tasks
             )
         else:
             self._kept.pop(sandbox_id, None)

@@ -191,7 +191,11 @@ class CrabRuntime(AbstractRuntime):
             raise SessionDoesNotExistError(f"session {action.session!r} does not exist")
         if action.session in self._reset:
             self._reset.discard(action.session)
-            return BashObservation(output="", exit_code=0, failure_reason="the session was restarted at the timeout")
+            return BashObservation(
+                output="",
+                exit_code=0,
+                failure_reason="the session was restarted at the timeout, with its state as of the last turn end",
+            )
         return BashObservation(output="", exit_code=0)
 
     async def close_session(self, request: CloseSessionRequest) -> CloseBashSessionResponse:

@@ -42,6 +42,15 @@ crabd reads them from /proc on the host and adds them (``limits``, ``fds``;
 see ``session_os.py``).  Captures stored before these fields existed load
 with them unset (None: not recorded).
 
+Named sessions (``named``, omitted when empty).  The stored state of a
+sandbox is its default session's, and, under ``named``, each named session
+that was idle at the capture and holds no descriptor beyond 0-2: its own
+state and how its bash was started (:class:`NamedCapture`: pid in the
+sandbox at the capture, pty size, uid, gid).  A restore without a process
+image of that moment re-creates each from it (``coordinator/session_restore.py``);
+a named session not listed is one the sandbox's process image holds.
+Names are checked like a request's (an archive is input).
+
 Variables bash manages itself (dynamic, readonly or per-process: BASH*,
 EUID, PPID, RANDOM, SECONDS, LINENO, PIPESTATUS, SHELLOPTS, ...) and crab's
 own ``__crab_*`` helpers are neither captured nor restored; PWD and OLDPWD
@@ -51,7 +60,8 @@ are restored by ``cd``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from crabd.errors import SessionStateError
@@ -180,11 +190,14 @@ class SessionState:
     # None: not recorded (a capture older than these fields, or /proc could not be read).
     limits: dict[str, list[int]] | None = None  # name -> [soft, hard], -1 = unlimited
     fds: list[dict[str, Any]] | None = None  # open descriptors beyond 0-2
+    #: Named sessions captured with it: name -> :meth:`NamedCapture.to_obj` (see the module's docstring).
+    named: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         # The fields themselves, not ``asdict``'s deep copy of them (json only reads them): a
         # copy cost ~2% of crabd's CPU per session turn, whose end serializes the state.
-        return json.dumps(vars(self), sort_keys=True, ensure_ascii=True)
+        fields = vars(self) if self.named else {k: v for k, v in vars(self).items() if k != "named"}
+        return json.dumps(fields, sort_keys=True, ensure_ascii=True)
 
     @classmethod
     def from_json(cls, text: str) -> SessionState:
@@ -192,9 +205,82 @@ class SessionState:
             data: Any = json.loads(text)
             if not isinstance(data, dict) or not isinstance(data.get("cwd"), str):
                 raise ValueError("not a session state object")
-            return cls(**data)
+            state = cls(**data)
         except (ValueError, TypeError) as exc:
             raise SessionStateError(f"invalid session state: {exc}") from exc
+        state.named_captures()  # checked now: a stored state may come from an archive
+        return state
+
+    def named_captures(self) -> dict[str, NamedCapture]:
+        """The named sessions captured with this state, checked."""
+        if not isinstance(self.named, dict):
+            raise SessionStateError("invalid session state: 'named' is not an object")
+        return {name: NamedCapture.from_obj(name, obj) for name, obj in self.named.items()}
+
+    def with_named(self, captures: dict[str, NamedCapture]) -> SessionState:
+        """This state with ``captures`` as its named sessions (a shallow copy)."""
+        return replace(self, named={name: c.to_obj() for name, c in sorted(captures.items())})
+
+
+def named_pids(text: str | None) -> frozenset[int]:
+    """The pids of the named sessions' bashes a stored state captured (none if it has no ``named``)."""
+    if not text or '"named"' not in text:  # the common case, without parsing a big state
+        return frozenset()
+    try:
+        named = json.loads(text).get("named")
+    except (ValueError, AttributeError):
+        return frozenset()
+    if not isinstance(named, dict):
+        return frozenset()
+    return frozenset(v["pid"] for v in named.values() if isinstance(v, dict) and type(v.get("pid")) is int)
+
+
+#: A named session's name (the service's check; repeated here for states read from storage).
+NAMED_SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+@dataclass(frozen=True)
+class NamedCapture:
+    """A named session as a turn end captured it: its state, and what its bash was started with."""
+
+    state: SessionState
+    #: Its bash's pid inside the sandbox at the capture (the inspector leaves it out of the processes).
+    pid: int
+    #: Its output a pseudo-terminal of (rows, columns); None: pipes.
+    pty: tuple[int, int] | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+    def to_obj(self) -> dict[str, Any]:
+        state = {k: v for k, v in vars(self.state).items() if k != "named"}
+        return {
+            "state": state,
+            "pid": self.pid,
+            "pty": list(self.pty) if self.pty else None,
+            "uid": self.uid,
+            "gid": self.gid,
+        }
+
+    @classmethod
+    def from_obj(cls, name: str, obj: Any) -> NamedCapture:
+        """One entry of ``SessionState.named``, checked (SessionStateError if malformed)."""
+        what = f"invalid session state of named session {name[:80]!r}"
+        if not isinstance(name, str) or not NAMED_SESSION_RE.fullmatch(name):
+            raise SessionStateError(f"invalid session state: bad named session name {str(name)[:80]!r}")
+        if not isinstance(obj, dict) or set(obj) != {"state", "pid", "pty", "uid", "gid"}:
+            raise SessionStateError(f"{what}: not an object of state, pid, pty, uid, gid")
+        pty, ids = obj["pty"], (obj["pid"], obj["uid"], obj["gid"])
+        if not all(v is None or (type(v) is int and 0 <= v < 1 << 32) for v in ids) or obj["pid"] is None:
+            raise SessionStateError(f"{what}: pid, uid or gid is not a 32-bit number")
+        if pty is not None and not (
+            isinstance(pty, list) and len(pty) == 2 and all(type(v) is int and 1 <= v <= 0xFFFF for v in pty)
+        ):
+            raise SessionStateError(f"{what}: pty is not [rows, columns]")
+        raw = obj["state"]
+        if not isinstance(raw, dict) or "named" in raw:
+            raise SessionStateError(f"{what}: its state is not a session state object")
+        state = SessionState.from_json(json.dumps(raw))
+        return cls(state, obj["pid"], (pty[0], pty[1]) if pty else None, obj["uid"], obj["gid"])
 
 
 _SINGLE = frozenset(SECTIONS) - {"ENV", "VARS", "DIRS"}

@@ -500,7 +500,7 @@ class SessionCore(Generic[SBX]):
     def _default_only(self, what: str) -> None:
         if self.name:
             raise InvalidRequest(
-                f"{what} is the default session's; session {self.name!r} is checkpointed as a process",
+                f"{what} is the default session's; session {self.name!r}'s state is captured with it",
                 hint="Use sb.session.state() / sb.session.restart() for the default session.",
             )
 

@@ -67,7 +67,8 @@ def test_swe_agent_style_calls_on_a_crab_sandbox(daemon: EmbeddedDaemon, client:
         act("sleep 30", timeout=1)
     interrupted = asyncio.run(rt.run_in_session(BashInterruptAction()))
     assert interrupted.exit_code == 0 and "restarted" in interrupted.failure_reason
-    assert act("echo ${X:-fresh}").output == "fresh\n"
+    # A fresh bash with the session's state as of the last turn end (each action is a turn).
+    assert act("echo ${X:-fresh} $PWD").output == "1 /tmp\n"
 
     r = asyncio.run(rt.execute(Command(command="echo hi; exit 4", shell=True)))
     assert (r.stdout, r.exit_code) == ("hi\n", 4)

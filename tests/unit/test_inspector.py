@@ -6,6 +6,7 @@ tests/integration/test_inspector.py and by the labelled corpus.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -21,6 +22,7 @@ from crabd.inspector import files, mounts, procs
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.decide import Inspector, TurnEnd
 from crabd.inspector.model import FS, Decision, Evidence, Proc
+from crabd.inspector.session import session_change
 from crabd.models import DecisionKind
 from crabd.store.fsblobs import FileBlobStore
 
@@ -86,7 +88,11 @@ class Sbx:
     fs: OverlayDelta
 
     def turn(
-        self, session: str | None = '{"cwd": "/"}', head_session: str | None = '{"cwd": "/"}', session_pid: int = 2
+        self,
+        session: str | None = '{"cwd": "/"}',
+        head_session: str | None = '{"cwd": "/"}',
+        session_pid: int = 2,
+        named: frozenset[int] = frozenset(),
     ) -> Decision:
         return self.inspector.decide(
             TurnEnd(
@@ -98,7 +104,7 @@ class Sbx:
                 head_tree=self.head,
                 head_racy_ns=0,
                 head_checkpoint="ck-head",
-                session_pid=session_pid,
+                session_pids=frozenset({session_pid}) | named,
                 session_json=session,
                 head_session_json=head_session,
             )
@@ -126,7 +132,7 @@ def sbx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sbx]:
     events = FakeEvents()
     s = Sbx(world, events, Inspector(events, limits=LIMITS), upper, [], fs)
     s.checkpoint_files()
-    s.inspector.started("sb", "c", 10_001, 2, image=None, image_checkpoint=None)
+    s.inspector.started("sb", "c", 10_001, frozenset({2}), image=None, image_checkpoint=None)
     s.turn()  # the first turn after a start compares everything; start from a settled state
     yield s
 
@@ -149,7 +155,7 @@ def test_crab_init_under_its_keeper_does_not_count_but_a_mimic_does(sbx: Sbx) ->
         6: replace(proc(6, keeper, start=100), ppid=1),
         2: replace(proc(2, "bash --noprofile"), ppid=6),
     }
-    sbx.inspector.started("sb", "c", 10_001, 2, image=None, image_checkpoint=None)
+    sbx.inspector.started("sb", "c", 10_001, frozenset({2}), image=None, image_checkpoint=None)
     sbx.turn()
     sbx.world.procs[6] = replace(sbx.world.procs[6], runtime_ns=10**9)  # it served this turn's commands
     sbx.world.procs[1] = replace(sbx.world.procs[1], runtime_ns=10**9)
@@ -165,6 +171,29 @@ def test_crab_init_under_its_keeper_does_not_count_but_a_mimic_does(sbx: Sbx) ->
 def test_session_change_is_fs(sbx: Sbx) -> None:
     d = sbx.turn(session='{"cwd": "/tmp"}')
     assert d.kind == "fs" and any("cwd / -> /tmp" in r for r in d.reasons)
+
+
+def test_a_captured_named_sessions_bash_does_not_count_but_an_uncaptured_one_does(sbx: Sbx) -> None:
+    """A named session captured at the turn end is state, not a process; one not captured is a process."""
+    bash = replace(proc(3, "bash --noprofile --norc"), ppid=1)
+    sbx.world.procs[3] = bash
+    sbx.inspector.started("sb", "c", 10_001, frozenset({2, 3}), image=None, image_checkpoint=None)
+    state = '{"cwd": "/", "named": {"web": {"gid": null, "pid": 3, "pty": null, "state": {"cwd": "/"}, "uid": null}}}'
+    sbx.turn(session=state, head_session=state, named=frozenset({3}))
+    sbx.world.procs[3] = replace(bash, runtime_ns=10**9)  # it ran a command this turn
+    assert sbx.turn(session=state, head_session=state, named=frozenset({3})).kind == "skip"
+    d = sbx.turn(session=state, head_session=state)  # busy at the turn end, so not captured: it counts
+    assert d.kind == "full" and any("process 3" in r for r in d.reasons), d.reasons
+
+
+def test_a_named_sessions_state_change_is_fs_and_its_bashs_pid_is_no_change() -> None:
+    def state(cwd: str, pid: int) -> str:
+        named = {"web": {"gid": None, "pid": pid, "pty": None, "state": {"cwd": cwd}, "uid": None}}
+        return json.dumps({"cwd": "/", "named": named})
+
+    assert session_change(state("/a", 3), state("/a", 9)) == ""  # a restore started a new bash
+    assert session_change(state("/b", 3), state("/a", 3)) == "session changed: named sessions web"
+    assert session_change('{"cwd": "/"}', state("/a", 3)) == "session changed: named sessions web"
 
 
 def test_file_events_with_a_net_change_are_fs_with_the_path(sbx: Sbx) -> None:
@@ -207,7 +236,7 @@ def test_only_a_restored_start_walks_the_files_at_its_first_turn(sbx: Sbx, resto
     # A file the probes did not see written: a restored container may have written it
     # before it was watched (its head is older); a fresh one's head is cut after the watch.
     (sbx.upper / "app.py").write_text("x = 3\n")
-    sbx.inspector.started("sb", "c", 10_001, 2, image=None, image_checkpoint=None, restored=restored)
+    sbx.inspector.started("sb", "c", 10_001, frozenset({2}), image=None, image_checkpoint=None, restored=restored)
     d = sbx.turn()
     assert d.kind == ("fs" if restored else "skip"), d.reasons
     assert sbx.turn().kind == "skip"  # walked once at most
@@ -242,7 +271,7 @@ def test_process_started_and_exited_within_the_turn_is_no_change(sbx: Sbx) -> No
 def _with_image(sbx: Sbx, *ps: Proc) -> None:
     for p in ps:
         sbx.world.procs[p.pid] = p
-    dumped = sbx.inspector.at_dump("c", 10_001, 2)
+    dumped = sbx.inspector.at_dump("c", 10_001, frozenset({2}))
     sbx.inspector.published("sb", "ck-full", "image-1", dumped)
 
 
@@ -329,7 +358,7 @@ def test_tmpfs_content_needs_a_process_checkpoint(sbx: Sbx) -> None:
     sbx.world.tmpfs = mounts.Tmpfs("d1", "/dev/shm/token")
     d = sbx.turn()
     assert d.kind == "full" and any("/dev/shm/token" in r for r in d.reasons)
-    sbx.inspector.published("sb", "ck-1", "image-2", sbx.inspector.at_dump("c", 10_001, 2))
+    sbx.inspector.published("sb", "ck-1", "image-2", sbx.inspector.at_dump("c", 10_001, frozenset({2})))
     assert sbx.turn().kind == "skip"
     # Files change; the tmpfs does not: pairs with the image that holds it.
     (sbx.upper / "n.txt").write_text("n")
@@ -377,9 +406,9 @@ def test_shadow_records_the_scan_verdict(sbx: Sbx) -> None:
 
 def test_unchanged_since_image_guards_pairing(sbx: Sbx) -> None:
     _with_image(sbx, proc(40))
-    assert sbx.inspector.unchanged_since_image("sb", "c", 10_001, 2) == ""
+    assert sbx.inspector.unchanged_since_image("sb", "c", 10_001, frozenset({2})) == ""
     sbx.world.procs[40] = replace(sbx.world.procs[40], runtime_ns=99)
-    assert "ran" in sbx.inspector.unchanged_since_image("sb", "c", 10_001, 2)
+    assert "ran" in sbx.inspector.unchanged_since_image("sb", "c", 10_001, frozenset({2}))
 
 
 def test_a_process_that_ran_but_whose_memory_is_unchanged_is_no_change(
@@ -559,7 +588,7 @@ def test_a_decision_that_failed_after_taking_the_evidence_leaves_no_fingerprint_
 
 
 def test_a_restart_of_the_sandbox_forgets_the_fingerprint(sbx: Sbx, fingerprints: list[int]) -> None:
-    sbx.inspector.started("sb", "c", 10_001, 2, image=None, image_checkpoint=None)
+    sbx.inspector.started("sb", "c", 10_001, frozenset({2}), image=None, image_checkpoint=None)
     sbx.events.next = Evidence(tmpfs_dirty=False)
     sbx.turn()
     assert fingerprints == [10_001]

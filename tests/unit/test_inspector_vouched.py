@@ -73,7 +73,7 @@ def sbx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads: Reads) -> Iterat
     events = CleanEvents(counts=(1, 10, 10), next=Evidence(files_dirty=True))
     s = Sbx(world, events, Inspector(events, limits=LIMITS), upper, [], fs)
     s.checkpoint_files()
-    s.inspector.started("sb", "c", 10_001, 2, image=None, image_checkpoint=None)
+    s.inspector.started("sb", "c", 10_001, frozenset({2}), image=None, image_checkpoint=None)
     s.turn()  # compares everything (first turn after a start) and reads /proc: the read it keeps
     reads.n = 0
     yield s
@@ -179,7 +179,7 @@ def test_a_shared_writable_mapping_is_never_vouched_for(sbx: Sbx, reads: Reads) 
 
 def test_forget_drops_what_it_kept(sbx: Sbx, reads: Reads) -> None:
     sbx.inspector.forget("sb")
-    sbx.inspector.started("sb", "c", 10_001, 2, image=None, image_checkpoint=None)
+    sbx.inspector.started("sb", "c", 10_001, frozenset({2}), image=None, image_checkpoint=None)
     reads.n = 0
     sbx.turn()
     assert reads.n == 1
@@ -189,10 +189,10 @@ def test_only_the_same_session_and_container_are_vouched_for() -> None:
     """The kept read stands for one container and one session's bash, never for a successor's."""
     light = {1: proc(1, "crab-init"), 2: proc(2, "bash --noprofile")}
     v = VouchedProcesses(lambda sid: (1, 4, 4), lambda cid: [10_001, 10_002])
-    v.read("sb", "c", 2, light, {1, 2}, (1, 4, 4))
+    v.read("sb", "c", frozenset({2}), light, {1, 2}, (1, 4, 4))
     clean = _clean()
-    assert v.still("sb", "c", 2, clean, "ebpf") == light
-    assert v.still("sb", "c", 3, clean, "ebpf") is None
-    assert v.still("sb", "c-restored", 2, clean, "ebpf") is None
-    assert v.still("other", "c", 2, clean, "ebpf") is None
+    assert v.still("sb", "c", frozenset({2}), clean, "ebpf") == light
+    assert v.still("sb", "c", frozenset({3}), clean, "ebpf") is None
+    assert v.still("sb", "c-restored", frozenset({2}), clean, "ebpf") is None
+    assert v.still("other", "c", frozenset({2}), clean, "ebpf") is None
     assert (v.walked, v.vouched) == (1, 1)

@@ -103,5 +103,45 @@ def test_state_json_is_the_fields_as_before() -> None:
         fds=[{"fd": 3, "kind": "file", "target": "/x", "flags": 0, "pos": 0}],
     )
     text = st.to_json()
-    assert text == json.dumps(dataclasses.asdict(st), sort_keys=True, ensure_ascii=True)
+    before = {k: v for k, v in dataclasses.asdict(st).items() if k != "named"}  # no named sessions: no key
+    assert text == json.dumps(before, sort_keys=True, ensure_ascii=True)
     assert ss.SessionState.from_json(text) == st
+
+
+def _named(**over: object) -> dict[str, object]:
+    obj: dict[str, object] = {"state": {"cwd": "/srv"}, "pid": 42, "pty": [30, 100], "uid": 1000, "gid": 1000}
+    obj.update(over)
+    return obj
+
+
+def test_named_sessions_round_trip_and_their_pids_are_read_without_parsing_the_rest() -> None:
+    capture = ss.NamedCapture(ss.SessionState(cwd="/srv", env={"K": "v"}), 42, (30, 100), 1000, None)
+    st = ss.SessionState(cwd="/").with_named({"web": capture})
+    text = st.to_json()
+    back = ss.SessionState.from_json(text)
+    assert back.named_captures() == {"web": capture}
+    assert ss.named_pids(text) == {42} and ss.named_pids(ss.SessionState(cwd="/").to_json()) == frozenset()
+    assert ss.named_pids(None) == frozenset() and ss.named_pids('{"named": 3}') == frozenset()
+
+
+@pytest.mark.parametrize(
+    "named",
+    [
+        {"../x": _named()},  # a name a request could not give
+        {"a:b": _named()},
+        {"web": _named(pid=-1)},
+        {"web": _named(pid=None)},
+        {"web": _named(uid="0")},
+        {"web": _named(pty=[0, 80])},
+        {"web": _named(pty=[24])},
+        {"web": _named(state={"cwd": 3})},
+        {"web": _named(state={"cwd": "/", "named": {}})},  # no nesting
+        {"web": {**_named(), "extra": 1}},
+        {"web": "not an object"},
+    ],
+)
+def test_a_stored_state_with_a_bad_named_session_is_refused(named: dict[str, object]) -> None:
+    """A stored state can come from an archive: every named entry is checked as it is read."""
+    text = json.dumps({"cwd": "/", "named": named})
+    with pytest.raises(SessionStateError):
+        ss.SessionState.from_json(text)
