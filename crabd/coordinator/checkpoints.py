@@ -136,15 +136,19 @@ class Checkpointer:
 
     async def _session_for_checkpoint(self, rec: SandboxRecord) -> str | None:
         """The session state to store: captured now if the session is idle, else the last turn end's."""
-        text = self.sandboxes.registry.latest_session_state(rec.id)
+        return named_capture.merged(
+            await self._default_session_json(rec), await named_capture.capture(self.sandboxes, rec)
+        )  # with the idle named sessions (coordinator/named_capture.py)
+
+    async def _default_session_json(self, rec: SandboxRecord) -> str | None:
+        """The default session's state: captured now if it is idle, else the last turn end's."""
         if not self.sandboxes.session_busy(rec.id):
             try:
                 state = await self.sandboxes.session_state(rec)
-                text = state.to_json() if state is not None else None
+                return state.to_json() if state is not None else None
             except CrabError as exc:
                 log.warning("session capture for checkpoint failed", extra={"sandbox": rec.id, "error": str(exc)})
-        # The idle named sessions too (coordinator/named_capture.py).
-        return named_capture.merged(text, await named_capture.capture(self.sandboxes, rec))
+        return self.sandboxes.registry.latest_session_state(rec.id)
 
     def _kind(self, rec: SandboxRecord, kind: CheckpointKind | None) -> CheckpointKind:
         if kind is None:

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 
 from crabd.backends.sandbox import ContainerStatus
+from crabd.coordinator.oneshot import Connector
 from crabd.coordinator.runner import NAMED_PREFIX, Session
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
+from crabd.coordinator.sessions import named_handle
 from crabd.errors import CrabError, SessionProcessError
 from crabd.models import SandboxRecord
 from crabd.runtime import session_os
-from crabd.runtime.initproto import InitConnection
 from crabd.runtime.session_state import NamedCapture, SessionState
 
 log = logging.getLogger("crabd.sessions")
@@ -79,15 +79,12 @@ def merged(text: str | None, captures: dict[str, NamedCapture]) -> str | None:
     return SessionState.from_json(text).with_named(captures).to_json()
 
 
-Connect = Callable[[], Awaitable[InitConnection]]
-
-
 async def bring_back(
     sandboxes: SandboxManager,
     rec: SandboxRecord,
     container_id: str,
     st: ContainerStatus,
-    connect: Connect,
+    connect: Connector,
     session_json: str | None,
     *,
     image_exact: bool,
@@ -105,12 +102,9 @@ async def bring_back(
     captures = SessionState.from_json(session_json).named_captures() if session_json else {}
     if not captures and image_exact:
         return {}, frozenset(), []
-    lister = _handle(sandboxes, rec, container_id, st, connect, "", None)
-    alive = {
-        p.name[len(NAMED_PREFIX) :]: p.pid
-        for p in await lister.processes()
-        if p.alive and p.name.startswith(NAMED_PREFIX)
-    }
+    async with await connect() as conn:
+        listed = await conn.list()
+    alive = {p.name[len(NAMED_PREFIX) :]: p.pid for p in listed if p.alive and p.name.startswith(NAMED_PREFIX)}
     if image_exact:
         # The image holds each captured bash under its pid; one that is not there as recorded (a stored
         # state is input) stays what the image says it is: a process the inspector counts.
@@ -148,23 +142,12 @@ def _handle(
     rec: SandboxRecord,
     container_id: str,
     st: ContainerStatus,
-    connect: Connect,
+    connect: Connector,
     name: str,
     c: NamedCapture | None,
 ) -> Session:
-    """A handle on named session ``name`` of the new container, started as ``c`` says (None: only to list
-    or end one; ``name`` "": only to list)."""
-    uid, gid = (c.uid, c.gid) if c else (None, None)
-    session = Session(
-        connect,
-        env_dict(st.env),
-        rec.spec.workdir,
-        sandboxes.capture_counts,
-        name=name,
-        uid=uid,
-        gid=gid,
-        pty=c.pty if c else None,
-        spawn_known=c is not None,
-    )
-    session.probe = sandboxes.session_probe(container_id, rec.id)
-    return session
+    """A handle on named session ``name`` of the new container, started as ``c`` says (None: only to end it)."""
+    env, workdir = env_dict(st.env), rec.spec.workdir
+    if c is None:
+        return named_handle(sandboxes, rec, container_id, connect, name, env, workdir, known=False)
+    return named_handle(sandboxes, rec, container_id, connect, name, env, workdir, uid=c.uid, gid=c.gid, pty=c.pty)

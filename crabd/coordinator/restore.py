@@ -211,17 +211,18 @@ class Restorer:
         container_id: str,
         st: ContainerStatus,
         session_json: str | None,
+        image_named: frozenset[str],
     ) -> _Sessions:
         """Every session of a just-started container brought back as ``ckpt`` holds them, and what they lack.
 
         The default one (:meth:`_fresh_session`), then the named ones whose
-        state was captured (``coordinator/named_capture.py``).
+        state was captured (``coordinator/named_capture.py``; ``image_named``:
+        :meth:`_image_named`).
         """
         session, lost = await self._fresh_session(
             rec, container_id, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
         )
         exact = bool(ckpt.process_blob) and ckpt.kind is CheckpointKind.FULL
-        image_named = frozenset() if exact or not ckpt.process_blob else await self._image_named(ckpt)
         named, pids, named_lost = await named_capture.bring_back(
             self.sandboxes,
             rec,
@@ -235,7 +236,10 @@ class Restorer:
         return _Sessions(session, named, pids, lost + named_lost)
 
     async def _image_named(self, ckpt: CheckpointRecord) -> frozenset[str]:
-        """The named sessions captured by the checkpoint whose process image ``ckpt`` (files-only) reuses."""
+        """The named sessions captured by the checkpoint whose process image ``ckpt`` reuses, if ``ckpt`` is
+        files-only with one (read once per restore or fork, for all its clones)."""
+        if not ckpt.process_blob or ckpt.kind is CheckpointKind.FULL:
+            return frozenset()
 
         def find() -> frozenset[str]:
             for c in reversed(self.catalog.lineage(ckpt.id)):
@@ -447,8 +451,7 @@ class Restorer:
         try:
             crash_point("restore.after_launch")
             # A process checkpoint brought the sessions' bashes back itself.
-            sessions = await self._sessions(rec, ckpt, new_cid, st, session_json)
-            not_restored = sessions.not_restored
+            sessions = await self._sessions(rec, ckpt, new_cid, st, session_json, await self._image_named(ckpt))
             t_session = time.monotonic()
             reg = self.sandboxes.registry
 
@@ -494,12 +497,14 @@ class Restorer:
                 "total_ms": round((t_end - t0) * 1000, 1),
             },
         )
-        if not_restored:
-            log.warning("restore incomplete", extra={"sandbox": rec.id, "checkpoint": ckpt.id, "lost": not_restored})
+        if sessions.not_restored:
+            log.warning(
+                "restore incomplete", extra={"sandbox": rec.id, "checkpoint": ckpt.id, "lost": sessions.not_restored}
+            )
         out = await self.sandboxes.get(rec.id)
         assert out is not None
         out.ip_address = st.ip_address
-        out.not_restored = not_restored
+        out.not_restored = sessions.not_restored
         out.files_from, out.images_from = prep.files_from, prep.images_from
         return out
 
@@ -556,17 +561,18 @@ class Restorer:
             await self._watch(r, ckpt, res[0].named_pids)
             got = await self.sandboxes.get(r.id)
             assert got is not None
-            got.ip_address, got.not_restored = res[1], res[2]
-            got.files_from, got.images_from = res[3].files_from, res[3].images_from
+            got.ip_address, got.not_restored = res[1], res[0].not_restored
+            got.files_from, got.images_from = res[2].files_from, res[2].images_from
             out.append(got)
         return out
 
     async def _fork_all(
         self, owner_uid: int, ckpt: CheckpointRecord, ids: list[str], names: list[str], arrival: bool
-    ) -> tuple[list[SandboxRecord], list[tuple[_Sessions, str, list[str], _Prepared]]]:
+    ) -> tuple[list[SandboxRecord], list[tuple[_Sessions, str, _Prepared]]]:
         """Reserve every fork, then clone them in parallel; any failure undoes them all."""
         base = spec_from_json(ckpt.spec_json)
         tree, session_json = await self._load(ckpt)
+        image_named = await self._image_named(ckpt)
         recs: list[SandboxRecord] = []
         try:
             for sid, name in zip(ids, names, strict=True):
@@ -580,9 +586,9 @@ class Restorer:
             crash_point("fork.after_reserve")
             gate = asyncio.Semaphore(FORK_PARALLEL)
 
-            async def one(r: SandboxRecord) -> tuple[_Sessions, str, list[str], _Prepared]:
+            async def one(r: SandboxRecord) -> tuple[_Sessions, str, _Prepared]:
                 async with gate:
-                    return await self._clone(r, ckpt, tree, session_json)
+                    return await self._clone(r, ckpt, tree, session_json, image_named)
 
             results = await asyncio.gather(*(one(r) for r in recs), return_exceptions=True)
             failed = [x for x in results if isinstance(x, BaseException)]
@@ -610,8 +616,13 @@ class Restorer:
         return rec
 
     async def _clone(
-        self, rec: SandboxRecord, ckpt: CheckpointRecord, tree: _TreeOnce, session_json: str | None
-    ) -> tuple[_Sessions, str, list[str], _Prepared]:
+        self,
+        rec: SandboxRecord,
+        ckpt: CheckpointRecord,
+        tree: _TreeOnce,
+        session_json: str | None,
+        image_named: frozenset[str],
+    ) -> tuple[_Sessions, str, _Prepared]:
         prep = _Prepared()
         cid, st = await self.sandboxes.launch(
             rec,
@@ -620,7 +631,7 @@ class Restorer:
             checkpoint=PROCESS_CHECKPOINT if ckpt.process_blob else "",
         )
         crash_point("fork.after_launch")
-        sessions = await self._sessions(rec, ckpt, cid, st, session_json)
+        sessions = await self._sessions(rec, ckpt, cid, st, session_json, image_named)
         reg = self.sandboxes.registry
 
         def commit() -> None:
@@ -632,7 +643,7 @@ class Restorer:
         async with self.store_lock.shared():  # (c)
             await asyncio.to_thread(commit)
         crash_point("fork.after_commit")
-        return sessions, st.ip_address, sessions.not_restored, prep
+        return sessions, st.ip_address, prep
 
     async def _undo_clone(self, rec: SandboxRecord) -> None:
         await asyncio.to_thread(self.catalog.drop_head, rec.id)

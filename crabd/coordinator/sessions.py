@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 
+from crabd.coordinator.oneshot import Connector
 from crabd.coordinator.runner import NAMED_PREFIX, SESSION_NAME, Session, init_name
 from crabd.coordinator.sandboxes import SandboxManager, env_dict
 from crabd.errors import InvalidRequest, QuotaExceeded
@@ -157,18 +158,50 @@ class NamedSessions:
         *,
         known: bool = True,
     ) -> Session:
-        assert init_name(name) != SESSION_NAME
-        session = Session(
+        session = named_handle(
+            self.sandboxes,
+            rec,
+            rec.container_id,
             self.sandboxes.connector(rec, pid),
+            name,
             env,
             workdir,
-            self.sandboxes.capture_counts,
-            name=name,
             uid=uid,
             gid=gid,
-            yielding=self.sandboxes.dump_yield(rec),
             pty=pty,
-            spawn_known=known,
+            known=known,
         )
-        session.probe = self.sandboxes.session_probe(rec.container_id, rec.id)
+        session.yielding = self.sandboxes.dump_yield(rec)
         return session
+
+
+def named_handle(
+    sandboxes: SandboxManager,
+    rec: SandboxRecord,
+    container_id: str,
+    connect: Connector,
+    name: str,
+    env: dict[str, str],
+    workdir: str,
+    *,
+    uid: int | None = None,
+    gid: int | None = None,
+    pty: tuple[int, int] | None = None,
+    known: bool = True,
+) -> Session:
+    """crabd's handle on named session ``name`` of ``rec``'s container ``container_id`` (a restore makes them
+    for the new container before it becomes the sandbox's), its bash started as the arguments say."""
+    assert init_name(name) != SESSION_NAME
+    session = Session(
+        connect,
+        env,
+        workdir,
+        sandboxes.capture_counts,
+        name=name,
+        uid=uid,
+        gid=gid,
+        pty=pty,
+        spawn_known=known,
+    )
+    session.probe = sandboxes.session_probe(container_id, rec.id)
+    return session
