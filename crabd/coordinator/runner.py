@@ -26,7 +26,7 @@ import errno as errno_mod
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from crabd.coordinator.oneshot import KILL_GRACE_S, ChunkSink, Connector, next_event, truncation_marker
 from crabd.coordinator.sessionkeep import CaptureCounts, IdleReading, Kept
@@ -162,7 +162,13 @@ class Session:
         self.spawn_known = spawn_known
         #: Steps aside for process dumps while a command runs (None: holds its connection).
         self.yielding = yielding
+        #: Held by whatever talks to the bash: a caller's command, or crabd's own short acts on it
+        #: (a state capture at a turn end, applying a state, starting it).
         self._lock = asyncio.Lock()
+        #: A caller's command (or close, or restart) runs or waits for crabd's own act to finish.  Only
+        #: this makes the session busy: a command that meets a capture waits for it (a few ms) instead of
+        #: being refused, as ROCK's ``arun`` would be when another session's turn end captures this one.
+        self._claimed = False
         #: Reads the idle bash's limits and descriptors from the host (set by the coordinator).
         self.probe: ProcessProbe | None = None
         #: Messages other processes wrote into the session's control channel (dropped by init).
@@ -199,7 +205,21 @@ class Session:
 
     @property
     def busy(self) -> bool:
-        return self._lock.locked()
+        """Whether a caller's command (or close, or restart) runs in the session or waits to."""
+        return self._claimed
+
+    @contextlib.asynccontextmanager
+    async def _claim(self, refusal: str, hint: str | None = None) -> AsyncIterator[None]:
+        """Take the session for a caller: refused (``SandboxBusy``) while another caller has it, waits
+        while crabd's own act holds it.  The check and the claim happen without a suspension between."""
+        if self._claimed:
+            raise SandboxBusy(refusal, sandbox="", hint=hint)
+        self._claimed = True
+        try:
+            async with self._lock:
+                yield
+        finally:
+            self._claimed = False
 
     @property
     def connector(self) -> Connector:
@@ -280,13 +300,10 @@ class Session:
     async def run(
         self, command: str, *, timeout_s: float, max_output: int, sink: ChunkSink | None = None
     ) -> ExecOutcome:
-        if self._lock.locked():
-            raise SandboxBusy(
-                f"{self.label} is already running a command; one session runs one command at a time",
-                sandbox="",
-                hint="Wait for it, or run the command in another session (session(name) in the SDK).",
-            )
-        async with self._lock:
+        async with self._claim(
+            f"{self.label} is already running a command; one session runs one command at a time",
+            "Wait for it, or run the command in another session (session(name) in the SDK).",
+        ):
             return await self._run_locked(command, timeout_s=timeout_s, max_output=max_output, sink=sink)
 
     async def _run_locked(
@@ -572,9 +589,7 @@ class Session:
 
     async def restart(self, state: session_state.SessionState | None, *, timeout_s: float = 60.0) -> None:
         """Replace the session's bash by a fresh one, with ``state`` applied if given."""
-        if self._lock.locked():
-            raise SandboxBusy("the session is running a command; cannot restart it now", sandbox="")
-        async with self._lock:
+        async with self._claim(f"{self.label} is running a command; cannot restart it now"):
             self._captured = self._kept = None
             conn = await self._connect()
             async with conn:
@@ -609,9 +624,7 @@ class Session:
 
         Refused while it runs a command (its caller is waiting for it).
         """
-        if self._lock.locked():
-            raise SandboxBusy(f"{self.label} is running a command; close it after that", sandbox="")
-        async with self._lock:
+        async with self._claim(f"{self.label} is running a command; close it after that"):
             self._captured = self._kept = None
             conn = await self._connect()
             async with conn:

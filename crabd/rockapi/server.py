@@ -45,6 +45,10 @@ log = logging.getLogger("crabd.rockapi")
 MAX_BODY = 64 << 20
 #: How often idle temporary sessions are looked for.
 SWEEP_S = 60.0
+#: How long a stopping server lets requests in flight finish.  A request can wait on a long command
+#: (a ROCK ``arun`` of ``sleep 300`` whose client is gone), and aiohttp's own default waits 60 s; the
+#: command itself goes on in its sandbox, which is crabd's, not this server's.
+SHUTDOWN_GRACE_S = 3.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -259,7 +263,7 @@ class RockServer:
     # --- serving ----------------------------------------------------------------------
 
     async def __aenter__(self) -> RockServer:
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
         await self._runner.setup()
         if self.kind == "unix":
             site: web.BaseSite = web.UnixSite(self._runner, self._fresh_socket_path())

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import aiohttp
 import pytest
 
 from crabd.errors import ConfigError, InvalidRequest, NotFound, QuotaExceeded, SandboxBusy
+from crabd.rockapi import server as server_mod
 from crabd.rockapi import wire
 from crabd.rockapi.server import RockServer, parse_listen
 
@@ -166,3 +168,35 @@ def test_a_unix_socket_is_this_users_only(tmp_path: Any) -> None:
     path.write_text("not a socket")
     with pytest.raises(ConfigError, match="not a socket"):
         asyncio.run(RockServer(_Stub(), f"unix:{path}").__aenter__())  # type: ignore[arg-type]
+
+
+def test_a_stopping_server_does_not_wait_for_a_long_command_whose_client_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ROCK script that died left an ``arun`` of ``sleep 300`` in flight: stopping waits the grace, no more."""
+    monkeypatch.setattr(server_mod, "SHUTDOWN_GRACE_S", 0.2)
+    stub = _Stub()
+    began = asyncio.Event()
+
+    async def run_forever(req: wire.RunRequest) -> tuple[dict[str, Any] | None, str]:
+        began.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    stub.run_in_session = run_forever  # type: ignore[method-assign]
+
+    async def go() -> float:
+        srv = RockServer(stub, "127.0.0.1:0")  # type: ignore[arg-type]
+        await srv.__aenter__()
+        http = aiohttp.ClientSession()
+        call = asyncio.create_task(
+            http.post(srv.url + wire.PREFIX + "/run_in_session", json={"sandbox_id": "r", "command": "sleep 300"})
+        )
+        await asyncio.wait_for(began.wait(), 5)
+        call.cancel()  # the client went away
+        await http.close()
+        t0 = time.monotonic()
+        await asyncio.wait_for(srv.__aexit__(None, None, None), 30)
+        return time.monotonic() - t0
+
+    assert asyncio.run(go()) < 5

@@ -17,7 +17,7 @@ import pytest
 
 from crabd.coordinator.runner import DumpYield, Session, init_name
 from crabd.coordinator.sessionkeep import CaptureCounts
-from crabd.errors import InitSpawnError
+from crabd.errors import InitSpawnError, SandboxBusy
 from crabd.models import ExecOutcome
 from crabd.runtime import session_proto
 from crabd.runtime.initproto import Attached, Control, Event, Exit, PersistentInfo, Stderr, Stdout
@@ -94,6 +94,12 @@ class _Conn:
 
     async def aclose(self, *, until_init_closed: bool = False) -> None:
         self.closed = True
+
+    async def __aenter__(self) -> _Conn:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 class _Harness:
@@ -226,3 +232,36 @@ def test_a_command_done_before_it_stood_aside_ignores_what_init_dropped_after(
     ]
     out = h.run()
     assert (out.exit_code, out.stdout, out.stdout_dropped) == (0, b"out\n", 0)
+
+
+def test_a_command_waits_for_crabds_own_act_on_the_session_and_a_second_caller_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A capture (here: starting the bash) holds the session a moment: a caller's command meeting it waits
+    instead of being refused (ROCK's ``arun`` met another session's turn end that way); a second caller
+    while the first one's command waits or runs is refused, and so is closing the session."""
+
+    async def go() -> tuple[ExecOutcome, list[str]]:
+        h = _Harness(monkeypatch)
+        h.conns = [_Conn([]), _Conn([Stdout(b"hi\n"), _done()])]
+        h.gate.clear()  # crabd's own act is under way: it holds the session while it waits for init
+        own = asyncio.create_task(h.session.start())
+        await asyncio.sleep(0.01)
+        assert not h.session.busy  # crabd's own act does not make the session busy
+        command = asyncio.create_task(h.session.run("cmd", timeout_s=30, max_output=1 << 20))
+        await asyncio.sleep(0.01)
+        assert h.session.busy and not command.done()
+        refused: list[str] = []
+        for second in (h.session.run("cmd", timeout_s=30, max_output=1 << 20), h.session.close()):
+            with pytest.raises(SandboxBusy) as caught:
+                await second
+            refused.append(caught.value.message)
+        h.gate.set()
+        assert await asyncio.wait_for(own, 5) == BASH_PID
+        out = await asyncio.wait_for(command, 5)
+        assert not h.session.busy
+        return out, refused
+
+    out, refused = asyncio.run(go())
+    assert (out.exit_code, out.stdout) == (0, b"hi\n")
+    assert "already running a command" in refused[0] and "close it after that" in refused[1]
