@@ -484,6 +484,19 @@ class RuntimeConfig(_Model):
         "address leased) kept ready for networked creates, made in the background after the first one; "
         '0: every networked create runs CNI itself (docs/runc.md, "Creating a sandbox")',
     )
+    lazy_restore: bool = Field(
+        True,
+        description="runc+btrfs: restore and fork with memory pages served on first touch by CRIU's lazy-pages "
+        "daemon (userfaultfd), the rest pushed in the background, so the processes run before their memory is "
+        "copied; a restore falls back to copying every page first when the host cannot, when the images hold "
+        'under lazy_min_bytes of pages, or when the lazy attempt fails (docs/runc.md, "Lazy restore")',
+    )
+    lazy_min_bytes: int = Field(
+        32 << 20,
+        ge=0,
+        description="runc+btrfs: a restore whose images hold fewer bytes of memory pages than this copies them "
+        "first (starting the page server costs more than the copy)",
+    )
 
     @field_validator("subnet")
     @classmethod

@@ -172,8 +172,10 @@ class ProcessImages(Protocol):
         would put on disk (StoreError or UnsafeEntry if malformed)."""
         ...
 
-    def write(self, manifest: str, target: Path) -> WrittenImage:
+    def write(self, manifest: str, target: Path, sandbox_id: str | None = None) -> WrittenImage:
         """Put the images of ``manifest`` into the empty dir ``target``; say how many bytes, and from where.
+
+        ``sandbox_id``: the sandbox being filled (a kept copy it came from stays kept for it a while).
 
         The files may be hard links to a kept dump (``keep``): never write
         into one in place; replace it (write a new file, rename it over).

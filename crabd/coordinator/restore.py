@@ -313,7 +313,9 @@ class Restorer:
             hint="Rebuild that env image (its recipe must be unchanged) or restore another checkpoint.",
         )
 
-    def _preparer(self, tree: _TreeOnce, out: _Prepared, ckpt: CheckpointRecord) -> Callable[[str], Awaitable[None]]:
+    def _preparer(
+        self, tree: _TreeOnce, out: _Prepared, ckpt: CheckpointRecord, sandbox_id: str
+    ) -> Callable[[str], Awaitable[None]]:
         fs = self.fs
         backend = self.sandboxes.backend
 
@@ -342,7 +344,7 @@ class Restorer:
                 # Files first: CRIU reopens the processes' files by path and checks their sizes.
                 t0 = time.monotonic()
                 target = backend.checkpoint_dir(container_id, PROCESS_CHECKPOINT)
-                written = self.images.write(ckpt.process_blob, target)
+                written = self.images.write(ckpt.process_blob, target, sandbox_id)
                 stats["image_bytes"], stats["images_from"] = written.nbytes, written.source
                 # Before CRIU reads a byte of them, trusted or not (backends/criu/posture.py).
                 self.images.check_posture(target, backend.posture(container_id), ckpt.id)
@@ -444,7 +446,7 @@ class Restorer:
             ckpt.image,
             generation=secrets.token_hex(3),
             record_id=False,
-            prepare=self._preparer(tree, prep, ckpt),
+            prepare=self._preparer(tree, prep, ckpt, rec.id),
             checkpoint=PROCESS_CHECKPOINT if ckpt.process_blob else "",
         )
         t_launch = time.monotonic()
@@ -627,7 +629,7 @@ class Restorer:
         cid, st = await self.sandboxes.launch(
             rec,
             ckpt.image,
-            prepare=self._preparer(tree, prep, ckpt),
+            prepare=self._preparer(tree, prep, ckpt, rec.id),
             checkpoint=PROCESS_CHECKPOINT if ckpt.process_blob else "",
         )
         crash_point("fork.after_launch")

@@ -127,6 +127,9 @@ def open_sandbox_side(cfg: CrabConfig, instance: str) -> SandboxSide:
             id_ranges=IdRanges(cfg.runtime.userns_dir) if cfg.runtime.userns else None,
             # CNI attachments made ahead for networked creates (backends/runc/slots.py); torn down by close().
             warm_network_slots=cfg.runtime.warm_network_slots,
+            # Memory served on first touch at restores and forks (backends/runc/lazy_restores.py).
+            lazy_restore=cfg.runtime.lazy_restore,
+            lazy_min_bytes=cfg.runtime.lazy_min_bytes,
         )
     except BaseException:
         pool.close()

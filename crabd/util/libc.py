@@ -1,5 +1,6 @@
 """The few libc calls Python's os module lacks: ``syncfs(2)``, ``fstatfs(2)``'s type, ``renameat2(2)``,
-``umount2(2)``, ``statx(2)``'s mount-root attribute, and an ``ioctl(2)`` that lets other threads run."""
+``umount2(2)``, ``statx(2)``'s mount-root attribute, ``pidfd_getfd(2)``, and an ``ioctl(2)`` that lets other
+threads run."""
 
 from __future__ import annotations
 
@@ -98,3 +99,16 @@ def is_mount_root(path: str | os.PathLike[str]) -> bool | None:
         return None
     attrs = int.from_bytes(buf.raw[_STX_ATTRIBUTES : _STX_ATTRIBUTES + 8], "little")
     return bool(attrs & _STATX_ATTR_MOUNT_ROOT)
+
+
+#: ``SYS_pidfd_getfd``: the same number on every architecture Linux 5.6+ has it on.
+_SYS_PIDFD_GETFD = 438
+
+
+def pidfd_getfd(pidfd: int, target_fd: int) -> int:
+    """``pidfd_getfd(2)``: a copy, in this process, of descriptor ``target_fd`` of the process ``pidfd``
+    refers to (close-on-exec set).  Needs ptrace access to that process (root here)."""
+    fd = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, target_fd, 0)
+    if fd < 0:
+        _raise_errno()
+    return int(fd)

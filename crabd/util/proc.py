@@ -43,6 +43,17 @@ class Completed:
         return self.stderr.decode("utf-8", "replace")
 
 
+def _cannot_run(args: list[str], exc: OSError) -> CommandError:
+    """The error for a program that could not be started at all."""
+    return CommandError(
+        f"cannot run {args[0]}: {exc.strerror or exc}",
+        argv=tuple(args),
+        exit_code=None,
+        stderr="",
+        hint=f"Install {os.path.basename(args[0])} or fix PATH (`make setup` provisions crab's tools).",
+    )
+
+
 def _tail(data: bytes | None) -> str:
     if not data:
         return ""
@@ -127,13 +138,7 @@ def run(
             start_new_session=kill_tree,
         )
     except OSError as exc:
-        raise CommandError(
-            f"cannot run {args[0]}: {exc.strerror or exc}",
-            argv=tuple(args),
-            exit_code=None,
-            stderr="",
-            hint=f"Install {os.path.basename(args[0])} or fix PATH (`make setup` provisions crab's tools).",
-        ) from exc
+        raise _cannot_run(args, exc) from exc
     if bg is not None:
         bg.spawned(proc.pid)
     try:
@@ -170,3 +175,25 @@ def run(
             stderr=tail,
         )
     return done
+
+
+def spawn(argv: Sequence[str], *, cwd: str | os.PathLike[str] | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` as a long-lived helper (a daemon that serves one restore) and return it at once.
+
+    Its stdio is /dev/null (such a helper logs to a file of its own); it
+    leads a session of its own, so a signal to crabd's process group (Ctrl-C
+    of an embedded crabd) does not end it mid-service.  The caller owns it:
+    it waits for it, or kills it, and reaps it.
+    """
+    args = [os.fspath(a) for a in argv]
+    try:
+        return subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise _cannot_run(args, exc) from exc

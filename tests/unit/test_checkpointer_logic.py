@@ -134,7 +134,8 @@ def test_a_dead_sandbox_is_not_checkpointed(tmp_path: Path, monkeypatch: pytest.
 def test_a_published_dump_is_kept_hot_and_a_restore_links_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Only a published checkpoint's dump is kept, one per sandbox; a restore from it reports images_from "hot"."""
+    """Only a published checkpoint's dump is kept (a sandbox's newest few); a restore from it reports
+    images_from "hot", from a dump no longer kept "blobs"."""
     st = build_stack(tmp_path, monkeypatch)
     hot = st.images.hot
     assert hot is not None
@@ -160,7 +161,7 @@ def test_a_published_dump_is_kept_hot_and_a_restore_links_it(
         st.write(rec.id, "notes.txt", "second")
         second = await st.checkpointer.take(rec, kind=CheckpointKind.FULL)
         assert second.process_blob not in (None, first.process_blob)
-        assert (first.process_blob in hot, second.process_blob in hot) == (False, True)
+        assert (first.process_blob in hot, second.process_blob in hot) == (True, True)
 
         # A checkpoint refused at publication keeps nothing: the sandbox's hot copy stays the published one.
         def refuse(uid: int, new_bytes: int) -> None:
@@ -172,13 +173,15 @@ def test_a_published_dump_is_kept_hot_and_a_restore_links_it(
         with pytest.raises(QuotaExceeded):
             await st.checkpointer.take(rec, kind=CheckpointKind.FULL)
         st.checkpointer.store_quota = None
-        assert hot.usage()[0] == 1 and second.process_blob in hot
+        assert hot.usage()[0] == 2 and second.process_blob in hot
         assert list(st.checkpointer.dump_root.iterdir()) == []
 
         with caplog.at_level("INFO", logger="crabd.restore"):
             await st.service.restore(ALICE, "a", second.id, -1)
             await st.service.restore(ALICE, "a", first.id, -1)
-        assert restored_from() == ["hot", "blobs"]
+            hot.drop(first.process_blob)
+            await st.service.restore(ALICE, "a", first.id, -1)
+        assert restored_from() == ["hot", "hot", "blobs"]
         await st.sandboxes.close(remove_all=False)
 
     run(body())

@@ -78,14 +78,24 @@ def test_bad_manifest_names_never_become_paths(tmp_path: Path) -> None:
     assert d.exists() and sorted(os.listdir(tmp_path / "hot")) == [hotimages.BOOT_MARK]
 
 
-def test_a_sandbox_keeps_only_its_newest_dump(tmp_path: Path) -> None:
+def test_a_sandbox_keeps_its_newest_dumps_and_what_it_restored_from(tmp_path: Path) -> None:
     hot = _hot(tmp_path)
-    assert hot.keep(_m("a1"), _dump(tmp_path / "a1", tag="a1"), "a")
+    n = hotimages.PER_SANDBOX
     assert hot.keep(_m("b1"), _dump(tmp_path / "b1", tag="b1"), "b")
-    assert hot.keep(_m("a2"), _dump(tmp_path / "a2", tag="a2"), "a")
-    assert _m("a1") not in hot and _m("a2") in hot and _m("b1") in hot
+    for i in range(n):
+        assert hot.keep(_m(f"a{i}"), _dump(tmp_path / f"a{i}", tag=f"a{i}"), "a")
+    assert all(_m(f"a{i}") in hot for i in range(n))
+    # A restore of a0 into a: it stays among a's newest, though a dumps anew after it.
+    assert hot.link_into(_m("a0"), _target(tmp_path, "r0"), "a") is not None
+    assert hot.keep(_m(f"a{n}"), _dump(tmp_path / f"a{n}", tag=f"a{n}"), "a")
+    assert _m("a0") in hot and _m("a1") not in hot and _m(f"a{n}") in hot
     assert not (tmp_path / "hot" / _m("a1")).exists()
-    assert hot.usage()[0] == 2
+    # An entry another sandbox holds (a fork restored from it) outlives its maker's newer dumps.
+    assert hot.link_into(_m("a2"), _target(tmp_path, "r1"), "clone") is not None
+    for i in range(n + 1, 2 * n + 1):
+        assert hot.keep(_m(f"a{i}"), _dump(tmp_path / f"a{i}", tag=f"a{i}"), "a")
+    assert _m("a2") in hot and _m("a0") not in hot and _m("b1") in hot
+    assert hot.usage()[0] == n + 2
 
 
 def test_the_budget_evicts_the_least_recently_used(tmp_path: Path) -> None:

@@ -35,9 +35,14 @@ entries from another boot (``/proc/sys/kernel/random/boot_id`` differs from
 the page cache still holds them and they stay.
 
 Budget.  ``budget_bytes`` bounds the entries' apparent size; least recently
-used entries go first.  A sandbox's newer dump replaces its older entry;
-which sandbox an entry belongs to is not persisted, so entries kept from
-an earlier run belong to none and leave by age.  An entry's files may stay linked in containers'
+used entries go first.  A sandbox holds the entries of its last
+:data:`PER_SANDBOX` dumps and restores (a restore or fork links an entry
+for the sandbox it fills): an RL loop that restores or forks the same
+checkpoint again and again, each time after the restored sandbox dumped
+anew, keeps finding it hot, and every fork of it shares its files (one
+page cache copy).  An entry no sandbox holds any more goes at once.  Which
+sandbox holds an entry is not persisted, so entries kept from an earlier
+run belong to none and leave by age.  An entry's files may stay linked in containers'
 image dirs after it is evicted: that space comes back when those
 containers are removed.
 """
@@ -66,6 +71,8 @@ _MANIFEST = re.compile(r"[0-9a-f]{64}")
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 BOOT_MARK = "boot-id"
 _TMP, _OLD = "tmp-", "old-"
+#: How many of its newest dumps and restores' entries a sandbox holds (module docstring, "Budget").
+PER_SANDBOX = 4
 #: Largest piece one sendfile() call copies (the EXDEV / EMLINK fallback).
 _COPY = 1 << 30
 
@@ -184,8 +191,8 @@ class HotImages:
         #: manifest -> entry, least recently used first.
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
-        #: sandbox id -> the manifest of its newest dump (an entry is dropped when no sandbox names it).
-        self._owner: dict[str, str] = {}
+        #: sandbox id -> the manifests it holds, newest last (an entry is dropped when no sandbox holds it).
+        self._owner: dict[str, list[str]] = {}
         try:
             self._open()
         except OSError as exc:
@@ -237,8 +244,11 @@ class HotImages:
         entry = self._entries.pop(manifest, None)
         if entry is not None:
             self._bytes -= entry.nbytes
-        for sb in [sb for sb, m in self._owner.items() if m == manifest]:
-            del self._owner[sb]
+        for sb, held in list(self._owner.items()):
+            if manifest in held:
+                held.remove(manifest)
+                if not held:
+                    del self._owner[sb]
         old = self.root / f"{_OLD}{manifest}-{secrets.token_hex(4)}"
         try:
             os.rename(self.root / manifest, old)
@@ -259,13 +269,20 @@ class HotImages:
         return out
 
     def _own_locked(self, sandbox_id: str, manifest: str) -> list[Path]:
-        """``manifest`` is now ``sandbox_id``'s newest dump; its previous one goes unless another sandbox names it."""
-        prev = self._owner.get(sandbox_id)
-        self._owner[sandbox_id] = manifest
-        if prev is None or prev == manifest or prev in self._owner.values():
-            return []
-        old = self._retire_locked(prev)
-        return [old] if old is not None else []
+        """``manifest`` is now the newest that ``sandbox_id`` holds; what falls past its :data:`PER_SANDBOX`
+        goes, unless another sandbox holds it."""
+        held = self._owner.setdefault(sandbox_id, [])
+        if manifest in held:
+            held.remove(manifest)
+        held.append(manifest)
+        fallen, held[:] = held[:-PER_SANDBOX], held[-PER_SANDBOX:]
+        out = []
+        for m in fallen:
+            if not any(m in others for others in self._owner.values()):
+                old = self._retire_locked(m)
+                if old is not None:
+                    out.append(old)
+        return out
 
     @staticmethod
     def _remove_all(paths: list[Path]) -> None:
@@ -346,8 +363,11 @@ class HotImages:
         finally:
             os.close(dfd)
 
-    def link_into(self, manifest: str, target: Path) -> int | None:
+    def link_into(self, manifest: str, target: Path, sandbox_id: str | None = None) -> int | None:
         """Hard-link the files of ``manifest``'s entry into the empty dir ``target``; return their bytes.
+
+        ``sandbox_id``: the sandbox the restore or fork fills, which then
+        holds the entry as one of its newest (module docstring, "Budget").
 
         Copies a file instead where linking is impossible (another file
         system, or the inode's link limit).  None when there is no entry, or
@@ -368,6 +388,8 @@ class HotImages:
             except FileNotFoundError:
                 self._retire_locked(manifest)
                 return None
+            fallen = self._own_locked(sandbox_id, manifest) if sandbox_id is not None else []
+        self._remove_all(fallen)
         made: list[str] = []
         try:
             dst = _open_dir(target)

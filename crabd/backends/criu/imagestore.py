@@ -288,11 +288,11 @@ class ImageStore:
         if not kept:
             shutil.rmtree(images_dir, ignore_errors=True)
 
-    def write(self, manifest: str, target: Path) -> WrittenImage:
+    def write(self, manifest: str, target: Path, sandbox_id: str | None = None) -> WrittenImage:
         """Put a stored image into the empty directory ``target``: linked from the hot copy, else written."""
         if self.hot is not None:
             try:
-                linked = self.hot.link_into(manifest, target)
+                linked = self.hot.link_into(manifest, target, sandbox_id)
             except (OSError, StoreError) as exc:
                 log.warning("linking a hot process image failed", extra={"manifest": manifest, "error": str(exc)})
                 self.hot.drop(manifest)

@@ -141,9 +141,14 @@ class CheckpointOptions:
     #: ``--empty-ns network``: the network namespace is made empty, its contents neither dumped nor restored.
     #: A user-namespaced container's netns is runc's own; crabd configures the new one after a restore.
     empty_ns_network: bool = False
+    #: Restore only: memory pages are served on first touch by a ``criu lazy-pages`` daemon already
+    #: listening in the restore's work dir (backends/criu/lazypages.py).
+    lazy_pages: bool = False
 
     def argv(self) -> tuple[str, ...]:
         extra = list(self.criu_options)
+        if self.lazy_pages:
+            extra.append("--lazy-pages")
         if self.ext_unix_sk:
             extra.append("--ext-unix-sk")
         if self.manage_cgroups_mode:

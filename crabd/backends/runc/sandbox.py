@@ -56,6 +56,7 @@ CRIU work dirs in :mod:`.restore_dirs`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import secrets
 import threading
@@ -72,6 +73,7 @@ from crabd.backends.runc.cli import EMPTY_NETNS, Runc
 from crabd.backends.runc.cni import CniNetwork
 from crabd.backends.runc.idmap import IdRange
 from crabd.backends.runc.launch import Launcher, Storage
+from crabd.backends.runc.lazy_restores import LazyRestores
 from crabd.backends.runc.naming import check_instance, container_id, container_spec, parse_id
 from crabd.backends.runc.posture import posture_of
 from crabd.backends.runc.restore_dirs import RestoreDirs
@@ -82,6 +84,9 @@ from crabd.models import SandboxSpec
 from crabd.store.idranges import IdRanges
 
 log = logging.getLogger("crabd.runc")
+
+#: How long a dump waits for the container's lazy restore to deliver its last pages (200 MB: under 1 s).
+LAZY_SETTLE_S = 60.0
 
 
 class RuncSandboxBackend(StatusReader):
@@ -110,6 +115,8 @@ class RuncSandboxBackend(StatusReader):
         id_ranges: IdRanges | None = None,
         initfs_dir: Path | None = initfs.DEFAULT_DIR,
         warm_network_slots: int = 0,
+        lazy_restore: bool = False,
+        lazy_min_bytes: int = 32 << 20,
     ) -> None:
         self.instance = check_instance(instance)
         self.pool = pool
@@ -136,6 +143,13 @@ class RuncSandboxBackend(StatusReader):
         self._starting: set[str] = set()
         self._facts: dict[str, Facts] = {}
         self._restore_dirs = RestoreDirs(work_root)
+        self._lazy = LazyRestores(
+            lambda cid: ending.kill(self.runc, cid),
+            self._restore_dirs.remove,
+            enabled=lazy_restore,
+            min_bytes=lazy_min_bytes,
+        )
+        self._lazy.adopt_all(self._restore_dirs, self._is_own, self.runc)
         #: image id -> (lower dir, image env)
         self._images: dict[str, tuple[Path, tuple[str, ...]]] = {}
         #: Network slots for fresh networked containers (slots.py); None: each runs CNI itself.
@@ -198,6 +212,8 @@ class RuncSandboxBackend(StatusReader):
         after each restore.  Read from the container's bundle, so containers
         started before ``[runtime] userns`` was switched keep their kind.
         """
+        # A dump reads the memory: it must be whole, not still being served by a lazy restore's daemon.
+        self._lazy.settled(container_id, timeout_s=LAZY_SETTLE_S)
         try:
             cfg = bundle.Bundle(self.layout.bundles / self._own(container_id)).config()
             kinds = {str(n.get("type")) for n in (cfg.get("linux") or {}).get("namespaces") or ()}
@@ -420,7 +436,11 @@ class RuncSandboxBackend(StatusReader):
             storage = self._storage(cid, created)
             if restore is None and created.spec.networked and self._slots is not None:
                 slot = self._slots.claim()
-            launched = self._launcher.launch(created.spec, storage, restore, slot)
+            if restore is None:
+                launched = self._launcher.launch(created.spec, storage, None, slot)
+            else:  # lazily where it can (lazy_restores.py)
+                run = functools.partial(self._launcher.launch, created.spec, storage, slot=slot)
+                launched = self._lazy.launch(cid, restore, run, userns=created.spec.userns is not None)
             # Once running: crab's own writes to the subvolume (a restore's files) are done (pool.py).
             self.pool.apply_disk_limit(SubvolRef.sandbox(cid), created.disk_bytes)
             reaper.record(init_key(self.runc, cid), launched.state.pid)
@@ -431,8 +451,8 @@ class RuncSandboxBackend(StatusReader):
         finally:
             if slot is not None and self._slots is not None:
                 self._slots.done(slot.id)
-            # On every path: the images were only read, and a failed restore's CRIU log is kept elsewhere.
-            left = self._restore_dirs.remove(cid)
+            # On every other path: the images were only read, and a failed restore's CRIU log is kept elsewhere.
+            left = [] if self._lazy.serving(cid) else self._restore_dirs.remove(cid)  # else the watch does
             if left:
                 log.warning("restore dirs not removed", extra={"container": cid, "errors": left})
             with self._lock:
@@ -459,6 +479,7 @@ class RuncSandboxBackend(StatusReader):
         except CrabError as exc:
             log.warning("cannot thaw before removal", extra={"container": cid, "error": str(exc)})
         try:
+            self._lazy.stop(cid)  # kills the container before its page server goes
             ending.kill(self.runc, cid)
         except CrabError as exc:
             log.warning("cannot kill before removal", extra={"container": cid, "error": str(exc)})

@@ -34,6 +34,7 @@ from crabd.backends.runc import bundle, cleanup, ending, named_netns, reaper, ro
 from crabd.backends.runc.cli import Runc, RuncState, RuncStatus
 from crabd.backends.runc.cni import CniNetwork
 from crabd.backends.runc.launch import Launched, real_lowers
+from crabd.backends.runc.lazy_restores import LazyRestores
 from crabd.backends.runc.naming import owned, parse_id
 from crabd.backends.runc.restore_dirs import RestoreDirs
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_SANDBOX, ContainerStatus
@@ -147,6 +148,7 @@ class StatusReader:
     _facts: dict[str, Facts]
     _slots: slots.SlotPool | None
     _restore_dirs: RestoreDirs
+    _lazy: LazyRestores
 
     def status(self, container_id: str) -> ContainerStatus:
         if parse_id(self.instance, container_id) is None:
@@ -222,6 +224,8 @@ class StatusReader:
             code = 0  # only inside `runc run`: created, not yet started
         elif state.status is RuncStatus.STOPPED:
             code, why = exit_of(init_key(self.runc, cid))
+            failed = self._lazy.failure(cid)
+            why = f"{failed}; {why}" if failed and why else failed or why
         return ContainerStatus(
             exists=True,
             running=running,
