@@ -213,3 +213,40 @@ def test_exit_statuses_in_words() -> None:
     assert lazypages.describe_exit(137) == "killed by SIGKILL"  # the supervising shell's way
     assert lazypages.describe_exit(-9) == "killed by SIGKILL"  # the shell itself killed
     assert lazypages.describe_exit(128 + 99) == "killed by signal 99"
+
+
+def _fake_criu(tmp_path: Path, then: str) -> str:
+    """A stand-in for ``criu lazy-pages``: listens (makes the socket file), logs an error line, then ``then``."""
+    path = tmp_path / "fake-criu"
+    path.write_text(
+        "#!/bin/sh\n# argv: lazy-pages --images-dir I --work-dir W -o LOG -v2\n"
+        f'touch "$5/{lazypages.SOCKET}"; echo "(00.1) Error (fake): page read failed" > "$5/{lazypages.LOG}"\n'
+        f"{then}\n"
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_page_server_is_supervised_and_closing_it_leaves_no_zombie(tmp_path: Path) -> None:
+    """Real processes, no CRIU: the server listens, holds no userfaultfd (refused as unguardable), and
+    close() kills it, lets the shell reap it and record its status."""
+    work = tmp_path / "work"
+    server = lazypages.PageServer(tmp_path, work, criu=_fake_criu(tmp_path, "exec sleep 60"))
+    server.start()
+    daemon = server._daemon_pid
+    assert daemon is not None and lazypages.daemon_pid(work) == server.pid
+    with pytest.raises(CriuError, match="holds no userfaultfd"):
+        server.guard()
+    server.close()
+    assert not Path(f"/proc/{daemon}").exists()  # reaped, not a zombie
+    assert (work / lazypages.STATUS).read_text().strip() == "137" and not lazypages.completed(work)
+    assert "page read failed" in server.failure()
+
+
+def test_a_page_server_that_delivered_everything_exits_0(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    server = lazypages.PageServer(tmp_path, work, criu=_fake_criu(tmp_path, "exit 0"))
+    server.start()
+    assert server.wait(10) == 0 and server.guard() == 0
+    server.close()
+    assert lazypages.completed(work)

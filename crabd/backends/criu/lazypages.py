@@ -70,6 +70,8 @@ _SUPERVISOR = (
 START_TIMEOUT_S = 5.0
 #: What /proc/PID/fd/N of a userfaultfd reads.
 _UFFD_LINK = "anon_inode:[userfaultfd]"
+#: How long :meth:`PageServer.close` lets the shell reap the killed daemon before it kills the shell too.
+CLOSE_WAIT_S = 5.0
 #: How much of the daemon's log a failure quotes.
 _LOG_TAIL = 1500
 
@@ -185,6 +187,8 @@ class PageServer:
         #: The supervising shell (module docstring); the daemon is its one child.
         self._proc: subprocess.Popen[bytes] | None = None
         self._daemon_pid: int | None = None
+        #: A pidfd of the daemon: signals and descriptor copies reach it, never a process that reused its pid.
+        self._daemon_fd: int | None = None
         self._guards: list[int] = []
         #: How many userfaultfds :meth:`guard` took copies of.
         self.guarded = 0
@@ -218,6 +222,9 @@ class PageServer:
                 )
             time.sleep(0.002)
         self._daemon_pid = self._child()
+        if self._daemon_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._daemon_fd = os.pidfd_open(self._daemon_pid)
 
     def _child(self) -> int | None:
         """The daemon's pid: the supervising shell's one child (None if it is gone already)."""
@@ -236,18 +243,11 @@ class PageServer:
         restore it served would then be unguarded (an exit 0 already is fine).
         """
         assert self._proc is not None
-        if self._daemon_pid is None:
+        if self._daemon_fd is None:
             return 0  # ended already: wait() says how
-        try:
-            pidfd = os.pidfd_open(self._daemon_pid)
-        except ProcessLookupError:
-            return 0
-        try:
-            for fd in self._uffd_numbers():
-                with contextlib.suppress(OSError):  # closed meanwhile (that task's pages are all in)
-                    self._guards.append(libc.pidfd_getfd(pidfd, fd))
-        finally:
-            os.close(pidfd)
+        for fd in self._uffd_numbers():
+            with contextlib.suppress(OSError):  # closed meanwhile (that task's pages are all in), or it ended
+                self._guards.append(libc.pidfd_getfd(self._daemon_fd, fd))
         self.guarded = len(self._guards)
         if not self._guards and self._proc.poll() is None:
             raise CriuError(
@@ -290,13 +290,24 @@ class PageServer:
         return lines[-1] if lines else "(log empty)"
 
     def close(self) -> None:
-        """Kill the daemon if it still serves, reap its supervisor, then close the guard copies."""
+        """Kill the daemon if it still serves, reap its supervisor, then close the guard copies.
+
+        The shell reaps the daemon itself (it is the shell's child): it is let
+        do so before it is killed, else the killed daemon would be left a
+        zombie for crabd, a subreaper that waits only for the pids it knows.
+        """
         if self._proc is not None and self._proc.poll() is None:
-            if self._daemon_pid is not None:
+            if self._daemon_fd is not None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(self._daemon_pid, signal.SIGKILL)
-            self._proc.kill()
-            self._proc.wait()
+                    signal.pidfd_send_signal(self._daemon_fd, signal.SIGKILL)
+            try:
+                self._proc.wait(CLOSE_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._daemon_fd is not None:
+            os.close(self._daemon_fd)
+            self._daemon_fd = None
         guards, self._guards = self._guards, []
         for fd in guards:
             os.close(fd)
