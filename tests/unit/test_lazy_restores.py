@@ -250,3 +250,23 @@ def test_a_page_server_that_delivered_everything_exits_0(tmp_path: Path) -> None
     assert server.wait(10) == 0 and server.guard() == 0
     server.close()
     assert lazypages.completed(work)
+
+
+def test_a_restore_left_in_flight_is_adopted_once_though_it_has_two_dirs(tmp_path: Path) -> None:
+    from crabd.backends.runc.cli import RuncStatus
+    from crabd.backends.runc.restore_dirs import RestoreDirs
+
+    dirs = RestoreDirs(tmp_path)
+    images, work = dirs.of("c1")
+    images.mkdir(parents=True)
+    work.mkdir(parents=True)
+    (work / lazypages.LOG).write_text("(00.1) some log\n")  # no status: never completed, no daemon left
+
+    class _Runc:
+        def state(self, cid: str) -> Any:
+            return type("St", (), {"status": RuncStatus.RUNNING})()
+
+    events: list[str] = []
+    lazy = _restores(events)
+    lazy.adopt_all(dirs, lambda cid: True, _Runc())  # type: ignore[arg-type]
+    assert events == ["kill c1", "remove c1"]

@@ -14,11 +14,11 @@ restore waits for its daemon:
   the coordinator learns that the sandbox died and why.
 
 A crabd that starts while a container's lazy restore was in flight under
-the previous one (:meth:`LazyRestores.adopt`): if the daemon's log says it
-completed, nothing is left to do; if the daemon still runs, it is waited
-for (by its pidfd: it is no child of this crabd, so its log, not its exit
-status, says how it ended); otherwise the container is killed, since
-nothing vouches for its memory.
+the previous one (:meth:`LazyRestores.adopt`): if the daemon's recorded
+exit status (``lazypages.completed``) is 0, nothing is left to do; if its
+supervising shell still runs, it is waited for (by pidfd: it is no child
+of this crabd) and the status read after; otherwise the container is
+killed, since nothing vouches for its memory.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class LazyRestores:
     def adopt_all(self, dirs: RestoreDirs, own: Callable[[str], bool], runc: Runc) -> None:
         """Lazy restores a previous crabd left in flight (:meth:`adopt`): waited for, or their containers
         killed."""
-        for cid in dirs.names():
+        for cid in sorted(set(dirs.names())):  # a cid has an images dir and a work dir: adopted once
             work = dirs.of(cid)[1]
             if own(cid) and (work / lazypages.LOG).exists():
                 st = runc.state(cid)
