@@ -375,18 +375,15 @@ def memory_digest(host_pid: int, limit: int = 1 << 30, *, resident_only: bool = 
     # keyed with a secret of this crabd run, so a sandbox cannot craft a second memory state
     # with the digest of the first (digests are only compared within one run).
     h = blake3.blake3(key=_DIGEST_KEY)
-    total = 0
     try:
         plan = memory_ranges(host_pid, resident_only=resident_only)
-        if plan is None:
+        # Over the limit: known from the plan, before a byte is read (a 200 MB process cost 64 MB of reads here).
+        if plan is None or sum(hi - lo for _, ranges in plan for lo, hi in ranges) > limit:
             return None
         with open(f"/proc/{host_pid}/mem", "rb", buffering=0) as mem:
             for mapping, ranges in plan:
                 h.update(mapping.encode())
                 for lo, hi in ranges:
-                    total += hi - lo
-                    if total > limit:
-                        return None
                     h.update(f"{lo:x}-{hi:x}".encode())
                     _hash_range(h, mem, lo, hi)
     except OSError:

@@ -3,7 +3,9 @@
 A sandbox made from a slot must be networked and isolated like one that ran
 CNI itself (the address is the slot's, the host reaches it, another sandbox
 does not), with and without user namespaces (the interface is moved into
-runc's netns, or the slot's netns is joined as it is).  Removal and a clean
+runc's netns, or the slot's netns is joined as it is), and so must a fork
+or a restore made from one (the interface moved into the netns CRIU made,
+or the slot's netns joined by CRIU).  Removal and a clean
 stop leave nothing; a crabd killed with -9 while it held unclaimed slots
 leaves nothing once it started again (adoption tears them down, their
 leases included).
@@ -111,7 +113,7 @@ def test_sandboxes_from_slots_are_networked_and_isolated_and_leave_nothing(daemo
 
 
 @pytest.mark.criu
-def test_a_sandbox_from_a_slot_takes_a_full_checkpoint_and_forks(daemon: EmbeddedDaemon) -> None:
+def test_a_sandbox_from_a_slot_checkpoints_and_its_forks_and_restores_take_slots_too(daemon: EmbeddedDaemon) -> None:
     c = Client(daemon.socket)
     c.create("busybox", network=True).remove(force=True)  # the pool runs (from here on, whatever ran before)
     ips = {_slot_ip(s) for s in _wait_slots(daemon, 2)}
@@ -124,11 +126,21 @@ def test_a_sandbox_from_a_slot_takes_a_full_checkpoint_and_forks(daemon: Embedde
         # The moved-in interface is dumped like one CNI made there (userns: --empty-ns network).
         ck = sb.checkpoint(kind="full")
         assert ck.kind == "full"
+        # A fork and a restore take slots too: the interface moved into the namespace CRIU made
+        # (userns), or the slot's namespace joined by CRIU (no userns).
+        ips = {_slot_ip(s) for s in _wait_slots(daemon, 2)}
         clones = sb.fork(1, ck)
         clone_ip = clones[0].info.ip_address
-        assert clone_ip and clone_ip != ip
+        assert clone_ip in ips and clone_ip != ip
         assert urllib.request.urlopen(f"http://{clone_ip}:8000/", timeout=10).status == 200
         assert urllib.request.urlopen(f"http://{ip}:8000/", timeout=10).status == 200
+        sb.restore(ck)
+        restored_ip = sb.refresh().ip_address
+        assert restored_ip in ips - {clone_ip}, (restored_ip, ips)
+        assert urllib.request.urlopen(f"http://{restored_ip}:8000/", timeout=10).status == 200
+        shown = sb.run(["cat", "/proc/net/route"]).stdout.decode()
+        assert "eth0\t00000000\t" in shown, shown
+        assert _probe(sb, clone_ip, 8000) == "ConnectionRefusedError"
     finally:
         for x in [*clones, sb]:
             x.remove(force=True)

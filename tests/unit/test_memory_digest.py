@@ -73,3 +73,19 @@ def test_every_change_of_the_memory_changes_the_digest(child: Child) -> None:
     assert third not in (first, second)
     child.poke(60000, b"\1")  # far into the reservation
     assert child.digest() not in (first, second, third)
+
+
+def test_memory_over_the_limit_is_refused_before_a_byte_of_it_is_read(
+    child: Child, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for page in range(0, 80 << 8, 64):  # touch 80 MiB, one page per 256 KiB: ~1.3 MiB resident
+        child.poke(page, b"\1")
+    read: list[int] = []
+    real = procs._hash_range
+    monkeypatch.setattr(procs, "_hash_range", lambda h, mem, lo, hi: (read.append(hi - lo), real(h, mem, lo, hi)))
+    assert child.digest() is not None and read  # what is resident is under the limit, and read
+    read.clear()
+    for page in range(0, 80 << 8):  # all 80 MiB resident: over the 64 MiB limit
+        child.poke(page, b"\2")
+    assert child.digest() is None
+    assert read == [], f"{sum(read)} bytes read of a process known to be over the limit"

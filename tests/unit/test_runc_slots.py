@@ -282,3 +282,18 @@ def test_rtnetlink_requests_are_laid_out_as_the_kernel_reads_them() -> None:
     assert rtnl.parse_ack(ack[:16] + struct.pack("=i", 0)) == 0
     with pytest.raises(ValueError):
         rtnl.parse_ack(b"\0" * 8)
+
+
+def test_a_retried_launch_runs_without_the_slot_the_first_try_tore_down() -> None:
+    slot = _slot("i-warm00-0")
+    got: list[object] = []
+
+    def launch(restore: str, slot: slots.Slot | None = None) -> str:
+        got.append((restore, slot))
+        return restore
+
+    run = slots.first_try_only(launch, slot)
+    assert run(restore="lazy") == "lazy"
+    assert run(restore="eager") == "eager"
+    assert got == [("lazy", slot), ("eager", None)]
+    assert slots.first_try_only(launch, None)(restore="x") == "x" and got[-1] == ("x", None)

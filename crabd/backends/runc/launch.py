@@ -24,10 +24,12 @@ bound to one is restored; nothing can connect until the address is there).
 The real lower dirs are written to ``<bundle>/lowers.json``: the overlay's
 own options name the (detached) idmapped staging mounts instead.
 
-A fresh networked container may be given a network slot (:mod:`.slots`):
-its attachment, made ahead, takes the place of the CNI step (the netns
-itself without a user namespace, the interface moved in with one).  A
-failed launch tears the slot down with the container: never put back.
+A networked container, fresh or restored, may be given a network slot
+(:mod:`.slots`): its attachment, made ahead, takes the place of the CNI
+step (without a user namespace the slot's netns itself, which CRIU joins
+by path like any other; with one, the interface moved into the namespace
+runc or CRIU made).  A failed launch tears the slot down with the
+container: never put back.
 """
 
 from __future__ import annotations
@@ -181,13 +183,12 @@ class Launcher:
     ) -> Launched:
         """Run ``spec`` (``spec.netns`` is replaced by the layout's path for its id), fresh or from ``restore``.
 
-        ``slot`` (fresh networked containers only) is the caller's claimed
-        network slot: the container's network on success, torn down on failure.
+        ``slot`` (networked containers only, fresh or restored) is the
+        caller's claimed network slot: the container's network on success,
+        torn down on failure.
         """
-        if slot is not None and (restore is not None or not spec.networked):
-            raise ContainerRuntimeError(
-                f"{spec.id}: a network slot is for fresh networked containers", container=spec.id
-            )
+        if slot is not None and not spec.networked:
+            raise ContainerRuntimeError(f"{spec.id}: a network slot is for networked containers", container=spec.id)
         try:
             if spec.userns is not None:
                 return self._launch_userns(spec, storage, restore, slot)
@@ -300,7 +301,10 @@ class Launcher:
                 _drop_etc_view(etc_view)
                 clock.lap("runc")
                 named_netns.pin(spec.id, state.pid, self.layout.netns, sysctls)
-                result = self.network.add(spec.id, ns) if spec.networked else None
+                if slot is not None:
+                    result = slots.move_into(self.layout, self.network, slot, spec.id)
+                else:
+                    result = self.network.add(spec.id, ns) if spec.networked else None
                 clock.lap("cni")
             if state is None:
                 raise ContainerRuntimeError(f"{spec.id} vanished after start", container=spec.id)

@@ -434,12 +434,12 @@ class RuncSandboxBackend(StatusReader):
             if restore is not None:
                 created = self._follow_init(cid, restore.images_dir, self._follow_images(cid, created))
             storage = self._storage(cid, created)
-            if restore is None and created.spec.networked and self._slots is not None:
+            if created.spec.networked and self._slots is not None:
                 slot = self._slots.claim()
             if restore is None:
                 launched = self._launcher.launch(created.spec, storage, None, slot)
             else:  # lazily where it can (lazy_restores.py)
-                run = functools.partial(self._launcher.launch, created.spec, storage, slot=slot)
+                run = slots.first_try_only(functools.partial(self._launcher.launch, created.spec, storage), slot)
                 launched = self._lazy.launch(cid, restore, run, userns=created.spec.userns is not None)
             # Once running: crab's own writes to the subvolume (a restore's files) are done (pool.py).
             self.pool.apply_disk_limit(SubvolRef.sandbox(cid), created.disk_bytes)

@@ -1,4 +1,4 @@
-"""Network slots: CNI attachments made ahead of demand, so that a networked create does not run the plugins.
+"""Network slots: CNI attachments made ahead, so that a networked create, restore or fork runs no plugins.
 
 Running the CNI plugins is a networked create's largest step (docs/runc.md,
 "Creating a sandbox": three plugin processes, host-local's lock and the
@@ -30,7 +30,8 @@ The two kinds of container take a slot differently:
   inside its user namespace (bundle.py: the kernel lets only that
   namespace's root mount sysfs, and CRIU refuses namespaces of another
   owner), so the slot's interface is moved into it after ``runc create``
-  (rtnetlink, :mod:`.rtnl`: no `ip` processes).  A moved interface loses
+  or, for a restore, after ``runc restore`` (whose CRIU made the namespace,
+  empty), over rtnetlink (:mod:`.rtnl`: no `ip` processes).  A moved interface loses
   its addresses and routes (the kernel flushes them when a device leaves
   its namespace), so they are set again from the kept CNI result, as the
   bridge plugin set them: the addresses, the link up, the routes via the
@@ -57,6 +58,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from crabd.backends.network import SANDBOX_SYSCTLS
 from crabd.backends.runc import named_netns, rtnl
@@ -67,6 +69,8 @@ from crabd.errors import ContainerRuntimeError, CrabError
 from crabd.util.threads import on_own_thread
 
 log = logging.getLogger("crabd.runc.slots")
+
+T = TypeVar("T")
 
 #: A slot's sandbox part starts so: never a sandbox id crabd makes (those are hex).
 SLOT_TAG = "warm"
@@ -183,6 +187,22 @@ def move_into(layout: Layout, network: CniNetwork, slot: Slot, cid: str) -> CniR
     network.adopt_result(slot.id, cid)
     named_netns.remove(slot.id, layout.netns)  # empty now: the namespace goes with its pin
     return slot.network
+
+
+def first_try_only(launch: Callable[..., T], slot: Slot | None) -> Callable[..., T]:
+    """``launch`` given ``slot=slot`` on its first call only, ``slot=None`` on any later one.
+
+    A failed launch tore its slot down (a slot is never put back), so a second
+    try (an eager restore after a lazy one failed: lazy_restores.py) runs the
+    CNI step itself.
+    """
+    left = [slot]
+
+    def run(*args: Any, **kwargs: Any) -> T:
+        given, left[0] = left[0], None
+        return launch(*args, slot=given, **kwargs)
+
+    return run
 
 
 class SlotPool:
