@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -82,7 +83,12 @@ def test_memory_over_the_limit_is_refused_before_a_byte_of_it_is_read(
         child.poke(page, b"\1")
     read: list[int] = []
     real = procs._hash_range
-    monkeypatch.setattr(procs, "_hash_range", lambda h, mem, lo, hi: (read.append(hi - lo), real(h, mem, lo, hi)))
+
+    def counted(h: Any, mem: Any, lo: int, hi: int) -> None:
+        read.append(hi - lo)
+        real(h, mem, lo, hi)
+
+    monkeypatch.setattr(procs, "_hash_range", counted)
     assert child.digest() is not None and read  # what is resident is under the limit, and read
     read.clear()
     for page in range(0, 80 << 8):  # all 80 MiB resident: over the 64 MiB limit
