@@ -511,10 +511,14 @@ class SandboxManager:
                     reason=st.error or "exited during start",
                 )
             try:
-                conn = await InitConnection.open(netns=Netns(st.pid, container_id))
-                async with conn:
-                    await conn.hello()
+                # Bounded: an init that accepted but does not answer (stuck in the kernel) must not hold the start.
+                async with asyncio.timeout(max(0.05, deadline - time.monotonic())):
+                    conn = await InitConnection.open(netns=Netns(st.pid, container_id))
+                    async with conn:
+                        await conn.hello()
                 return st
+            except TimeoutError:
+                last = TimeoutError("no answer to HELLO")
             except CrabError as exc:
                 last = exc
                 await asyncio.sleep(0.01)

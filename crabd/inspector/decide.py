@@ -66,6 +66,7 @@ from pathlib import Path
 from crabd.backends.fsdelta import Entry, ScanLimits
 from crabd.inspector import files, mounts, procs
 from crabd.inspector.base import EventSource, ScanEvents
+from crabd.inspector.digests import DeferredDigests
 from crabd.inspector.model import FS, FULL, SKIP, Baseline, Decision, Dumped, Evidence, Proc
 from crabd.inspector.session import session_change
 from crabd.inspector.vouched import VouchedProcesses
@@ -149,6 +150,8 @@ class Inspector:
         self._tmpfs_mapped: set[str] = set()
         #: The last /proc read of sandboxes running only what is never counted, while the probes vouch for it.
         self.vouched = VouchedProcesses(source.tasks, cgroups.container_host_pids)
+        #: Started sandboxes' memory digests, taken after the start answered (digests.py).
+        self._deferred = DeferredDigests(consistent_digest, lambda host_pid: procs.runtime_ns(host_pid))
 
     @property
     def name(self) -> str:
@@ -163,6 +166,7 @@ class Inspector:
         return self.source.pending
 
     def close(self) -> None:
+        self._deferred.close()
         self.source.close()
 
     # --- baselines ------------------------------------------------------------------
@@ -186,13 +190,19 @@ class Inspector:
         fresh sandbox (``restored=False``) is cut for its first checkpoint
         only after this call: what it wrote before is in that cut, and what
         it writes after, the probes see.
+
+        The processes' memory digests are taken after this returns, on a
+        thread of their own (digests.py); every reader of the baseline waits
+        for them (:meth:`_baseline`).
         """
         self.source.track(sandbox_id, container_id)
         self.source.take(sandbox_id)  # the start itself is nobody's turn
         self.vouched.forget(sandbox_id)
         now = procs.snapshot(container_id)
         keep = _counted(now, session_pids)
-        self._baselines[sandbox_id] = Baseline(keep, image, image_checkpoint, self._digests(keep))
+        base = Baseline(keep, image, image_checkpoint)
+        self._baselines[sandbox_id] = base
+        self._deferred.start(sandbox_id, base)  # the memory digests, after the start answered
         self._fingerprints.pop(sandbox_id, None)
         # Without an image the head's tmpfs is what a fresh container has: nothing of the sandbox's own.
         self._tmpfs[sandbox_id] = mounts.fingerprint(init_host_pid).digest if image else None
@@ -205,6 +215,7 @@ class Inspector:
         """A running sandbox found after crabd restarted: watch it; its baseline is unknown (conservative)."""
         self.source.track(sandbox_id, container_id)
         self.vouched.forget(sandbox_id)
+        self._deferred.forget(sandbox_id)
         self._baselines.pop(sandbox_id, None)
         self._tmpfs.pop(sandbox_id, None)
         self._fingerprints.pop(sandbox_id, None)
@@ -214,7 +225,7 @@ class Inspector:
         self, sandbox_id: str, container_id: str, init_host_pid: int, session_pids: frozenset[int]
     ) -> str:
         """ "" if the processes are still exactly the baseline's (call while frozen), else what changed."""
-        base = self._baselines.get(sandbox_id)
+        base = self._baseline(sandbox_id)
         if base is None or base.image is None:
             return "crabd has no process image to pair with"
         skip = _excluded(session_pids)
@@ -258,7 +269,7 @@ class Inspector:
         without any I/O that was due at the thaw is also due when the image
         is restored, so the restored process does it too.
         """
-        base = self._baselines.get(sandbox_id)
+        base = self._baseline(sandbox_id)
         if base is None or base.image is None or not base.procs:
             return
         time.sleep(SETTLE_S)
@@ -278,6 +289,8 @@ class Inspector:
 
     def published(self, sandbox_id: str, checkpoint_id: str, image: str | None, dumped: Dumped | None) -> None:
         """A checkpoint became the sandbox's head: the baseline follows it."""
+        if dumped is not None or image is None:
+            self._deferred.forget(sandbox_id)  # that baseline is replaced
         if dumped is not None:
             base = dumped.baseline
             base.image, base.image_checkpoint = image, checkpoint_id
@@ -289,6 +302,7 @@ class Inspector:
         # fs paired with the previous image: the baseline stays
 
     def forget(self, sandbox_id: str) -> None:
+        self._deferred.forget(sandbox_id)
         self.source.untrack(sandbox_id)
         self._baselines.pop(sandbox_id, None)
         self._tmpfs.pop(sandbox_id, None)
@@ -297,6 +311,12 @@ class Inspector:
         self._fingerprints.pop(sandbox_id, None)
         self._tmpfs_mapped.discard(sandbox_id)
         self.vouched.forget(sandbox_id)
+
+    def _baseline(self, sandbox_id: str) -> Baseline | None:
+        """The sandbox's baseline once its memory digests are in; None if there is none or they never came."""
+        if not self._deferred.wait(sandbox_id):
+            self._baselines.pop(sandbox_id, None)  # its digests are missing: decide as after a restart
+        return self._baselines.get(sandbox_id)
 
     def _digests(self, ps: dict[int, Proc]) -> dict[int, str]:
         out = {}
@@ -398,7 +418,7 @@ class Inspector:
         else:
             self._mapped.discard(turn.sandbox_id)
         cur = _counted(now, turn.session_pids)
-        base = self._baselines.get(turn.sandbox_id)
+        base = self._baseline(turn.sandbox_id)
         proc_changes = self._process_changes(turn, cur, base, ev, check_memory)
         tmpfs = self._tmpfs_now(turn, ev, now, last_tmpfs)
         tmpfs_change = self._tmpfs_change(turn, tmpfs) if base is not None else ""

@@ -1,6 +1,6 @@
 """The few libc calls Python's os module lacks: ``syncfs(2)``, ``fstatfs(2)``'s type, ``renameat2(2)``,
-``umount2(2)``, ``statx(2)``'s mount-root attribute, ``pidfd_getfd(2)``, and an ``ioctl(2)`` that lets other
-threads run."""
+``umount2(2)``, ``statx(2)``'s mount-root attribute, ``pidfd_getfd(2)``, ``kcmp(2)``, and an ``ioctl(2)``
+that lets other threads run."""
 
 from __future__ import annotations
 
@@ -103,6 +103,20 @@ def is_mount_root(path: str | os.PathLike[str]) -> bool | None:
 
 #: ``SYS_pidfd_getfd``: the same number on every architecture Linux 5.6+ has it on.
 _SYS_PIDFD_GETFD = 438
+
+
+#: ``SYS_kcmp`` (x86-64) and its ``KCMP_FILE`` type.
+_SYS_KCMP = 312
+KCMP_FILE = 0
+
+
+def kcmp_file(pid1: int, pid2: int, fd1: int, fd2: int) -> bool:
+    """``kcmp(2)`` with ``KCMP_FILE``: whether ``pid1``'s descriptor ``fd1`` and ``pid2``'s ``fd2`` are one open
+    file description.  Raises OSError (EBADF: either is not open, or the process's descriptor table is gone)."""
+    r = _libc.syscall(_SYS_KCMP, pid1, pid2, KCMP_FILE, fd1, fd2)
+    if r < 0:
+        _raise_errno()
+    return int(r) == 0
 
 
 def pidfd_getfd(pidfd: int, target_fd: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from bench.lazy_restore import SERVER
+from crabd.backends.criu import lazypages
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from tests.integration.conftest import daemon_with_config, remove_sandbox_network
 
@@ -200,6 +202,65 @@ def test_a_page_server_killed_mid_service_takes_its_container_down(
         time.sleep(0.2)
         info = sb.refresh()
     assert info.state == "dead" and "page server" in info.dead_reason, info
+
+
+#: A stand-in for ``criu lazy-pages`` with a real userfaultfd: its child (the "restored process") registers an
+#: anonymous area with one and hands it over; the stand-in, "listening", holds it until ``close`` exists, closes
+#: it as CRIU does once that process's pages are all in, and tells the child to touch a page it never had.  It
+#: goes on "serving" (another process, say) until killed.
+STAND_IN = r"""#!{python}
+import ctypes, fcntl, mmap, os, socket, struct, sys, time
+work = sys.argv[5]
+libc = ctypes.CDLL(None, use_errno=True)
+a, b = socket.socketpair()
+if os.fork() == 0:
+    area = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(area))
+    uffd = libc.syscall(323, os.O_CLOEXEC | os.O_NONBLOCK)  # userfaultfd(2)
+    assert uffd >= 0, ctypes.get_errno()
+    fcntl.ioctl(uffd, 0xC018AA3F, bytearray(struct.pack("QQQ", 0xAA, 0, 0)))  # UFFDIO_API
+    fcntl.ioctl(uffd, 0xC020AA00, bytearray(struct.pack("QQQQ", start, 1 << 20, 1, 0)))  # UFFDIO_REGISTER, MISSING
+    socket.send_fds(b, [b"u"], [uffd])
+    os.close(uffd)
+    b.recv(1)
+    area[5 * 4096] = 1  # a page the "dump" never held: waits while the range is armed and nobody reads
+    open(os.path.join(work, "touched"), "w").close()
+    os._exit(0)
+_, fds, _, _ = socket.recv_fds(a, 1, 1)
+open(os.path.join(work, "lazy-pages.socket"), "w").close()
+while not os.path.exists(os.path.join(work, "close")):
+    time.sleep(0.005)
+os.close(fds[0])
+a.send(b"t")
+while True:
+    time.sleep(1)
+"""
+
+
+def test_crabds_copy_of_a_userfaultfd_goes_once_the_page_server_closed_its_own(tmp_path: Path) -> None:
+    """CRIU closes a process's userfaultfd once all its pages are in, and counts on that close to unregister
+    the ranges: the process's next fault on a page the dump never held then gets a zero page from the kernel.
+    crabd's guard copy must go then too.  Held on, that fault (or a fork: its event needs a reader too) waits
+    for a reader that never comes.  Seen in the benchmark: crab-init hung in ``handle_userfault``, CRIU
+    spinning at 100% CPU on the closed descriptor's EBADF, a fork through crabd stuck for minutes."""
+    fake = tmp_path / "criu"
+    fake.write_text(STAND_IN.format(python=sys.executable))
+    fake.chmod(0o755)
+    work = tmp_path / "work"
+    server = lazypages.PageServer(tmp_path, work, criu=str(fake))
+    server.start()
+    try:
+        assert server.guard() == 1
+        assert server.release_done() == 0  # still the daemon's: kept
+        (work / "close").touch()
+        deadline = time.monotonic() + 20
+        while not (work / "touched").exists():
+            assert time.monotonic() < deadline, "the process hung on a range crabd kept armed"
+            server.release_done()  # what the watch does every RELEASE_POLL_S
+            time.sleep(lazypages.RELEASE_POLL_S)
+        assert server.released == 1
+    finally:
+        server.close()
 
 
 def _kept_lazy(base: Path) -> EmbeddedDaemon:

@@ -1,9 +1,13 @@
 """Lazy restores without CRIU: the choice and its reasons, the daemon's log read, and the watch's order
-(a failed page server kills the container before its userfaultfd copies go; a clean end kills nothing)."""
+(a failed page server kills the container before its userfaultfd copies go; a clean end kills nothing; a copy
+goes once the running daemon closed its own)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,7 @@ import pytest
 from crabd.backends.criu import lazypages
 from crabd.backends.runc.lazy_restores import LazyRestores
 from crabd.errors import CriuError
+from crabd.util import libc
 
 MIB = 1 << 20
 
@@ -73,6 +78,7 @@ class _Server:
         self.events, self.code, self.guard_fails = events, code, guard_fails
         self.started_at = 0.0
         self.guarded = 1
+        self.released = 0
         self.ended = threading.Event()
 
     def guard(self) -> int:
@@ -270,3 +276,50 @@ def test_a_restore_left_in_flight_is_adopted_once_though_it_has_two_dirs(tmp_pat
     lazy = _restores(events)
     lazy.adopt_all(dirs, lambda cid: True, _Runc())  # type: ignore[arg-type]
     assert events == ["kill c1", "remove c1"]
+
+
+def _wait_for(cond: Any, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def _holding(tmp_path: Path) -> lazypages.PageServer:
+    """A stand-in daemon holding descriptors 7 and 8, which closes 8 once ``close8`` exists; crabd's copies of both
+    taken as :meth:`guard` takes them of userfaultfds."""
+    then = 'exec 7</dev/null 8</dev/null; while [ ! -e "$5/close8" ]; do sleep 0.01; done; exec 8<&-; exec sleep 60'
+    server = lazypages.PageServer(tmp_path, tmp_path / "work", criu=_fake_criu(tmp_path, then))
+    server.start()
+    assert server._daemon_fd is not None and server._daemon_pid is not None
+    _wait_for(lambda: Path(f"/proc/{server._daemon_pid}/fd/8").exists(), "the stand-in did not open its fds")
+    server._guards = [(n, libc.pidfd_getfd(server._daemon_fd, n)) for n in (7, 8)]
+    return server
+
+
+def test_a_copy_goes_once_the_running_daemon_closed_its_own_and_not_before(tmp_path: Path) -> None:
+    server = _holding(tmp_path)
+    try:
+        copy8 = server._guards[1][1]
+        assert server.release_done() == 0 and server.release_done() == 0  # both still held
+        (tmp_path / "work" / "close8").touch()
+        _wait_for(lambda: not Path(f"/proc/{server._daemon_pid}/fd/8").exists(), "fd 8 still open")
+        assert server.release_done() == 0  # missing once: not yet (a failing daemon closes them just before it exits)
+        assert server.release_done() == 1 and server.released == 1
+        assert [orig for orig, _ in server._guards] == [7]
+        with pytest.raises(OSError):
+            os.fstat(copy8)  # closed: CRIU's close now unregisters that process's ranges
+    finally:
+        server.close()
+
+
+def test_the_copies_of_a_daemon_that_died_stay_until_the_container_is_killed(tmp_path: Path) -> None:
+    server = _holding(tmp_path)
+    try:
+        assert server._daemon_fd is not None
+        signal.pidfd_send_signal(server._daemon_fd, signal.SIGKILL)
+        assert server.wait(10) == 137
+        assert server.release_done() == 0 and server.release_done() == 0
+        assert len(server._guards) == 2  # a fault now waits: never a zero page
+    finally:
+        server.close()

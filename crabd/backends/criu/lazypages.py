@@ -20,7 +20,9 @@ the daemon's userfaultfds (``pidfd_getfd(2)``, :meth:`PageServer.guard`)
 from right after the restore until the daemon exited 0: while a copy is
 open the ranges stay armed, a fault with nobody to answer it waits, and
 crabd, seeing the daemon fail, kills the container before it closes the
-copies (``backends/runc/lazy_restores.py``).
+copies (``backends/runc/lazy_restores.py``).  A copy goes as soon as the
+daemon, still running, closed its own (that process's pages are all in):
+CRIU's close must unregister the ranges (:meth:`PageServer.release_done`).
 
 What is left unguarded, and said so: the few milliseconds between the end
 of ``runc restore`` (the processes resume) and crabd taking the copies, and
@@ -45,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import subprocess
 import time
@@ -72,6 +75,8 @@ START_TIMEOUT_S = 5.0
 _UFFD_LINK = "anon_inode:[userfaultfd]"
 #: How long :meth:`PageServer.close` lets the shell reap the killed daemon before it kills the shell too.
 CLOSE_WAIT_S = 5.0
+#: How often the watch of a lazy restore lets go of the copies whose originals the daemon closed (release_done).
+RELEASE_POLL_S = 0.01
 #: How much of the daemon's log a failure quotes.
 _LOG_TAIL = 1500
 
@@ -189,9 +194,13 @@ class PageServer:
         self._daemon_pid: int | None = None
         #: A pidfd of the daemon: signals and descriptor copies reach it, never a process that reused its pid.
         self._daemon_fd: int | None = None
-        self._guards: list[int] = []
-        #: How many userfaultfds :meth:`guard` took copies of.
+        #: (the daemon's descriptor number, crabd's copy) of each userfaultfd guarded and not yet released.
+        self._guards: list[tuple[int, int]] = []
+        #: Copies whose originals the daemon no longer held at the last :meth:`release_done` (released at the next).
+        self._missing: set[int] = set()
+        #: How many userfaultfds :meth:`guard` took copies of, and how many :meth:`release_done` let go.
         self.guarded = 0
+        self.released = 0
         self.started_at = 0.0
 
     @property
@@ -247,7 +256,7 @@ class PageServer:
             return 0  # ended already: wait() says how
         for fd in self._uffd_numbers():
             with contextlib.suppress(OSError):  # closed meanwhile (that task's pages are all in), or it ended
-                self._guards.append(libc.pidfd_getfd(self._daemon_fd, fd))
+                self._guards.append((fd, libc.pidfd_getfd(self._daemon_fd, fd)))
         self.guarded = len(self._guards)
         if not self._guards and self._proc.poll() is None:
             raise CriuError(
@@ -266,6 +275,62 @@ class PageServer:
                     if os.readlink(f"{fd_dir}/{name}") == _UFFD_LINK:
                         found.append(int(name))
         return found
+
+    def release_done(self) -> int:
+        """Close the copies of the userfaultfds the daemon itself closed while it serves on; how many now.
+
+        CRIU closes a process's userfaultfd once it delivered every page of
+        it (or the process exited), and counts on that close to unregister
+        the ranges: a later fault there (a page the dump never held, memory
+        freed with MADV_DONTNEED and touched again) then gets a zero page
+        from the kernel, as in any process.  A copy held past that point
+        keeps the ranges armed with nobody to answer: the process hangs in
+        the fault, and CRIU's epoll keeps reporting the closed descriptor.
+        Seen: crab-init stuck in ``handle_userfault`` and the daemon spinning
+        at 100% CPU on EBADF until crabd was stopped.
+
+        A close counts only while the daemon's descriptor table is whole and
+        it has not exited: a dying daemon (killed, or failed) loses all its
+        descriptors at once, and those copies are exactly what must stay.
+        The same original must be missing at two calls in a row, and the
+        daemon alive at both, so that a failure path's closes just before
+        its exit are not taken for deliveries (the watch polls every
+        RELEASE_POLL_S).
+        """
+        if self._daemon_pid is None or not self._guards or not self._serving():
+            return 0
+        missing = set()
+        for orig, copy in self._guards:
+            try:
+                held = libc.kcmp_file(self._daemon_pid, os.getpid(), orig, copy)
+            except OSError:
+                held = False
+            if not held:
+                missing.add(copy)
+        # Whole: it still holds other descriptors (an exiting task's table is detached at once) and runs.
+        if missing and (not self._table_whole() or not self._serving()):
+            return 0
+        done, self._missing = missing & self._missing, missing
+        if not done:
+            return 0
+        self._guards = [(orig, copy) for orig, copy in self._guards if copy not in done]
+        for copy in done:
+            os.close(copy)
+        self.released += len(done)
+        return len(done)
+
+    def _serving(self) -> bool:
+        """The daemon has not exited (its pidfd is not readable yet)."""
+        if self._daemon_fd is None:
+            return False
+        readable, _, _ = select.select([self._daemon_fd], [], [], 0)
+        return not readable
+
+    def _table_whole(self) -> bool:
+        try:
+            return bool(os.listdir(f"/proc/{self._daemon_pid}/fd"))
+        except OSError:
+            return False
 
     def wait(self, timeout_s: float | None = None) -> int:
         """The daemon's exit status once it ended (0: every page delivered).  Raises TimeoutError."""
@@ -309,5 +374,5 @@ class PageServer:
             os.close(self._daemon_fd)
             self._daemon_fd = None
         guards, self._guards = self._guards, []
-        for fd in guards:
-            os.close(fd)
+        for _, copy in guards:
+            os.close(copy)

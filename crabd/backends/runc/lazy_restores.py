@@ -155,10 +155,15 @@ class LazyRestores:
         watcher.start()
 
     def _wait(self, cid: str, server: lazypages.PageServer) -> None:
-        code = server.wait()
+        while True:
+            try:
+                code = server.wait(lazypages.RELEASE_POLL_S)
+                break
+            except TimeoutError:
+                server.release_done()  # a process whose pages are all in: CRIU's close must unregister
         if code == 0:
             took = time.monotonic() - server.started_at
-            extra = {"container": cid, "took_s": round(took, 3), "guarded": server.guarded}
+            extra = {"container": cid, "took_s": round(took, 3), "guarded": server.guarded, "released": server.released}
             log.info("lazy restore complete: every page delivered", extra=extra)
             self._end(cid, server, "")
         else:

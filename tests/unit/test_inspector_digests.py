@@ -1,0 +1,105 @@
+"""A started sandbox's memory digests, taken after the start answered (inspector/digests.py), with fake processes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from crabd.inspector import digests, procs
+from crabd.inspector.digests import DeferredDigests, still_digests
+from crabd.inspector.model import Baseline
+from tests.unit.test_inspector import Sbx, proc
+
+pytest_plugins = ["tests.unit.test_inspector"]
+
+
+def test_a_digest_is_kept_only_if_the_process_did_not_run_until_all_were_taken() -> None:
+    ps = {40: proc(40, runtime=5), 41: proc(41, runtime=5), 42: proc(42, runtime=5)}
+    cpu = {p.host_pid: 5 for p in ps.values()}
+    cpu[10_041] = 6  # 41 ran between the baseline's read and its digest
+
+    def digest(host_pid: int) -> str:
+        if host_pid == 10_042:
+            cpu[10_040] = 7  # 40, hashed already, runs now: it may have written 42's memory
+        return f"m{host_pid}"
+
+    assert still_digests(ps, digest, cpu.__getitem__) == {42: "m10042"}
+
+
+def test_a_start_answers_before_the_digests_and_a_reader_waits_for_them() -> None:
+    go = threading.Event()
+
+    def digest(host_pid: int) -> str:
+        go.wait(10)
+        return "m1"
+
+    d = DeferredDigests(digest, lambda host_pid: 5)
+    base = Baseline({40: proc(40)}, "img", "ck")
+    t = time.monotonic()
+    d.start("sb", base)
+    assert time.monotonic() - t < 1 and base.memory == {}
+    threading.Timer(0.2, go.set).start()
+    assert d.wait("sb") is True
+    assert base.memory == {40: "m1"}
+    assert d.wait("sb") is True  # nothing pending: at once
+    d.close()
+
+
+def test_a_wait_that_times_out_abandons_the_job_which_then_writes_nothing() -> None:
+    go = threading.Event()
+    done = threading.Event()
+
+    def digest(host_pid: int) -> str:
+        go.wait(10)
+        done.set()
+        return "m1"
+
+    d = DeferredDigests(digest, lambda host_pid: 5)
+    base = Baseline({40: proc(40)}, "img", "ck")
+    d.start("sb", base)
+    assert d.wait("sb", timeout=0.05) is False
+    go.set()
+    assert done.wait(5)
+    time.sleep(0.05)
+    assert base.memory == {}
+    d.close()
+
+
+def test_the_inspector_proves_a_restored_process_unchanged_with_its_deferred_digest(
+    sbx: Sbx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memory = {10_040: "m1"}
+    monkeypatch.setattr(procs, "memory_digest", lambda hp, limit=0: memory.get(hp))
+    monkeypatch.setattr(procs, "runtime_ns", lambda hp: sbx.world.procs[hp - 10_000].runtime_ns)
+    sbx.world.procs[40] = proc(40)
+    sbx.inspector.started("sb", "c", 10_001, frozenset({2}), image="img", image_checkpoint="ck")
+    sbx.turn()  # a restored sandbox's first turn compares all files
+    sbx.world.procs[40] = replace(sbx.world.procs[40], runtime_ns=50)  # a restarted syscall: same memory
+    assert sbx.turn().kind == "skip"
+    sbx.world.procs[40] = replace(sbx.world.procs[40], runtime_ns=60)
+    memory[10_040] = "m2"
+    assert sbx.turn().kind == "full"
+
+
+def test_a_baseline_whose_digests_never_came_is_dropped_and_the_turn_is_full(
+    sbx: Sbx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(digests, "WAIT_S", 0.05)
+    go = threading.Event()
+
+    def stuck(hp: int, limit: int = 0) -> str:
+        go.wait(10)
+        return "m1"
+
+    monkeypatch.setattr(procs, "memory_digest", stuck)
+    monkeypatch.setattr(procs, "runtime_ns", lambda hp: sbx.world.procs[hp - 10_000].runtime_ns)
+    sbx.world.procs[40] = proc(40)
+    sbx.inspector.started("sb", "c", 10_001, frozenset({2}), image="img", image_checkpoint="ck")
+    try:
+        d = sbx.turn()
+    finally:
+        go.set()
+    assert d.kind == "full" and any("no record of the processes" in r for r in d.reasons), d.reasons
