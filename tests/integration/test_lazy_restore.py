@@ -22,7 +22,7 @@ import pytest
 from bench.lazy_restore import SERVER
 from crabd.backends.criu import lazypages
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
-from tests.integration.conftest import daemon_with_config, remove_sandbox_network
+from tests.integration.conftest import daemon_with_config, kill_container, remove_sandbox_network
 
 pytestmark = [pytest.mark.integration, pytest.mark.criu]
 
@@ -133,6 +133,31 @@ def test_restore_and_fork_serve_memory_lazily_and_bring_it_back_whole(
     finally:
         for clone in clones:
             clone.remove(force=True)
+
+
+def test_a_crashed_sandbox_is_recovered_lazily_with_its_memory_whole(
+    lazy_daemon: EmbeddedDaemon, make_lazy: Callable[..., Sandbox]
+) -> None:
+    """Recovery after a sandbox crash goes through the same restore: lazily, and the memory comes back whole."""
+    daemon = lazy_daemon
+    sb = make_lazy("bookworm", recovery="auto")
+    with sb.turn():
+        sb.run(["sh", "-c", "cat > /tmp/hold.py"], stdin=HOLD.format(mb=96))
+        sb.session.run(
+            "(setsid python3 /tmp/hold.py </dev/null >/dev/null 2>&1 &);"
+            " until [ -e /tmp/hold.ready ]; do sleep 0.1; done"
+        )
+    digest = _sum(sb)
+    sb.checkpoint(kind="full")
+    crashed = sb.refresh().container_id
+    since = _size(daemon)
+    kill_container(crashed)
+    deadline = time.monotonic() + 60
+    while not (sb.refresh().state == "running" and sb.info.container_id != crashed) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sb.info.state == "running" and sb.info.container_id != crashed, sb.info
+    assert _logged(daemon, since, "restoring lazily", sb.info.container_id), "the recovery was not lazy"
+    assert _sum(sb) == digest
 
 
 @pytest.mark.parametrize(
