@@ -312,6 +312,14 @@ class Inspector:
         self._tmpfs_mapped.discard(sandbox_id)
         self.vouched.forget(sandbox_id)
 
+    def digests_pending(self, sandbox_id: str) -> bool:
+        """Whether the memory digests of the sandbox's last start are still being taken."""
+        return self._deferred.pending(sandbox_id)
+
+    def wait_digests(self, sandbox_id: str) -> None:
+        """Until they are in (or, if they never come, the baseline is dropped: conservative)."""
+        self._baseline(sandbox_id)
+
     def _baseline(self, sandbox_id: str) -> Baseline | None:
         """The sandbox's baseline once its memory digests are in; None if there is none or they never came."""
         if not self._deferred.wait(sandbox_id):

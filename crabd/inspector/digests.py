@@ -17,6 +17,12 @@ that finds W ran cannot prove it unchanged (a full checkpoint).  A process
 with no digest is treated like one over the limit: it cannot be proven
 unchanged once it ran.
 
+The sandbox's next action waits for them too (``TurnFlow.before_action``):
+a command run before an idle process's digest is read could change that
+memory (a short-lived process writing it with ``process_vm_writev``), and
+the digest would vouch for the changed memory.  Until then only the
+sandbox's own processes run, and one that runs loses its digest.
+
 Every reader of a baseline's digests first waits for them
 (:meth:`DeferredDigests.wait`).  A wait that times out (or a job that
 failed) abandons the job, which never writes to the baseline afterwards,
@@ -84,6 +90,11 @@ class DeferredDigests:
         self.forget(sandbox_id)
         with self._lock:
             self._pending[sandbox_id] = (job, self._pool.submit(self._fill, job))
+
+    def pending(self, sandbox_id: str) -> bool:
+        """Whether a job for the sandbox was started and not yet waited for."""
+        with self._lock:
+            return sandbox_id in self._pending
 
     def wait(self, sandbox_id: str, timeout: float | None = None) -> bool:
         """Once the sandbox's digests are in its baseline: True (also when none were pending).

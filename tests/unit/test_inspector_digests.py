@@ -103,3 +103,22 @@ def test_a_baseline_whose_digests_never_came_is_dropped_and_the_turn_is_full(
     finally:
         go.set()
     assert d.kind == "full" and any("no record of the processes" in r for r in d.reasons), d.reasons
+
+
+def test_the_next_action_waits_for_a_starts_digests(sbx: Sbx, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``TurnInspection.digests_taken`` asks before the sandbox's next action (turnflow.before_action)."""
+    go = threading.Event()
+
+    def slow(hp: int, limit: int = 0) -> str:
+        go.wait(10)
+        return "m1"
+
+    monkeypatch.setattr(procs, "memory_digest", slow)
+    monkeypatch.setattr(procs, "runtime_ns", lambda hp: sbx.world.procs[hp - 10_000].runtime_ns)
+    sbx.world.procs[40] = proc(40)
+    sbx.inspector.started("sb", "c", 10_001, frozenset({2}), image="img", image_checkpoint="ck")
+    assert sbx.inspector.digests_pending("sb")
+    threading.Timer(0.1, go.set).start()
+    sbx.inspector.wait_digests("sb")
+    assert not sbx.inspector.digests_pending("sb")
+    assert sbx.inspector._baselines["sb"].memory == {40: "m1"}
