@@ -84,20 +84,26 @@ def test_the_inspector_proves_a_restored_process_unchanged_with_its_deferred_dig
     assert sbx.turn().kind == "full"
 
 
+def _started_held(sbx: Sbx, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Process 40 started (restored), its memory digest held until the returned event is set."""
+    go = threading.Event()
+
+    def held(hp: int, limit: int = 0) -> str:
+        go.wait(10)
+        return "m1"
+
+    monkeypatch.setattr(procs, "memory_digest", held)
+    monkeypatch.setattr(procs, "runtime_ns", lambda hp: sbx.world.procs[hp - 10_000].runtime_ns)
+    sbx.world.procs[40] = proc(40)
+    sbx.inspector.started("sb", "c", 10_001, frozenset({2}), image="img", image_checkpoint="ck")
+    return go
+
+
 def test_a_baseline_whose_digests_never_came_is_dropped_and_the_turn_is_full(
     sbx: Sbx, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(digests, "WAIT_S", 0.05)
-    go = threading.Event()
-
-    def stuck(hp: int, limit: int = 0) -> str:
-        go.wait(10)
-        return "m1"
-
-    monkeypatch.setattr(procs, "memory_digest", stuck)
-    monkeypatch.setattr(procs, "runtime_ns", lambda hp: sbx.world.procs[hp - 10_000].runtime_ns)
-    sbx.world.procs[40] = proc(40)
-    sbx.inspector.started("sb", "c", 10_001, frozenset({2}), image="img", image_checkpoint="ck")
+    go = _started_held(sbx, monkeypatch)
     try:
         d = sbx.turn()
     finally:
@@ -107,16 +113,7 @@ def test_a_baseline_whose_digests_never_came_is_dropped_and_the_turn_is_full(
 
 def test_the_next_action_waits_for_a_starts_digests(sbx: Sbx, monkeypatch: pytest.MonkeyPatch) -> None:
     """What ``TurnInspection.digests_taken`` asks before the sandbox's next action (turnflow.before_action)."""
-    go = threading.Event()
-
-    def slow(hp: int, limit: int = 0) -> str:
-        go.wait(10)
-        return "m1"
-
-    monkeypatch.setattr(procs, "memory_digest", slow)
-    monkeypatch.setattr(procs, "runtime_ns", lambda hp: sbx.world.procs[hp - 10_000].runtime_ns)
-    sbx.world.procs[40] = proc(40)
-    sbx.inspector.started("sb", "c", 10_001, frozenset({2}), image="img", image_checkpoint="ck")
+    go = _started_held(sbx, monkeypatch)
     assert sbx.inspector.digests_pending("sb")
     threading.Timer(0.1, go.set).start()
     sbx.inspector.wait_digests("sb")
