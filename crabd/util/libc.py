@@ -8,6 +8,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import platform
 from typing import NoReturn
 
 #: ``TMPFS_MAGIC``: ``statfs.f_type`` of a tmpfs.
@@ -105,14 +106,17 @@ def is_mount_root(path: str | os.PathLike[str]) -> bool | None:
 _SYS_PIDFD_GETFD = 438
 
 
-#: ``SYS_kcmp`` (x86-64) and its ``KCMP_FILE`` type.
-_SYS_KCMP = 312
+#: ``SYS_kcmp`` by machine (unlike pidfd_getfd's, it differs: x86-64's table, and the generic one of arm64).
+_SYS_KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())
 KCMP_FILE = 0
 
 
 def kcmp_file(pid1: int, pid2: int, fd1: int, fd2: int) -> bool:
     """``kcmp(2)`` with ``KCMP_FILE``: whether ``pid1``'s descriptor ``fd1`` and ``pid2``'s ``fd2`` are one open
-    file description.  Raises OSError (EBADF: either is not open, or the process's descriptor table is gone)."""
+    file description.  Raises OSError: EBADF when either is not open (or the process's descriptor table is
+    gone), ENOSYS on a machine whose syscall number is not known here."""
+    if _SYS_KCMP is None:
+        raise OSError(errno.ENOSYS, f"kcmp: no syscall number known for {platform.machine()}")
     r = _libc.syscall(_SYS_KCMP, pid1, pid2, KCMP_FILE, fd1, fd2)
     if r < 0:
         _raise_errno()

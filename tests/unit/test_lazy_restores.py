@@ -4,6 +4,7 @@ goes once the running daemon closed its own)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -321,5 +322,23 @@ def test_the_copies_of_a_daemon_that_died_stay_until_the_container_is_killed(tmp
         assert server.wait(10) == 137
         assert server.release_done() == 0 and server.release_done() == 0
         assert len(server._guards) == 2  # a fault now waits: never a zero page
+    finally:
+        server.close()
+
+
+def test_a_kcmp_that_fails_otherwise_than_ebadf_proves_nothing_and_the_copies_stay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSYS (a machine whose syscall number crab does not know), EPERM: the originals may still be held, and
+    a copy let go while the daemon serves could hand the process a zero page."""
+    server = _holding(tmp_path)
+    try:
+
+        def refused(*args: int) -> bool:
+            raise OSError(errno.ENOSYS, "kcmp")
+
+        monkeypatch.setattr(libc, "kcmp_file", refused)
+        assert server.release_done() == 0 and server.release_done() == 0
+        assert len(server._guards) == 2
     finally:
         server.close()

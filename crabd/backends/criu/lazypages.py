@@ -45,6 +45,7 @@ CRIU's work dir of a lazy restore holds, besides ``restore.log``:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import select
@@ -303,8 +304,10 @@ class PageServer:
         for orig, copy in self._guards:
             try:
                 held = libc.kcmp_file(self._daemon_pid, os.getpid(), orig, copy)
-            except OSError:
-                held = False
+            except OSError as exc:
+                # Only EBADF says the original is closed.  Any other failure (ENOSYS, EPERM) proves nothing,
+                # and a copy let go while the daemon still serves could hand the process a zero page.
+                held = exc.errno != errno.EBADF
             if not held:
                 missing.add(copy)
         # Whole: it still holds other descriptors (an exiting task's table is detached at once) and runs.
