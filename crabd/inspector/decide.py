@@ -192,7 +192,7 @@ class Inspector:
         it writes after, the probes see.
 
         The processes' memory digests are taken after this returns, on a
-        thread of their own (digests.py); every reader of the baseline waits
+        few threads of their own (digests.py); every reader of the baseline waits
         for them (:meth:`_baseline`).
         """
         self.source.track(sandbox_id, container_id)

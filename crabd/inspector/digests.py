@@ -34,6 +34,7 @@ process's comparison needs.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,6 +46,8 @@ log = logging.getLogger("crabd.inspector")
 
 #: How long a reader waits for a baseline's digests before it goes on without them (conservative).
 WAIT_S = 30.0
+#: Jobs run at once: as many as asyncio's default executor runs the starts themselves.
+WORKERS = min(32, (os.cpu_count() or 1) + 4)
 
 
 def still_digests(
@@ -75,12 +78,17 @@ class _Job:
 
 
 class DeferredDigests:
-    """Fills baselines' ``memory`` on one thread of its own; thread-safe."""
+    """Fills baselines' ``memory`` on threads of its own (WORKERS); thread-safe.
+
+    Several, not one: a sandbox with many large processes takes seconds to
+    hash, and one thread would make every other tenant's next action wait
+    behind it (inline, each start hashed on its own caller's thread).
+    """
 
     def __init__(self, digest: Callable[[int], str | None], runtime: Callable[[int], int | None]) -> None:
         self._digest = digest
         self._runtime = runtime
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crab-digests")
+        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="crab-digests")
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[_Job, Future[None]]] = {}
 

@@ -119,3 +119,23 @@ def test_the_next_action_waits_for_a_starts_digests(sbx: Sbx, monkeypatch: pytes
     sbx.inspector.wait_digests("sb")
     assert not sbx.inspector.digests_pending("sb")
     assert sbx.inspector._baselines["sb"].memory == {40: "m1"}
+
+
+def test_a_sandbox_slow_to_hash_does_not_hold_another_sandboxs_digests() -> None:
+    go = threading.Event()
+
+    def digest(host_pid: int) -> str:
+        if host_pid == 10_040:
+            go.wait(10)  # a sandbox with many large processes
+        return "m"
+
+    d = DeferredDigests(digest, lambda host_pid: 5)
+    slow, quick = Baseline({40: proc(40)}, "img", "ck"), Baseline({41: proc(41)}, "img", "ck")
+    d.start("slow", slow)
+    d.start("quick", quick)
+    try:
+        assert d.wait("quick", timeout=5) is True and quick.memory == {41: "m"}
+    finally:
+        go.set()
+    assert d.wait("slow") is True and slow.memory == {40: "m"}
+    d.close()
