@@ -239,6 +239,7 @@ work = sys.argv[5]
 libc = ctypes.CDLL(None, use_errno=True)
 a, b = socket.socketpair()
 if os.fork() == 0:
+    a.close()  # the stand-in's end: once it is gone, recv() below sees EOF and the child leaves, whatever happened
     area = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     start = ctypes.addressof(ctypes.c_char.from_buffer(area))
     uffd = libc.syscall(323, os.O_CLOEXEC | os.O_NONBLOCK)  # userfaultfd(2)
@@ -247,10 +248,12 @@ if os.fork() == 0:
     fcntl.ioctl(uffd, 0xC020AA00, bytearray(struct.pack("QQQQ", start, 1 << 20, 1, 0)))  # UFFDIO_REGISTER, MISSING
     socket.send_fds(b, [b"u"], [uffd])
     os.close(uffd)
-    b.recv(1)
+    if b.recv(1) != b"t":
+        os._exit(1)
     area[5 * 4096] = 1  # a page the "dump" never held: waits while the range is armed and nobody reads
     open(os.path.join(work, "touched"), "w").close()
     os._exit(0)
+b.close()
 _, fds, _, _ = socket.recv_fds(a, 1, 1)
 open(os.path.join(work, "lazy-pages.socket"), "w").close()
 while not os.path.exists(os.path.join(work, "close")):
