@@ -217,6 +217,9 @@ def test_init_closes_its_end_though_a_child_holds_a_copy_of_crabds(init: Init, s
 
     async def go() -> None:
         c = await InitConnection.open(name)
+        # connect(2) returns once the kernel queued the connection; init's accept(2) may come
+        # later (CI saw it), and only a reply proves init holds its end.
+        await c.hello()
         if size:
             await c.spawn(SpawnSpec(argv=["sleep", "1000"], env=ENV))
             with contextlib.suppress(TimeoutError):
