@@ -514,7 +514,7 @@ class Checkpointer:
         if a.inspector is not None:
             a.inspector.published(rec.id, ckpt.id, out.process_blob, a.dumped)
             if a.dumped is not None:
-                await asyncio.to_thread(a.inspector.settled, rec.id, a.cid)
+                a.inspector.settle_later(rec.id, a.cid)  # off this call's path; the next action waits for it
         log.info(
             "checkpoint published",
             extra={

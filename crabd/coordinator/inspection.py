@@ -158,16 +158,17 @@ class TurnInspection:
         except CrabError as exc:
             log.warning("inspector could not watch adopted sandbox", extra={"sandbox": rec.id, "error": str(exc)})
 
-    async def digests_taken(self, sandbox_id: str) -> None:
-        """Until the memory digests of the sandbox's last start are in its baseline (inspector/digests.py).
+    async def baseline_complete(self, sandbox_id: str) -> None:
+        """Until the baseline's pending job is done (inspector/digests.py): a start's memory digests, a
+        full checkpoint's settling.
 
         Before the sandbox's next action: a command could otherwise change an
         idle process's memory before its digest is read (a short-lived process
         writing it with ``process_vm_writev``), and the digest would vouch for
         the changed memory.
         """
-        if self.inspector.digests_pending(sandbox_id):
-            await asyncio.to_thread(self.inspector.wait_digests, sandbox_id)
+        if self.inspector.baseline_pending(sandbox_id):
+            await asyncio.to_thread(self.inspector.wait_baseline, sandbox_id)
 
     def forget(self, sandbox_id: str) -> None:
         self.inspector.forget(sandbox_id)

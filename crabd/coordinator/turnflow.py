@@ -135,7 +135,7 @@ class TurnFlow:
             # Without the proxy, the time from turn end to the next action is the LLM's time (and the agent's).
             self.latency.observe(rec.id, time.monotonic() - ended)
         await self.settle(rec.id)
-        await self.inspection.digests_taken(rec.id)  # a start's baseline is complete before anything acts
+        await self.inspection.baseline_complete(rec.id)  # a start's digests, a dump's settling: done first
 
     # --- turn ends --------------------------------------------------------------------
 

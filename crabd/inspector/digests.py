@@ -1,4 +1,4 @@
-"""A started sandbox's memory digests, taken after the start answered: off the path of every create, restore and fork.
+"""Baseline work done after the call that made the baseline answered: a start's memory digests, a dump's settling.
 
 Why deferred: a started sandbox's baseline (decide.py) holds a digest of
 each process's writable memory, up to ``MEMORY_PROOF_LIMIT`` each, so that
@@ -23,7 +23,14 @@ memory (a short-lived process writing it with ``process_vm_writev``), and
 the digest would vouch for the changed memory.  Until then only the
 sandbox's own processes run, and one that runs loses its digest.
 
-Every reader of a baseline's digests first waits for them
+The same queue runs a full checkpoint's settling (``Inspector.settle_later``,
+decide.py), which waited ``SETTLE_S`` and read /proc inside every full
+checkpoint's call (22 ms of a small sandbox's 155 ms, measured).  It is
+sound there for the same reason: the next action waits for it, so only the
+sandbox's own processes run in the window it looks at, as when the
+checkpoint's call waited for it.
+
+Every reader of a baseline first waits for its pending job
 (:meth:`DeferredDigests.wait`).  A wait that times out (or a job that
 failed) abandons the job, which never writes to the baseline afterwards,
 and the inspector drops that baseline: the next turn is decided as after a
@@ -36,6 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -44,8 +52,12 @@ from crabd.inspector.model import Baseline, Proc
 
 log = logging.getLogger("crabd.inspector")
 
-#: How long a reader waits for a baseline's digests before it goes on without them (conservative).
+#: How long a reader waits for a baseline's pending job before it goes on without the baseline (conservative).
 WAIT_S = 30.0
+#: After a dump's publication: how long processes get to finish the syscalls CRIU interrupted,
+#: and the most CPU that may take (``Inspector.settle_later``, decide.py).
+SETTLE_S = 0.02
+SETTLE_CPU_NS = 500_000
 #: Jobs run at once: as many as asyncio's default executor runs the starts themselves.
 WORKERS = min(32, (os.cpu_count() or 1) + 4)
 
@@ -70,15 +82,20 @@ def still_digests(
     return {pid: d for pid, d in out.items() if runtime(ps[pid].host_pid) == ps[pid].runtime_ns}
 
 
+#: A job's work: it runs off every lock and returns what to write into the baseline, which is
+#: applied under the job's lock unless the job was abandoned meanwhile.
+Work = Callable[[], Callable[[], None]]
+
+
 class _Job:
-    def __init__(self, base: Baseline) -> None:
-        self.base = base
+    def __init__(self, work: Work) -> None:
+        self.work = work
         self.lock = threading.Lock()
         self.abandoned = False
 
 
 class DeferredDigests:
-    """Fills baselines' ``memory`` on threads of its own (WORKERS); thread-safe.
+    """Runs each sandbox's pending baseline job (digests, settling) on threads of its own (WORKERS); thread-safe.
 
     Several, not one: a sandbox with many large processes takes seconds to
     hash, and one thread would make every other tenant's next action wait
@@ -94,21 +111,60 @@ class DeferredDigests:
 
     def start(self, sandbox_id: str, base: Baseline) -> None:
         """Take ``base``'s digests in the background (replacing any job of the sandbox's earlier baseline)."""
-        job = _Job(base)
+
+        def work() -> Callable[[], None]:
+            got = still_digests(dict(base.procs), self._digest, self._runtime)
+            return lambda: base.memory.update(got)
+
+        self.submit(sandbox_id, work)
+
+    def settle(self, sandbox_id: str, base: Baseline, snapshot: Callable[[], dict[int, Proc]]) -> None:
+        """Absorb into ``base``, ``SETTLE_S`` from now, the processes that only finished what a dump
+        interrupted (``Inspector.settle_later`` says which and why)."""
+        not_before = time.monotonic() + SETTLE_S
+
+        def work() -> Callable[[], None]:
+            # The wait is timed from the thaw's side (the call), not from when a thread got the job.
+            time.sleep(max(0.0, not_before - time.monotonic()))
+            now = snapshot()
+            absorbed: dict[int, tuple[Proc, str]] = {}
+            for pid, b in list(base.procs.items()):
+                p = now.get(pid)
+                if p is None or p.start != b.start or p.tids != b.tids or p.fds != b.fds:
+                    continue
+                if p.runtime_ns == b.runtime_ns or p.runtime_ns - b.runtime_ns > SETTLE_CPU_NS:
+                    continue
+                if p.io is None or p.io != b.io:
+                    continue
+                if (digest := self._digest(p.host_pid)) is not None:
+                    absorbed[pid] = (p, digest)
+
+            def apply() -> None:
+                for pid, (p, digest) in absorbed.items():
+                    base.procs[pid] = p
+                    base.memory[pid] = digest
+
+            return apply
+
+        self.submit(sandbox_id, work)
+
+    def submit(self, sandbox_id: str, work: Work) -> None:
+        """Run ``work`` for the sandbox's baseline in the background, replacing any job of its earlier one."""
+        job = _Job(work)
         self.forget(sandbox_id)
         with self._lock:
-            self._pending[sandbox_id] = (job, self._pool.submit(self._fill, job))
+            self._pending[sandbox_id] = (job, self._pool.submit(self._run, job))
 
     def pending(self, sandbox_id: str) -> bool:
-        """Whether a job for the sandbox was started and not yet waited for."""
+        """Whether a job for the sandbox was submitted and not yet waited for."""
         with self._lock:
             return sandbox_id in self._pending
 
     def wait(self, sandbox_id: str, timeout: float | None = None) -> bool:
-        """Once the sandbox's digests are in its baseline: True (also when none were pending).
+        """Once the sandbox's pending job wrote its baseline: True (also when none was pending).
 
-        False if they did not come within ``timeout`` or their job failed:
-        the baseline then lacks digests it should have, and the caller drops it.
+        False if it did not finish within ``timeout`` or failed: the baseline
+        then lacks what the job should have written, and the caller drops it.
         ``timeout`` defaults to WAIT_S.
         """
         with self._lock:
@@ -120,11 +176,11 @@ class DeferredDigests:
             fut.result(WAIT_S if timeout is None else timeout)
         except FutureTimeout:
             self._abandon(job)
-            log.warning("baseline memory digests not taken in time", extra={"sandbox": sandbox_id})
+            log.warning("baseline job (digests or settling) not done in time", extra={"sandbox": sandbox_id})
             return False
         except Exception as exc:  # any failure: the caller goes on without this baseline
             self._abandon(job)
-            log.warning("baseline memory digests failed", extra={"sandbox": sandbox_id, "error": str(exc)})
+            log.warning("baseline job failed", extra={"sandbox": sandbox_id, "error": str(exc)})
             return False
         return True
 
@@ -147,11 +203,12 @@ class DeferredDigests:
         with job.lock:
             job.abandoned = True
 
-    def _fill(self, job: _Job) -> None:
+    @staticmethod
+    def _run(job: _Job) -> None:
         with job.lock:
             if job.abandoned:
                 return
-        got = still_digests(dict(job.base.procs), self._digest, self._runtime)
+        apply = job.work()
         with job.lock:
             if not job.abandoned:
-                job.base.memory.update(got)
+                apply()

@@ -18,7 +18,7 @@ from crabd.backends.fsdelta import Entry, ScanLimits
 from crabd.backends.overlay.backend import OverlayDelta
 from crabd.backends.overlay.index import PageCache
 from crabd.inspector import decide as decide_mod
-from crabd.inspector import files, mounts, procs
+from crabd.inspector import digests, files, mounts, procs
 from crabd.inspector.base import ScanEvents
 from crabd.inspector.decide import Inspector, TurnEnd
 from crabd.inspector.model import FS, Decision, Evidence, Proc
@@ -433,14 +433,14 @@ def test_settling_absorbs_a_restarted_syscall_but_not_work_due_at_the_thaw(
     # After a dump, a process that only restarted its interrupted syscall is absorbed into the
     # baseline (new CPU time and memory digest).  One whose timer fell due during the freeze and
     # that wrote its log line at the thaw did real work the image lacks: it must stay "ran".
-    monkeypatch.setattr(decide_mod, "SETTLE_S", 0.0)
+    monkeypatch.setattr(digests, "SETTLE_S", 0.0)
     memory = {10_040: "m1", 10_041: "m1"}
     monkeypatch.setattr(procs, "memory_digest", lambda hp, limit=0: memory.get(hp))
     _with_image(sbx, proc(40, "sleep 100", io=(10, 0, 1, 0)), proc(41, "python3 ticker.py", io=(10, 0, 1, 0)))
     memory.update({10_040: "m2", 10_041: "m2"})  # both changed their memory just after the thaw
     sbx.world.procs[40] = replace(sbx.world.procs[40], runtime_ns=40_000)
     sbx.world.procs[41] = replace(sbx.world.procs[41], runtime_ns=40_000, io=(10, 28, 1, 1))
-    sbx.inspector.settled("sb", "c")
+    sbx.inspector.settle_later("sb", "c")
     d = sbx.turn()
     assert d.kind == "full", d.reasons
     assert any("41 `python3 ticker.py` ran" in r for r in d.reasons), d.reasons

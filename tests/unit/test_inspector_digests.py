@@ -10,7 +10,7 @@ import pytest
 
 from crabd.inspector import digests, procs
 from crabd.inspector.digests import DeferredDigests, still_digests
-from crabd.inspector.model import Baseline
+from crabd.inspector.model import Baseline, Proc
 from tests.unit.test_inspector import Sbx, proc
 
 pytest_plugins = ["tests.unit.test_inspector"]
@@ -112,12 +112,12 @@ def test_a_baseline_whose_digests_never_came_is_dropped_and_the_turn_is_full(
 
 
 def test_the_next_action_waits_for_a_starts_digests(sbx: Sbx, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What ``TurnInspection.digests_taken`` asks before the sandbox's next action (turnflow.before_action)."""
+    """What ``TurnInspection.baseline_complete`` asks before the sandbox's next action (turnflow.before_action)."""
     go = _started_held(sbx, monkeypatch)
-    assert sbx.inspector.digests_pending("sb")
+    assert sbx.inspector.baseline_pending("sb")
     threading.Timer(0.1, go.set).start()
-    sbx.inspector.wait_digests("sb")
-    assert not sbx.inspector.digests_pending("sb")
+    sbx.inspector.wait_baseline("sb")
+    assert not sbx.inspector.baseline_pending("sb")
     assert sbx.inspector._baselines["sb"].memory == {40: "m1"}
 
 
@@ -138,4 +138,56 @@ def test_a_sandbox_slow_to_hash_does_not_hold_another_sandboxs_digests() -> None
     finally:
         go.set()
     assert d.wait("slow") is True and slow.memory == {40: "m"}
+    d.close()
+
+
+def _dumped_with(sbx: Sbx, monkeypatch: pytest.MonkeyPatch, memory: dict[int, str]) -> None:
+    """Process 40 dumped (digest "m1") and published as the head's image; its memory then ``memory``'s."""
+    sbx.world.procs[40] = proc(40, "sleep 100", io=(10, 0, 1, 0))
+    digest = {10_040: "m1"}
+    monkeypatch.setattr(procs, "memory_digest", lambda hp, limit=0: digest.get(hp))
+    dumped = sbx.inspector.at_dump("c", 10_001, frozenset({2}))
+    sbx.inspector.published("sb", "ck-full", "image-1", dumped)
+    digest.update(memory)
+
+
+def test_a_full_checkpoint_answers_before_its_settling_and_the_next_action_waits_for_it(
+    sbx: Sbx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settling (a dump's interrupted syscall, restarted after the thaw) runs after the checkpoint's
+    call, SETTLE_S after it; the next action and the turn's decision wait for it and see it absorbed."""
+    monkeypatch.setattr(digests, "SETTLE_S", 0.3)
+    _dumped_with(sbx, monkeypatch, {10_040: "m2"})
+    sbx.world.procs[40] = replace(sbx.world.procs[40], runtime_ns=40_000)  # the restarted sleep
+    t = time.monotonic()
+    sbx.inspector.settle_later("sb", "c")
+    assert time.monotonic() - t < 0.1, "the checkpoint's call waited for the settling"
+    assert sbx.inspector.baseline_pending("sb")
+    sbx.inspector.wait_baseline("sb")
+    assert time.monotonic() - t >= 0.3, "the settling looked before SETTLE_S had passed"
+    assert not sbx.inspector.baseline_pending("sb")
+    assert sbx.turn().kind == "skip"  # absorbed: CPU time and memory digest taken anew
+
+
+def test_a_settling_whose_baseline_was_replaced_writes_nothing(sbx: Sbx, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restore (or another dump) before the settling ran replaces the baseline: the old job is
+    abandoned and must not write its absorption into anything."""
+    go = threading.Event()
+    d = DeferredDigests(lambda hp: "m2", lambda hp: 5)
+    base = Baseline({40: proc(40, runtime=5, io=(1, 0, 1, 0))}, "img", "ck")
+    base.memory[40] = "m1"
+    running = replace(base.procs[40], runtime_ns=base.procs[40].runtime_ns + 1_000)
+
+    def snapshot() -> dict[int, Proc]:
+        go.wait(10)
+        return {40: running}
+
+    d.settle("sb", base, snapshot)
+    d.forget("sb")
+    go.set()
+    time.sleep(0.2)
+    assert base.memory == {40: "m1"} and base.procs[40].runtime_ns == 5
+    d.settle("sb", base, lambda: {40: running})
+    assert d.wait("sb") is True
+    assert base.memory == {40: "m2"}, "the settling did not absorb a restarted syscall"
     d.close()
