@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from crabd.backends.criu import sockets
+from crabd.backends.criu import imagestore, sockets
 from crabd.backends.criu.hotimages import HotImages
 from crabd.backends.criu.images import COMMON_MAGIC, PSTREE_MAGIC, dumped_tasks
 from crabd.backends.criu.imagestore import PAGE, ImageStore
@@ -54,6 +54,31 @@ def test_pages_are_stored_once_and_written_back_exactly(tmp_path: Path) -> None:
     store.write(second.manifest, out)
     _same_dirs(second_dir, out)
     assert second.children[second.manifest] >= {blobs.put_bytes(b"core v2").hex}
+
+
+def test_an_unchanged_metadata_file_is_hashed_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most of a dump's small files are the previous dump's: stored again, they write no temporary
+    blob file.  A file larger than one read still streams through ``put_pieces``; both come back exact."""
+    blobs = FileBlobStore(tmp_path / "blobs")
+    store = ImageStore(blobs)
+    d1 = _dump(tmp_path / "d1", [os.urandom(PAGE)])
+    (d1 / "pipes-data.img").write_bytes(os.urandom(3 * 4096))
+    store.store(d1, None)
+    streamed: list[int] = []
+    put_pieces = blobs.put_pieces
+    monkeypatch.setattr(blobs, "put_pieces", lambda pieces: streamed.append(1) or put_pieces(pieces))
+    again = store.store(d1, None)
+    assert streamed == [] and again.new_bytes == 0
+
+    monkeypatch.setattr(imagestore, "_READ", 4096)  # pipes-data.img is now larger than one read
+    big = store.store(d1, None)
+    assert streamed == [1] and big.manifest == again.manifest
+    out = tmp_path / "out"
+    out.mkdir()
+    store.write(big.manifest, out)
+    _same_dirs(d1, out)
 
 
 def test_corrupt_pack_is_detected(tmp_path: Path) -> None:
