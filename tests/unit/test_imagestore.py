@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from crabd.backends.criu.hotimages import HotImages
 from crabd.backends.criu.images import COMMON_MAGIC, PSTREE_MAGIC, dumped_tasks
 from crabd.backends.criu.imagestore import PAGE, ImageStore
 from crabd.errors import CorruptBlob
+from crabd.store.blobs import PutResult
 from crabd.store.fsblobs import FileBlobStore
 
 
@@ -68,7 +70,12 @@ def test_an_unchanged_metadata_file_is_hashed_before_anything_is_written(
     store.store(d1, None)
     streamed: list[int] = []
     put_pieces = blobs.put_pieces
-    monkeypatch.setattr(blobs, "put_pieces", lambda pieces: streamed.append(1) or put_pieces(pieces))
+
+    def counted(pieces: Iterator[bytes]) -> PutResult:
+        streamed.append(1)
+        return put_pieces(pieces)
+
+    monkeypatch.setattr(blobs, "put_pieces", counted)
     again = store.store(d1, None)
     assert streamed == [] and again.new_bytes == 0
 
