@@ -28,7 +28,6 @@ import json
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
+from tests.integration.conftest import daemon_with_config
 
 SERVER = r"""
 import hashlib, os, socket
@@ -72,12 +72,10 @@ def ask(ip: str, what: bytes = b"up", deadline_s: float = 60.0) -> str:
 
 @contextlib.contextmanager
 def daemon(name: str, toml: str) -> Iterator[EmbeddedDaemon]:
-    with tempfile.TemporaryDirectory(prefix="crab-bench-cfg-") as tmp:
-        cfg = Path(tmp) / "crabd.toml"
-        cfg.write_text(toml + f'[network]\nname = "crbl{name[:4]}"\n')
-        with EmbeddedDaemon(extra_args=["--config", str(cfg)]) as d:
-            d.wait_inspector()
-            yield d
+    """A private crabd with ``toml`` and a network of its own, which goes with it (bridge, firewall chains)."""
+    net = f"crbl{name[:4]}"
+    with daemon_with_config(toml + f'[network]\nname = "{net}"\n', net) as d:
+        yield d
 
 
 def holder(c: Client, mb: int) -> tuple[Sandbox, str]:
