@@ -27,6 +27,9 @@ Kinds (busybox sandboxes, automatic checkpoints):
 * ``shellskip``: the ``skip`` turn in that second sandbox: a read-only
   command run with ``exec`` while the session's bash sits idle (its end
   may reuse the last capture: ``coordinator/sessionkeep.py``).
+* ``full``: an explicit full checkpoint (processes and files) of a third
+  sandbox of ``--session-image`` running an idle Python HTTP server, as a
+  sandbox that needs one does: the whole call the SDK waits for (issue 37).
 
 ``--background N`` first gives each crabd N more sandboxes that just run:
 what an operation costs on a crowded host (a runc create grows with the
@@ -58,7 +61,7 @@ from bench.signals import terminate_as_interrupt
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from crabd.util import cgroups
 
-KINDS = ("plain", "empty", "skip", "skip1", "fs", "create", "session", "session1", "capture", "shellskip")
+KINDS = ("plain", "empty", "skip", "skip1", "fs", "create", "session", "session1", "capture", "shellskip", "full")
 SESSION_KINDS = ("session", "session1", "capture", "shellskip")
 WARM_UP = 3
 
@@ -66,11 +69,14 @@ WARM_UP = 3
 class Arm:
     """One crabd, its client and the sandbox the turn kinds run in."""
 
-    def __init__(self, label: str, src: str, d: EmbeddedDaemon, client: Client, image: str) -> None:
+    def __init__(self, label: str, src: str, d: EmbeddedDaemon, client: Client, image: str, pause: float = 0.0) -> None:
         self.label, self.src, self.client, self.image = label, src, client, image
+        #: Seconds between two operations (the agent's rhythm: an LLM call between turns); not in the wall time.
+        self.pause = pause
         self.cpu = CpuMeter(psutil.Process(d.proc.pid if d.proc is not None else 0))
         self.sandbox: Sandbox = client.create(image)
         self.shell: Sandbox | None = None  # the session kinds' sandbox (an image with bash)
+        self.server: Sandbox | None = None  # the full checkpoints' sandbox (a process besides the session)
         self.cells: dict[str, list[dict[str, float]]] = {}
 
     def measure(self, kind: str, seconds: float) -> None:
@@ -83,7 +89,8 @@ class Arm:
             return
         for _ in range(WARM_UP):
             self._op(kind)
-        self._timed(kind, seconds, lambda: self._op(kind), box=self.shell if kind in SESSION_KINDS else self.sandbox)
+        box = self.shell if kind in SESSION_KINDS else self.server if kind == "full" else self.sandbox
+        self._timed(kind, seconds, lambda: self._op(kind), box=box)
 
     def _op(self, kind: str) -> None:
         if kind == "empty":
@@ -103,6 +110,9 @@ class Arm:
         elif kind == "shellskip":
             assert self.shell is not None
             operate(self.shell, "skip")
+        elif kind == "full":
+            assert self.server is not None
+            self.server.checkpoint(kind="full")
         else:
             operate(self.sandbox, kind)
 
@@ -114,11 +124,14 @@ class Arm:
         ``box``: the sandbox whose own CPU (its cgroup's) is counted too.
         """
         cid = box.refresh().container_id if box is not None else ""
-        before, in_box, t0, n = self.cpu.read(), sandbox_cpu_s(cid), time.perf_counter(), 0
+        before, in_box, t0, n, wall = self.cpu.read(), sandbox_cpu_s(cid), time.perf_counter(), 0, 0.0
         while (n < count) if count else (n == 0 or time.perf_counter() - t0 < seconds):
+            if self.pause:
+                time.sleep(self.pause)
+            started = time.perf_counter()
             op()
+            wall += time.perf_counter() - started
             n += 1
-        wall = time.perf_counter() - t0
         costs = CpuMeter.per_op(before, self.cpu.read(), n)
         cell = {
             "crabd_cpu_ms": costs["crabd_cpu_ms_per_op"],
@@ -195,6 +208,7 @@ def main() -> None:
     ap.add_argument("--backend", default="runc+btrfs")
     ap.add_argument("--background", type=int, default=0, help="sandboxes each crabd runs besides the measured one")
     ap.add_argument("--baseline-src", default="", help="a second crabd run from this checkout, side by side")
+    ap.add_argument("--pause", type=float, default=0.0, help="seconds between two operations, not timed")
     ap.add_argument("--out", default="bench-results/op_cost.json")
     args = ap.parse_args()
     terminate_as_interrupt()
@@ -210,12 +224,16 @@ def main() -> None:
             with from_checkout(src):  # this arm's crabd starts from its checkout; the rest of this run does not
                 d = stack.enter_context(daemon(config))
             client = stack.enter_context(Client(d.socket, timeout=600))
-            arm = Arm(label, src, d, client, args.image)
+            arm = Arm(label, src, d, client, args.image, args.pause)
             stack.callback(arm.sandbox.remove, force=True)
             if set(kinds) & set(SESSION_KINDS):
                 arm.shell = client.create(args.session_image)
                 stack.callback(arm.shell.remove, force=True)
                 arm.shell.session.run("true")  # the session's bash is started
+            if "full" in kinds:
+                arm.server = client.create(args.session_image)
+                stack.callback(arm.server.remove, force=True)
+                arm.server.session.run("(setsid python3 -m http.server 8000 </dev/null >/dev/null 2>&1 &); sleep 1")
             arms.append(arm)
             if args.background:
                 print(f"[op_cost] {label}: {args.background} background sandboxes", file=sys.stderr)
@@ -231,6 +249,7 @@ def main() -> None:
             "host": f"{psutil.cpu_count()} CPUs",
             "rounds": args.rounds,
             "seconds": args.seconds,
+            "pause_s": args.pause,
             "image": args.image,
             "backend": args.backend,
             "background_sandboxes": args.background,
