@@ -112,7 +112,6 @@ class FrontDoor:
         self.callers = callers
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._closing = False
 
     async def start(self) -> None:
         prepare_socket_path(self.public)
@@ -126,7 +125,6 @@ class FrontDoor:
         secure_socket(self.public)
 
     async def close(self) -> None:
-        self._closing = True
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -163,7 +161,7 @@ class FrontDoor:
             # close() ends open relays at shutdown.  The handler then returns instead of ending
             # cancelled: asyncio's connection callback (3.11) calls task.exception(), which raises
             # on a cancelled task, and every stop logged an error for each open connection.
-            if not self._closing:
+            if self._server is None or self._server.is_serving():  # not close()'s doing
                 raise
         finally:
             if token:

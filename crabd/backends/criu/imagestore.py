@@ -232,8 +232,12 @@ class ImageStore:
                 # A small file is read whole and hashed before anything is written: most of a dump's
                 # metadata (33 of a small sandbox's 38 files) is the previous dump's, already stored,
                 # and then costs no temporary blob file to write, compress and delete.
-                small = size <= _READ and _read_small(Path(entry.path))
-                put = self.blobs.put_bytes(small) if small else self.blobs.put_pieces(_chunks(Path(entry.path)))
+                whole = _read_small(Path(entry.path)) if size <= _READ else None
+                put = (
+                    self.blobs.put_bytes(whole)
+                    if whole is not None
+                    else self.blobs.put_pieces(_chunks(Path(entry.path)))
+                )
                 image.new_bytes += put.stored
                 image.sizes[put.hex] = put.size
                 files.append(_File(entry.name, 0, size, put.hex))
@@ -378,10 +382,10 @@ class ImageStore:
 
 
 def _read_small(path: Path) -> bytes | None:
-    """The file's bytes if it holds at most ``_READ`` (empty or larger, as CRIU may still say: None)."""
+    """The file's bytes if it holds at most ``_READ``, else None (it grew since its stat: streamed instead)."""
     with open(path, "rb") as fh:
         data = fh.read(_READ + 1)
-    return data if 0 < len(data) <= _READ else None
+    return data if len(data) <= _READ else None
 
 
 def _chunks(path: Path) -> Iterator[bytes]:
