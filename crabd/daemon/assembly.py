@@ -35,6 +35,7 @@ from crabd.backends.procdump import ProcessDumper
 from crabd.backends.runc.cleanup import Layout, secure_dirs
 from crabd.backends.runc.cli import Runc
 from crabd.backends.runc.cni import CniNetwork, CniSettings
+from crabd.backends.runc.dumps import DirectDumper
 from crabd.backends.runc.sandbox import RuncSandboxBackend
 from crabd.backends.sandbox import SandboxBackend
 from crabd.config import CrabConfig, NetworkConfig
@@ -148,13 +149,22 @@ def open_fs(side: SandboxSide, blobs: BlobStore, limits: ScanLimits, page_cache_
 
 
 def open_dumper(cfg: CrabConfig, side: SandboxSide) -> ProcessDumper:
-    """CRIU through runc, in the state root of the runc that runs the containers."""
+    """CRIU driven directly for the runc backend's containers (backends/runc/dumps.py); through
+    runc for Docker's, in the state root of the runc that runs them."""
+    if isinstance(side.sandbox, RuncSandboxBackend):
+        return DirectDumper(
+            runc=cfg.criu.runc,
+            runc_root=side.runc_root,
+            timeout_s=cfg.criu.timeout_s,
+            log_dir=cfg.paths.state_dir / "logs" / "criu",
+            options_for=side.sandbox.dump_options,
+            yard=side.runc_root.parent / "criu-cgroup-yard",
+        )
     return RuncDumper(
         runc=cfg.criu.runc,
         runc_root=side.runc_root,
         timeout_s=cfg.criu.timeout_s,
         log_dir=cfg.paths.state_dir / "logs" / "criu",
-        options_for=side.sandbox.dump_options if isinstance(side.sandbox, RuncSandboxBackend) else None,
     )
 
 

@@ -30,6 +30,7 @@ from crabd.backends.criu import init_versions
 from crabd.backends.criu.runc import RuncDumper
 from crabd.backends.runc import cleanup, cni, named_netns, reaper, rootfs, userns_image
 from crabd.backends.runc.cli import Runc, RuncStatus
+from crabd.backends.runc.dumps import DirectDumper
 from crabd.backends.runc.sandbox import RuncSandboxBackend
 from crabd.backends.sandbox import LABEL_INSTANCE, LABEL_OWNER, LABEL_SANDBOX, ContainerStatus
 from crabd.config import NetworkConfig
@@ -470,16 +471,20 @@ def test_parallel_creates_and_starts(boxes: Sandboxes, backend: RuncSandboxBacke
     assert len(pids) == 3 and all(ppid(p) == os.getpid() for p in pids)
 
 
+@pytest.mark.parametrize("how", ["runc", "direct"])
 def test_restore_from_a_snapshot_continues_process_state(
-    boxes: Sandboxes, backend: RuncSandboxBackend, pool: Pool, layout: cleanup.Layout, base: Path
+    boxes: Sandboxes, backend: RuncSandboxBackend, pool: Pool, layout: cleanup.Layout, base: Path, how: str
 ) -> None:
+    """Dumped through runc, or by CRIU directly (crabd's way: backends/runc/dumps.py), runc restores it."""
     orig = boxes.make("bookworm", sandbox="orig", network=True)
     spawn_in(backend, orig, "python3", "-c", COUNTER)
     ip = backend.status(orig).ip_address
     assert ask(ip) == "1"
     run_in(backend, orig, "sh", "-c", "echo before > /data.txt")
     images_dir, ck = base / "images" / orig, SubvolRef.snapshot(f"{INSTANCE}-ck1")
-    dumper = RuncDumper(runc_root=layout.runc_root, log_dir=base / "criu-logs", options_for=backend.dump_options)
+    yard = base / "cgroup-yard"
+    kw = {"runc_root": layout.runc_root, "log_dir": base / "criu-logs", "options_for": backend.dump_options}
+    dumper = RuncDumper(**kw) if how == "runc" else DirectDumper(**kw, yard=yard)  # type: ignore[arg-type]
     # As the checkpointer does: processes and files at one instant, inside one freeze.
     work = base / "dump-work" / orig
     work.mkdir(parents=True)
@@ -488,6 +493,11 @@ def test_restore_from_a_snapshot_continues_process_state(
         pool.snapshot(SubvolRef.sandbox(orig), ck, readonly=True)
     try:
         assert len(dumped.pids) >= 2  # crab-init and the counter
+        log = (work / "dump.log").read_text()
+        # runc drives CRIU over its RPC socket (notify scripts answered "RPC"); the direct dump does not,
+        # and hands CRIU the host's hierarchies instead of letting it mount them.
+        assert ("\tRPC" in log) == (how == "runc")
+        assert (yard / "freezer").is_dir() == (how == "direct")
         assert ask(ip) == "2"  # dumped with --leave-running
 
         def prepare(cid: str) -> None:

@@ -169,11 +169,20 @@ class RuncDumper:
         return keep_log(log, self.log_dir, container_id, what)
 
     def dump(self, container_id: str, images_dir: Path, work_dir: Path) -> DumpResult:
+        """The dump, in three steps: the command (:meth:`_argv`), CRIU's run, the completeness check."""
         t0 = time.monotonic()
         extra = self.options_for(container_id) if self.options_for is not None else ()
-        argv = checkpoint_argv(
+        self._run(self._argv(container_id, images_dir, work_dir, extra), container_id, work_dir)
+        return self._checked(container_id, images_dir, t0)
+
+    def _argv(self, container_id: str, images_dir: Path, work_dir: Path, extra: tuple[str, ...]) -> list[str]:
+        """``runc checkpoint`` with the usual options and ``extra`` (runc's spelling)."""
+        return checkpoint_argv(
             self.runc, self.runc_root, container_id, images_dir, work_dir, options=(*DUMP_OPTIONS, *extra)
         )
+
+    def _run(self, argv: list[str], container_id: str, work_dir: Path) -> None:
+        """Run ``argv``; a failure becomes CriuError with CRIU's log kept and quoted."""
         try:
             proc.run(argv, timeout=self.timeout_s, kill_tree=True)
         except CommandError as exc:
@@ -187,6 +196,9 @@ class RuncDumper:
                 hint="The sandbox keeps running and no checkpoint was made; the CRIU log named here says what "
                 "it could not handle.",
             ) from exc
+
+    def _checked(self, container_id: str, images_dir: Path, t0: float) -> DumpResult:
+        """The dump's result, once every process of the container's cgroup is found in it."""
         tasks = dumped_tasks(images_dir)
         dumped = {t.pid for t in tasks}
         missing = {pid: name for pid, name in _container_pids(container_id).items() if pid not in dumped}

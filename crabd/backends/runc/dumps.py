@@ -1,0 +1,319 @@
+"""Dumps of the runc backend's containers by CRIU directly, not through ``runc checkpoint``.
+
+Why (measured on this host kind, a small sandbox; docs/processes.md, "A dump without runc"):
+
+* ``runc checkpoint`` starts CRIU twice (a version query, then ``criu swrk``)
+  and loads its own state first: about 20 ms of every dump;
+* CRIU records the container's cgroups ("soft", runc's mode), and to read
+  them it mounts every cgroup hierarchy (ten v1 ones and the unified one)
+  for each cgroup set it meets: 40 mounts a dump here, all while the sandbox
+  is frozen, and a cgroup2 mount takes about 10 ms in the kernel when none
+  was made in the last ~100 ms.  ``--cgroup-yard`` hands CRIU the host's
+  hierarchies, already mounted (:func:`yard_links`), so it mounts none.
+
+  ``--manage-cgroups=ignore`` would save 5 ms more but is wrong here: the
+  image then names the old container's cgroups with no directory of theirs,
+  so ``runc restore`` cannot move them to the new container's, and CRIU put
+  the restored tasks back into the OLD container's cgroups (seen on the
+  first try: crabd then refused the restored init as not the container's).
+
+What is passed is what runc 1.1's ``Checkpoint`` passes, worked out from the
+container's ``state.json`` in crab's own runc root (root's, 0700; nothing a
+sandbox writes), so ``runc restore`` takes the images as if runc had made them:
+
+* ``-t`` the init's pid, checked against the start time runc recorded
+  (a pid reused by another process is never dumped);
+* ``--root`` the rootfs, ``--freeze-cgroup`` the freezer (the caller froze it);
+* ``--external mnt[DEST]:DEST`` for every bind mount and device node, and
+  ``mnt[PATH]:/dev/null`` for every masked path that is not a directory
+  (runc binds /dev/null over those);
+* ``--external net[INODE]:extRootNetNS`` when the netns was given by path
+  (runc's key; the same for pid), ``--empty-ns net`` where the backend asks
+  for ``--empty-ns network``;
+* ``--config`` the CRIU configuration runc would name (the ``org.criu.config``
+  annotation, else /etc/criu/runc.conf), so the host's settings apply alike;
+* ``descriptors.json`` in the images: the init's stdio as runc recorded it,
+  which ``runc restore`` reads.
+
+A container this module does not recognise (no cgroup namespace, so runc
+would describe its cgroup mounts as bind mounts; a state it cannot read; an
+option it does not know) is dumped through runc as before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crabd.backends.criu.runc import DUMP_OPTIONS, RuncDumper
+from crabd.backends.runc.cli import EMPTY_NETNS
+from crabd.backends.runc.statefile import MAX_STATE_BYTES, STATE_FILE, Unreadable, parse_record, proc_start
+from crabd.errors import CriuError
+
+log = logging.getLogger(__name__)
+
+#: runc's CRIU configuration file when a container names none (libcontainer's handleCriuConfigurationFile).
+RUNC_CRIU_CONFIG = Path("/etc/criu/runc.conf")
+CONFIG_ANNOTATION = "org.criu.config"
+#: The file ``runc restore`` reads the init's stdio from.
+DESCRIPTORS = "descriptors.json"
+#: runc's keys for namespaces given by path ("extRoot" + name + "NS").
+_EXTERNAL_NS = {"NEWNET": ("net", "extRootNetNS"), "NEWPID": ("pid", "extRootPidNS")}
+
+
+class NotPlanned(Exception):
+    """This container is dumped through runc (the reason is the message)."""
+
+
+@dataclass(frozen=True)
+class DumpPlan:
+    """What CRIU is told about one container, from its state.json."""
+
+    pid: int
+    start: int
+    rootfs: str
+    freezer: str
+    #: ``--external`` arguments: mounts and namespaces.
+    externals: tuple[str, ...]
+    #: runc's CRIU configuration file; "" for none.
+    config: str
+    #: The init's stdio as runc recorded it (written to descriptors.json).
+    descriptors: tuple[str, ...]
+
+    def argv(self, images_dir: Path, work_dir: Path, extra: tuple[str, ...], yard: Path | None) -> list[str]:
+        """``criu dump`` of this container, leaving it running (and frozen, if it was)."""
+        argv = [
+            "criu",
+            "dump",
+            "-t",
+            str(self.pid),
+            "--root",
+            self.rootfs,
+            "--images-dir",
+            str(images_dir),
+            "--work-dir",
+            str(work_dir),
+            "--log-file",
+            "dump.log",
+            "-v4",
+            "--leave-running",
+            *DUMP_OPTIONS,
+            *criu_options(extra),
+            "--freeze-cgroup",
+            self.freezer,
+        ]
+        if yard is not None:
+            argv += ["--cgroup-yard", str(yard)]
+        if self.config:
+            argv += ["--config", self.config]
+        for ext in self.externals:
+            argv += ["--external", ext]
+        return argv
+
+
+def criu_options(runc_options: tuple[str, ...]) -> tuple[str, ...]:
+    """The backend's extra dump options (runc's spelling) in CRIU's; NotPlanned for one not known here."""
+    if runc_options == ():
+        return ()
+    if runc_options == EMPTY_NETNS:
+        return ("--empty-ns", "net")
+    raise NotPlanned(f"runc options {runc_options!r} have no CRIU spelling here")
+
+
+def plan(state: Any, *, root_of_init: Path | None = None) -> DumpPlan:
+    """The :class:`DumpPlan` of a decoded state.json; NotPlanned when runc should do it.
+
+    ``root_of_init``: where the container's root is seen from here
+    (``/proc/<pid>/root``), to tell masked files from masked directories.
+    """
+    try:
+        rec = parse_record(state)
+        cfg = state["config"]
+        binds = [str(m["destination"]) for m in cfg.get("mounts") or () if m.get("device") == "bind"]
+        namespaces = {str(n["type"]): str(n.get("path") or "") for n in cfg.get("namespaces") or ()}
+        devices = [str(d["path"]) for d in cfg.get("devices") or ()]
+        masks = [str(p) for p in cfg.get("mask_paths") or ()]
+        descriptors = tuple(str(d) for d in state.get("external_descriptors") or ())
+    except (KeyError, TypeError, ValueError, AttributeError, Unreadable) as exc:
+        raise NotPlanned(f"state.json not understood: {exc!r}") from exc
+    if "NEWCGROUP" not in namespaces:
+        # Without a cgroup namespace runc describes the cgroup mounts as bind mounts of the host's
+        # hierarchies (its getCgroupMounts); crab's bundles always have one.
+        raise NotPlanned("the container has no cgroup namespace")
+    if rec.freezer is None or not rec.rootfs:
+        raise NotPlanned("state.json names no freezer or rootfs")
+    root = root_of_init if root_of_init is not None else Path(f"/proc/{rec.pid}/root")
+    externals = [f"mnt[{dest}]:{dest}" for dest in binds]
+    externals += [f"mnt[{path}]:/dev/null" for path in masks if _masked_file(root, path)]
+    externals += [f"mnt[{path}]:{path}" for path in devices]
+    for kind, (name, key) in _EXTERNAL_NS.items():
+        if namespaces.get(kind):
+            externals.append(f"{name}[{_ns_inode(namespaces[kind])}]:{key}")
+    return DumpPlan(
+        pid=rec.pid,
+        start=rec.start,
+        rootfs=rec.rootfs,
+        freezer=str(rec.freezer),
+        externals=tuple(externals),
+        config=_config_file(rec.annotations),
+        descriptors=descriptors,
+    )
+
+
+def _masked_file(root: Path, path: str) -> bool:
+    """Whether runc masked ``path`` with /dev/null (a file), not a tmpfs (a directory), or not at all.
+
+    lstat, not stat: the sandbox owns its tree, and nothing here follows a link of its.
+    What is seen at a masked path is the mount on it, which the sandbox cannot replace.
+    """
+    try:
+        st = os.lstat(f"{root}{path}")
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise NotPlanned(f"cannot look at masked path {path}: {exc}") from exc
+    return not stat.S_ISDIR(st.st_mode)
+
+
+def _ns_inode(path: str) -> int:
+    try:
+        return os.stat(path).st_ino
+    except OSError as exc:
+        raise NotPlanned(f"namespace {path}: {exc}") from exc
+
+
+def _config_file(annotations: dict[str, str]) -> str:
+    """runc's rule: the annotation if set (empty: none), else runc.conf; only a file that exists."""
+    named = annotations.get(CONFIG_ANNOTATION)
+    path = RUNC_CRIU_CONFIG if named is None else Path(named) if named else None
+    return str(path) if path is not None and path.is_file() else ""
+
+
+def yard_links(mountinfo: str, own_cgroups: str) -> dict[str, str] | None:
+    """{name in CRIU's cgroup yard: the host's mount of that hierarchy}; None if one is not mounted whole.
+
+    CRIU names a yard's entries after the controllers of /proc/self/cgroup:
+    ``name=X`` -> ``X``, the unified hierarchy ("") -> ``unified``, else the
+    controllers as listed (``cpu,cpuacct``).  Only a mount of a hierarchy's
+    root will do: CRIU walks the cgroup's full path below it.
+    """
+    mounts: list[tuple[str, set[str]]] = []
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        try:
+            sep = fields.index("-")
+            root, point, fstype, opts = fields[3], fields[4], fields[sep + 1], fields[sep + 3]
+        except (ValueError, IndexError):
+            continue
+        if root != "/" or fstype not in ("cgroup", "cgroup2"):
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
+        mounts.append((point, {""} if fstype == "cgroup2" else set(opts.split(","))))
+    links: dict[str, str] = {}
+    for line in own_cgroups.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        ctrls = parts[1]
+        wanted = {""} if ctrls == "" else set(ctrls.split(","))
+        found = next((point for point, have in mounts if wanted <= have), None)
+        if found is None:
+            return None
+        name = "unified" if ctrls == "" else ctrls.removeprefix("name=") if ctrls.startswith("name=") else ctrls
+        links[name] = found
+    return links or None
+
+
+def make_yard(yard: Path) -> Path | None:
+    """``yard`` holding a link per hierarchy (:func:`yard_links`), made or refreshed; None: no yard here."""
+    try:
+        links = yard_links(Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text())
+        if links is None:
+            return None
+        yard.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name, target in links.items():
+            link = yard / name
+            if os.path.islink(link) and os.readlink(link) == target:
+                continue
+            tmp = yard / f".{name}.{os.getpid()}"
+            tmp.unlink(missing_ok=True)
+            os.symlink(target, tmp)
+            os.replace(tmp, link)
+    except OSError as exc:
+        log.warning("no cgroup yard for CRIU; it mounts the hierarchies itself", extra={"error": str(exc)})
+        return None
+    return yard
+
+
+class DirectDumper(RuncDumper):
+    """:class:`~crabd.backends.procdump.ProcessDumper` that runs ``criu dump`` itself (see the module).
+
+    ``yard``: where the cgroup yard is kept (made at the first dump); None: CRIU mounts the hierarchies.
+    """
+
+    def __init__(self, *, yard: Path | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._yard_dir = yard
+        self._yard: Path | None = None
+
+    def _cgroup_yard(self) -> Path | None:
+        if self._yard_dir is not None and (self._yard is None or not self._yard.is_dir()):
+            self._yard = make_yard(self._yard_dir)
+        return self._yard
+
+    def _argv(self, container_id: str, images_dir: Path, work_dir: Path, extra: tuple[str, ...]) -> list[str]:
+        """``criu dump`` for a container this module knows, else ``runc checkpoint``."""
+        try:
+            p = plan(self._state(container_id))
+            argv = p.argv(images_dir, work_dir, extra, self._cgroup_yard())
+        except NotPlanned as exc:
+            log.info("dumping through runc", extra={"container": container_id, "reason": str(exc)})
+            return super()._argv(container_id, images_dir, work_dir, extra)
+        self._check_init(container_id, p)
+        _write_descriptors(images_dir, p.descriptors)
+        return argv
+
+    def _state(self, container_id: str) -> Any:
+        """The container's state.json, read without following a link and never past MAX_STATE_BYTES."""
+        path = self.runc_root / container_id / STATE_FILE
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise NotPlanned(f"{path}: {exc}") from exc
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_STATE_BYTES + 1)
+        if len(raw) > MAX_STATE_BYTES:
+            raise NotPlanned(f"{path} is larger than {MAX_STATE_BYTES} bytes")
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise NotPlanned(f"{path}: {exc}") from exc
+
+    @staticmethod
+    def _check_init(container_id: str, p: DumpPlan) -> None:
+        """The pid runc recorded is still the container's init (runc's own check before a checkpoint)."""
+        try:
+            found = proc_start(p.pid)
+        except Unreadable:
+            found = None
+        if found is None or found[0] != p.start or found[1] in ("Z", "X"):
+            raise CriuError(
+                f"sandbox container {container_id[:12]} is not running (its init, pid {p.pid}, is gone)",
+                log_path=None,
+                log_excerpt="",
+                hint="No checkpoint was made; the sandbox has stopped.",
+            )
+
+
+def _write_descriptors(images_dir: Path, descriptors: tuple[str, ...]) -> None:
+    """descriptors.json as runc writes it (a JSON list of the init's stdio paths), mode 0600."""
+    images_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(images_dir / DESCRIPTORS, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(list(descriptors), f)
