@@ -23,6 +23,8 @@
 #    Debian's header packages privately and link them there.
 #  * Newer suites are read through a private apt configuration (its own
 #    sources, lists and cache) so that the host's apt never sees them.
+#  * The host's conntrack table is shrunk to CRAB_CONNTRACK_BUCKETS (32768;
+#    "keep" leaves it): CRIU walks all of it twice in every process dump.
 set -euo pipefail
 
 CRAB_PREFIX=${CRAB_PREFIX:-/opt/crab}
@@ -192,6 +194,43 @@ ensure_criu_config() {
     log "criu config: wrote $conf"
 }
 
+# CRIU dumps a sandbox netns's conntrack entries and expectations on every
+# process checkpoint, and the kernel answers each dump by walking the host's
+# WHOLE conntrack hash table: 20 ms of every freeze at 262144 buckets (this
+# kernel's default on any host over 4 GiB), 2 ms at 16384 (docs/processes.md).
+# The table is lowered to CRAB_CONNTRACK_BUCKETS (never raised; the kernel's
+# entry limit, nf_conntrack_max, stays as it is: chains of 8 when full at 32768)
+# and the size kept for the next boot; CRAB_CONNTRACK_BUCKETS=keep leaves it.
+CRAB_CONNTRACK_BUCKETS=${CRAB_CONNTRACK_BUCKETS:-32768}
+CONNTRACK_SYSCTL=/etc/sysctl.d/60-crab-conntrack.conf
+CONNTRACK_MODPROBE=/etc/modprobe.d/crab-conntrack.conf
+ensure_conntrack_table() {
+    local f=/proc/sys/net/netfilter/nf_conntrack_buckets cur want=$CRAB_CONNTRACK_BUCKETS
+    if [ "$want" = keep ]; then
+        log "conntrack table: left as the host has it (CRAB_CONNTRACK_BUCKETS=keep)"
+        return
+    fi
+    [[ "$want" =~ ^[1-9][0-9]*$ ]] || die "CRAB_CONNTRACK_BUCKETS must be a number of buckets or 'keep', not '$want'"
+    if [ ! -r "$f" ]; then
+        log "conntrack table: none on this host (nothing for CRIU to walk)"
+        return
+    fi
+    cur=$(cat "$f")
+    if [ "$cur" -le "$want" ]; then
+        log "conntrack table: $cur buckets"
+        return
+    fi
+    if dry_run; then
+        would "shrink the conntrack table from $cur to $want buckets (and keep that size in $CONNTRACK_SYSCTL)"
+        return
+    fi
+    echo "$want" >"$f" || die "cannot resize the conntrack table ($f); set CRAB_CONNTRACK_BUCKETS=keep to leave it"
+    mkdir -p "$(dirname "$CONNTRACK_SYSCTL")" "$(dirname "$CONNTRACK_MODPROBE")"
+    printf '# crab: managed by scripts/setup-host.sh (CRIU walks this table twice per process checkpoint)\nnet.netfilter.nf_conntrack_buckets = %s\n' "$want" >"$CONNTRACK_SYSCTL"
+    printf '# crab: managed by scripts/setup-host.sh (CRIU walks this table twice per process checkpoint)\noptions nf_conntrack hashsize=%s\n' "$want" >"$CONNTRACK_MODPROBE"
+    log "conntrack table: shrunk from $cur to $want buckets, kept in $CONNTRACK_SYSCTL and $CONNTRACK_MODPROBE"
+}
+
 # --- 3. kernel headers for bcc ---------------------------------------------------
 ensure_kernel_headers() {
     local mod=/lib/modules/$(uname -r)
@@ -326,6 +365,7 @@ ensure_apt_packages
 ensure_group
 ensure_criu
 ensure_criu_config
+ensure_conntrack_table
 ensure_kernel_headers
 ensure_tracefs
 ensure_dockerd

@@ -244,6 +244,32 @@ def check_criu_config(path: Path = CRIU_RUNC_CONF) -> Check:
     return checks.ok("criu-config", f"{path}: tcp-established, network-lock skip")
 
 
+CONNTRACK_BUCKETS = Path("/proc/sys/net/netfilter/nf_conntrack_buckets")
+#: Above this, CRIU's walks of the table cost more than ~5 ms of every process checkpoint's freeze.
+CONNTRACK_WARN_BUCKETS = 65536
+#: Measured: the two walks of one dump took 20 ms at 262144 buckets (docs/processes.md).
+_CONNTRACK_MS_PER_BUCKET = 20 / 262144
+
+
+def check_conntrack(path: Path = CONNTRACK_BUCKETS) -> Check:
+    """The host's conntrack table, which CRIU walks whole twice per process dump: speed only, a warning at most."""
+    try:
+        buckets = int(path.read_text())
+    except FileNotFoundError:
+        return checks.ok("conntrack", "no conntrack table: nothing for CRIU to walk")
+    except (OSError, ValueError) as exc:
+        return checks.warn("conntrack", f"cannot read {path}: {exc}", SETUP_FIX)
+    cost = buckets * _CONNTRACK_MS_PER_BUCKET
+    if buckets > CONNTRACK_WARN_BUCKETS:
+        return checks.warn(
+            "conntrack",
+            f"{buckets} conntrack buckets: CRIU walks the host's whole table twice per process checkpoint, "
+            f"~{cost:.0f} ms of each sandbox's freeze",
+            f"shrink it: {SETUP_FIX} (it lowers the table to CRAB_CONNTRACK_BUCKETS, 32768), or echo 32768 > {path}",
+        )
+    return checks.ok("conntrack", f"{buckets} buckets (~{cost:.1f} ms of each process checkpoint's freeze)")
+
+
 def check_criu_kdat() -> Check:
     """Whether CRIU finds its kernel-feature cache (host/criu_kdat.py): speed only, so a warning at most."""
     found = criu_kdat.status()
@@ -419,6 +445,7 @@ def run_checks(cfg: CrabConfig) -> list[Check]:
         check_runc_criu,
         check_criu_config,
         check_criu_kdat,
+        check_conntrack,
         check_bcc,
         lambda: check_overlay(cfg),
         check_cgroups,

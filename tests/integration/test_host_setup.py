@@ -41,6 +41,7 @@ def test_doctor_reports_every_check_ok() -> None:
         "runc-criu",
         "criu-config",
         "criu-kdat",
+        "conntrack",
         "checkpoints",
         "bcc",
         "overlay",

@@ -91,6 +91,18 @@ def test_criu_config_check(tmp_path: Path) -> None:
     assert doctor.check_criu_config(conf).status is Status.OK
 
 
+def test_conntrack_check(tmp_path: Path) -> None:
+    table = tmp_path / "nf_conntrack_buckets"
+    assert doctor.check_conntrack(table).status is Status.OK  # no table: nothing to walk
+    table.write_text("262144\n")
+    check = doctor.check_conntrack(table)
+    assert check.status is Status.WARN and "~20 ms" in check.summary
+    table.write_text("32768\n")
+    assert doctor.check_conntrack(table).status is Status.OK
+    table.write_text("many\n")
+    assert doctor.check_conntrack(table).status is Status.WARN
+
+
 def test_failed_checkpoints_are_reported_with_their_log(tmp_path: Path) -> None:
     from crabd.config import CrabConfig, PathsConfig
     from crabd.models import CheckpointKind

@@ -89,6 +89,7 @@ def test_argv(root: Path, tmp_path: Path) -> None:
     assert "--leave-running --tcp-established --file-locks --empty-ns net" in joined
     assert "--images-dir /i --work-dir /w --log-file dump.log" in joined
     assert f"--cgroup-yard {tmp_path / 'yard'}" in joined
+    assert "--no-default-config" in argv  # as runc's RPC: only runc's config file applies
     assert "--manage-cgroups" not in joined  # runc's soft mode: see the module on why not "ignore"
     assert argv.count("--external") == len(p.externals)
     assert "--cgroup-yard" not in p.argv(Path("/i"), Path("/w"), (), None)

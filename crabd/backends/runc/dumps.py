@@ -110,6 +110,8 @@ class DumpPlan:
         ]
         if yard is not None:
             argv += ["--cgroup-yard", str(yard)]
+        # runc's RPC reads no default configuration (/etc/criu/default.conf, ~/.criu): neither does this.
+        argv.append("--no-default-config")
         if self.config:
             argv += ["--config", self.config]
         for ext in self.externals:
@@ -169,8 +171,9 @@ def plan(state: Any, *, root_of_init: Path | None = None) -> DumpPlan:
 def _masked_file(root: Path, path: str) -> bool:
     """Whether runc masked ``path`` with /dev/null (a file), not a tmpfs (a directory), or not at all.
 
-    lstat, not stat: the sandbox owns its tree, and nothing here follows a link of its.
-    What is seen at a masked path is the mount on it, which the sandbox cannot replace.
+    Only a stat, as runc's own check: what it finds decides an option of this sandbox's own dump, nothing
+    else.  lstat keeps the last component from being followed; a sandbox that rearranged the paths above it
+    (its root may remount its /proc) gets a dump that fails, as it would through runc.
     """
     try:
         st = os.lstat(f"{root}{path}")
