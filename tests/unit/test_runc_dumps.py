@@ -177,7 +177,7 @@ def test_dumper_falls_back_to_runc_without_a_state(tmp_path: Path) -> None:
 
 
 def test_dumper_refuses_a_state_over_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dumps, "MAX_STATE_BYTES", 10)
+    monkeypatch.setattr(statefile, "MAX_STATE_BYTES", 10)
     (tmp_path / "runc" / "c1").mkdir(parents=True)
     (tmp_path / "runc" / "c1" / "state.json").write_text(json.dumps(state()))
     argv = dumper(tmp_path)._argv("c1", tmp_path / "i", tmp_path / "w", ())

@@ -52,8 +52,9 @@ from pathlib import Path
 from typing import Any
 
 from crabd.backends.criu.runc import DUMP_OPTIONS, RuncDumper
+from crabd.backends.runc import statefile
 from crabd.backends.runc.cli import EMPTY_NETNS
-from crabd.backends.runc.statefile import MAX_STATE_BYTES, STATE_FILE, Unreadable, parse_record, proc_start
+from crabd.backends.runc.statefile import Unreadable, parse_record
 from crabd.errors import CriuError
 
 log = logging.getLogger(__name__)
@@ -283,29 +284,26 @@ class DirectDumper(RuncDumper):
         return argv
 
     def _state(self, container_id: str) -> Any:
-        """The container's state.json, read without following a link and never past MAX_STATE_BYTES."""
-        path = self.runc_root / container_id / STATE_FILE
+        """The container's state.json (statefile.py reads it: no link followed, bounded)."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as exc:
-            raise NotPlanned(f"{path}: {exc}") from exc
-        with os.fdopen(fd, "rb") as f:
-            raw = f.read(MAX_STATE_BYTES + 1)
-        if len(raw) > MAX_STATE_BYTES:
-            raise NotPlanned(f"{path} is larger than {MAX_STATE_BYTES} bytes")
+            fd = statefile.open_state(self.runc_root, container_id)
+        except (OSError, Unreadable) as exc:
+            raise NotPlanned(f"state.json of {container_id}: {exc}") from exc
         try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise NotPlanned(f"{path}: {exc}") from exc
+            return statefile.decode_state(fd, self.runc_root / container_id / statefile.STATE_FILE)
+        except Unreadable as exc:
+            raise NotPlanned(str(exc)) from exc
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _check_init(container_id: str, p: DumpPlan) -> None:
         """The pid runc recorded is still the container's init (runc's own check before a checkpoint)."""
         try:
-            found = proc_start(p.pid)
+            running = statefile.init_running(p.pid, p.start)
         except Unreadable:
-            found = None
-        if found is None or found[0] != p.start or found[1] in ("Z", "X"):
+            running = False
+        if not running:
             raise CriuError(
                 f"sandbox container {container_id[:12]} is not running (its init, pid {p.pid}, is gone)",
                 log_path=None,

@@ -105,6 +105,38 @@ def parse_stat(raw: bytes, pid: int = 0) -> tuple[int, str]:
         raise Unreadable(f"/proc/{pid}/stat: {raw[:200]!r}") from exc
 
 
+def init_running(pid: int, start: int) -> bool:
+    """Whether host ``pid`` is still the init runc recorded (same start time), neither a zombie nor dead."""
+    init = proc_start(pid) if pid > 0 else None
+    return init is not None and init[0] == start and init[1] not in ("Z", "X", "x")
+
+
+def open_state(root: Path, container_id: str) -> int:
+    """A descriptor of the container's state.json, opened without following a link.
+
+    FileNotFoundError if runc has no such container; Unreadable for any other failure.
+    """
+    path = root / container_id / STATE_FILE
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise Unreadable(f"{path}: {exc}") from exc
+
+
+def decode_state(fd: int, path: Path) -> Any:
+    """The JSON of the state.json open at ``fd``, never read past MAX_STATE_BYTES; Unreadable if larger or not JSON."""
+    try:
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(MAX_STATE_BYTES + 1)
+        if len(raw) > MAX_STATE_BYTES:
+            raise Unreadable(f"{path}: more than {MAX_STATE_BYTES} bytes")
+        return json.loads(raw)
+    except ValueError as exc:
+        raise Unreadable(f"{path}: {exc}") from exc
+
+
 def frozen(rec: Record) -> bool:
     """Whether the container's cgroup is frozen, as runc's ``isPaused`` asks."""
     if rec.freezer is None:
@@ -131,13 +163,11 @@ class StateFiles:
         """The container's parsed state.json (cached by the file's identity); None if runc has no such container."""
         path = self.root / container_id / STATE_FILE
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_state(self.root, container_id)
         except FileNotFoundError:
             with self._lock:
                 self._cache.pop(container_id, None)
             return None
-        except OSError as exc:
-            raise Unreadable(f"{path}: {exc}") from exc
         try:
             st = os.fstat(fd)
             key = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -145,12 +175,7 @@ class StateFiles:
                 hit = self._cache.get(container_id)
             if hit is not None and hit[0] == key:
                 return hit[1]
-            if st.st_size > MAX_STATE_BYTES:
-                raise Unreadable(f"{path}: {st.st_size} bytes")
-            with os.fdopen(os.dup(fd), "rb") as f:
-                data = json.loads(f.read(MAX_STATE_BYTES + 1))
-        except ValueError as exc:
-            raise Unreadable(f"{path}: {exc}") from exc
+            data = decode_state(fd, path)
         finally:
             os.close(fd)
         rec = parse_record(data)
@@ -164,8 +189,7 @@ class StateFiles:
         """ "paused", "stopped", "created" or "running": runc's words, in runc's order."""
         if frozen(rec):
             return "paused"
-        init = proc_start(rec.pid) if rec.pid > 0 else None
-        if init is None or init[0] != rec.start or init[1] in ("Z", "X", "x"):
+        if not init_running(rec.pid, rec.start):
             return "stopped"
         if os.path.lexists(self.root / container_id / EXEC_FIFO):
             return "created"
