@@ -30,6 +30,10 @@ Kinds (busybox sandboxes, automatic checkpoints):
 * ``full``: an explicit full checkpoint (processes and files) of a third
   sandbox of ``--session-image`` running an idle Python HTTP server, as a
   sandbox that needs one does: the whole call the SDK waits for (issue 37).
+* ``fork8``: a fork of 8 of a networked sandbox of ``--session-image`` whose
+  small TCP server holds no data, from its full checkpoint, timed until all
+  eight clones' servers answered (issue 37's "small sandbox: fork x8").  The
+  clones are removed between forks, outside the time and the CPU counted.
 
 ``--background N`` first gives each crabd N more sandboxes that just run:
 what an operation costs on a crowded host (a runc create grows with the
@@ -50,20 +54,44 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from bench.lazy_restore import ask
 from bench.results import write_json
 from bench.scale import CpuMeter, create_many, daemon, from_checkout, operate, remove_all
 from bench.signals import terminate_as_interrupt
-from crabd.sdk import Client, EmbeddedDaemon, Sandbox
+from crabd.sdk import Client, EmbeddedDaemon, Sandbox, models
 from crabd.util import cgroups
 
-KINDS = ("plain", "empty", "skip", "skip1", "fs", "create", "session", "session1", "capture", "shellskip", "full")
+KINDS = (
+    "plain",
+    "empty",
+    "skip",
+    "skip1",
+    "fs",
+    "create",
+    "session",
+    "session1",
+    "capture",
+    "shellskip",
+    "full",
+    "fork8",
+)
 SESSION_KINDS = ("session", "session1", "capture", "shellskip")
 WARM_UP = 3
+#: fork8's server: answers "up" to every connection (bench.lazy_restore.ask connects until it does).
+ANSWERER = (
+    "import socket\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('0.0.0.0', 8001)); s.listen()\n"
+    "open('/tmp/answerer.ready', 'w').write('1')\n"
+    "while True:\n"
+    "    c, _ = s.accept(); c.recv(16); c.sendall(b'up'); c.close()\n"
+)
 
 
 class Arm:
@@ -77,6 +105,8 @@ class Arm:
         self.sandbox: Sandbox = client.create(image)
         self.shell: Sandbox | None = None  # the session kinds' sandbox (an image with bash)
         self.server: Sandbox | None = None  # the full checkpoints' sandbox (a process besides the session)
+        self.forker: Sandbox | None = None  # fork8's sandbox (networked, its answerer running) and checkpoint
+        self.fork_from: models.CheckpointInfo | None = None
         self.cells: dict[str, list[dict[str, float]]] = {}
 
     def measure(self, kind: str, seconds: float) -> None:
@@ -87,10 +117,45 @@ class Arm:
             left = iter(made)
             self._timed("remove", 0.0, lambda: next(left).remove(force=True), count=len(made))
             return
+        if kind == "fork8":
+            self._forks(seconds)
+            return
         for _ in range(WARM_UP):
             self._op(kind)
         box = self.shell if kind in SESSION_KINDS else self.server if kind == "full" else self.sandbox
         self._timed(kind, seconds, lambda: self._op(kind), box=box)
+
+    def _forks(self, seconds: float) -> None:
+        """fork8 (module docstring): forks of 8 for ``seconds`` (at least one); one cell of per-fork means."""
+        assert self.forker is not None and self.fork_from is not None
+        n, wall, cpu = 0, 0.0, {"crabd_cpu_ms_per_op": 0.0, "helpers_cpu_ms_per_op": 0.0}
+        t0 = time.perf_counter()
+        while n == 0 or time.perf_counter() - t0 < seconds:
+            if self.pause:
+                time.sleep(self.pause)
+            before, started = self.cpu.read(), time.perf_counter()
+            clones = self.forker.fork(8, self.fork_from)
+            try:
+                ips = [clone.refresh().ip_address for clone in clones]
+                with ThreadPoolExecutor(len(ips)) as pool:
+                    answers = list(pool.map(ask, ips))
+                wall += time.perf_counter() - started
+                costs = CpuMeter.per_op(before, self.cpu.read(), 1)
+            finally:
+                for clone in clones:
+                    clone.remove(force=True)
+            if answers != ["up"] * 8:
+                raise RuntimeError(f"fork8: the clones answered {answers}")
+            for key in cpu:
+                cpu[key] += costs[key]
+            n += 1
+        cell = {
+            "crabd_cpu_ms": round(cpu["crabd_cpu_ms_per_op"] / n, 2),
+            "helpers_cpu_ms": round(cpu["helpers_cpu_ms_per_op"] / n, 2),
+            "sandbox_cpu_ms": 0.0,
+            "wall_ms": round(wall * 1000 / n, 2),
+        }
+        self.cells.setdefault("fork8", []).append(cell)
 
     def _op(self, kind: str) -> None:
         if kind == "empty":
@@ -234,6 +299,16 @@ def main() -> None:
                 arm.server = client.create(args.session_image)
                 stack.callback(arm.server.remove, force=True)
                 arm.server.session.run("(setsid python3 -m http.server 8000 </dev/null >/dev/null 2>&1 &); sleep 1")
+            if "fork8" in kinds:
+                arm.forker = client.create(args.session_image, network=True)
+                stack.callback(arm.forker.remove, force=True)
+                arm.forker.run(["sh", "-c", "cat > /tmp/answerer.py"], stdin=ANSWERER)
+                arm.forker.session.run(
+                    "(setsid python3 /tmp/answerer.py </dev/null >/dev/null 2>&1 &);"
+                    " until [ -e /tmp/answerer.ready ]; do sleep 0.1; done"
+                )
+                ask(arm.forker.refresh().ip_address)
+                arm.fork_from = arm.forker.checkpoint(kind="full")
             arms.append(arm)
             if args.background:
                 print(f"[op_cost] {label}: {args.background} background sandboxes", file=sys.stderr)

@@ -477,7 +477,7 @@ class RuntimeConfig(_Model):
         description="host-wide claims of user-namespace id ranges, shared by every crabd instance on the host",
     )
     warm_network_slots: int = Field(
-        4,
+        8,
         ge=0,
         le=64,
         description="runc+btrfs: network slots (a network namespace already attached to the CNI bridge, its "

@@ -10,13 +10,17 @@ checkpoints again.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from crabd.backends.runc import idmap
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from crabd.store.idranges import FIRST_BASE, RANGE_SIZE
 from tests.integration.conftest import daemon_with_config, remove_sandbox_network
@@ -45,6 +49,56 @@ def uid_map(sb: Sandbox) -> tuple[int, int, int]:
 
 def in_range(base: int) -> bool:
     return base >= FIRST_BASE and (base - FIRST_BASE) % RANGE_SIZE == 0
+
+
+def _maps_in(ns_fd: int) -> list[str]:
+    """uid_map and gid_map as seen by a child that joined the user namespace ``ns_fd``."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.setns(ns_fd, idmap.CLONE_NEWUSER) != 0:
+                os.write(w, f"setns: {os.strerror(ctypes.get_errno())}".encode())
+            else:
+                os.write(w, (Path("/proc/self/uid_map").read_text() + Path("/proc/self/gid_map").read_text()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    os.waitpid(pid, 0)
+    return [" ".join(line.split()) for line in out.splitlines()]
+
+
+def test_a_user_namespace_is_made_with_the_range_and_nothing_of_crabd_changes() -> None:
+    """userns_fd clones with CLONE_VM (no copy of crabd's page tables): the mapping is the range's, the
+    caller's signal mask is as before, no child is left, and parallel callers each get their own namespace."""
+    ids = idmap.IdRange(FIRST_BASE + 4000 * RANGE_SIZE, RANGE_SIZE)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    fd = idmap.userns_fd(ids)
+    try:
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+        assert os.readlink(f"/proc/self/fd/{fd}") != os.readlink("/proc/self/ns/user")
+        assert _maps_in(fd) == [f"0 {ids.base} {ids.count}"] * 2
+        # The namespace's one process was reaped: none of this process's children is in it.
+        children = [
+            c for t in os.listdir("/proc/self/task") for c in Path(f"/proc/self/task/{t}/children").read_text().split()
+        ]
+        ns = os.readlink(f"/proc/self/fd/{fd}")
+        assert not [c for c in children if os.path.exists(f"/proc/{c}") and os.readlink(f"/proc/{c}/ns/user") == ns]
+    finally:
+        os.close(fd)
+    # One stack serves every clone: callers on many threads at once still each get a whole namespace.
+    with ThreadPoolExecutor(8) as pool:
+        fds = list(pool.map(lambda _: idmap.userns_fd(ids), range(32)))
+    try:
+        assert len({os.readlink(f"/proc/self/fd/{f}") for f in fds}) == 32
+        assert all(_maps_in(f) == [f"0 {ids.base} {ids.count}"] * 2 for f in fds[:4])
+    finally:
+        for f in fds:
+            os.close(f)
 
 
 def test_root_in_a_sandbox_is_an_unprivileged_host_id(client: Client, make_sandbox: Callable[..., Sandbox]) -> None:

@@ -13,10 +13,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from crabd.backends.runc import cni, rtnl, slots
+from crabd.backends import network
+from crabd.backends.runc import bundle, cni, rtnl, slots
 from crabd.errors import ContainerRuntimeError
 from crabd.util import proc
 
@@ -297,3 +299,64 @@ def test_a_retried_launch_runs_without_the_slot_the_first_try_tore_down() -> Non
     assert run(restore="eager") == "eager"
     assert got == [("lazy", slot), ("eager", None)]
     assert slots.first_try_only(launch, None)(restore="x") == "x" and got[-1] == ("x", None)
+
+
+def test_the_conflist_is_written_when_it_differs_and_only_then(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    net = cni.CniNetwork(cni.CniSettings(cache_dir=tmp_path))
+    monkeypatch.setattr(network, "require_bridge_netfilter", lambda: None)
+    monkeypatch.setattr(network, "install_rules", lambda *a, **kw: None)
+    monkeypatch.setattr(proc, "run", lambda argv, **kw: proc.Completed(tuple(argv), 0, b"", b""))
+    writes: list[Path] = []
+    real = bundle.write_atomic
+
+    def counted(path: Path, data: bytes, *a: object, **kw: object) -> None:
+        writes.append(path)
+        real(path, data)
+
+    monkeypatch.setattr(bundle, "write_atomic", counted)
+    path = tmp_path / f"{net.settings.name}.conflist"
+    monkeypatch.setattr(cni, "RECHECK_S", 0.0)  # every call checks (the limit has its own test)
+    net.ensure()
+    want = path.read_bytes()
+    assert json.loads(want) == cni.conflist(net.settings) and writes == [path]
+    net.ensure()  # every later create: the same bytes, nothing written
+    assert writes == [path]
+    path.write_bytes(want.replace(b'"ipam"', b'"IPAM"'))  # changed behind crabd's back: repaired
+    net.ensure()
+    assert path.read_bytes() == want and len(writes) == 2
+    path.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(want)
+    path.symlink_to(elsewhere)  # a link is never read through, and is replaced, not written through
+    net.ensure()
+    assert not path.is_symlink() and path.read_bytes() == want and len(writes) == 3
+
+
+def test_the_host_side_is_checked_at_most_once_per_recheck_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net = cni.CniNetwork(cni.CniSettings(cache_dir=tmp_path))
+    monkeypatch.setattr(network, "require_bridge_netfilter", lambda: None)
+    installs: list[str] = []
+    monkeypatch.setattr(network, "install_rules", lambda cfg, **kw: installs.append(kw["forward_parent"]))
+    ran: list[tuple[str, ...]] = []
+
+    def fake_run(argv: list[str], **kw: object) -> proc.Completed:
+        ran.append(tuple(argv))
+        return proc.Completed(tuple(argv), 0, b"", b"")
+
+    monkeypatch.setattr(proc, "run", fake_run)
+    now = [1000.0]
+    monkeypatch.setattr("crabd.backends.runc.cni.time", SimpleNamespace(monotonic=lambda: now[0]))
+    net.ensure()
+    assert installs == [cni.ADMIN_CHAIN] and len(ran) == 1  # iptables -L of the admin chain, then the rules
+    now[0] += cni.RECHECK_S / 2
+    net.ensure()  # a create soon after: trusted, nothing run
+    assert len(installs) == 1 and len(ran) == 1
+    now[0] += cni.RECHECK_S
+    net.ensure()  # past the interval: looked at (and repaired) again
+    assert len(installs) == 2 and len(ran) == 2
+    monkeypatch.setattr(network, "remove_rules", lambda cfg, **kw: None)
+    net.teardown()
+    net.ensure()  # right after a teardown: installed again, whatever the clock says
+    assert len(installs) == 3

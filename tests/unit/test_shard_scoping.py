@@ -234,6 +234,23 @@ def test_write_atomic_removes_its_tmp_file_when_the_rename_fails(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_write_atomic_fsyncs_unless_told_the_file_is_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real = os.fsync
+
+    def counted(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    bundle.write_atomic(tmp_path / "kept", b"a")
+    assert len(synced) == 1
+    bundle.write_atomic(tmp_path / "hostname", b"b\n", 0o644, durable=False)  # /etc files: made anew each start
+    assert len(synced) == 1
+    assert (tmp_path / "hostname").read_bytes() == b"b\n" and (tmp_path / "hostname").stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hostname", "kept"]
+
+
 def test_kept_criu_logs_of_two_sandboxes_do_not_collide(tmp_path: Path) -> None:
     log = tmp_path / "dump.log"
     log.write_text("criu says\n")
