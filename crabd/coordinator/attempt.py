@@ -68,6 +68,8 @@ class FrozenCut:
     dump: DumpResult | None
     freeze_s: float
     thawed_ns: int
+    #: The frozen time by step (pairing check, dump, baseline, re-walk), seconds, for the publication's log line.
+    steps: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

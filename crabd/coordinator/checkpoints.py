@@ -49,6 +49,7 @@ from crabd.store.registry import spec_to_json
 from crabd.trust.provenance import Provenance
 from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point, write_point
+from crabd.util.laps import Laps
 
 log = logging.getLogger("crabd.checkpoints")
 
@@ -304,7 +305,7 @@ class Checkpointer:
                 out.stats["paired_with"] = pair[0]
             await self._store_session(session_json, out)
             ckpt = self._record(attempt, turn, label, out, cut.thawed_ns)
-            ckpt = await self._publish(attempt, ckpt, out, cut.freeze_s)
+            ckpt = await self._publish(attempt, ckpt, out, cut.freeze_s, cut.steps)
             if out.dumped_image is not None:
                 # Published: the dump is exactly what the store holds under that manifest, so
                 # the image store may keep it as the sandbox's hot copy (backends/criu/hotimages.py).
@@ -392,23 +393,28 @@ class Checkpointer:
         inspector = a.inspector
         with self.backend.frozen(a.cid):
             f0 = time.monotonic()
+            clock = Laps()
             crash_point("checkpoint.frozen")
             if a.pair and inspector:
                 stale = inspector.unchanged_since_image(a.rec.id, a.cid, a.st.pid, a.session_pids)
                 if stale:
                     raise StalePairing(stale, sandbox=a.rec.id)
+                clock.lap("pairing")
             if a.full:
                 with inspector.source.quiet(a.rec.id) if inspector else contextlib.nullcontext():
                     write_point("checkpoint.dump")
                     dump = self.dumper.dump(a.cid, a.images, a.work)
                 crash_point("checkpoint.after_dump")
+                clock.lap("dump")
             else:
                 dump = None
             if dump is not None and inspector:
                 a.dumped = inspector.at_dump(a.cid, a.st.pid, a.session_pids)
+                clock.lap("baseline")
             cut = self.fs.capture(a.prepared)
+            clock.lap("rewalk")
             freeze_s = time.monotonic() - f0
-        return FrozenCut(cut, dump, freeze_s, time.time_ns())
+        return FrozenCut(cut, dump, freeze_s, time.time_ns(), clock.took)
 
     async def _store_cut(self, a: Attempt, cut: FrozenCut) -> StoredCheckpoint:
         """Step 3 for the cut: the index and delta, then the process image (if dumped)."""
@@ -470,7 +476,12 @@ class Checkpointer:
         )
 
     async def _publish(
-        self, a: Attempt, ckpt: CheckpointRecord, out: StoredCheckpoint, freeze_s: float
+        self,
+        a: Attempt,
+        ckpt: CheckpointRecord,
+        out: StoredCheckpoint,
+        freeze_s: float,
+        freeze_steps: dict[str, float] | None = None,
     ) -> CheckpointRecord:
         """Step 4: the quota (on what it adds to its owner's charge), fsync every blob becoming live, then
         one transaction; tell the inspector."""
@@ -525,6 +536,8 @@ class Checkpointer:
                 "changed": stats["changed"],
                 "new_bytes": new_bytes,
                 "freeze_ms": round(freeze_s * 1000, 3),
+                # Where the frozen time went (a dump's is CRIU's; baseline: the inspector's /proc read and digests).
+                **{f"freeze_{k}_ms": round(v * 1000, 1) for k, v in (freeze_steps or {}).items()},
                 "total_ms": round(stats["total_s"] * 1000, 1),
             },
         )
