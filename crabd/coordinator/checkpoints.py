@@ -525,7 +525,8 @@ class Checkpointer:
         if a.inspector is not None:
             a.inspector.published(rec.id, ckpt.id, out.process_blob, a.dumped)
             if a.dumped is not None:
-                a.inspector.settle_later(rec.id, a.cid)  # off this call's path; the next action waits for it
+                # Off this call's path; the next action waits for it.
+                a.inspector.settle_later(rec.id, a.cid, str(rec.owner_uid))
         log.info(
             "checkpoint published",
             extra={

@@ -143,6 +143,7 @@ class TurnInspection:
                 ckpt.process_blob if ckpt else None,
                 ckpt.id if ckpt else None,
                 restored=ckpt is not None,
+                owner=str(rec.owner_uid),
             )
         except CrabError as exc:
             # Without a baseline the next decision is conservative (never skip).

@@ -177,6 +177,7 @@ class Inspector:
         image_checkpoint: str | None,
         *,
         restored: bool = True,
+        owner: str = "",
     ) -> None:
         """A container was started fresh, restored or forked: its processes are what ``image`` holds.
 
@@ -188,8 +189,9 @@ class Inspector:
         it writes after, the probes see.
 
         The processes' memory digests are taken after this returns, on a
-        few threads of their own (digests.py); every reader of the baseline waits
-        for them (:meth:`_baseline`).
+        few threads of their own (digests.py), shared fairly by ``owner`` (the
+        sandbox's tenant); every reader of the baseline waits for them
+        (:meth:`_baseline`).
         """
         self.source.track(sandbox_id, container_id)
         self.source.take(sandbox_id)  # the start itself is nobody's turn
@@ -198,7 +200,7 @@ class Inspector:
         keep = _counted(now, session_pids)
         base = Baseline(keep, image, image_checkpoint)
         self._baselines[sandbox_id] = base
-        self._deferred.start(sandbox_id, base)  # the memory digests, after the start answered
+        self._deferred.start(sandbox_id, base, owner)  # the memory digests, after the start answered
         self._fingerprints.pop(sandbox_id, None)
         # Without an image the head's tmpfs is what a fresh container has: nothing of the sandbox's own.
         self._tmpfs[sandbox_id] = mounts.fingerprint(init_host_pid).digest if image else None
@@ -245,7 +247,7 @@ class Inspector:
         keep = _counted(now, session_pids)
         return Dumped(Baseline(keep, None, None, self._digests(keep)), mounts.fingerprint(init_host_pid).digest)
 
-    def settle_later(self, sandbox_id: str, container_id: str) -> None:
+    def settle_later(self, sandbox_id: str, container_id: str, owner: str = "") -> None:
         """Let the baseline absorb what a dump itself made its processes do (call after the thaw).
 
         CRIU interrupts every blocking syscall to dump a process; some return
@@ -274,7 +276,7 @@ class Inspector:
         base = self._baselines.get(sandbox_id)
         if base is None or base.image is None or not base.procs:
             return
-        self._deferred.settle(sandbox_id, base, lambda: procs.snapshot(container_id))
+        self._deferred.settle(sandbox_id, base, lambda: procs.snapshot(container_id), owner)
 
     def published(self, sandbox_id: str, checkpoint_id: str, image: str | None, dumped: Dumped | None) -> None:
         """A checkpoint became the sandbox's head: the baseline follows it."""

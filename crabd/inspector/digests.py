@@ -30,6 +30,10 @@ sound there for the same reason: the next action waits for it, so only the
 sandbox's own processes run in the window it looks at, as when the
 checkpoint's call waited for it.
 
+The jobs of all sandboxes share one pool (fairpool.py): each owner's in
+turn, at most half the workers per owner, and a settling job waits out its
+``SETTLE_S`` in the pool's heap rather than asleep on a worker.
+
 Every reader of a baseline first waits for its pending job
 (:meth:`DeferredDigests.wait`).  A wait that times out (or a job that
 failed) abandons the job, which never writes to the baseline afterwards,
@@ -45,9 +49,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
+from crabd.inspector.fairpool import FairPool
 from crabd.inspector.model import Baseline, Proc
 
 log = logging.getLogger("crabd.inspector")
@@ -60,6 +65,8 @@ SETTLE_S = 0.02
 SETTLE_CPU_NS = 500_000
 #: Jobs run at once: as many as asyncio's default executor runs the starts themselves.
 WORKERS = min(32, (os.cpu_count() or 1) + 4)
+#: Jobs of one owner (tenant) run at once: the other workers stay free for the other owners.
+PER_OWNER = max(1, WORKERS // 2)
 
 
 def still_digests(
@@ -99,33 +106,31 @@ class DeferredDigests:
 
     Several, not one: a sandbox with many large processes takes seconds to
     hash, and one thread would make every other tenant's next action wait
-    behind it (inline, each start hashed on its own caller's thread).
+    behind it (inline, each start hashed on its own caller's thread).  Shared
+    fairly by owner (fairpool.py): ``owner`` is the sandbox's tenant.
     """
 
     def __init__(self, digest: Callable[[int], str | None], runtime: Callable[[int], int | None]) -> None:
         self._digest = digest
         self._runtime = runtime
-        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="crab-digests")
+        self._pool = FairPool(WORKERS, PER_OWNER, "crab-digests")
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[_Job, Future[None]]] = {}
 
-    def start(self, sandbox_id: str, base: Baseline) -> None:
+    def start(self, sandbox_id: str, base: Baseline, owner: str = "") -> None:
         """Take ``base``'s digests in the background (replacing any job of the sandbox's earlier baseline)."""
 
         def work() -> Callable[[], None]:
             got = still_digests(dict(base.procs), self._digest, self._runtime)
             return lambda: base.memory.update(got)
 
-        self.submit(sandbox_id, work)
+        self.submit(sandbox_id, work, owner)
 
-    def settle(self, sandbox_id: str, base: Baseline, snapshot: Callable[[], dict[int, Proc]]) -> None:
+    def settle(self, sandbox_id: str, base: Baseline, snapshot: Callable[[], dict[int, Proc]], owner: str = "") -> None:
         """Absorb into ``base``, ``SETTLE_S`` from now, the processes that only finished what a dump
         interrupted (``Inspector.settle_later`` says which and why)."""
-        not_before = time.monotonic() + SETTLE_S
 
         def work() -> Callable[[], None]:
-            # The wait is timed from the thaw's side (the call), not from when a thread got the job.
-            time.sleep(max(0.0, not_before - time.monotonic()))
             now = snapshot()
             absorbed: dict[int, tuple[Proc, str]] = {}
             for pid, b in list(base.procs.items()):
@@ -146,14 +151,15 @@ class DeferredDigests:
 
             return apply
 
-        self.submit(sandbox_id, work)
+        # Timed from the thaw's side (this call), not from when a worker is free; no worker waits it out.
+        self.submit(sandbox_id, work, owner, not_before=time.monotonic() + SETTLE_S)
 
-    def submit(self, sandbox_id: str, work: Work) -> None:
+    def submit(self, sandbox_id: str, work: Work, owner: str = "", *, not_before: float = 0.0) -> None:
         """Run ``work`` for the sandbox's baseline in the background, replacing any job of its earlier one."""
         job = _Job(work)
         self.forget(sandbox_id)
         with self._lock:
-            self._pending[sandbox_id] = (job, self._pool.submit(self._run, job))
+            self._pending[sandbox_id] = (job, self._pool.submit(owner, lambda: self._run(job), not_before=not_before))
 
     def pending(self, sandbox_id: str) -> bool:
         """Whether a job for the sandbox was submitted and not yet waited for."""
@@ -196,7 +202,7 @@ class DeferredDigests:
             jobs, self._pending = list(self._pending.values()), {}
         for job, _ in jobs:
             self._abandon(job)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.close()
 
     @staticmethod
     def _abandon(job: _Job) -> None:
