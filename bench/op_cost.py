@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 import time
@@ -102,6 +103,7 @@ class Arm:
         #: Seconds between two operations (the agent's rhythm: an LLM call between turns); not in the wall time.
         self.pause = pause
         self.cpu = CpuMeter(psutil.Process(d.proc.pid if d.proc is not None else 0))
+        self.log_file = d.log_file
         self.sandbox: Sandbox = client.create(image)
         self.shell: Sandbox | None = None  # the session kinds' sandbox (an image with bash)
         self.server: Sandbox | None = None  # the full checkpoints' sandbox (a process besides the session)
@@ -212,7 +214,22 @@ class Arm:
             "src": self.src or str(Path(__file__).resolve().parents[1]),
             "kinds": {kind: _medians(cells) for kind, cells in self.cells.items()},
             "cells": self.cells,
+            "full_freeze_steps_ms": self.freeze_steps(),
         }
+
+    def freeze_steps(self) -> dict[str, float]:
+        """Medians of the frozen time's steps of this crabd's full checkpoints, from its log's publication
+        lines (``freeze_<step>_ms``; checkouts before they were logged: only ``freeze_ms``)."""
+        steps: dict[str, list[float]] = {}
+        with contextlib.suppress(OSError), open(self.log_file, encoding="utf-8") as f:
+            for line in f:
+                if '"checkpoint published"' not in line or '"kind": "full"' not in line:
+                    continue
+                rec = json.loads(line)
+                for key, value in rec.items():
+                    if key.startswith("freeze_") and key.endswith("_ms") and isinstance(value, int | float):
+                        steps.setdefault(key, []).append(float(value))
+        return {key: round(statistics.median(values), 1) for key, values in steps.items()}
 
 
 def sandbox_cpu_s(container_id: str) -> float:
