@@ -114,6 +114,31 @@ def test_a_checkpoint_records_its_line(tmp_path: Path, monkeypatch: pytest.Monke
     run(body())
 
 
+def test_a_full_checkpoints_line_says_where_the_frozen_time_went(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    st = build_stack(tmp_path, monkeypatch)
+
+    async def body() -> None:
+        rec = await _sandbox(st)
+        with caplog.at_level("INFO", logger="crabd.checkpoints"):
+            await st.checkpointer.take(rec, kind=CheckpointKind.FULL)
+            await st.checkpointer.take(rec, kind=CheckpointKind.FS)
+        lines = [r for r in caplog.records if r.getMessage() == "checkpoint published"]
+        full, fs = (vars(r) for r in lines)
+        steps = {k: v for k, v in full.items() if k.startswith("freeze_") and k != "freeze_ms"}
+        # The baseline's step is the inspector's, which these fake stacks run without.
+        assert (
+            {"freeze_dump_ms", "freeze_rewalk_ms"}
+            <= set(steps)
+            <= {"freeze_dump_ms", "freeze_baseline_ms", "freeze_rewalk_ms"}
+        )
+        assert all(v >= 0 for v in steps.values()) and sum(steps.values()) <= full["freeze_ms"] + 0.5
+        assert [k for k in fs if k.startswith("freeze_") and k != "freeze_ms"] == ["freeze_rewalk_ms"]  # no dump
+
+    run(body())
+
+
 def test_a_dead_sandbox_is_not_checkpointed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     st = build_stack(tmp_path, monkeypatch)
 
