@@ -10,10 +10,10 @@ checkpoints again.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,24 +52,33 @@ def in_range(base: int) -> bool:
 
 
 def _maps_in(ns_fd: int) -> list[str]:
-    """uid_map and gid_map as seen by a child that joined the user namespace ``ns_fd``."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(r)
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.setns(ns_fd, idmap.CLONE_NEWUSER) != 0:
-                os.write(w, f"setns: {os.strerror(ctypes.get_errno())}".encode())
-            else:
-                os.write(w, (Path("/proc/self/uid_map").read_text() + Path("/proc/self/gid_map").read_text()).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        out = f.read().decode()
-    os.waitpid(pid, 0)
-    return [" ".join(line.split()) for line in out.splitlines()]
+    """uid_map and gid_map as seen by a process that joined the user namespace ``ns_fd``.
+
+    A new program (nsenter), not an ``os.fork()`` child: in a test run that used gRPC, its at-fork
+    handlers start threads in the child, and setns(CLONE_NEWUSER) refuses a threaded caller (EINVAL).
+    """
+    r = subprocess.run(
+        ["nsenter", f"--user=/proc/self/fd/{ns_fd}", "cat", "/proc/self/uid_map", "/proc/self/gid_map"],
+        pass_fds=(ns_fd,),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    return [" ".join(line.split()) for line in r.stdout.splitlines()]
+
+
+def _children() -> set[str]:
+    return {c for t in os.listdir("/proc/self/task") for c in Path(f"/proc/self/task/{t}/children").read_text().split()}
+
+
+def _left_behind(pid: str, ns: str) -> bool:
+    """Whether child ``pid`` is a zombie or lives in the user namespace ``ns`` (False once it is gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state == "Z" or os.readlink(f"/proc/{pid}/ns/user") == ns
+    except OSError:  # gone meanwhile; a zombie's namespace links are gone too, its stat is not
+        return False
 
 
 def test_a_user_namespace_is_made_with_the_range_and_nothing_of_crabd_changes() -> None:
@@ -77,17 +86,15 @@ def test_a_user_namespace_is_made_with_the_range_and_nothing_of_crabd_changes() 
     caller's signal mask is as before, no child is left, and parallel callers each get their own namespace."""
     ids = idmap.IdRange(FIRST_BASE + 4000 * RANGE_SIZE, RANGE_SIZE)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    before = _children()  # a full test run's earlier tests may have left children (even zombies) of their own
     fd = idmap.userns_fd(ids)
     try:
-        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
-        assert os.readlink(f"/proc/self/fd/{fd}") != os.readlink("/proc/self/ns/user")
-        assert _maps_in(fd) == [f"0 {ids.base} {ids.count}"] * 2
-        # The namespace's one process was reaped: none of this process's children is in it.
-        children = [
-            c for t in os.listdir("/proc/self/task") for c in Path(f"/proc/self/task/{t}/children").read_text().split()
-        ]
         ns = os.readlink(f"/proc/self/fd/{fd}")
-        assert not [c for c in children if os.path.exists(f"/proc/{c}") and os.readlink(f"/proc/{c}/ns/user") == ns]
+        # The namespace's one process was reaped: no new child of this process, zombie or in it.
+        assert not [c for c in _children() - before if _left_behind(c, ns)]
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+        assert ns != os.readlink("/proc/self/ns/user")
+        assert _maps_in(fd) == [f"0 {ids.base} {ids.count}"] * 2
     finally:
         os.close(fd)
     # One stack serves every clone: callers on many threads at once still each get a whole namespace.
