@@ -130,6 +130,11 @@ class IdMap:
     count: int
 
 
+#: The CRIU external-mount key of a masked directory in a dump (runc/masks.py): the restore maps it to
+#: an empty read-only tmpfs instead of CRIU saving and re-extracting the mask's (empty) contents.
+MASKED_DIR_KEY = "crab-masked-dir"
+
+
 @dataclass(frozen=True)
 class Posture:
     """What a sandbox's processes may hold, as its backend created it; every restored image is checked against it.
@@ -153,6 +158,9 @@ class Posture:
     binds: frozenset[str] = frozenset()
     #: External mounts allowed at any mount point (runc binds /dev/null over masked files).
     mask_binds: frozenset[str] = frozenset()
+    #: Mount points where an external mount keyed :data:`MASKED_DIR_KEY` is allowed, read-only (the masked
+    #: directories, which a restore covers with an empty read-only tmpfs of crab's: runc/masks.py).
+    mask_dirs: frozenset[str] = frozenset()
     #: Mount points that must be read-only when present.
     readonly: frozenset[str] = frozenset()
     #: The user namespace's maps, when ``"user"`` is in ``namespaces``.

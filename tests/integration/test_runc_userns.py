@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from crabd.backends.criu import pbimage
+from crabd.backends.procdump import MASKED_DIR_KEY
 from crabd.backends.runc import idmap
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from crabd.store.idranges import FIRST_BASE, RANGE_SIZE
@@ -255,5 +257,52 @@ def test_a_running_sandbox_keeps_two_host_mounts_and_still_checkpoints(
         assert len(_host_mounts_of(clone.info.container_id)) == 2
         assert b"localhost" in clone.run(["cat", "/etc/hosts"]).stdout
         assert sb.checkpoint(kind="full").kind == "full"  # the source dumps again after the fork
+    finally:
+        clone.remove(force=True)
+
+
+#: What a process in a sandbox sees of the masked directories: owner, mode, contents, and that writes fail.
+MASKS_SEEN = (
+    "stat -c '%n %u %g %a' /proc/acpi /sys/firmware; ls -A /proc/acpi /sys/firmware;"
+    " touch /proc/acpi/x; mkdir /sys/firmware/y; grep -E ' /(proc/acpi|sys/firmware) ' /proc/self/mountinfo"
+    " | cut -d' ' -f5,6,9,11"
+)
+
+
+def _masked_mount_keys(images: Path) -> dict[str, str]:
+    """{mount point: CRIU external key} of the masked directories in a dump's mountpoints image."""
+    dirfd = pbimage.open_dir(images)
+    try:
+        [name] = [n for n in os.listdir(dirfd) if n.startswith("mountpoints-")]
+        entries = pbimage.messages(dirfd, name, pbimage.MNTS_MAGIC)
+    finally:
+        os.close(dirfd)
+    points = {e.text(7) or "": e.text(18) or "" for e in entries}
+    return {p.removeprefix("."): key for p, key in points.items() if p.endswith(("/proc/acpi", "/sys/firmware"))}
+
+
+def test_masked_directories_come_back_as_crabs_empty_read_only_tmpfs(
+    daemon: EmbeddedDaemon, make_sandbox: Callable[..., Sandbox]
+) -> None:
+    """No tar of runc's masks in a dump; a restore covers them with crab's tmpfs, seen as runc's (masks.py)."""
+    sb = make_sandbox("busybox")
+    seen = sb.run(["sh", "-c", MASKS_SEEN])
+    assert b"/proc/acpi 0 0 1777" in seen.stdout and b"Read-only file system" in seen.stderr
+    ck = sb.checkpoint(kind="full")
+    hot = max((daemon.state_dir / "images-hot").iterdir(), key=lambda p: p.stat().st_mtime)
+    assert _masked_mount_keys(hot) == {"/proc/acpi": MASKED_DIR_KEY, "/sys/firmware": MASKED_DIR_KEY}
+    (clone,) = sb.fork(1, ck)
+    try:
+        again = clone.run(["sh", "-c", MASKS_SEEN])
+        # Empty, read-only, the sandbox root's, mode 1777: what a fresh sandbox shows (the base id differs).
+        ranged = [line.rsplit(b",uid=", 1)[0] for line in seen.stdout.splitlines()]
+        assert [line.rsplit(b",uid=", 1)[0] for line in again.stdout.splitlines()] == ranged
+        assert again.stderr.count(b"Read-only file system") == 2
+        # The host side went once runc restore had returned: the clone's binds hold the tmpfs.
+        cid = clone.info.container_id
+        assert not any("/masked" in m for m in _host_mounts_of(cid))
+        # The clone is dumped and restored again the same way (its bundle names its criu.conf to runc).
+        (grand,) = clone.fork(1, clone.checkpoint(kind="full"))
+        grand.remove(force=True)
     finally:
         clone.remove(force=True)

@@ -14,7 +14,7 @@ import pytest
 from crabd.backends.criu import pbimage
 from crabd.backends.criu.posture import IDS_MAGIC, check
 from crabd.backends.criu.seccomp_bpf import AUDIT_ARCH_X86_64 as X86_64
-from crabd.backends.procdump import IdMap, capability_mask
+from crabd.backends.procdump import MASKED_DIR_KEY, IdMap, capability_mask
 from crabd.backends.runc import bundle
 from crabd.backends.runc.posture import posture_of
 from crabd.errors import CriuImageInvalid, PostureViolation
@@ -219,6 +219,40 @@ def test_a_mount_beyond_the_spec_is_refused(tmp_path: Path, extra: bytes) -> Non
     assert err.what.startswith("mount at /mnt/")
 
 
+MASKED = dataclasses.replace(NORMAL_POSTURE, mask_dirs=frozenset({"/proc/acpi", "/sys/firmware"}))
+
+
+def test_crabs_masked_directories_are_accepted_read_only_where_the_spec_masks(tmp_path: Path) -> None:
+    """A restore maps MASKED_DIR_KEY to crab's empty read-only tmpfs (runc/masks.py): only there, only ro."""
+    acpi = mount(310, 147, "/proc/acpi", 5, flags=1, key=MASKED_DIR_KEY)
+    firmware = mount(311, 151, "/sys/firmware", 5, flags=1, key=MASKED_DIR_KEY)
+    check(
+        write_images(
+            tmp_path / "ok", **{"mountpoints-13.img": image(pbimage.MNTS_MAGIC, *NORMAL_MOUNTS, acpi, firmware)}
+        ),
+        MASKED,
+        "ck-1",
+    )
+    # Elsewhere: an empty directory over /etc would hide the sandbox's own files; the spec does not mask it.
+    elsewhere = mount(312, 145, "/etc", 5, flags=1, key=MASKED_DIR_KEY)
+    err = refused(
+        write_images(tmp_path / "a", **{"mountpoints-13.img": image(pbimage.MNTS_MAGIC, *NORMAL_MOUNTS, elsewhere)}),
+        MASKED,
+    )
+    assert err.what == "mount at /etc" and "masked-directory" in err.found
+    writable = mount(313, 147, "/proc/acpi", 5, flags=0, key=MASKED_DIR_KEY)
+    err = refused(
+        write_images(tmp_path / "b", **{"mountpoints-13.img": image(pbimage.MNTS_MAGIC, *NORMAL_MOUNTS, writable)}),
+        MASKED,
+    )
+    assert err.what == "mount at /proc/acpi" and err.found == "a writable masked directory"
+    # A posture without masked directories (Docker's) accepts the key nowhere.
+    err = refused(
+        write_images(tmp_path / "c", **{"mountpoints-13.img": image(pbimage.MNTS_MAGIC, *NORMAL_MOUNTS, acpi)})
+    )
+    assert err.what == "mount at /proc/acpi"
+
+
 def test_a_dropped_read_only_proc_bind_is_refused(tmp_path: Path) -> None:
     # Without its read-only bind, /proc/sys (core_pattern ...) would be writable through /proc.
     mounts = [m for m in NORMAL_MOUNTS if m != NORMAL_MOUNTS[3]]
@@ -359,6 +393,7 @@ def test_the_runc_posture_is_read_from_the_bundles_own_config() -> None:
     assert {"unshare", "setns", "mount", "open_by_handle_at", "clone3"} <= p.refused_syscalls
     assert p.namespaces == {"pid", "ipc", "uts", "mnt", "cgroup", "net"}
     assert {"/.crab/init", "/etc/hostname"} <= p.binds and p.mask_binds == {"/dev/null"}
+    assert {"/proc/acpi", "/sys/firmware"} <= p.mask_dirs and "/proc" not in p.mask_dirs
     assert {"/sys", "/proc/sys", "/.crab/init"} <= p.readonly and "/etc/hostname" not in p.readonly
     # A user namespace added to the config is expected in the images, with its maps.
     cfg["linux"]["namespaces"].append({"type": "user"})

@@ -58,7 +58,8 @@ def test_plan_names_what_runc_would(root: Path) -> None:
     assert p.externals == (
         "mnt[/.crab/init]:/.crab/init",
         "mnt[/etc/hosts]:/etc/hosts",
-        "mnt[/proc/kcore]:/dev/null",  # a file: masked by /dev/null; the directory and the absent path are not
+        "mnt[/proc/kcore]:/dev/null",  # a file: masked by /dev/null; the absent path is not there to mask
+        "mnt[/proc/acpi]:crab-masked-dir",  # a directory: runc's empty tmpfs, which a restore makes anew
         "mnt[/dev/null]:/dev/null",
         "mnt[/dev/zero]:/dev/zero",
     )
@@ -190,7 +191,7 @@ def test_dumper_refuses_a_reused_pid(tmp_path: Path, monkeypatch: pytest.MonkeyP
     st = state()
     st["init_process_pid"] = os.getpid()
     (tmp_path / "runc" / "c1" / "state.json").write_text(json.dumps(st))
-    monkeypatch.setattr(dumps, "_masked_file", lambda root, path: False)
+    monkeypatch.setattr(dumps, "_masked_kind", lambda root, path: "")
     with pytest.raises(CriuError, match="not running"):
         dumper(tmp_path)._argv("c1", tmp_path / "i", tmp_path / "w", ())
     assert not (tmp_path / "i" / "descriptors.json").exists()
@@ -204,7 +205,7 @@ def test_dumper_writes_runcs_descriptors(tmp_path: Path, monkeypatch: pytest.Mon
     assert found is not None
     st["init_process_start"] = found[0]
     (tmp_path / "runc" / "c1" / "state.json").write_text(json.dumps(st))
-    monkeypatch.setattr(dumps, "_masked_file", lambda root, path: False)
+    monkeypatch.setattr(dumps, "_masked_kind", lambda root, path: "")
     argv = dumper(tmp_path)._argv("c1", tmp_path / "i", tmp_path / "w", ())
     assert argv[:2] == ["criu", "dump"]
     written = tmp_path / "i" / "descriptors.json"

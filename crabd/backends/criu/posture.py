@@ -48,7 +48,9 @@ What is checked, per thread of every live task:
 * mounts (root paths plain, no ``..``): the root mount; the runtime's
   external bind mounts, each at its own destination, which the posture
   names (runc, not the image, names their host source), and its
-  ``/dev/null`` over masked files; mounts of kernel-made file systems
+  ``/dev/null`` over masked files; crab's empty tmpfs over masked
+  directories (key ``crab-masked-dir``), read-only, only where the spec
+  masks a directory (the restore, not the image, names its source); mounts of kernel-made file systems
   (proc, sysfs, tmpfs, devpts, mqueue, cgroup) that share no device with
   the root or a host bind (CRIU would bind those from it), sysfs and cgroup
   read-only, one proc at /proc and its other binds read-only; anything else
@@ -71,7 +73,7 @@ from pathlib import Path
 from crabd.backends.criu import pbimage
 from crabd.backends.criu.pbimage import Malformed, Message
 from crabd.backends.criu.seccomp_bpf import ARCH_NAMES, SYSCALLS, refuses
-from crabd.backends.procdump import CAPABILITY_BITS, NAMESPACE_KINDS, IdMap, Posture
+from crabd.backends.procdump import CAPABILITY_BITS, MASKED_DIR_KEY, NAMESPACE_KINDS, IdMap, Posture
 from crabd.errors import CriuImageInvalid, PostureViolation
 
 #: TaskKobjIdsEntry field of each namespace kind.
@@ -286,7 +288,8 @@ class _Checker:
         root = roots[0]
         # CRIU mounts an entry as a bind of any entry of the same device whose root holds its root:
         # a kernel file system may not share a device with the container's root or a host bind.
-        host_devs = {root.dev} | {m.dev for m in mounts if m.external and m.key not in self.posture.mask_binds}
+        masks = self.posture.mask_binds | {MASKED_DIR_KEY}
+        host_devs = {root.dev} | {m.dev for m in mounts if m.external and m.key not in masks}
         points = set()
         for m in mounts:
             inside = _inside(m.point, root.point)
@@ -339,6 +342,11 @@ def _judge_mount(
         # runc names a bind to CRIU by its destination; its host source comes from runc, not the image.
         if m.key in posture.mask_binds:
             return None
+        if m.key == MASKED_DIR_KEY:
+            # crab's empty tmpfs (runc/masks.py), only where the spec masks a directory, and read-only.
+            if inside not in posture.mask_dirs:
+                return f"a masked-directory mount at {inside}", "one only at a path the spec masks"
+            return None if ro else ("a writable masked directory", "read-only")
         if m.key not in posture.binds or m.key != inside:
             return f"a host bind keyed {m.key!r}", "only the spec's own bind mounts, each at its own place"
     elif m.fstype not in _VIRTUAL_FS:

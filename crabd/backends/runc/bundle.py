@@ -64,6 +64,10 @@ TMP_PREFIX = "tmp-"
 CONFIG = "config.json"
 ROOTFS = "rootfs"
 RUNC_LOG = "runc.log"
+#: A restore's CRIU configuration file (masks.py), named to runc by the annotation below.
+CRIU_CONF = "criu.conf"
+#: runc hands CRIU the file this annotation names (else /etc/criu/runc.conf): libcontainer's rule.
+CRIU_CONFIG_ANNOTATION = "org.criu.config"
 #: cgroup parent of every container: /sys/fs/cgroup/<controller>/crab/<id>.
 CGROUP_PARENT = "/crab"
 CPU_PERIOD_US = 100_000
@@ -330,8 +334,12 @@ def write(
     etc_dir: Path | None = None,
     etc_seen_at: Path | None = None,
     prestart: tuple[str, ...] = (),
+    criu_conf: bytes | None = None,
 ) -> Bundle:
     """Make the bundle of ``spec`` under ``root`` (see the module's docstring); atomic.
+
+    ``criu_conf``: a CRIU configuration file for ``runc restore`` (masks.py),
+    kept in the bundle and named by the ``org.criu.config`` annotation.
 
     ``etc_dir``: where the container's /etc files live, bind-mounted writable
     (as Docker's are); it must be on the sandbox's own storage (its btrfs
@@ -358,8 +366,11 @@ def write(
                 # The config names them where the caller will mount etc_dir (an idmapped view: launch.py).
                 etc = {dest: etc_seen_at / host.name for dest, host in etc.items()}
         cfg = config(spec, final, etc, etc_writable=etc_dir is not None)
+        if criu_conf is not None:
+            write_atomic(tmp / CRIU_CONF, criu_conf, durable=False)
+            cfg["annotations"][CRIU_CONFIG_ANNOTATION] = str(final / CRIU_CONF)
         if prestart:
-            # runc runs prestart hooks on a restore too, at CRIU's setup-namespaces step (lo_up.py).
+            # runc runs prestart hooks on a restore too, at CRIU's setup-namespaces step (crab-init --lo-up).
             cfg["hooks"] = {"prestart": [{"path": prestart[0], "args": list(prestart), "timeout": 10}]}
         data = json.dumps(cfg, indent=1, sort_keys=True).encode()
         write_atomic(tmp / CONFIG, data)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from crabd.config import NetworkConfig
 from crabd.errors import CommandError, ContainerRuntimeError
 from crabd.util import proc
 from crabd.util.private_dirs import private_dir
+from crabd.util.smallfiles import read_small
 
 CNI_VERSION = "1.0.0"
 DEFAULT_PLUGIN_DIR = Path("/usr/lib/cni")
@@ -173,19 +173,6 @@ def _plugin_error(text: str) -> str:
     return text.strip()
 
 
-def _read_small(path: Path, limit: int = 1 << 20) -> bytes | None:
-    """``path``'s bytes; None if it is absent, unreadable, a link, not a regular file, or over ``limit``."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
-        data = f.read(limit + 1)
-    return data if len(data) <= limit else None
-
-
 def _iptables(*args: str) -> proc.Completed:
     return proc.run(["iptables", "-w", *args], timeout=_PLUGIN_TIMEOUT_S, check=False)
 
@@ -221,7 +208,7 @@ class CniNetwork:
             path = self.settings.cache_dir / f"{self.settings.name}.conflist"
             # Written only when it differs: it is the same at every check but the first, and each
             # (fsynced) write of it cost a journal commit inside a create.
-            if _read_small(path) != conf:
+            if read_small(path) != conf:
                 bundle.write_atomic(path, conf)
             # The firewall plugin makes CNI-ADMIN on its first ADD; the hook needs it now.
             if _iptables("-n", "-L", ADMIN_CHAIN).exit_code != 0:

@@ -40,12 +40,11 @@ import json
 import logging
 import os
 import stat
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from crabd.backends.network import SANDBOX_SYSCTLS
-from crabd.backends.runc import bundle, cleanup, idmap, lo_up, named_netns, rootfs, slots, userns_image
+from crabd.backends.runc import bundle, cleanup, idmap, masks, named_netns, rootfs, slots, userns_image
 from crabd.backends.runc.cli import CheckpointOptions, Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniResult
 from crabd.errors import ContainerRuntimeError, CriuImageInvalid
@@ -101,8 +100,9 @@ class Launched:
         return self.network.ip if self.network else None
 
 
-#: The prestart hook of a user-namespaced restore (lo_up.py, by path: no crabd import in the hook).
-LO_UP_HOOK = (sys.executable, "-I", "-S", str(Path(lo_up.__file__).resolve()))
+#: crab-init's mode that is the prestart hook of a user-namespaced restore: ``lo`` up in the restored
+#: netns before CRIU restores the sockets (crab-init.c, "Host-side hook"; a Python hook cost ~26 ms of CPU).
+LO_UP_ARG = "--lo-up"
 
 
 def _share_with_range(images_dir: Path, ids: idmap.IdRange) -> None:
@@ -228,7 +228,13 @@ class Launcher:
             else:
                 result = self.network.add(spec.id, ns) if spec.networked else None
             clock.lap("cni")
-            b = bundle.write(dataclasses.replace(spec, netns=ns), self.layout.bundles, etc_dir=storage.etc)
+            masked = self._masked_source(spec.id) if restore is not None else None
+            b = bundle.write(
+                dataclasses.replace(spec, netns=ns),
+                self.layout.bundles,
+                etc_dir=storage.etc,
+                criu_conf=masks.criu_conf(masked) if masked is not None else None,
+            )
             clock.lap("bundle")
             rootfs.mount(rootfs.Overlay(storage.lowers, storage.upper, storage.work, b.rootfs))
             clock.lap("mount")
@@ -236,7 +242,9 @@ class Launcher:
                 self.runc.run_detached(spec.id, b)
                 state = self.runc.state(spec.id)
             else:
-                state = self.runc.restore(spec.id, b, restore.images_dir, restore.work_dir, restore.options)
+                assert masked is not None
+                with masks.source(masked, owner=0):
+                    state = self.runc.restore(spec.id, b, restore.images_dir, restore.work_dir, restore.options)
             if state is None:
                 raise ContainerRuntimeError(f"{spec.id} vanished after start", container=spec.id)
             clock.lap("runc")
@@ -257,13 +265,15 @@ class Launcher:
         try:
             target = self._userns_mount_point(spec.id, ids)
             etc_view = self.layout.userns_etc(spec.id) if storage.etc is not None else None
+            masked = self._masked_source(spec.id) if restore is not None else None
             b = bundle.write(
                 dataclasses.replace(spec, netns=ns, rootfs=target),
                 self.layout.bundles,
                 etc_dir=storage.etc,
                 etc_seen_at=etc_view,
                 # A restore's netns is CRIU's, lo down, until after `runc restore`: lo up before the sockets.
-                prestart=LO_UP_HOOK if restore is not None else (),
+                prestart=(str(spec.init_binary), LO_UP_ARG) if restore is not None else (),
+                criu_conf=masks.criu_conf(masked) if masked is not None else None,
             )
             bundle.write_atomic(b.path / LOWERS_FILE, json.dumps({"lowers": [str(p) for p in storage.lowers]}).encode())
             clock.lap("bundle")
@@ -289,6 +299,7 @@ class Launcher:
                 self.runc.start(spec.id)
                 state = self.runc.state(spec.id)
             else:
+                assert masked is not None
                 # Images dumped without a user namespace never get here: the backend restores them into a
                 # container without one (RuncSandboxBackend._follow_images), and retarget refuses any dump
                 # that lacks exactly one user-namespace image.
@@ -297,7 +308,8 @@ class Launcher:
                 _share_with_range(restore.images_dir, ids)
                 idmap.make_mount_points(target, _mount_points(b), ids)
                 opts = dataclasses.replace(restore.options or CheckpointOptions(), empty_ns_network=True)
-                state = self.runc.restore(spec.id, b, restore.images_dir, restore.work_dir, opts)
+                with masks.source(masked, owner=ids.base):
+                    state = self.runc.restore(spec.id, b, restore.images_dir, restore.work_dir, opts)
                 _drop_etc_view(etc_view)
                 clock.lap("runc")
                 named_netns.pin(spec.id, state.pid, self.layout.netns, sysctls)
@@ -322,6 +334,14 @@ class Launcher:
         os.chown(target.parent, ids.base, ids.base)
         target.mkdir(mode=0o755)
         return target
+
+    def _masked_source(self, container_id: str) -> Path:
+        """Where a restore's masked-directory tmpfs goes (masks.py): beside the rootfs, in the id's own dir."""
+        own = self.layout.mounts / container_id
+        if not own.is_dir():  # a container without a user namespace: only host root needs to reach it
+            self.layout.mounts.mkdir(parents=True, exist_ok=True, mode=0o711)
+            own.mkdir(mode=0o700)
+        return own / masks.SOURCE
 
     def remove(self, container_id: str) -> list[str]:
         """Tear ``container_id`` down (container, CNI, netns, bundle); returns what could not be removed."""

@@ -14,6 +14,8 @@ hold is exactly what a freshly started one gets:
   a user namespace, the device nodes: a process there may not mknod, so runc
   binds each device (its default set and ``linux.devices``) from the host's
   node of the same path instead of creating it;
+* masked directories: ``linux.maskedPaths``, where a restore may put crab's
+  empty read-only tmpfs (masks.py);
 * read-only points: ``linux.readonlyPaths`` and every ``ro`` mount but
   runc's cgroup mount (a writable tmpfs holding read-only controller mounts,
   which the check requires read-only by type);
@@ -83,6 +85,7 @@ def posture_of(config: dict[str, Any]) -> Posture:
         namespaces=namespaces,
         binds=frozenset(binds),
         mask_binds=frozenset({"/dev/null"}) if linux.get("maskedPaths") else frozenset(),
+        mask_dirs=frozenset(linux.get("maskedPaths") or ()),
         readonly=frozenset(readonly),
         uid_map=_maps(linux.get("uidMappings")),
         gid_map=_maps(linux.get("gidMappings")),
