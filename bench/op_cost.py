@@ -34,6 +34,8 @@ Kinds (busybox sandboxes, automatic checkpoints):
   small TCP server holds no data, from its full checkpoint, timed until all
   eight clones' servers answered (issue 37's "small sandbox: fork x8").  The
   clones are removed between forks, outside the time and the CPU counted.
+* ``fork1``: the same with one clone: a restore timed to its first answer,
+  nothing else running (what one clone's restore costs, uncontended).
 
 ``--background N`` first gives each crabd N more sandboxes that just run:
 what an operation costs on a crowded host (a runc create grows with the
@@ -81,8 +83,11 @@ KINDS = (
     "shellskip",
     "full",
     "fork8",
+    "fork1",
 )
 SESSION_KINDS = ("session", "session1", "capture", "shellskip")
+#: The fork kinds and their clone counts.
+FORK_KINDS = {"fork8": 8, "fork1": 1}
 WARM_UP = 3
 #: fork8's server: answers "up" to every connection (bench.lazy_restore.ask connects until it does).
 ANSWERER = (
@@ -119,16 +124,17 @@ class Arm:
             left = iter(made)
             self._timed("remove", 0.0, lambda: next(left).remove(force=True), count=len(made))
             return
-        if kind == "fork8":
-            self._forks(seconds)
+        if kind in FORK_KINDS:
+            self._forks(kind, seconds)
             return
         for _ in range(WARM_UP):
             self._op(kind)
         box = self.shell if kind in SESSION_KINDS else self.server if kind == "full" else self.sandbox
         self._timed(kind, seconds, lambda: self._op(kind), box=box)
 
-    def _forks(self, seconds: float) -> None:
-        """fork8 (module docstring): forks of 8 for ``seconds`` (at least one); one cell of per-fork means."""
+    def _forks(self, kind: str, seconds: float) -> None:
+        """fork8, fork1 (module docstring): forks for ``seconds`` (at least one); one cell of per-fork means."""
+        n_clones = FORK_KINDS[kind]
         assert self.forker is not None and self.fork_from is not None
         n, wall, cpu = 0, 0.0, {"crabd_cpu_ms_per_op": 0.0, "helpers_cpu_ms_per_op": 0.0}
         t0 = time.perf_counter()
@@ -136,7 +142,7 @@ class Arm:
             if self.pause:
                 time.sleep(self.pause)
             before, started = self.cpu.read(), time.perf_counter()
-            clones = self.forker.fork(8, self.fork_from)
+            clones = self.forker.fork(n_clones, self.fork_from)
             try:
                 ips = [clone.refresh().ip_address for clone in clones]
                 with ThreadPoolExecutor(len(ips)) as pool:
@@ -146,8 +152,8 @@ class Arm:
             finally:
                 for clone in clones:
                     clone.remove(force=True)
-            if answers != ["up"] * 8:
-                raise RuntimeError(f"fork8: the clones answered {answers}")
+            if answers != ["up"] * n_clones:
+                raise RuntimeError(f"{kind}: the clones answered {answers}")
             for key in cpu:
                 cpu[key] += costs[key]
             n += 1
@@ -157,7 +163,7 @@ class Arm:
             "sandbox_cpu_ms": 0.0,
             "wall_ms": round(wall * 1000 / n, 2),
         }
-        self.cells.setdefault("fork8", []).append(cell)
+        self.cells.setdefault(kind, []).append(cell)
 
     def _op(self, kind: str) -> None:
         if kind == "empty":
@@ -316,7 +322,7 @@ def main() -> None:
                 arm.server = client.create(args.session_image)
                 stack.callback(arm.server.remove, force=True)
                 arm.server.session.run("(setsid python3 -m http.server 8000 </dev/null >/dev/null 2>&1 &); sleep 1")
-            if "fork8" in kinds:
+            if set(kinds) & set(FORK_KINDS):
                 arm.forker = client.create(args.session_image, network=True)
                 stack.callback(arm.forker.remove, force=True)
                 arm.forker.run(["sh", "-c", "cat > /tmp/answerer.py"], stdin=ANSWERER)
