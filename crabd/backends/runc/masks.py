@@ -48,8 +48,6 @@ from crabd.util.smallfiles import read_small
 
 #: The source's name in the container's directory under ``layout.mounts``.
 SOURCE = "masked"
-#: The CRIU configuration file's name in the bundle.
-CRIU_CONF = "criu.conf"
 #: runc.conf is a few lines; a larger one is not the host's settings file.
 _HOST_CONF_LIMIT = 64 << 10
 
