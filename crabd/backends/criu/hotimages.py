@@ -64,6 +64,7 @@ from pathlib import Path
 
 from crabd.errors import StoreError
 from crabd.store.blobs import store_error
+from crabd.util.smallfiles import NotRegular, open_regular
 
 log = logging.getLogger("crabd.hotimages")
 
@@ -135,11 +136,10 @@ def _open_dir(path: Path | str, dir_fd: int | None = None) -> int:
 
 def _open_file(name: str, dir_fd: int) -> int:
     """A regular file under ``dir_fd``, read-only; never through a symlink, never blocking on a fifo."""
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise StoreError(f"hot image file {name!r} is not a regular file")
-    return fd
+    try:
+        return open_regular(name, dir_fd=dir_fd)
+    except NotRegular as exc:
+        raise StoreError(f"hot image file {name!r} is not a regular file") from exc
 
 
 def _copy(name: str, src: int, dst: int) -> None:

@@ -27,7 +27,6 @@ needs.  A build-id is read from the binary's ELF ``PT_NOTE`` segments
 from __future__ import annotations
 
 import os
-import stat
 import struct
 import threading
 from collections.abc import Callable, Iterable
@@ -36,6 +35,7 @@ from pathlib import Path
 
 from crabd.backends.criu import pbimage
 from crabd.errors import ContainerRuntimeError
+from crabd.util.smallfiles import open_regular
 
 FILES_MAGIC = 0x56303138
 #: Where crab-init is in every sandbox (bundle.py binds it there), as CRIU names it.
@@ -116,12 +116,12 @@ def _build_id(data: bytes) -> tuple[int, ...]:
 def of_binary(path: Path) -> InitId | None:
     """``path``'s size and build-id; None if it is no regular file (links not followed) or too big to be crab-init."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_regular(path)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BINARY:
+        if st.st_size > MAX_BINARY:
             return None
         # Every restore asks about the bound init: a file is read once while it stays the same file.
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -33,10 +33,11 @@ so the depth is the caller's own, never the input's).
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+
+from crabd.util.smallfiles import NotRegular, open_regular, read_bounded
 
 IMG_COMMON_MAGIC = 0x54564319
 #: The second magic word of each image crab reads (criu/include/magic.h).
@@ -194,24 +195,16 @@ class Message:
 def read_file(images_dir: int, name: str) -> bytes:
     """The bytes of ``name`` in the open directory ``images_dir``: a regular file, no link, at most MAX_FILE."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=images_dir)
+        fd = open_regular(name, dir_fd=images_dir)
+    except NotRegular as exc:
+        raise Malformed("not a regular file") from exc
     except OSError as exc:
         raise Malformed(f"cannot open: {exc.strerror}") from exc
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Malformed("not a regular file")
-        if st.st_size > MAX_FILE:
-            raise Malformed(f"{st.st_size} bytes, more than the {MAX_FILE} crab reads")
-        chunks = []
-        left = MAX_FILE + 1  # the size may change under us: read no more than the bound regardless
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
+        size = os.fstat(fd).st_size
+        if size > MAX_FILE:
+            raise Malformed(f"{size} bytes, more than the {MAX_FILE} crab reads")
+        data = read_bounded(fd, MAX_FILE)
         if len(data) > MAX_FILE:
             raise Malformed(f"more than the {MAX_FILE} bytes crab reads")
         return data
