@@ -571,3 +571,27 @@ def test_lifecycle_create_start_pause_kill(
             runc.start(cid)
     finally:
         assert cleanup.teardown(layout, runc, cid) == []
+
+
+def test_remove_unmounted_never_deletes_through_a_mount_left_below(tmp_path: Path) -> None:
+    """What a killed CRIU leaves (a bind of the sandbox's root, cgroup hierarchies): unmounted first, never emptied.
+
+    remove_unmounted's fast path (a statx per directory) must see a bind of the same file system as well as
+    a mount of another, and hand both to the mountinfo path that unmounts them.
+    """
+    precious = tmp_path / "sandbox-root"
+    precious.mkdir()
+    (precious / "keep").write_text("the sandbox's file")
+    work = tmp_path / "restore" / "c1" / "work"
+    (work / "criu-root").mkdir(parents=True)
+    (work / "yard").mkdir()
+    subprocess.run(["mount", "--bind", str(precious), str(work / "criu-root")], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "yard", str(work / "yard")], check=True)
+    try:
+        assert rootfs.any_mount(work.parent)
+        assert rootfs.remove_unmounted(work.parent) == []
+        assert not work.parent.exists()
+        assert (precious / "keep").read_text() == "the sandbox's file"
+    finally:
+        for m in ("criu-root", "yard"):
+            subprocess.run(["umount", "-l", str(work / m)], check=False, capture_output=True)

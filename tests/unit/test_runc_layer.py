@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -297,3 +298,15 @@ def test_remove_unmounted_deletes_a_dir_with_nothing_mounted_below(tmp_path: Pat
     assert not d.exists()
     assert rootfs.remove_unmounted(d) == []  # gone already: nothing to do
     assert rootfs.mounts_under(Path("/")) != []  # the root itself is a mount point
+
+
+def test_any_mount_sees_mount_roots_without_following_links(tmp_path: Path) -> None:
+    """remove_unmounted's fast path (a statx per directory, not mountinfo): a mount below is seen, a link is not."""
+    d = tmp_path / "restore" / "c1"
+    (d / "images" / "deep").mkdir(parents=True)
+    (d / "images" / "pages-1.img").write_bytes(b"x")
+    os.symlink("/proc", d / "images" / "proc")  # a mount root, but only through a link
+    assert not rootfs.any_mount(d)
+    assert rootfs.any_mount(Path("/proc")) and rootfs.any_mount(Path("/"))  # mount roots themselves
+    assert not rootfs.any_mount(tmp_path / "absent")
+    assert rootfs.remove_unmounted(d) == [] and not d.exists()

@@ -386,6 +386,26 @@ def mounts_under(path: Path) -> list[Path]:
     return [Path(p) for p in sorted(found, key=lambda p: p.count("/"), reverse=True)]
 
 
+def any_mount(path: Path) -> bool:
+    """Whether ``path`` or a directory below it is the root of a mount (a kernel that cannot say: True).
+
+    One ``statx`` per directory (libc.is_mount_root), links never followed
+    and no mount descended into: a bind of the same file system as its
+    parent counts too, which comparing devices would miss.
+    """
+    stack = [path]
+    while stack:
+        d = stack.pop()
+        if libc.is_mount_root(d) is not False:
+            return True
+        try:
+            with os.scandir(d) as entries:
+                stack += [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return False
+
+
 def remove_unmounted(path: Path) -> list[str]:
     """Unmount everything at or below ``path``, then delete it; returns what could not be done.
 
@@ -396,6 +416,11 @@ def remove_unmounted(path: Path) -> list[str]:
     or other containers' empty cgroups, so nothing is deleted while any
     mount is left below ``path``.
     """
+    if not any_mount(path):
+        # Every restore that ended gets here: nothing is mounted below, seen with a statx per directory.
+        # mounts_under reads mountinfo, every mount on the host: 3.7 ms of CPU a read at 2,000 mounts.
+        shutil.rmtree(path, ignore_errors=True)
+        return [f"cannot delete {path}"] if path.exists() else []
     errors: list[str] = []
     for _ in range(3):  # a mount point may have several mounts stacked on it
         points = mounts_under(path)
