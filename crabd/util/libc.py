@@ -77,7 +77,7 @@ _STX_ATTRIBUTES, _STX_ATTRIBUTES_MASK, _STATX_SIZE = 8, 56, 256
 
 
 #: ``mount(2)`` flags.
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_PRIVATE = 1, 2, 4, 8, 1 << 18
+MS_RDONLY, MS_PRIVATE = 1, 1 << 18
 
 
 def mount(source: str, target: str | os.PathLike[str], fstype: str, flags: int, data: str = "") -> None:

@@ -50,7 +50,8 @@ What is checked, per thread of every live task:
   names (runc, not the image, names their host source), and its
   ``/dev/null`` over masked files; crab's empty tmpfs over masked
   directories (key ``crab-masked-dir``), read-only, only where the spec
-  masks a directory (the restore, not the image, names its source); mounts of kernel-made file systems
+  masks a directory (the restore, not the image, names its source);
+  mounts of kernel-made file systems
   (proc, sysfs, tmpfs, devpts, mqueue, cgroup) that share no device with
   the root or a host bind (CRIU would bind those from it), sysfs and cgroup
   read-only, one proc at /proc and its other binds read-only; anything else

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from crabd.backends.runc import rootfs
 from crabd.errors import ContainerRuntimeError
-from crabd.util import netns
+from crabd.util import libc, netns
 from crabd.util.private_dirs import private_dir
 from crabd.util.threads import on_own_thread
 
@@ -51,10 +51,10 @@ def _check(ret: int, what: str) -> None:
 
 
 def _mount(source: str, target: str, fstype: str | None, flags: int) -> None:
-    _check(
-        _libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags, None),
-        f"mount {source} on {target}",
-    )
+    try:
+        libc.mount(source, target, fstype or "", flags)
+    except OSError as exc:
+        raise OSError(exc.errno, f"mount {source} on {target}: {exc.strerror}") from None
 
 
 def ensure_dir(directory: Path = DEFAULT_NETNS_DIR) -> None:
