@@ -683,3 +683,41 @@ def test_session_marker_written_while_detached_is_not_taken_for_the_next(init: I
         assert (r.exit_code, r.stdout) == (5, b"new\n")
 
     run(go())
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        b"{}",
+        b'{"id": "c1", "status": "creating"}',
+        b'{"pid": -1}',
+        b'{"pid": 0}',
+        b'{"pid": 99999999999999999999}',  # would overflow a long: refused past PID_MAX_LIMIT
+        b'{"pid" 12}',
+        b"{" + b" " * (70 << 10) + b"}",  # over the 64 KiB read
+    ],
+    ids=["empty", "no-pid", "negative", "zero", "huge", "no-colon", "oversize"],
+)
+def test_lo_up_refuses_a_state_without_a_usable_pid(state: bytes) -> None:
+    """`crab-init --lo-up` (the restore's prestart hook) exits non-zero and says why; it enters no namespace."""
+    r = subprocess.run([str(initbin.build()), "--lo-up"], input=state, capture_output=True, timeout=10)
+    assert r.returncode == 1 and r.stderr.startswith(b"crab-init: --lo-up: "), r.stderr
+
+
+def test_lo_up_brings_loopback_up_in_the_netns_of_runcs_pid() -> None:
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "60"])
+    try:
+        ns = f"/proc/{holder.pid}/ns/net"
+        deadline = time.monotonic() + 10
+        while os.stat(ns).st_ino == os.stat("/proc/self/ns/net").st_ino and time.monotonic() < deadline:
+            time.sleep(0.01)  # until unshare has made the new namespace
+        show = ["nsenter", f"--net={ns}", "ip", "-o", "link", "show", "lo"]
+        assert b"state DOWN" in subprocess.run(show, capture_output=True, check=True).stdout
+        state = b'{"ociVersion": "1.0.2", "id": "c1", "status": "creating", "pid": %d, "bundle": "/b"}' % holder.pid
+        r = subprocess.run([str(initbin.build()), "--lo-up"], input=state, capture_output=True, timeout=10)
+        assert r.returncode == 0, r.stderr
+        assert b"UP" in subprocess.run(show, capture_output=True, check=True).stdout.split(b">")[0]
+        # crab-init's own netns (the host's here) is untouched: it entered the pid's only.
+    finally:
+        holder.kill()
+        holder.wait()
