@@ -92,6 +92,9 @@ def test_readoption_after_kill_9(kept_state: Path) -> None:
             with sb.turn():
                 sb.session.run("cd /tmp; export MARK=kept; sleep 500 & echo $! > /tmp/bg.pid")
             cid = sb.info.container_id
+            # The turn's checkpoint is done first: a kill during its freeze leaves the sandbox frozen until
+            # the next crabd adopts and thaws it (test_adoption.py covers that); this test is about a quiet crash.
+            assert [c.turn for c in sb.checkpoints()][-1] == 1
         first.kill()
         # The sandbox kept running while crabd was dead.
         assert container_running(cid)
