@@ -1,4 +1,4 @@
-"""Taking filesystem checkpoints, and the life of checkpoints afterwards.
+"""Taking checkpoints: steps 1-3 here, publication in ``publication.py``, their life after in ``housekeeping.py``.
 
 One checkpoint, in order (see ``backends/fsdelta.py`` and ``store/catalog.py``):
 
@@ -8,7 +8,8 @@ One checkpoint, in order (see ``backends/fsdelta.py`` and ``store/catalog.py``):
    the consistent cut, and the only time the sandbox stands still;
 3. encode the index pages and the delta, store the session state;
 4. make every blob that is new to the catalog durable, then publish the
-   checkpoint and move the sandbox's head in one transaction.
+   checkpoint and move the sandbox's head in one transaction
+   (``publication.py``).
 
 A failure anywhere before 4 publishes nothing: the sandbox keeps running
 (it is thawed on every path) and earlier checkpoints are untouched.
@@ -28,14 +29,14 @@ import secrets
 import shutil
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 
-from crabd.backends.fsdelta import TICK_NS, FsDelta, Prepared, Tree
+from crabd.backends.fsdelta import FsDelta, Prepared, Tree
 from crabd.backends.procdump import ProcessDumper, ProcessImages
 from crabd.backends.sandbox import SandboxBackend
 from crabd.coordinator import named_capture, turnmap
 from crabd.coordinator.attempt import Attempt, Blobs, FrozenCut, StoredCheckpoint
+from crabd.coordinator.publication import Publisher
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.coordinator.turns import check_session_state
 from crabd.errors import CrabError, InvalidRequest, StalePairing
@@ -43,10 +44,8 @@ from crabd.inspector.decide import Inspector
 from crabd.models import CheckpointKind, CheckpointPolicy, CheckpointRecord, SandboxRecord
 from crabd.store import accounting
 from crabd.store.blobs import BlobStore, store_error
-from crabd.store.catalog import Catalog, Head, SizeOf, direct_refs
+from crabd.store.catalog import Catalog, Head
 from crabd.store.db import Database
-from crabd.store.registry import spec_to_json
-from crabd.trust.provenance import Provenance
 from crabd.util.aiolock import RWLock
 from crabd.util.faults import crash_point, write_point
 from crabd.util.laps import Laps
@@ -57,15 +56,11 @@ log = logging.getLogger("crabd.checkpoints")
 MAX_SESSION_STATE = 64 << 20
 
 
-def in_publish() -> None:
-    crash_point("checkpoint.in_publish")  # inside the publishing transaction, before COMMIT
-
-
 def new_checkpoint_id() -> str:
     return "ck-" + secrets.token_hex(6)
 
 
-class Checkpointer:
+class Checkpointer(Publisher):
     def __init__(
         self,
         db: Database,
@@ -80,10 +75,8 @@ class Checkpointer:
         store_lock: RWLock | None = None,
         busy_wait_s: float = 10.0,
     ) -> None:
-        self.db = db
+        super().__init__(db, catalog, blobs)
         self.sandboxes = sandboxes
-        self.catalog = catalog
-        self.blobs = blobs
         self.fs = fs
         self.dumper = dumper
         self.images = images
@@ -95,35 +88,14 @@ class Checkpointer:
         self.store_lock = store_lock if store_lock is not None else RWLock()
         #: Told about dumps and publications, so its baselines follow the heads (see coordinator/inspection.py).
         self.inspector: Inspector | None = None
-        #: The store-bytes quota: ``(owner uid, bytes added)`` raises QuotaExceeded (``service/quota.py``).
-        #: Called with 0 before any work, and before publication with what the checkpoint adds to its
-        #: owner's charge (``accounting.would_add``).
-        self.store_quota: Callable[[int, int], None] | None = None
-        #: Told about every published checkpoint (replication queues its upload, retention its thinning).
-        self.on_published: list[Callable[[CheckpointRecord], None]] = []
         #: Before a checkpoint of a uid: thin its sandboxes if its store use is near its quota (retention).
         self.make_room: Callable[[int, str], Awaitable[object]] | None = None
         #: Largest session state stored with a checkpoint ([quota] max_session_state_bytes).
         self.max_session_state = sandboxes.cfg.quota.max_session_state_bytes
-        #: Signs each checkpoint at publication (crabd/trust/provenance.py); None: published unsigned,
-        #: so its process image is never restored (daemon/app.py always sets it).
-        self.provenance: Provenance | None = None
 
     @property
     def backend(self) -> SandboxBackend:
         return self.sandboxes.backend
-
-    # --- publishing helpers (shared with restore and fork) -------------------------
-
-    def size_of(self, sizes: dict[str, int]) -> SizeOf:
-        def size(blob: str) -> tuple[int, int]:
-            return sizes.get(blob, 0), self.blobs.stored_size(blob)
-
-        return size
-
-    def make_durable(self, roots: set[str], info: Blobs) -> None:
-        """fsync every blob that referencing ``roots`` would bring to life (before the publishing tx)."""
-        self.blobs.sync(self.catalog.becoming_live(roots, info.child_of))
 
     def load_tree(self, head: Head) -> Tree:
         return self.fs.load(head.index_blob)
@@ -295,7 +267,7 @@ class Checkpointer:
         1. prepare: walk the upper dir while the sandbox runs;
         2. cut: freeze, dump the processes ("full"), re-walk, thaw;
         3. store: the index and delta, the process image, the session state;
-        4. publish: the quota, fsync, then the catalog's transaction.
+        4. publish: the quota, fsync, then the catalog's transaction (``publication.py``).
         """
         attempt = await self._prepare(rec, ckpt_id, kind, pair, session_json)
         try:
@@ -304,8 +276,8 @@ class Checkpointer:
                 out.process_blob = pair[1]
                 out.stats["paired_with"] = pair[0]
             await self._store_session(session_json, out)
-            ckpt = self._record(attempt, turn, label, out, cut.thawed_ns)
-            ckpt = await self._publish(attempt, ckpt, out, cut.freeze_s, cut.steps)
+            ckpt = self.record(attempt, turn, label, out, cut.thawed_ns)
+            ckpt = await self.publish(attempt, ckpt, out, cut.freeze_s, cut.steps)
             if out.dumped_image is not None:
                 # Published: the dump is exactly what the store holds under that manifest, so
                 # the image store may keep it as the sandbox's hot copy (backends/criu/hotimages.py).
@@ -448,101 +420,6 @@ class Checkpointer:
         out.session_blob = put.hex
         out.info.sizes[put.hex] = put.size
         out.new_bytes += put.stored
-
-    def _record(
-        self, a: Attempt, turn: int | None, label: str, out: StoredCheckpoint, thawed_ns: int
-    ) -> CheckpointRecord:
-        """The catalog's record of what was stored (its stats follow at publication)."""
-        rec, head = a.rec, a.head
-        return CheckpointRecord(
-            id=a.ckpt_id,
-            sandbox_id=rec.id,
-            sandbox_name=rec.name,
-            owner_uid=rec.owner_uid,
-            parent_id=head.checkpoint.id if head and head.checkpoint else None,
-            branch=rec.branch,
-            turn=rec.turn if turn is None else turn,
-            kind=a.kind,
-            created_at=time.time(),
-            label=label,
-            image=rec.image,
-            spec_json=spec_to_json(rec.spec),
-            index_blob=out.stored.index_blob,
-            delta_blob=out.stored.delta_blob,
-            session_blob=out.session_blob,
-            process_blob=out.process_blob,
-            # Writes after the thaw get a ctime of at least this (see scan.py's "racy" note).
-            racy_ns=thawed_ns - TICK_NS,
-        )
-
-    async def _publish(
-        self,
-        a: Attempt,
-        ckpt: CheckpointRecord,
-        out: StoredCheckpoint,
-        freeze_s: float,
-        freeze_steps: dict[str, float] | None = None,
-    ) -> CheckpointRecord:
-        """Step 4: the quota (on what it adds to its owner's charge), fsync every blob becoming live, then
-        one transaction; tell the inspector."""
-        rec, capture, new_bytes = a.rec, out.capture, out.new_bytes
-        # What it adds to its owner's charge (store/charges.py): the blobs it references that
-        # none of the owner's checkpoints or sandboxes holds yet.
-        refs = direct_refs(ckpt)
-
-        def charge_and_sync() -> tuple[int, float]:
-            # One worker call for the charge, the quota and the fsyncs, in that order.
-            charged = accounting.would_add(self.db, rec.owner_uid, refs, out.info.child_of, self.blobs.stored_size)
-            if self.store_quota is not None:
-                # Before anything becomes durable or visible: refused, it publishes nothing and
-                # take() releases what it wrote.
-                self.store_quota(rec.owner_uid, charged)
-            p0 = time.monotonic()
-            self.make_durable(refs, out.info)
-            return charged, p0
-
-        charged, p0 = await asyncio.to_thread(charge_and_sync)
-        stats = out.stats
-        stats.update(
-            capture.stats,
-            changed=len(capture.added) + len(capture.changed),
-            deleted=len(capture.deleted),
-            logical_bytes=sum(x.length for e in capture.tree for x in e.extents),
-            new_bytes=new_bytes,
-            charged_bytes=charged,
-            freeze_s=freeze_s,
-            sync_s=time.monotonic() - p0,
-        )
-        stats["total_s"] = time.monotonic() - a.t0
-        ckpt = replace(ckpt, stats=stats)
-        if self.provenance is not None:
-            ckpt = replace(ckpt, provenance=self.provenance.sign(ckpt))
-        crash_point("checkpoint.before_publish")
-        await asyncio.to_thread(self.catalog.publish, ckpt, out.info.child_of, self.size_of(out.info.sizes), in_publish)
-        crash_point("checkpoint.after_publish")
-        for hook in self.on_published:
-            hook(ckpt)
-        if a.inspector is not None:
-            a.inspector.published(rec.id, ckpt.id, out.process_blob, a.dumped)
-            if a.dumped is not None:
-                # Off this call's path; the next action waits for it.
-                a.inspector.settle_later(rec.id, a.cid, str(rec.owner_uid))
-        log.info(
-            "checkpoint published",
-            extra={
-                "sandbox": rec.id,
-                "checkpoint": ckpt.id,
-                "kind": a.kind,
-                "turn": ckpt.turn,
-                "changed": stats["changed"],
-                "new_bytes": new_bytes,
-                "freeze_ms": round(freeze_s * 1000, 3),
-                # Where the frozen time went (a dump's is CRIU's; baseline: the inspector's /proc read and digests).
-                **{f"freeze_{k}_ms": round(v * 1000, 1) for k, v in (freeze_steps or {}).items()},
-                "total_ms": round(stats["total_s"] * 1000, 1),
-            },
-        )
-        return ckpt
 
     # --- policy hooks ------------------------------------------------------------------
 

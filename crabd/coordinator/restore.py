@@ -2,7 +2,8 @@
 
 Both work the same way, and neither ever writes into a running sandbox:
 
-1. load the checkpoint's index (every page verified against its hash);
+1. load the checkpoint's index (every page verified against its hash;
+   steps 1-3: ``coordinator/clone_files.py``);
 2. create a new container from the checkpoint's image, and before it first
    starts, write the tree into its empty upper dir (content verified as it
    is written; see ``backends/overlay/materialize.py``);
@@ -12,7 +13,8 @@ Both work the same way, and neither ever writes into a running sandbox:
    session state re-applied (its resource limits set from the host), then
    compare the session's limits and open descriptors with the state's: what
    differs is reported as ``not_restored`` (a files-only checkpoint cannot
-   re-open descriptors; see ``runtime/session_os.py``);
+   re-open descriptors; see ``runtime/session_os.py``;
+   ``coordinator/restored_sessions.py``);
 5. in ONE transaction, point the sandbox at the new container and its head
    at the checkpoint.
 
@@ -29,16 +31,16 @@ clone fails, the others are removed and the error is raised.
 **The store lock** (``util/aiolock.py``) is held shared only while the
 store is read or written, never while runc or CRIU runs (a hung restore
 stalled other tenants' checkpoints and deletes, issue 33): (a) loading
-(``_load``), (b) writing the new container's files and images
-(``prepare``, between create and start), (c) storing the stat index,
-making it durable and committing the head (``_store_stat`` + the
+(``CloneFiles.load``), (b) writing the new container's files and images
+(its ``preparer``, between create and start), (c) storing the stat index,
+making it durable and committing the head (``CloneFiles.store_stat`` + the
 transaction).  Why the gaps are safe: each of (a)-(c) first looks the
-checkpoint up again (``_present``), and a deletion holds the lock
+checkpoint up again (``CloneFiles.present``), and a deletion holds the lock
 exclusively, so within one hold the checkpoint and every blob it
 references stay (the lease only keeps retention off it; a ``checkpoint rm``
 between holds fails the operation with CheckpointNotFound, nothing
 published).  Nothing found in the store is relied on across a gap: (b)
-copies content out; the stat index stays in memory (``_Prepared.fresh``)
+copies content out; the stat index stays in memory (``Prepared.fresh``)
 until (c), so a stat blob store_tree finds already stored ("adopted") is
 referenced by the head within the same hold, as a checkpoint does
 (``store/accounting.py``).  What (c) wrote is journalled and released if
@@ -51,104 +53,33 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import sqlite3
-import threading
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
-from crabd.backends.fsdelta import TICK_NS, FsDelta, Tree
+from crabd.backends.fsdelta import FsDelta
 from crabd.backends.procdump import ProcessImages
-from crabd.backends.sandbox import ContainerStatus
-from crabd.coordinator import named_capture
-from crabd.coordinator.attempt import Blobs
+from crabd.coordinator import restored_sessions
 from crabd.coordinator.checkpoints import Checkpointer
+from crabd.coordinator.clone_files import PROCESS_CHECKPOINT, CloneFiles, Prepared, TreeOnce
 from crabd.coordinator.inspection import TurnInspection
 from crabd.coordinator.leases import Leases
-from crabd.coordinator.runner import Session
-from crabd.coordinator.sandboxes import SandboxManager, env_dict
-from crabd.errors import (
-    CheckpointNotFound,
-    ImageError,
-    InvalidRequest,
-    ProvenanceRefused,
-    SandboxBusy,
-    SessionProcessError,
-)
-from crabd.models import (
-    CheckpointKind,
-    CheckpointRecord,
-    FilesSource,
-    ImageSource,
-    SandboxRecord,
-    SandboxSpec,
-    SandboxState,
-)
-from crabd.runtime import session_os
-from crabd.runtime.initproto import InitConnection
-from crabd.runtime.session_state import SessionState
+from crabd.coordinator.restored_sessions import RestoredSessions
+from crabd.coordinator.sandboxes import SandboxManager
+from crabd.errors import InvalidRequest, ProvenanceRefused, SandboxBusy
+from crabd.models import CheckpointRecord, SandboxRecord, SandboxSpec, SandboxState
 from crabd.store import accounting
-from crabd.store.blobs import store_error
 from crabd.store.catalog import Catalog
 from crabd.store.db import Database
 from crabd.store.registry import spec_from_json
 from crabd.trust.provenance import Provenance
 from crabd.util.aiolock import RWLock
-from crabd.util.faults import crash_point, write_point
-from crabd.util.netns import Netns
-from crabd.util.validate import IMAGE_DIGEST_RE
+from crabd.util.faults import crash_point
 
 log = logging.getLogger("crabd.restore")
 
-#: The name a process checkpoint is restored under (Docker's per-container checkpoint dir).
-PROCESS_CHECKPOINT = "crab"
 #: Clones started at once by one fork (each is a container start plus a tree write).
 FORK_PARALLEL = 4
 MAX_FORKS = 64
-
-
-@dataclass
-class _Sessions:
-    """A restored or forked container's sessions (``Restorer._sessions``)."""
-
-    default: Session
-    #: Its named sessions whose state the checkpoint captured (the others: processes of its image).
-    named: dict[str, Session]
-    #: Their bashes' pids in the sandbox (the inspector leaves them out).
-    named_pids: frozenset[int]
-    not_restored: list[str]
-
-
-class _TreeOnce:
-    """A checkpoint's tree, loaded (and verified) on first use, once for all the clones of a fork."""
-
-    def __init__(self, fs: FsDelta, index_blob: str) -> None:
-        self._fs = fs
-        self._index_blob = index_blob
-        self._tree: Tree | None = None
-        self._lock = threading.Lock()
-
-    def get(self) -> Tree:
-        with self._lock:
-            if self._tree is None:
-                self._tree = self._fs.load(self._index_blob)
-            return self._tree
-
-
-class _Prepared:
-    """What step 2-3 produced for one new container."""
-
-    def __init__(self) -> None:
-        self.stat_blob = ""
-        self.racy_ns = 0
-        self.blobs = Blobs({}, {})
-        self.stats: dict[str, Any] = {}
-        self.files_from: FilesSource | None = None
-        self.images_from: ImageSource | None = None
-        #: The files as written (new inode numbers and ctimes), stored as the stat index at publication.
-        self.fresh: Tree | None = None
 
 
 class Restorer:
@@ -166,9 +97,8 @@ class Restorer:
         self.sandboxes = sandboxes
         self.db = db
         self.catalog = catalog
-        self.fs = fs
-        self.images = images
         self.store_lock = store_lock
+        self.files = CloneFiles(checkpointer, sandboxes.backend, catalog, fs, images, store_lock)
         #: Checkpoints being restored or forked now: retention keeps them (coordinator/leases.py).
         self.leases = Leases(catalog)
         #: Told about every container started from a checkpoint (its processes are the new baseline).
@@ -192,211 +122,6 @@ class Restorer:
         if self.inspection is not None:
             fresh = await self.sandboxes.get(rec.id)
             await self.inspection.watch(fresh or rec, ckpt, named)
-
-    @staticmethod
-    def _session_to_apply(ckpt: CheckpointRecord, session_json: str | None) -> str | None:
-        """The session state to re-apply after the container started.
-
-        A full checkpoint's image holds the session's bash itself.  An fs
-        checkpoint paired with an older image (see coordinator/inspection.py)
-        brings back that older bash, so its own session state is applied to
-        it (replacing the bash would end the jobs it started).
-        """
-        return None if ckpt.process_blob and ckpt.kind is CheckpointKind.FULL else session_json
-
-    async def _sessions(
-        self,
-        rec: SandboxRecord,
-        ckpt: CheckpointRecord,
-        container_id: str,
-        st: ContainerStatus,
-        session_json: str | None,
-        image_named: frozenset[str],
-    ) -> _Sessions:
-        """Every session of a just-started container brought back as ``ckpt`` holds them, and what they lack.
-
-        The default one (:meth:`_fresh_session`), then the named ones whose
-        state was captured (``coordinator/named_capture.py``; ``image_named``:
-        :meth:`_image_named`).
-        """
-        session, lost = await self._fresh_session(
-            rec, container_id, st, self._session_to_apply(ckpt, session_json), keep_bash=bool(ckpt.process_blob)
-        )
-        exact = bool(ckpt.process_blob) and ckpt.kind is CheckpointKind.FULL
-        named, pids, named_lost = await named_capture.bring_back(
-            self.sandboxes,
-            rec,
-            container_id,
-            st,
-            session.connector,
-            session_json,
-            image_exact=exact,
-            image_named=image_named,
-        )
-        return _Sessions(session, named, pids, lost + named_lost)
-
-    async def _image_named(self, ckpt: CheckpointRecord) -> frozenset[str]:
-        """The named sessions captured by the checkpoint whose process image ``ckpt`` reuses, if ``ckpt`` is
-        files-only with one (read once per restore or fork, for all its clones)."""
-        if not ckpt.process_blob or ckpt.kind is CheckpointKind.FULL:
-            return frozenset()
-
-        def find() -> frozenset[str]:
-            for c in reversed(self.catalog.lineage(ckpt.id)):
-                if c.kind is CheckpointKind.FULL and c.process_blob == ckpt.process_blob:
-                    text = self.ck.session_json(c)
-                    return frozenset(SessionState.from_json(text).named) if text else frozenset()
-            return frozenset()
-
-        return await asyncio.to_thread(find)
-
-    async def _fresh_session(
-        self, rec: SandboxRecord, container_id: str, st: ContainerStatus, state_json: str | None, *, keep_bash: bool
-    ) -> tuple[Session, list[str]]:
-        """A session on a just-started container, with ``state_json`` re-applied; and what it lacks of it.
-
-        ``keep_bash``: a process image brought the session's bash back; apply
-        the state to it rather than replace it, so its background jobs live on.
-        The bash's resource limits are set from the host, then its limits and
-        descriptors are read back and compared with the state's: what differs
-        is returned, for the caller to report (``runtime/session_os.py``).
-        """
-
-        async def connect() -> InitConnection:
-            return await InitConnection.open(netns=Netns(st.pid, container_id))
-
-        session = Session(connect, env_dict(st.env), rec.spec.workdir, self.sandboxes.capture_counts)
-        session.probe = self.sandboxes.session_probe(container_id, rec.id)
-        if not state_json:
-            return session, []
-        state = SessionState.from_json(state_json)
-        if keep_bash:
-            await session.apply(state)
-        else:
-            await session.restart(state)
-        if state.limits is None and state.fds is None:
-            return session, []  # a capture from before crab recorded them: nothing known to compare
-        nspid = await session.pid()
-        try:
-            if nspid is None:
-                raise SessionProcessError("the session's bash did not start", sandbox=rec.id)
-            return session, await asyncio.to_thread(session_os.restore, container_id, nspid, state.limits, state.fds)
-        except SessionProcessError as exc:
-            return session, [f"the session's resource limits and open descriptors: {exc.message}"]
-
-    def _set_head(self, conn: sqlite3.Connection, sandbox_id: str, ckpt: CheckpointRecord, prep: _Prepared) -> None:
-        """Within the caller's transaction: the sandbox's files now descend from ``ckpt``, as ``prep`` wrote them."""
-        self.catalog.set_head(
-            sandbox_id,
-            ckpt.id,
-            prep.stat_blob,
-            prep.racy_ns,
-            prep.blobs.child_of,
-            self.ck.size_of(prep.blobs.sizes),
-            conn=conn,
-        )
-
-    def _check_image(self, ckpt: CheckpointRecord) -> None:
-        if self.sandboxes.backend.image_exists(ckpt.image):
-            return
-        if IMAGE_DIGEST_RE.match(ckpt.image):  # any image, recorded by its digest (service/images.py)
-            raise ImageError(
-                f"checkpoint {ckpt.id} needs the image with digest {ckpt.image}, which this host's Docker lacks;"
-                " nothing was restored",
-                env=ckpt.image,
-                hint=f"Load that image here (e.g. `docker load` of a `docker save` of it: its id must be {ckpt.image})"
-                " or restore another checkpoint.",
-            )
-        raise ImageError(
-            f"checkpoint {ckpt.id} needs image {ckpt.image}, which is no longer on this host",
-            env=spec_from_json(ckpt.spec_json).env,
-            hint="Rebuild that env image (its recipe must be unchanged) or restore another checkpoint.",
-        )
-
-    def _preparer(
-        self, tree: _TreeOnce, out: _Prepared, ckpt: CheckpointRecord, sandbox_id: str
-    ) -> Callable[[str], Awaitable[None]]:
-        fs = self.fs
-        backend = self.sandboxes.backend
-
-        def go(container_id: str) -> None:
-            upper = backend.upper_dir(container_id)
-            try:
-                write(container_id, upper)
-            except OSError as exc:
-                # Docker's disk (the upper dir, the checkpoint dir) full: say so, not "internal error".
-                raise store_error(exc, upper, "writing the checkpoint's files into a new container") from exc
-
-        def write(container_id: str, upper: Path) -> None:
-            self._present(ckpt)
-            write_point("restore.materialize")
-            stats: dict[str, Any] = {}
-            t0 = time.monotonic()
-            fresh: Tree | None = None
-            if fs.restore_snapshot(ckpt.id, upper):
-                # The checkpoint's own files, inode for inode: its index describes them exactly.
-                stats.update(files_from=FilesSource.SNAPSHOT, snapshot_s=time.monotonic() - t0)
-            else:
-                fresh, fs_stats = fs.materialize(tree.get(), upper)
-                stats.update(fs_stats, files_from=FilesSource.BLOBS)
-            crash_point("restore.after_materialize")
-            if ckpt.process_blob:
-                # Files first: CRIU reopens the processes' files by path and checks their sizes.
-                t0 = time.monotonic()
-                target = backend.checkpoint_dir(container_id, PROCESS_CHECKPOINT)
-                written = self.images.write(ckpt.process_blob, target, sandbox_id)
-                stats["image_bytes"], stats["images_from"] = written.nbytes, written.source
-                # Before CRIU reads a byte of them, trusted or not (backends/criu/posture.py).
-                self.images.check_posture(target, backend.posture(container_id), ckpt.id)
-                # Its files may be links to a hot copy: this replaces files.img, never writes into it.
-                stats.update(self.images.close_external_connections(target))
-                # Docker uploads the directory to containerd as a tarball named by
-                # its digest; two clones restoring identical images at once collide
-                # there ("content ... already exists").  CRIU ignores this file.
-                (target / "crab-restore-id").write_text(f"{container_id}\n")
-                stats["images_s"] = time.monotonic() - t0
-            # Any write after the container starts gets a ctime of at least this.
-            out.racy_ns = time.time_ns() - TICK_NS
-            if fresh is None:
-                out.stat_blob = ckpt.index_blob  # live already: the checkpoint holds it
-            out.fresh = fresh  # stored at publication (module docstring: the store lock)
-            out.stats = stats
-            out.files_from = stats["files_from"]
-            out.images_from = stats.get("images_from")
-
-        async def prepare(container_id: str) -> None:
-            async with self.store_lock.shared():  # (b) of the module docstring
-                await asyncio.to_thread(go, container_id)
-
-        return prepare
-
-    async def _load(self, ckpt: CheckpointRecord) -> tuple[_TreeOnce, str | None]:
-        """The checkpoint's image checked, its tree (loaded only if a restore needs the blobs), its session."""
-        async with self.store_lock.shared():  # (a)
-            await asyncio.to_thread(self._present, ckpt)
-            await asyncio.to_thread(self._check_image, ckpt)
-            session_json = await asyncio.to_thread(self.ck.session_json, ckpt)
-        return _TreeOnce(self.fs, ckpt.index_blob), session_json
-
-    def _present(self, ckpt: CheckpointRecord) -> None:
-        """Under the store lock: ``ckpt`` is still there (it and its blobs then stay until the lock is left)."""
-        if self.catalog.find(ckpt.id) is None:
-            raise CheckpointNotFound(
-                f"checkpoint {ckpt.id} was deleted (`crabctl checkpoint rm`) while it was being restored;"
-                " nothing was changed",
-                checkpoint=ckpt.id,
-                hint="Pin checkpoints you restore (`crabctl checkpoint pin`), or restore another one.",
-            )
-
-    def _store_stat(self, ckpt: CheckpointRecord, prep: _Prepared) -> None:
-        """Under the store lock (shared): the checkpoint still there, ``prep``'s stat index stored and durable."""
-        self._present(ckpt)
-        if prep.fresh is not None:
-            stored = self.fs.store_tree(prep.fresh)
-            prep.stat_blob = stored.index_blob
-            prep.blobs = Blobs(dict(stored.children), dict(stored.sizes))
-            prep.fresh = None
-        self.ck.make_durable({prep.stat_blob}, prep.blobs)
 
     # --- restore in place -----------------------------------------------------------
 
@@ -438,22 +163,25 @@ class Restorer:
     async def _restore_locked(self, rec: SandboxRecord, ckpt: CheckpointRecord) -> SandboxRecord:
         t0 = time.monotonic()
         rec = await self.sandboxes.get(rec.id) or rec
-        tree, session_json = await self._load(ckpt)
+        tree, session_json = await self.files.load(ckpt)
         t_load = time.monotonic()
-        prep = _Prepared()
+        prep = Prepared()
         new_cid, st = await self.sandboxes.launch(
             rec,
             ckpt.image,
             generation=secrets.token_hex(3),
             record_id=False,
-            prepare=self._preparer(tree, prep, ckpt, rec.id),
+            prepare=self.files.preparer(tree, prep, ckpt, rec.id),
             checkpoint=PROCESS_CHECKPOINT if ckpt.process_blob else "",
         )
         t_launch = time.monotonic()
         try:
             crash_point("restore.after_launch")
             # A process checkpoint brought the sessions' bashes back itself.
-            sessions = await self._sessions(rec, ckpt, new_cid, st, session_json, await self._image_named(ckpt))
+            named_in_image = await restored_sessions.image_named(self.catalog, self.ck, ckpt)
+            sessions = await restored_sessions.bring_back(
+                self.sandboxes, rec, ckpt, new_cid, st, session_json, named_in_image
+            )
             t_session = time.monotonic()
             reg = self.sandboxes.registry
 
@@ -465,10 +193,10 @@ class Restorer:
                     current = self.sandboxes.turns.current(rec.id)
                     if current is not None:
                         reg.close_turn(rec.id, current.number, time.time(), None)
-                    self._set_head(conn, rec.id, ckpt, prep)
+                    self.files.set_head(conn, rec.id, ckpt, prep)
 
             async with self.store_lock.shared():  # (c)
-                await asyncio.to_thread(self._store_stat, ckpt, prep)
+                await asyncio.to_thread(self.files.store_stat, ckpt, prep)
                 t_durable = time.monotonic()
                 crash_point("restore.before_swap")
                 await asyncio.to_thread(swap)
@@ -570,11 +298,11 @@ class Restorer:
 
     async def _fork_all(
         self, owner_uid: int, ckpt: CheckpointRecord, ids: list[str], names: list[str], arrival: bool
-    ) -> tuple[list[SandboxRecord], list[tuple[_Sessions, str, _Prepared]]]:
+    ) -> tuple[list[SandboxRecord], list[tuple[RestoredSessions, str, Prepared]]]:
         """Reserve every fork, then clone them in parallel; any failure undoes them all."""
         base = spec_from_json(ckpt.spec_json)
-        tree, session_json = await self._load(ckpt)
-        image_named = await self._image_named(ckpt)
+        tree, session_json = await self.files.load(ckpt)
+        image_named = await restored_sessions.image_named(self.catalog, self.ck, ckpt)
         recs: list[SandboxRecord] = []
         try:
             for sid, name in zip(ids, names, strict=True):
@@ -588,7 +316,7 @@ class Restorer:
             crash_point("fork.after_reserve")
             gate = asyncio.Semaphore(FORK_PARALLEL)
 
-            async def one(r: SandboxRecord) -> tuple[_Sessions, str, _Prepared]:
+            async def one(r: SandboxRecord) -> tuple[RestoredSessions, str, Prepared]:
                 async with gate:
                     return await self._clone(r, ckpt, tree, session_json, image_named)
 
@@ -621,25 +349,25 @@ class Restorer:
         self,
         rec: SandboxRecord,
         ckpt: CheckpointRecord,
-        tree: _TreeOnce,
+        tree: TreeOnce,
         session_json: str | None,
         image_named: frozenset[str],
-    ) -> tuple[_Sessions, str, _Prepared]:
-        prep = _Prepared()
+    ) -> tuple[RestoredSessions, str, Prepared]:
+        prep = Prepared()
         cid, st = await self.sandboxes.launch(
             rec,
             ckpt.image,
-            prepare=self._preparer(tree, prep, ckpt, rec.id),
+            prepare=self.files.preparer(tree, prep, ckpt, rec.id),
             checkpoint=PROCESS_CHECKPOINT if ckpt.process_blob else "",
         )
         crash_point("fork.after_launch")
-        sessions = await self._sessions(rec, ckpt, cid, st, session_json, image_named)
+        sessions = await restored_sessions.bring_back(self.sandboxes, rec, ckpt, cid, st, session_json, image_named)
         reg = self.sandboxes.registry
 
         def commit() -> None:
-            self._store_stat(ckpt, prep)
+            self.files.store_stat(ckpt, prep)
             with self.db.tx() as conn:
-                self._set_head(conn, rec.id, ckpt, prep)
+                self.files.set_head(conn, rec.id, ckpt, prep)
                 reg.update_sandbox(rec.id, state=SandboxState.RUNNING)
 
         async with self.store_lock.shared():  # (c)

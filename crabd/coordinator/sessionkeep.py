@@ -92,7 +92,7 @@ class CaptureCounts:
 
     captured: int = 0
     reused: int = 0
-    #: Session commands that stepped aside for a process dump (``runner.DumpYield``); not a capture.
+    #: Session commands that stepped aside for a process dump (``stepaside.DumpYield``); not a capture.
     stepped_aside: int = 0
 
     def snapshot(self) -> dict[str, int]:

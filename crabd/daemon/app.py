@@ -391,7 +391,7 @@ class Daemon:
         await health_servicer.set("crab.v1.Crab", health_pb2.HealthCheckResponse.SERVING)
 
     async def _start_proxy(self, service: Service, engine: HostEngine) -> None:
-        """The OpenAI proxy, if enabled (the main process's; config.py refuses it with workers)."""
+        """The OpenAI proxy, if enabled (the main process's; crabd.config refuses it with workers)."""
         if self.cfg.proxy.enabled and self.is_main:
             # Imported only here: aiohttp is ~140 ms of a start-up that decides how soon crabd serves
             # again after a crash, and the proxy is off by default.

@@ -47,7 +47,7 @@ sandbox is its default session's, and, under ``named``, each named session
 that was idle at the capture and holds no descriptor beyond 0-2: its own
 state and how its bash was started (:class:`NamedCapture`: pid in the
 sandbox at the capture, pty size, uid, gid).  A restore without a process
-image of that moment re-creates each from it (``coordinator/session_restore.py``);
+image of that moment re-creates each from it (``coordinator/named_capture.py``);
 a named session not listed is one the sandbox's process image holds.
 Names are checked like a request's (an archive is input).
 

@@ -200,7 +200,7 @@ def make(
 
 
 def _wait_init(box: Box, timeout: float = 10.0) -> None:
-    """Until crab-init answers, as crabd waits before it calls a sandbox running (coordinator/sandboxes.py).
+    """Until crab-init answers, as crabd waits before it calls a sandbox running (coordinator/launching.py).
 
     runc reports the container running before crab-init has bound its socket: a connection made at
     once can be refused (it was, once, in CI).

@@ -1,6 +1,6 @@
 """Named sessions under a hostile sandbox, against a real crabd: a process dump while a session's command runs.
 
-The command steps aside for the dump (``runner.DumpYield``: it detaches from
+The command steps aside for the dump (``stepaside.DumpYield``: it detaches from
 its bash, the dump runs, it attaches again and reads on).  Here the sandbox
 kills that bash in the middle of it, or floods init with output while nobody
 reads it.
@@ -29,7 +29,7 @@ KILL_DELAYS_S = (0.0, 0.05, 0.15, 0.3, 0.5, 0.8)
 #: How long a one-shot command holds a dump back (the session command stands aside meanwhile).
 HOLD_S = 1.5
 
-#: The marker a gap in a command's output carries (``runner._Lost``), and the final truncation marker.
+#: The marker a gap in a command's output carries (``stepaside.LostOutput``), and the final truncation marker.
 GAP = re.compile(rb"\n\[crab: (\d+) bytes of (stdout|stderr) lost while the command stood aside for a checkpoint\]\n")
 CUT = re.compile(rb"\n\[crab: (stdout|stderr) truncated, (\d+) more bytes dropped\]\n$")
 

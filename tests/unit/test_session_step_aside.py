@@ -1,4 +1,4 @@
-"""A session command stepping aside for a process dump (``runner.Session._step_aside``), on a scripted init.
+"""A session command stepping aside for a process dump (``stepaside.step_aside``), on a scripted init.
 
 Each connection is a stand-in for crab-init's: it hands out the frames a
 test scripts for it and records the requests.  The dump is simulated the
@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from crabd.coordinator.runner import DumpYield, Session, init_name
+from crabd.coordinator.runner import Session, init_name
 from crabd.coordinator.sessionkeep import CaptureCounts
+from crabd.coordinator.stepaside import DumpYield
 from crabd.errors import InitSpawnError, SandboxBusy
 from crabd.models import ExecOutcome
 from crabd.runtime import session_proto

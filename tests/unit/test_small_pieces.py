@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from crabd.api.peercred import PEER_PREFIX, CallerTable, peer_credentials
+from crabd.coordinator.launching import validate_spec
 from crabd.coordinator.oneshot import BoundedOutput
-from crabd.coordinator.sandboxes import validate_spec
 from crabd.coordinator.turnmap import lost_turns
 from crabd.daemon import notify
 from crabd.errors import InvalidRequest

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from crabd.backends.sandbox import ContainerStatus
-from crabd.coordinator import sandboxes as sandboxes_mod
+from crabd.coordinator import launching as launching_mod
 from crabd.coordinator.sandboxes import SandboxManager
 from crabd.errors import InitUnavailable
 from crabd.models import SandboxRecord, SandboxSpec, SandboxState
@@ -38,7 +38,7 @@ def test_an_init_that_never_answers_fails_the_start_at_its_deadline(monkeypatch:
     async def mute_open(*args: Any, **kwargs: Any) -> _Mute:
         return _Mute()
 
-    monkeypatch.setattr(sandboxes_mod, "INIT_READY_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(launching_mod, "INIT_READY_TIMEOUT_S", 0.3)
     monkeypatch.setattr(InitConnection, "open", mute_open)
     sbs = object.__new__(SandboxManager)
     sbs.backend = _Backend()  # type: ignore[assignment]

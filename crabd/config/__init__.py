@@ -4,20 +4,31 @@ The file is ``/etc/crab/crabd.toml`` unless ``--config`` or ``$CRAB_CONFIG``
 names another.  A missing file means "all defaults".  Unknown keys are an
 error (``extra="forbid"``), so a typo never silently falls back to a
 default.  Every default is documented in ``docs/config.md``.
+
+The sections are here, except the network ones (``network.py``) and
+[remote] (``remote.py``); every name they define that other modules use is
+re-exported here, so ``crabd.config`` stays the one place to import from.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import re
-import socket
 import zlib
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from crabd.config.network import NetworkConfig as NetworkConfig
+from crabd.config.network import ProxyConfig as ProxyConfig
+from crabd.config.network import is_loopback as is_loopback
+from crabd.config.network import parse_allow as parse_allow
+from crabd.config.network import split_host_port as split_host_port
+from crabd.config.remote import RemoteConfig as RemoteConfig
+from crabd.config.section import MAX_REPLY_OUTPUT as MAX_REPLY_OUTPUT
+from crabd.config.section import MIN_MEMORY as MIN_MEMORY
+from crabd.config.section import Section
 
 # Re-exported (``X as X``): the file's location is part of this module's interface too.
 from crabd.config_file import DEFAULT_CONFIG_PATH as DEFAULT_CONFIG_PATH
@@ -26,20 +37,8 @@ from crabd.config_file import config_path as config_path
 from crabd.errors import ConfigError
 from crabd.vocabulary import InspectorMode, RetentionPolicy
 
-#: Most stdout + stderr one command's result may carry: the gRPC message
-#: limit (80 MiB, crabd/daemon/app.py and the SDK) less room for the rest.
-MAX_REPLY_OUTPUT = 64 << 20
-#: Docker refuses memory limits below this.
-MIN_MEMORY = 6 << 20
 
-
-class _Model(BaseModel):
-    # TOML has `nan` and `inf`; no setting of crabd means anything with them
-    # (an infinite maximum would pass every bound check).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class PathsConfig(_Model):
+class PathsConfig(Section):
     """Where crabd keeps its socket, state and logs."""
 
     socket: Path = Field(DEFAULT_SOCKET, description="gRPC unix socket")
@@ -53,7 +52,7 @@ class PathsConfig(_Model):
         return self.socket.with_name(f"{self.socket.stem}-{shard}{self.socket.suffix}")
 
 
-class DaemonConfig(_Model):
+class DaemonConfig(Section):
     """crabd's processes (see docs/architecture.md, "More than one core")."""
 
     workers: int = Field(
@@ -65,21 +64,21 @@ class DaemonConfig(_Model):
     )
 
 
-class DockerConfig(_Model):
+class DockerConfig(Section):
     """How crabd reaches the Docker engine."""
 
     host: str | None = Field(None, description="Docker endpoint; None means $DOCKER_HOST or the default socket")
     timeout_s: float = Field(60.0, gt=0, description="per-request timeout towards dockerd")
 
 
-class DoctorConfig(_Model):
+class DoctorConfig(Section):
     """Thresholds used by `crabctl doctor`."""
 
     min_free_gib: float = Field(2.0, ge=0, description="fail below this much free space in state_dir")
     warn_free_gib: float = Field(10.0, ge=0, description="warn below this much free space in state_dir")
 
 
-class LimitsConfig(_Model):
+class LimitsConfig(Section):
     """Bounds on what one request may ask of crabd (checked in ``crabd/service/limits.py``)."""
 
     max_command_bytes: int = Field(1 << 20, gt=0, description="argv+env of an exec, or a session command's text")
@@ -125,7 +124,7 @@ class LimitsConfig(_Model):
         return self
 
 
-class QuotaConfig(_Model):
+class QuotaConfig(Section):
     """Per-uid quotas (checked in ``crabd/service/quota.py``; see docs/security.md, "Quotas")."""
 
     exempt_root: bool = Field(True, description="root (uid 0) is the host's administrator: no quota applies to it")
@@ -145,7 +144,7 @@ class QuotaConfig(_Model):
     )
 
 
-class RetentionConfig(_Model):
+class RetentionConfig(Section):
     """The default retention policy and when thinning runs (``coordinator/retention.py``; docs/retention.md).
 
     A sandbox created with its own policy (``crabctl retention set``) uses
@@ -171,7 +170,7 @@ class RetentionConfig(_Model):
         return RetentionPolicy(self.keep_last, self.keep_hourly, self.keep_daily, self.keep_within_s)
 
 
-class CheckpointConfig(_Model):
+class CheckpointConfig(Section):
     """Bounds and tuning of filesystem checkpoints."""
 
     max_entries: int = Field(500_000, gt=0, description="most files/dirs one sandbox's changes may hold")
@@ -186,13 +185,13 @@ class CheckpointConfig(_Model):
     )
 
 
-class ArchiveConfig(_Model):
+class ArchiveConfig(Section):
     """Bounds on checkpoint imports (``coordinator/archives.py``, ``crabd/trust/references.py``)."""
 
     max_concurrent_imports: int = Field(2, ge=1, le=64, description="archive imports one uid may run at once")
 
 
-class CriuConfig(_Model):
+class CriuConfig(Section):
     """How crabd dumps processes (through runc and CRIU)."""
 
     # Absolute by default: the same runc as Docker's (Debian's runc and
@@ -219,7 +218,7 @@ class CriuConfig(_Model):
     )
 
 
-class InspectorConfig(_Model):
+class InspectorConfig(Section):
     """How crabd decides what each turn needs (see docs/inspector.md)."""
 
     mode: InspectorMode = Field(
@@ -232,7 +231,7 @@ class InspectorConfig(_Model):
     ring_buffer_pages: int = Field(1024, ge=16, description="pages of the probes' ring buffer (a power of two)")
 
 
-class EngineConfig(_Model):
+class EngineConfig(Section):
     """The host engine that schedules every sandbox's checkpoint work (see docs/engine.md)."""
 
     max_concurrent: int = Field(2, ge=1, le=64, description="checkpoint jobs running at once, host-wide")
@@ -256,144 +255,7 @@ class EngineConfig(_Model):
     drain_timeout_s: float = Field(30.0, ge=0, description="at shutdown, how long queued checkpoints may still run")
 
 
-def parse_allow(text: str) -> tuple[str, int | None]:
-    """A [network] allow entry, ``CIDR`` or ``CIDR:PORT`` (IPv4), as ``(network, port)``."""
-    addr, sep, port = text.rpartition(":")
-    if not sep:
-        addr, port = text, ""
-    try:
-        net = ipaddress.IPv4Network(addr.strip(), strict=False)
-    except ValueError as exc:
-        raise ValueError(f"{text!r}: not an IPv4 address or CIDR (optionally :PORT): {exc}") from exc
-    if port and (not port.isdigit() or not 0 < int(port) <= 65535):
-        raise ValueError(f"{text!r}: bad port {port!r}")
-    return str(net), int(port) if port else None
-
-
-class NetworkConfig(_Model):
-    """How sandboxes with a network are kept apart (see docs/security.md, "Isolation")."""
-
-    isolate: bool = Field(
-        True,
-        description="put networked sandboxes on crab's own bridge, with firewall rules; "
-        "false: Docker's default bridge, where sandboxes reach each other and the host",
-    )
-    name: str = Field(
-        "crab",
-        pattern=r"^[a-z][a-z0-9]{0,9}$",
-        description="names the Docker network (<name>-sandboxes), its bridge (<name>0) and iptables chains",
-    )
-    allow: tuple[str, ...] = Field(
-        (),
-        description="destinations sandboxes may reach although blocked (host addresses, link-local): "
-        "IPv4 CIDR or CIDR:PORT (TCP and UDP)",
-    )
-    deny: tuple[str, ...] = Field(
-        ("169.254.0.0/16",),
-        description="routed destinations sandboxes may not reach (besides the host itself and each other)",
-    )
-
-    @field_validator("allow")
-    @classmethod
-    def _allow_entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for entry in value:
-            parse_allow(entry)
-        return value
-
-    @field_validator("deny")
-    @classmethod
-    def _deny_entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for entry in value:
-            try:
-                ipaddress.IPv4Network(entry, strict=False)
-            except ValueError as exc:
-                raise ValueError(f"{entry!r}: not an IPv4 CIDR: {exc}") from exc
-        return value
-
-
-def split_host_port(text: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` as ``(host, port)``; ``ValueError`` if it is neither."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"{text!r} is not host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        # A bare IPv6 address is ambiguous with its port; insist on brackets.
-        raise ValueError(f"{text!r}: write an IPv6 address in brackets, e.g. [::1]:8731")
-    value = int(port)
-    if value > 65535:
-        raise ValueError(f"{text!r}: port {value} is out of range")
-    return host, value
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback IP literal (names are refused: they could resolve elsewhere)."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class ProxyConfig(_Model):
-    """The OpenAI-compatible proxy that ends a sandbox's turn at each LLM request (see docs/proxy.md)."""
-
-    enabled: bool = Field(False, description="crabd starts the proxy only when this is true")
-    listen: str = Field(
-        "127.0.0.1:8731",
-        description="host:port the proxy listens on; a loopback IP only ([::1]:port for IPv6; port 0 = any free port)",
-    )
-    upstream: str = Field(
-        "http://127.0.0.1:8000", description="the OpenAI-compatible server requests go to, as http(s)://host:port"
-    )
-    connect_timeout_s: float = Field(10.0, gt=0, description="longest wait to connect to the upstream")
-    upstream_timeout_s: float = Field(
-        600.0, gt=0, description="longest one upstream response may take, start to end (time held included)"
-    )
-    max_request_bytes: int = Field(64 << 20, gt=0, description="largest request body the proxy accepts (else 413)")
-    max_concurrent_requests: int = Field(
-        256, gt=0, description="requests served at once, all callers together; one more is answered 429"
-    )
-    max_buffered_bytes: int = Field(
-        256 << 20,
-        gt=0,
-        description="request body bytes held in memory at once, all requests together; a request past it gets 429",
-    )
-    group: str = Field(
-        "crab", min_length=1, description="callers must be root or members of this group (as for crabd's socket)"
-    )
-
-    @field_validator("listen")
-    @classmethod
-    def _loopback_only(cls, value: str) -> str:
-        host, _ = split_host_port(value)
-        if not is_loopback(host):
-            # Who is calling is read from the kernel's loopback socket table
-            # (crabd/util/loopback_peer.py); off loopback that identity means nothing.
-            raise ValueError(f"{value!r}: the proxy listens on a loopback address only (127.0.0.1 or [::1])")
-        return value
-
-    @field_validator("upstream")
-    @classmethod
-    def _http_host_port(cls, value: str) -> str:
-        parts = urlsplit(value)
-        try:
-            port = parts.port
-        except ValueError as exc:
-            raise ValueError(f"{value!r}: {exc}") from exc
-        if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-            raise ValueError(f"{value!r} is not http(s)://host:port")
-        if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username or parts.password:
-            raise ValueError(f"{value!r}: give only scheme, host and port (the proxy appends /v1/...)")
-        return value.rstrip("/")
-
-    @property
-    def listen_address(self) -> tuple[str, int]:
-        """``listen`` as ``(host, port)``."""
-        return split_host_port(self.listen)
-
-
-class BtrfsConfig(_Model):
+class BtrfsConfig(Section):
     """The btrfs pool of the runc backend (a loop file made by scripts/setup-host.sh; see docs/btrfs.md)."""
 
     image: Path = Field(Path("/var/lib/crab/btrfs.img"), description="the pool's sparse loop file")
@@ -422,7 +284,7 @@ class BtrfsConfig(_Model):
         return int(self.size.rstrip("KMGT")) * unit
 
 
-class ImagesConfig(_Model):
+class ImagesConfig(Section):
     """Images crabd pins for sandboxes of any image, and their collection (docs/images.md, "Pinned images")."""
 
     claims_dir: Path = Field(
@@ -450,7 +312,7 @@ class ImagesConfig(_Model):
 BackendChoice = Literal["auto", "docker", "runc+btrfs"]
 
 
-class RuntimeConfig(_Model):
+class RuntimeConfig(Section):
     """Which sandbox backend crabd runs (see docs/runc.md, "Choosing the backend")."""
 
     backend: BackendChoice = Field(
@@ -521,133 +383,7 @@ class RuntimeConfig(_Model):
         return f"10.{214 + n // 256}.{n % 256}.0/24"
 
 
-#: S3's rules for a bucket name (3-63 characters; see AWS's "Bucket naming rules").
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-#: How a host names itself in the shared bucket (``[remote] host_id``).
-HOST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-#: The largest object one S3 PUT may carry (5 GiB); crab never splits an object into parts.
-MAX_S3_PUT = 5 << 30
-
-
-def check_bucket_name(name: str) -> str:
-    """``name`` if S3 accepts it as a bucket name, else ``ValueError`` saying which rule it breaks."""
-    if not _BUCKET.fullmatch(name):
-        raise ValueError(
-            f"{name!r} is not an S3 bucket name: 3-63 lowercase letters, digits, dots and hyphens, "
-            "starting and ending with a letter or digit"
-        )
-    if ".." in name or ".-" in name or "-." in name:
-        raise ValueError(f"{name!r} is not an S3 bucket name: no adjacent dots, nor a dot beside a hyphen")
-    try:
-        ipaddress.IPv4Address(name)
-    except ValueError:
-        pass
-    else:
-        raise ValueError(f"{name!r} is not an S3 bucket name: it may not look like an IP address")
-    if name.startswith(("xn--", "sthree-", "amzn-s3-demo-")) or name.endswith(("-s3alias", "--ol-s3", "--x-s3")):
-        raise ValueError(f"{name!r} is not an S3 bucket name: that prefix or suffix is reserved by AWS")
-    return name
-
-
-class RemoteConfig(_Model):
-    """The remote checkpoint tier: an S3-compatible bucket shared by a cluster's hosts (see docs/config.md).
-
-    Credentials are never configured here: boto3's default chain finds them
-    (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_SHARED_CREDENTIALS_FILE``,
-    ``~/.aws``, an instance role), so no secret sits in crabd.toml or on a command line.
-    """
-
-    enabled: bool = Field(False, description="crabd uses the remote tier only when this is true")
-    endpoint_url: str | None = Field(
-        None,
-        description="the store's URL, http(s)://host[:port] (MinIO, Ceph, ...); unset: AWS S3 of `region`",
-    )
-    bucket: str = Field("", description="the bucket (it must exist; crabd does not create it)")
-    prefix: str = Field("crab/", description="every key crabd writes is under this prefix ('' = the bucket's root)")
-    region: str = Field("us-east-1", pattern=r"^[a-z0-9-]{1,32}$", description="the bucket's region (request signing)")
-    ca_bundle: Path | None = Field(
-        None, description="PEM file of CAs to trust for an https endpoint; unset: the system's (TLS is always verified)"
-    )
-    connect_timeout_s: float = Field(5.0, gt=0, description="longest wait to connect to the store")
-    read_timeout_s: float = Field(30.0, gt=0, description="longest wait for the store's next bytes")
-    max_attempts: int = Field(
-        3, ge=1, le=20, description="tries per request on throttling and transient errors (botocore standard retries)"
-    )
-    upload_concurrency: int = Field(4, ge=1, le=64, description="objects uploaded at once")
-    fetch_concurrency: int = Field(8, ge=1, le=64, description="objects fetched at once")
-    retry_initial_s: float = Field(1.0, gt=0, description="first wait before a failed upload is tried again")
-    retry_max_s: float = Field(60.0, gt=0, description="longest wait between tries of a failed upload (backoff cap)")
-    max_object_bytes: int = Field(
-        1 << 30, gt=0, le=MAX_S3_PUT, description="largest object crabd writes or reads (bigger ones are refused)"
-    )
-    host_id: str = Field("", description="how this host names itself in the bucket; empty: the machine's hostname")
-
-    @field_validator("endpoint_url")
-    @classmethod
-    def _endpoint(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        parts = urlsplit(value)
-        try:
-            parts.port  # noqa: B018 -- parsing it is the check
-        except ValueError as exc:
-            raise ValueError(f"{value!r}: {exc}") from exc
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{value!r} is not http(s)://host[:port]")
-        if parts.username or parts.password:
-            # Credentials come from boto3's default chain only, never from crabd.toml.
-            raise ValueError(f"{value!r}: no credentials in the URL (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
-        if parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise ValueError(f"{value!r}: give only scheme, host and port (the bucket is `bucket`)")
-        return value.rstrip("/")
-
-    @field_validator("bucket")
-    @classmethod
-    def _bucket(cls, value: str) -> str:
-        return check_bucket_name(value) if value else value
-
-    @field_validator("prefix")
-    @classmethod
-    def _prefix(cls, value: str) -> str:
-        if not value:
-            return value
-        if value.startswith("/") or not value.endswith("/"):
-            raise ValueError(f"{value!r}: a key prefix ends with '/' and does not start with one (or is empty)")
-        if any(part in ("", ".", "..") for part in value[:-1].split("/")):
-            raise ValueError(f"{value!r}: no empty, '.' or '..' segments in the prefix")
-        if any(ord(c) < 0x20 or c in "\\\x7f" for c in value) or len(value.encode()) > 256:
-            raise ValueError(f"{value!r}: no control characters or backslashes, and at most 256 bytes")
-        return value
-
-    @field_validator("host_id")
-    @classmethod
-    def _host_id(cls, value: str) -> str:
-        if value and not HOST_ID.fullmatch(value):
-            raise ValueError(f"{value!r}: a host id is 1-63 letters, digits, '.', '_' or '-', not starting with a sign")
-        return value
-
-    @model_validator(mode="after")
-    def _complete_when_enabled(self) -> RemoteConfig:
-        if self.enabled and not self.bucket:
-            raise ValueError("[remote] enabled needs a bucket")
-        if self.retry_initial_s > self.retry_max_s:
-            raise ValueError(f"retry_initial_s ({self.retry_initial_s:g}) is above retry_max_s ({self.retry_max_s:g})")
-        return self
-
-    def resolved_host_id(self) -> str:
-        """``host_id``, else the machine's hostname; ``ConfigError`` if that is no valid host id."""
-        if self.host_id:
-            return self.host_id
-        name = socket.gethostname()
-        if not HOST_ID.fullmatch(name):
-            raise ConfigError(
-                f"the hostname {name!r} cannot name this host in the remote bucket",
-                hint="Set [remote] host_id in crabd.toml (letters, digits, '.', '_', '-').",
-            )
-        return name
-
-
-class CrabConfig(_Model):
+class CrabConfig(Section):
     """The whole configuration file."""
 
     paths: PathsConfig = PathsConfig()
