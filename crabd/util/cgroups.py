@@ -194,20 +194,40 @@ RMDIR_WAIT_S = 2.0
 
 
 def container_dirs(container_id: str, parent: str = "crab", root: Path = CGROUP_ROOT) -> list[Path]:
-    """The container's cgroup directories under ``parent`` in every hierarchy (v1, named, v2), deepest first."""
-    found: dict[Path, Path] = {}
+    """The container's cgroup directories under ``parent`` in every hierarchy (v1, named, v2), deepest first.
+
+    Called at every removal, so it is cheap: one stat per hierarchy, and a
+    ``scandir`` walk of the container's own directories only.
+    """
     try:
         hierarchies = sorted(root.iterdir())
     except OSError:
         return []
+    seen: set[tuple[int, int]] = set()
+    found: list[Path] = []
     for hierarchy in hierarchies:
-        base = hierarchy / parent / container_id
-        if not base.is_dir():
+        try:
+            st = os.stat(hierarchy)  # follows a link: cpu and cpuacct may be one hierarchy under two names
+        except OSError:
             continue
-        for d in [base, *(p for p in base.rglob("*") if p.is_dir())]:
-            # cpu and cpuacct may be one hierarchy mounted twice (or linked): one entry each.
-            found.setdefault(d.resolve(), d)
-    return sorted(found.values(), key=lambda p: len(p.parts), reverse=True)
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        base = hierarchy / parent / container_id
+        if base.is_dir():
+            found.extend(_dirs_below(base))
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def _dirs_below(base: Path) -> list[Path]:
+    """``base`` and every directory below it (cgroup file systems hold no links to follow)."""
+    out = [base]
+    i = 0
+    while i < len(out):
+        with contextlib.suppress(OSError), os.scandir(out[i]) as entries:
+            out.extend(Path(e.path) for e in entries if e.is_dir(follow_symlinks=False))
+        i += 1
+    return out
 
 
 def _set_freezer(base: Path, state: str) -> None:
