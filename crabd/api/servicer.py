@@ -42,7 +42,8 @@ from crabd.api.v1 import crab_pb2 as pb
 from crabd.api.v1 import crab_pb2_grpc as pb_grpc
 from crabd.errors import CrabError, InvalidRequest, Unauthenticated
 from crabd.models import Caller
-from crabd.service.service import Ran, Service
+from crabd.service.command_edge import Ran
+from crabd.service.service import Service
 
 log = logging.getLogger("crabd.api")
 
@@ -194,7 +195,7 @@ class CrabServicer(pb_grpc.CrabServicer):
     # is an async generator function, hence the `async for ... yield` below.
     async def Exec(self, request: pb.ExecRequest, context: Any) -> AsyncIterator[pb.ExecEvent]:
         async def run(c: Caller, sink: Callable[[str, bytes], Awaitable[None]] | None) -> Ran:
-            return await self.service.exec(
+            return await self.service.command_edge.exec(
                 c,
                 request.sandbox,
                 list(request.argv),
@@ -213,7 +214,7 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def SessionRun(self, request: pb.SessionRunRequest, context: Any) -> AsyncIterator[pb.ExecEvent]:
         async def run(c: Caller, sink: Callable[[str, bytes], Awaitable[None]] | None) -> Ran:
-            return await self.service.session_run(
+            return await self.service.command_edge.session_run(
                 c,
                 request.sandbox,
                 request.command,
@@ -229,7 +230,7 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def OpenSession(self, request: pb.OpenSessionRequest, context: Any) -> pb.SessionInfo:
         async def go(c: Caller) -> pb.SessionInfo:
-            sid, info = await self.service.open_session(
+            sid, info = await self.service.command_edge.open_session(
                 c,
                 request.sandbox,
                 request.name,
@@ -245,21 +246,21 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def ListSessions(self, request: pb.SandboxRef, context: Any) -> pb.ListSessionsResponse:
         async def go(c: Caller) -> pb.ListSessionsResponse:
-            sid, infos = await self.service.list_sessions(c, request.sandbox)
+            sid, infos = await self.service.command_edge.list_sessions(c, request.sandbox)
             return pb.ListSessionsResponse(sessions=[session_info_to_pb(sid, i) for i in infos])
 
         return await self._call(context, go)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.SessionInfo:
         async def go(c: Caller) -> pb.SessionInfo:
-            sid, info = await self.service.close_session(c, request.sandbox, request.name)
+            sid, info = await self.service.command_edge.close_session(c, request.sandbox, request.name)
             return session_info_to_pb(sid, info)
 
         return await self._call(context, go)
 
     async def GetSessionState(self, request: pb.SandboxRef, context: Any) -> pb.SessionState:
         async def go(c: Caller) -> pb.SessionState:
-            sid, state = await self.service.session_state(c, request.sandbox)
+            sid, state = await self.service.command_edge.session_state(c, request.sandbox)
             return pb.SessionState(
                 sandbox_id=sid, state_json=state.to_json() if state else "", cwd=state.cwd if state else ""
             )
@@ -268,7 +269,7 @@ class CrabServicer(pb_grpc.CrabServicer):
 
     async def RestartSession(self, request: pb.RestartSessionRequest, context: Any) -> pb.SessionState:
         async def go(c: Caller) -> pb.SessionState:
-            sid, state = await self.service.restart_session(c, request.sandbox, request.state_json)
+            sid, state = await self.service.command_edge.restart_session(c, request.sandbox, request.state_json)
             return pb.SessionState(
                 sandbox_id=sid, state_json=state.to_json() if state else "", cwd=state.cwd if state else ""
             )

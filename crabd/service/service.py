@@ -22,8 +22,9 @@ sandbox's spec in ``api/convert.py``, a checkpoint's kind here.
 Who may act on which sandbox is ``access.py`` (:class:`Access`, which every
 request's sandbox goes through; a checkpoint's reader is checked by
 ``remote.readable_checkpoint``), the checks of a command request's contents
-``command_requests.py``; the edges of the remote tier, archives and
-retention have modules of their own too.
+``command_requests.py`` and the commands themselves ``command_edge.py``; the
+edges of the remote tier, archives and retention have modules of their own
+too.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from crabd import __version__
 from crabd.config import CrabConfig
@@ -41,7 +42,6 @@ from crabd.coordinator.checkpoints import Checkpointer
 from crabd.coordinator.commands import Commands
 from crabd.coordinator.housekeeping import Housekeeper
 from crabd.coordinator.inspection import TurnInspection
-from crabd.coordinator.oneshot import ChunkSink
 from crabd.coordinator.recovery import Recovered, Recovery
 from crabd.coordinator.restore import MAX_FORKS, Restorer
 from crabd.coordinator.retention import Retention
@@ -54,20 +54,17 @@ from crabd.models import (
     Caller,
     CheckpointKind,
     CheckpointRecord,
-    ExecOutcome,
     SandboxRecord,
     SandboxSpec,
     SandboxState,
-    SessionInfo,
-    TurnEnd,
     TurnRecord,
 )
-from crabd.runtime.session_state import SessionState
 from crabd.service import command_requests
 from crabd.service.access import Access
 from crabd.service.archives import ArchiveEdge
+from crabd.service.command_edge import CommandEdge
 from crabd.service.images import ImageEdge
-from crabd.service.limits import RequestLimits, fit_output
+from crabd.service.limits import RequestLimits
 from crabd.service.placement import place_create
 from crabd.service.quota import Quotas, QuotaUse
 from crabd.service.remote import RemoteCheckpoints, readable_checkpoint
@@ -78,9 +75,6 @@ from crabd.store.maintenance import GcReport, VerifyReport
 from crabd.store.remote.tier import SyncReport, Transfer
 from crabd.util import validate
 from crabd.util.faults import crash_point
-
-#: A command's outcome and, when it ran as a turn of its own, that turn (:meth:`Service.exec`).
-Ran = tuple[ExecOutcome, TurnRecord | None]
 
 log = logging.getLogger("crabd.service")
 
@@ -133,6 +127,8 @@ class Service:
         )
         #: Who may act on which sandbox: every request's sandbox goes through it.
         self.access = Access(sandboxes)
+        #: Commands' edge: exec, session commands, named sessions, session state.
+        self.command_edge = CommandEdge(cfg, sandboxes, self.commands, self.flow, self.access, self.limits)
         #: Retention's edge: pins, policies, thinning, and why each checkpoint is kept.
         self.retention = RetentionEdge(retention, sandboxes.registry, self._lookup, self._checkpoint)
 
@@ -164,14 +160,6 @@ class Service:
 
     def heads(self) -> dict[str, str]:  # every sandbox's non-empty head_of: the caller picks its own
         return self.checkpoints.head_ids()
-
-    # --- limits -------------------------------------------------------------------
-
-    def _timeout(self, requested: float) -> float:
-        return self.limits.timeout(requested)
-
-    def _max_output(self, requested: int) -> int:
-        return command_requests.max_output(self.cfg.limits, requested)
 
     # --- daemon ---------------------------------------------------------------------
 
@@ -261,129 +249,6 @@ class Service:
         crash_point("remove.before_forget")
         await self.housekeeping.forget_sandbox(rec, keep=keep_checkpoints)
         return rec.id
-
-    # --- commands --------------------------------------------------------------------
-
-    async def exec(
-        self,
-        caller: Caller,
-        ref: str,
-        argv: list[str],
-        *,
-        env: dict[str, str],
-        workdir: str,
-        stdin: bytes,
-        timeout_s: float,
-        max_output: int,
-        user: str,
-        sink: ChunkSink | None,
-        turn_end: str = "",
-    ) -> Ran:
-        """Run ``argv``; with ``turn_end``, as a turn of its own (:meth:`_command`)."""
-        uid, gid = command_requests.check_exec(self.cfg.limits, argv, env, stdin, workdir, user)
-        end = TurnEnd.parse(turn_end) if turn_end else None
-        timeout = self._timeout(timeout_s)
-        limit = self._max_output(max_output)
-        rec = await self._lookup(caller, ref)
-
-        async def run() -> ExecOutcome:
-            return await self.commands.exec(
-                rec,
-                argv,
-                env=env,
-                workdir=workdir,
-                stdin=stdin,
-                timeout_s=timeout,
-                max_output=limit,
-                uid=uid,
-                gid=gid,
-                sink=sink,
-            )
-
-        return await self._command(rec, end, run)
-
-    async def session_run(
-        self,
-        caller: Caller,
-        ref: str,
-        command: str,
-        *,
-        timeout_s: float,
-        max_output: int,
-        sink: ChunkSink | None,
-        turn_end: str = "",
-        session: str = "",
-    ) -> Ran:
-        """Run ``command`` in a session ("": the default one); with ``turn_end``, as a turn of its own
-        (:meth:`_command`)."""
-        command_requests.check_session_command(self.cfg.limits, command)
-        command_requests.check_session_name(session)
-        end = TurnEnd.parse(turn_end) if turn_end else None
-        timeout = self._timeout(timeout_s)
-        limit = self._max_output(max_output)
-        rec = await self._lookup(caller, ref)
-        return await self._command(
-            rec,
-            end,
-            lambda: self.commands.session_run(
-                rec, command, timeout_s=timeout, max_output=limit, sink=sink, session_name=session
-            ),
-        )
-
-    async def open_session(
-        self,
-        caller: Caller,
-        ref: str,
-        name: str,
-        *,
-        env: dict[str, str],
-        empty_env: bool,
-        workdir: str,
-        user: str,
-        pty: tuple[int, int] | None = None,
-    ) -> tuple[str, SessionInfo]:
-        """Start named session ``name``'s bash (its environment, directory, user and terminal as given)."""
-        uid, gid = command_requests.check_open_session(self.cfg.limits, name, env, workdir, user)
-        size = command_requests.check_pty_size(pty)
-        rec = await self._lookup(caller, ref)
-        async with self.sandboxes.init_lost_means_dead(rec):
-            info = await self.commands.sessions.open(
-                rec, name, env=env, inherit_env=not empty_env, workdir=workdir, uid=uid, gid=gid, pty=size
-            )
-        return rec.id, info
-
-    async def list_sessions(self, caller: Caller, ref: str) -> tuple[str, list[SessionInfo]]:
-        rec = await self._lookup(caller, ref)
-        async with self.sandboxes.init_lost_means_dead(rec):
-            return rec.id, await self.commands.sessions.list(rec)
-
-    async def close_session(self, caller: Caller, ref: str, name: str) -> tuple[str, SessionInfo]:
-        """End a session's bash (a named one is gone; the default one starts afresh at its next command)."""
-        command_requests.check_session_name(name)
-        rec = await self._lookup(caller, ref)
-        async with self.sandboxes.init_lost_means_dead(rec):
-            await self.commands.sessions.close(rec, name)
-        return rec.id, SessionInfo(name, 0, False)
-
-    async def _command(self, rec: SandboxRecord, end: TurnEnd | None, run: Callable[[], Awaitable[ExecOutcome]]) -> Ran:
-        """A command alone (once the last turn end's checkpoint is durable), or begun, run and ended as one turn."""
-        turn: TurnRecord | None = None
-        if end is None:
-            await self.flow.before_action(rec)
-            outcome = await run()
-        else:
-            outcome, turn = await self.flow.command_turn(rec, end, run)
-        return fit_output(outcome, self.cfg.limits.max_reply_output_bytes), turn
-
-    async def session_state(self, caller: Caller, ref: str) -> tuple[str, SessionState | None]:
-        rec = await self._lookup(caller, ref)
-        return rec.id, await self.sandboxes.session_state(rec)
-
-    async def restart_session(self, caller: Caller, ref: str, state_json: str) -> tuple[str, SessionState | None]:
-        command_requests.check_session_state(self.cfg.limits, state_json)  # before touching anything
-        rec = await self._lookup(caller, ref)
-        await self.flow.before_action(rec)
-        return rec.id, await self.commands.restart_session(rec, state_json)
 
     # --- turns -------------------------------------------------------------------------
 

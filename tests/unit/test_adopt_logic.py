@@ -125,7 +125,7 @@ def test_a_failed_adoption_reads_dead_not_hung(tmp_path: Path, monkeypatch: pyte
         assert got.state is SandboxState.DEAD
         assert "could not take it over" in got.dead_reason and "injected failure" in got.dead_reason
         with pytest.raises(SandboxDead):
-            await asyncio.wait_for(st.service.session_state(ALICE, bad.id), 5)
+            await asyncio.wait_for(st.service.command_edge.session_state(ALICE, bad.id), 5)
         st.faults.disarm("backend.thaw")
         counts = await asyncio.wait_for(adoption.run(), 5)
         assert counts == Adopted(adopted=1, failed=1, on_demand=1, retried=2)

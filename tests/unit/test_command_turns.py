@@ -126,7 +126,7 @@ def test_an_open_turn_or_a_bad_word_refuses_before_the_command(tmp_path: Path, m
             assert ran == []
             # The word is checked before the sandbox is even looked up.
             with pytest.raises(InvalidRequest, match="unknown turn end 'later'"):
-                await st.service.session_run(
+                await st.service.command_edge.session_run(
                     ALICE, "no-such-sandbox", "true", timeout_s=0, max_output=0, sink=None, turn_end="later"
                 )
             fresh = st.registry.get_sandbox(rec.id)

@@ -44,7 +44,7 @@ def test_another_uid_cannot_act_on_a_sandbox(tmp_path: Path, monkeypatch: pytest
             lambda: svc.get(BOB, rec.id),
             lambda: svc.stop(BOB, "alices", 1.0),
             lambda: svc.remove(BOB, "alices", True),
-            lambda: svc.exec(
+            lambda: svc.command_edge.exec(
                 BOB,
                 "alices",
                 ["true"],
@@ -56,7 +56,7 @@ def test_another_uid_cannot_act_on_a_sandbox(tmp_path: Path, monkeypatch: pytest
                 user="",
                 sink=None,
             ),
-            lambda: svc.session_run(BOB, "alices", "true", timeout_s=1, max_output=0, sink=None),
+            lambda: svc.command_edge.session_run(BOB, "alices", "true", timeout_s=1, max_output=0, sink=None),
             lambda: svc.begin_turn(BOB, "alices"),
             lambda: svc.end_turn(BOB, "alices"),
             lambda: svc.turns(BOB, "alices", 0),
@@ -191,7 +191,7 @@ def test_bad_requests_on_a_sandbox_change_nothing(tmp_path: Path, monkeypatch: p
             args: dict[str, Any] = (
                 dict(env={}, workdir="", stdin=b"", timeout_s=1, max_output=0, user="", sink=None) | kw
             )
-            return lambda: svc.exec(ALICE, "a", argv, **args)
+            return lambda: svc.command_edge.exec(ALICE, "a", argv, **args)
 
         invalid: list[Callable[[], Awaitable[object]]] = [
             exec_([]),
@@ -199,7 +199,7 @@ def test_bad_requests_on_a_sandbox_change_nothing(tmp_path: Path, monkeypatch: p
             exec_(["ls"], workdir="tmp"),
             exec_(["ls"], user="root"),
             exec_(["ls"], max_output=-1),
-            lambda: svc.session_run(ALICE, "a", "  ", timeout_s=1, max_output=0, sink=None),
+            lambda: svc.command_edge.session_run(ALICE, "a", "  ", timeout_s=1, max_output=0, sink=None),
             lambda: svc.create_checkpoint(ALICE, "a", "", "everything"),
             lambda: svc.create_checkpoint(ALICE, "a", "x" * 201, "fs"),
             lambda: svc.restore(ALICE, "a", "", -1),
