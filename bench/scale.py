@@ -66,6 +66,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -352,8 +353,13 @@ def from_checkout(src: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def daemon(config: str) -> Iterator[EmbeddedDaemon]:
-    """A private crabd that survives kill -9 (not ephemeral), with ``config`` as its TOML; all gone after."""
-    from tests.integration.conftest import remove_instance_containers
+    """A private crabd that survives kill -9 (not ephemeral), with ``config`` as its TOML; all gone after.
+
+    All means its network too, where ``config`` names one of its own: a bridge
+    left behind keeps its subnet's route, and a later network on that subnet
+    (a test's, another crabd's) is unreachable from the host.
+    """
+    from tests.integration.conftest import remove_instance_containers, remove_sandbox_network
 
     base = Path(tempfile.mkdtemp(prefix="crab-scale-", dir="/tmp"))
     cfg = base / "crabd.toml"
@@ -366,6 +372,9 @@ def daemon(config: str) -> Iterator[EmbeddedDaemon]:
     finally:
         d.close()
         remove_instance_containers(d.state_dir)
+        network = tomllib.loads(config).get("network", {}).get("name", "crab")
+        if network != "crab":  # the host's default network is shared with every other crabd
+            remove_sandbox_network(network)
         shutil.rmtree(base, ignore_errors=True)
 
 

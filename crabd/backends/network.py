@@ -34,6 +34,9 @@ network.  IPv6 is not routed for sandboxes (the network has none, and
 
 from __future__ import annotations
 
+import ipaddress
+import socket
+import struct
 import threading
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,10 @@ from crabd.errors import CommandError, HostError
 from crabd.util import proc
 
 _BR_NETFILTER = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+#: The host's main IPv4 routing table (crabd runs in the host's network namespace).
+_ROUTES = Path("/proc/net/route")
+#: More than any host has routes; a bigger file is not read whole.
+_ROUTES_MAX_BYTES = 4 << 20
 _IPTABLES_TIMEOUT_S = 30.0
 LABEL_NETWORK = "dev.crab.network"
 
@@ -182,6 +189,57 @@ def require_bridge_netfilter() -> None:
             f"bridge netfilter is off ({_BR_NETFILTER}: {br_nf}): sandboxes on one bridge could reach each other",
             hint="Load br_netfilter and set net.bridge.bridge-nf-call-iptables = 1 "
             "(or set [network] isolate = false to accept shared networking).",
+        )
+
+
+def host_routes(path: Path | None = None) -> list[tuple[ipaddress.IPv4Network, str]]:
+    """The main table's IPv4 routes as ``(destination, device)``, read from ``/proc/net/route``.
+
+    Each line after the header is ``Iface Destination Gateway Flags RefCnt Use
+    Metric Mask ...``; destination and mask are the address's four bytes printed
+    as one native-endian hex word, so they are packed back in native order.
+    """
+    with (path or _ROUTES).open("rb") as f:
+        text = f.read(_ROUTES_MAX_BYTES).decode("ascii", "replace")
+    out = []
+    for line in text.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) < 8:
+            continue
+        try:
+            dst, mask = (socket.inet_ntoa(struct.pack("=I", int(cols[i], 16))) for i in (1, 7))
+            out.append((ipaddress.IPv4Network(f"{dst}/{mask}"), cols[0]))
+        except (ValueError, struct.error):
+            continue  # not a route line this parser knows; it cannot be crab's bridge's either
+    return out
+
+
+def require_subnet_free(subnet: str, bridge: str) -> None:
+    """HostError if another device routes any of ``subnet``: the host could not reach sandboxes on ``bridge``.
+
+    Two connected routes for one prefix on two devices send the host's packets
+    for a sandbox out of whichever came first; a more specific one on another
+    device takes a part of the subnet.  Either way the host's connects fail with
+    "No route to host" (ARP on the wrong link), or reach someone else's machine.
+    This happens when two networks' derived subnets meet (``[runtime] subnet``),
+    or a bridge of a crabd gone for good was left behind.  A broader route (the
+    default route, a VPN's 10/8) is shadowed by the bridge's own and is no clash.
+    """
+    net = ipaddress.IPv4Network(subnet)
+    clash = sorted(
+        {
+            (str(dst), dev)
+            for dst, dev in host_routes()
+            if dev != bridge and dst.prefixlen >= net.prefixlen and dst.overlaps(net)
+        }
+    )
+    if clash:
+        where = ", ".join(f"{dst} on {dev}" for dst, dev in clash)
+        raise HostError(
+            f"the sandbox subnet {net} of bridge {bridge} is already routed elsewhere ({where}): "
+            "the host could not reach sandboxes on it",
+            hint="Set [runtime] subnet to a free IPv4 subnet, or remove what routes it "
+            "(a crab bridge left behind: `ip link del <device>`).",
         )
 
 

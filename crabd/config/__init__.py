@@ -323,7 +323,7 @@ class RuntimeConfig(Section):
     subnet: str = Field(
         "",
         description="IPv4 subnet of the runc backend's CNI bridge; empty: 10.213.0.0/16 for [network] name "
-        '"crab", else a /24 derived from the name (two crabd instances with different names never share one)',
+        '"crab", else a /24 derived from the name (a networked create refuses a subnet another device routes)',
     )
     # Off by default for now: a sandbox restored or forked in a user namespace cannot take a full (process)
     # checkpoint again (CRIU's dump: "One or more namespaces doesn't belong to the target user namespace":

@@ -4,14 +4,29 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from crabd.backends.network import chain_names
+from crabd.backends.network import chain_names, host_routes
 from crabd.backends.runc import cleanup, cni, named_netns
 from crabd.config import NetworkConfig
+
+
+def free_subnet(second_octet: int) -> ipaddress.IPv4Network:
+    """A /24 in ``10.<second_octet>.x`` that no route of the host's touches, first try by this process's pid.
+
+    A bridge left on the host (a benchmark's or an interrupted run's) keeps its
+    route, and a test network on the same /24 would be unreachable from the host.
+    """
+    routed = [dst for dst, _ in host_routes() if dst.prefixlen > 0]
+    for k in range(250):
+        net = ipaddress.IPv4Network(f"10.{second_octet}.{(os.getpid() + k) % 250}.0/24")
+        if not any(net.overlaps(dst) and dst.prefixlen >= net.prefixlen for dst in routed):
+            return net
+    raise AssertionError(f"every /24 of 10.{second_octet}.0.0/16 is routed on this host")
 
 
 @contextlib.contextmanager

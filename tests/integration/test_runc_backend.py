@@ -42,13 +42,13 @@ from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Std
 from crabd.store.idranges import IdRanges
 from crabd.util import cgroups, proc
 from crabd.util.netns import Netns
-from tests.integration.runc_layer import assert_no_rules_left, private_base, private_layout
+from tests.integration.runc_layer import assert_no_rules_left, free_subnet, private_base, private_layout
 
 pytestmark = pytest.mark.criu
 
 SUFFIX = f"{os.getpid() % 100000}"
 INSTANCE, OTHER = f"rbt{SUFFIX}", f"rbo{SUFFIX}"
-SUBNET = ipaddress.IPv4Network(f"10.215.{os.getpid() % 250}.0/24")
+SUBNET = free_subnet(215)
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 CGROUP = Path("/sys/fs/cgroup")
 

@@ -38,13 +38,13 @@ from crabd.host import images
 from crabd.runtime import initbin
 from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
 from crabd.util import netns
-from tests.integration.runc_layer import assert_no_rules_left, private_base, private_layout
+from tests.integration.runc_layer import assert_no_rules_left, free_subnet, private_base, private_layout
 
 pytestmark = pytest.mark.criu
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 SUFFIX = f"{os.getpid() % 100000}"
-SUBNET = ipaddress.IPv4Network(f"10.214.{os.getpid() % 250}.0/24")
+SUBNET = free_subnet(214)
 GATEWAY = SUBNET.network_address + 1
 HOST_PORT_ALLOWED, HOST_PORT_BLOCKED = 18700 + os.getpid() % 500, 19300 + os.getpid() % 500
 

@@ -14,6 +14,8 @@ leases included).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,8 +25,10 @@ import pytest
 
 from crabd.backends.runc import cni, slots
 from crabd.daemon.app import instance_id
+from crabd.errors import HostError
 from crabd.sdk import Client, EmbeddedDaemon, Sandbox
 from tests.integration.conftest import daemon_with_config, instance_containers
+from tests.integration.runc_layer import free_subnet
 from tests.integration.test_isolation import _probe, _serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
@@ -176,3 +180,28 @@ def test_a_clean_stop_tears_the_ready_slots_down(tmp_path: Path) -> None:
         d.close()
         assert instance_containers(d.state_dir) == set()
         assert _leases(d) == []
+
+
+def test_a_sandbox_subnet_routed_on_another_device_is_refused_and_nothing_is_made() -> None:
+    """A networked create on a subnet the host routes elsewhere (a bridge left behind) fails clearly, makes nothing.
+
+    Without the check the create succeeded and the host's connects to the
+    sandbox failed with "No route to host": its packets left on the other device.
+    """
+    subnet = free_subnet(216)
+    dummy = f"crableft{os.getpid() % 100000}"  # as a crabd's bridge left behind is: a bridge with no port
+    subprocess.run(["ip", "link", "add", dummy, "type", "bridge"], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", f"{subnet.network_address + 1}/24", "dev", dummy], check=True)
+        subprocess.run(["ip", "link", "set", dummy, "up"], check=True)
+        toml = f'[runtime]\nbackend = "runc+btrfs"\nsubnet = "{subnet}"\n[network]\nname = "crabclash"\n'
+        with daemon_with_config(toml, "crabclash") as d, Client(d.socket) as c:
+            with pytest.raises(HostError, match="already routed elsewhere") as info:
+                c.create("busybox", network=True)
+            assert f"{subnet} on {dummy}" in str(info.value) and "[runtime] subnet" in str(info.value.hint)
+            assert c.list() == [] and instance_containers(d.state_dir) == set()
+            assert subprocess.run(["ip", "link", "show", "crabclashr0"], capture_output=True).returncode != 0
+            sb = c.create("busybox")  # a sandbox without a network does not need the subnet
+            assert sb.run(["true"]).exit_code == 0
+    finally:
+        subprocess.run(["ip", "link", "del", dummy], check=False)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
+from crabd.backends import network
 from crabd.backends.network import chain_names, jumps, restore_script
 from crabd.config import NetworkConfig, parse_allow
+from crabd.errors import HostError
 
 
 def test_default_rules_reject_host_sandboxes_and_link_local() -> None:
@@ -59,3 +63,54 @@ def test_network_config_is_validated() -> None:
         with pytest.raises(ValidationError):
             NetworkConfig(**bad)
     assert NetworkConfig().isolate is True
+
+
+#: /proc/net/route as this host kind prints it (x86: each address is its bytes as a little-endian word).
+ROUTES = """Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0
+crabopar0\t009CD60A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
+docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0
+vpn0\t0000000A\t00000000\t0001\t0\t0\t0\t000000FF\t0\t0\t0
+garbage line
+"""
+
+
+@pytest.fixture
+def routes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "route"
+    path.write_text(ROUTES)
+    monkeypatch.setattr(network, "_ROUTES", path)
+    return path
+
+
+def test_host_routes_are_read_from_proc_net_route(routes: Path) -> None:
+    got = [(str(dst), dev) for dst, dev in network.host_routes()]
+    assert got == [
+        ("0.0.0.0/0", "eth0"),
+        ("10.214.156.0/24", "crabopar0"),
+        ("172.17.0.0/16", "docker0"),
+        ("10.0.0.0/8", "vpn0"),
+    ]
+    assert network.host_routes(Path("/proc/net/route"))[0][0].version == 4  # this host's own table parses
+
+
+@pytest.mark.parametrize(
+    ("subnet", "bridge", "clash"),
+    [
+        ("10.214.156.0/24", "crabopar0", None),  # its own bridge's route
+        ("10.214.157.0/24", "crabx0", None),  # the default route and a VPN's 10/8 are broader: no clash
+        ("10.214.156.0/24", "crabx0", "10.214.156.0/24 on crabopar0"),  # the same /24 on a bridge left behind
+        ("10.214.0.0/16", "crabx0", "10.214.156.0/24 on crabopar0"),  # a part of it, more specific elsewhere
+        ("172.17.5.0/24", "crabx0", None),  # docker0's /16 is broader
+    ],
+)
+def test_a_subnet_routed_on_another_device_is_refused(
+    routes: Path, subnet: str, bridge: str, clash: str | None
+) -> None:
+    if clash is None:
+        network.require_subnet_free(subnet, bridge)
+        return
+    with pytest.raises(HostError, match="already routed elsewhere") as info:
+        network.require_subnet_free(subnet, bridge)
+    assert clash in str(info.value) and "[runtime] subnet" in str(info.value.hint)
+    assert subnet in str(info.value)  # the message names the subnet asked for

@@ -304,6 +304,7 @@ def test_a_retried_launch_runs_without_the_slot_the_first_try_tore_down() -> Non
 def test_the_conflist_is_written_when_it_differs_and_only_then(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     net = cni.CniNetwork(cni.CniSettings(cache_dir=tmp_path))
     monkeypatch.setattr(network, "require_bridge_netfilter", lambda: None)
+    monkeypatch.setattr(network, "require_subnet_free", lambda subnet, bridge: None)
     monkeypatch.setattr(network, "install_rules", lambda *a, **kw: None)
     monkeypatch.setattr(proc, "run", lambda argv, **kw: proc.Completed(tuple(argv), 0, b"", b""))
     writes: list[Path] = []
@@ -337,6 +338,7 @@ def test_the_host_side_is_checked_at_most_once_per_recheck_interval(
 ) -> None:
     net = cni.CniNetwork(cni.CniSettings(cache_dir=tmp_path))
     monkeypatch.setattr(network, "require_bridge_netfilter", lambda: None)
+    monkeypatch.setattr(network, "require_subnet_free", lambda subnet, bridge: None)
     installs: list[str] = []
     monkeypatch.setattr(network, "install_rules", lambda cfg, **kw: installs.append(kw["forward_parent"]))
     ran: list[tuple[str, ...]] = []

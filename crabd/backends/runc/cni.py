@@ -203,6 +203,7 @@ class CniNetwork:
             if self._checked_at is not None and time.monotonic() - self._checked_at < RECHECK_S:
                 return
             network.require_bridge_netfilter()
+            network.require_subnet_free(self.settings.subnet, self.settings.bridge)
             conf = json.dumps(conflist(self.settings), indent=1).encode()
             private_dir(self.settings.cache_dir)  # its results are named by container ids: root only
             path = self.settings.cache_dir / f"{self.settings.name}.conflist"
