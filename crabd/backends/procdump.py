@@ -161,6 +161,9 @@ class Posture:
     #: Mount points where an external mount keyed :data:`MASKED_DIR_KEY` is allowed, read-only (the masked
     #: directories, which a restore covers with an empty read-only tmpfs of crab's: runc/masks.py).
     mask_dirs: frozenset[str] = frozenset()
+    #: Mount points where an external mount keyed by a ``tmpfs_key.TmpfsCopy`` is allowed (where the spec mounts
+    #: a tmpfs, or runc's cgroup tmpfs): a restore puts a fresh tmpfs of the sandbox's root there.
+    tmpfs_points: frozenset[str] = frozenset()
     #: Mount points that must be read-only when present.
     readonly: frozenset[str] = frozenset()
     #: The user namespace's maps, when ``"user"`` is in ``namespaces``.

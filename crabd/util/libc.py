@@ -77,7 +77,8 @@ _STX_ATTRIBUTES, _STX_ATTRIBUTES_MASK, _STATX_SIZE = 8, 56, 256
 
 
 #: ``mount(2)`` flags.
-MS_RDONLY, MS_PRIVATE = 1, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_PRIVATE = 1, 2, 4, 8, 1 << 18
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1 << 10, 1 << 11, 1 << 21, 1 << 24
 
 
 def mount(source: str, target: str | os.PathLike[str], fstype: str, flags: int, data: str = "") -> None:

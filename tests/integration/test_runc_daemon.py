@@ -10,6 +10,8 @@ a sandbox on the host once it is removed.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 
@@ -150,3 +152,74 @@ def test_nothing_of_a_removed_sandbox_stays_on_the_host(daemon: EmbeddedDaemon, 
     with Pool.from_config(CrabConfig().btrfs) as pool:
         left = [n for kind in SubvolKind for n in pool.list(kind) if n.startswith(prefix)]
     assert left == []
+
+
+#: What a sandbox sees of its /dev, /dev/shm and /sys/fs/cgroup tmpfs mounts: the roots' mode, owner, mtime and
+#: type, their entries, /dev's links (owner, mtime, target), and their mounts (flags, type, source, options; the
+#: uid/gid options name the sandbox's own id range, which a fork's differs from).  Sorted: a directory's read
+#: order is the tmpfs's creation order, which a tar's extraction did not keep either.
+TMPFS_VIEW = (
+    "stat -c '%n %a %u %g %y %F' /dev /dev/shm /sys/fs/cgroup; ls -A /dev /dev/shm /sys/fs/cgroup;"
+    " find /dev -maxdepth 1 -type l -exec stat -c '%n %u %g %y %N' {} + | sort;"
+    ' awk \'$5=="/dev"||$5=="/dev/shm"||$5=="/sys/fs/cgroup"{for(i=7;$i!="-";i++);print $5,$6,$(i+1),$(i+2),$(i+3)}\''
+    " /proc/self/mountinfo | sed -E 's/,?[ug]id=[0-9]+//g'"
+)
+
+
+def _copied_points(d: EmbeddedDaemon, container_id: str) -> list[str]:
+    """The points (comma-joined) each dump of ``container_id`` kept out of CRIU's tar (dumps.py logs them)."""
+    out = []
+    for line in d.log_file.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if rec.get("msg") == "tmpfs kept out of CRIU's tar" and rec.get("container") == container_id:
+                out.append(rec["points"])
+    return out
+
+
+def test_runcs_tmpfs_mounts_come_back_exactly_as_fresh_tmpfs_of_their_own(
+    daemon: EmbeddedDaemon, make_sandbox: Callable[..., Sandbox]
+) -> None:
+    """/dev, /dev/shm unused and runc's cgroup tmpfs: not tarred by CRIU (tmpfs_copies.py), yet restored exactly."""
+    sb = make_sandbox("bookworm")
+    cid = sb.refresh().container_id
+    # Not what runc made them: a restore that made them anew from the spec alone would differ.
+    prep = (
+        "chmod 1770 /dev/shm && ln -s /proc/self/fd/3 /dev/mine && touch -h -d '2021-01-01 00:00:00.5' /dev/stdin"
+        " && touch -d '2020-01-02 03:04:05.123456789' /dev /dev/shm /sys/fs/cgroup"
+    )
+    assert sb.run(["sh", "-c", prep]).exit_code == 0
+    before = sb.run(["sh", "-c", TMPFS_VIEW]).stdout.decode()
+    assert "/dev/shm 1770 0 0 2020-01-02 03:04:05.123456789" in before and "memory" in before
+    assert "/dev/stdin 0 0 2021-01-01 00:00:00.500000000" in before and "'/dev/mine' -> '/proc/self/fd/3'" in before
+    ck = sb.checkpoint(kind="full")
+    assert _copied_points(daemon, cid)[-1] == "/dev,/dev/shm,/sys/fs/cgroup"
+    a, b = sb.fork(2, ck)
+    try:
+        for clone in (a, b):
+            assert clone.run(["sh", "-c", TMPFS_VIEW]).stdout.decode() == before
+        # Each clone's tmpfs is its own: nothing written in one shows in another or in the source.
+        assert a.run(["sh", "-c", "echo mine > /dev/shm/x && cat /dev/shm/x"]).stdout == b"mine\n"
+        assert a.run(["touch", "/sys/fs/cgroup/y", "/dev/z"]).exit_code == 0
+        for other in (b, sb):
+            assert other.run(["ls", "-A", "/dev/shm"]).stdout == b""
+            assert other.run(["sh", "-c", "test -e /sys/fs/cgroup/y || test -e /dev/z"]).exit_code == 1
+        sb.restore(ck)
+        assert sb.run(["sh", "-c", TMPFS_VIEW]).stdout.decode() == before
+    finally:
+        for clone in (a, b):
+            clone.remove(force=True)
+    # What the sandbox put there is CRIU's to keep (its tar), and comes back.
+    mine = "echo kept > /dev/shm/keep && mkdir /sys/fs/cgroup/mine && echo also > /dev/keep"
+    assert sb.run(["sh", "-c", mine]).exit_code == 0
+    cid = sb.refresh().container_id  # the restore's container
+    copied = len(_copied_points(daemon, cid))
+    ck2 = sb.checkpoint(kind="full")
+    assert len(_copied_points(daemon, cid)) == copied  # this dump copied neither
+    [c] = sb.fork(1, ck2)
+    try:
+        assert c.run(["cat", "/dev/shm/keep"]).stdout == b"kept\n"
+        assert c.run(["test", "-d", "/sys/fs/cgroup/mine"]).exit_code == 0
+        assert c.run(["cat", "/dev/keep"]).stdout == b"also\n"
+    finally:
+        c.remove(force=True)

@@ -17,6 +17,7 @@ from crabd.backends.criu.seccomp_bpf import AUDIT_ARCH_X86_64 as X86_64
 from crabd.backends.procdump import MASKED_DIR_KEY, IdMap, capability_mask
 from crabd.backends.runc import bundle
 from crabd.backends.runc.posture import posture_of
+from crabd.backends.tmpfs_key import CopyEntry, TmpfsCopy
 from crabd.errors import CriuImageInvalid, PostureViolation
 from tests.criu_forge import (
     ALLOW,
@@ -253,6 +254,39 @@ def test_crabs_masked_directories_are_accepted_read_only_where_the_spec_masks(tm
     assert err.what == "mount at /proc/acpi"
 
 
+TMPFS = dataclasses.replace(NORMAL_POSTURE, tmpfs_points=frozenset({"/dev", "/dev/shm", "/sys/fs/cgroup"}))
+
+
+def test_crabs_tmpfs_copies_are_accepted_only_where_the_spec_has_a_tmpfs_and_at_their_own_point(
+    tmp_path: Path,
+) -> None:
+    """A restore maps a TmpfsCopy key to a fresh tmpfs of the sandbox's root (runc/tmpfs_copies.py)."""
+    shm = TmpfsCopy("/dev/shm", 0o1777, 5)
+    cgroup = TmpfsCopy("/sys/fs/cgroup", 0o555, 5, (CopyEntry("dir", "memory"),))
+
+    def mounts(*extra: bytes) -> bytes:
+        return image(pbimage.MNTS_MAGIC, *NORMAL_MOUNTS, *extra)
+
+    ok = (mount(320, 145, "/dev/shm", 5, flags=0xE, key=shm.key), mount(321, 151, "/sys/fs/cgroup", 5, key=cgroup.key))
+    check(write_images(tmp_path / "ok", **{"mountpoints-13.img": mounts(*ok)}), TMPFS, "ck-1")
+    # Over /etc: a fresh empty tmpfs would hide the sandbox's own files; the spec has no tmpfs there.
+    etc = TmpfsCopy("/etc", 0o755, 5)
+    err = refused(
+        write_images(tmp_path / "a", **{"mountpoints-13.img": mounts(mount(322, 145, "/etc", 5, key=etc.key))}), TMPFS
+    )
+    assert err.what == "mount at /etc" and "tmpfs copy" in err.found
+    # A key of one point at another: two mounts could share one tmpfs.
+    moved = mount(323, 145, "/dev", 5, key=shm.key)
+    err = refused(write_images(tmp_path / "b", **{"mountpoints-13.img": mounts(moved)}), TMPFS)
+    assert err.what == "mount at /dev" and "for /dev/shm" in err.found
+    bad = mount(324, 145, "/dev/shm", 5, key="crab-tmpfs:/dev/shm:1777:5:d=../..")
+    err = refused(write_images(tmp_path / "c", **{"mountpoints-13.img": mounts(bad)}), TMPFS)
+    assert err.what == "mount at /dev/shm" and "keyed" in err.found
+    # A posture without tmpfs points (Docker's) accepts the key nowhere.
+    err = refused(write_images(tmp_path / "d", **{"mountpoints-13.img": mounts(ok[0])}))
+    assert err.what == "mount at /dev/shm"
+
+
 def test_a_dropped_read_only_proc_bind_is_refused(tmp_path: Path) -> None:
     # Without its read-only bind, /proc/sys (core_pattern ...) would be writable through /proc.
     mounts = [m for m in NORMAL_MOUNTS if m != NORMAL_MOUNTS[3]]
@@ -395,6 +429,7 @@ def test_the_runc_posture_is_read_from_the_bundles_own_config() -> None:
     assert {"/.crab/init", "/etc/hostname"} <= p.binds and p.mask_binds == {"/dev/null"}
     assert {"/proc/acpi", "/sys/firmware"} <= p.mask_dirs and "/proc" not in p.mask_dirs
     assert {"/sys", "/proc/sys", "/.crab/init"} <= p.readonly and "/etc/hostname" not in p.readonly
+    assert p.tmpfs_points == {"/dev", "/dev/shm", "/sys/fs/cgroup"}  # runc's tmpfs mounts, its cgroup tmpfs
     # A user namespace added to the config is expected in the images, with its maps.
     cfg["linux"]["namespaces"].append({"type": "user"})
     cfg["linux"]["uidMappings"] = [{"containerID": 0, "hostID": 100000, "size": 65536}]

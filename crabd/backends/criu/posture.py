@@ -75,6 +75,7 @@ from crabd.backends.criu import pbimage
 from crabd.backends.criu.pbimage import Malformed, Message
 from crabd.backends.criu.seccomp_bpf import ARCH_NAMES, SYSCALLS, refuses
 from crabd.backends.procdump import CAPABILITY_BITS, MASKED_DIR_KEY, NAMESPACE_KINDS, IdMap, Posture
+from crabd.backends.tmpfs_key import TmpfsCopy
 from crabd.errors import CriuImageInvalid, PostureViolation
 
 #: TaskKobjIdsEntry field of each namespace kind.
@@ -290,10 +291,12 @@ class _Checker:
         # CRIU mounts an entry as a bind of any entry of the same device whose root holds its root:
         # a kernel file system may not share a device with the container's root or a host bind.
         masks = self.posture.mask_binds | {MASKED_DIR_KEY}
-        host_devs = {root.dev} | {m.dev for m in mounts if m.external and m.key not in masks}
+        host_devs = {root.dev} | {
+            m.dev for m in mounts if m.external and m.key not in masks and not TmpfsCopy.is_key(m.key)
+        }
         points = set()
         for m in mounts:
-            inside = _inside(m.point, root.point)
+            inside = sandbox_point(m.point, root.point)
             points.add(inside)
             problem = _judge_mount(m, inside, m is root, host_devs, self.posture)
             if problem is not None:
@@ -343,6 +346,15 @@ def _judge_mount(
         # runc names a bind to CRIU by its destination; its host source comes from runc, not the image.
         if m.key in posture.mask_binds:
             return None
+        if TmpfsCopy.is_key(m.key):
+            # A fresh tmpfs of the sandbox's root (runc/tmpfs_copies.py), only where the spec has a tmpfs.
+            try:
+                copy = TmpfsCopy.parse(m.key or "")
+            except ValueError as exc:
+                return f"a tmpfs copy keyed {m.key!r} ({exc})", "a key a dump of crab's writes"
+            if inside not in posture.tmpfs_points or copy.point != inside:
+                return f"a tmpfs copy for {copy.point} at {inside}", "one only where the spec mounts a tmpfs, its own"
+            return None
         if m.key == MASKED_DIR_KEY:
             # crab's empty tmpfs (runc/masks.py), only where the spec masks a directory, and read-only.
             if inside not in posture.mask_dirs:
@@ -381,7 +393,7 @@ def _exists(dirfd: int, name: str) -> bool:
         return False
 
 
-def _inside(point: str, root_point: str) -> str:
+def sandbox_point(point: str, root_point: str) -> str:
     """A mount point as the sandbox sees it (CRIU records them under the dump's root mount point)."""
     if root_point not in ("", "/") and (point == root_point or point.startswith(root_point.rstrip("/") + "/")):
         point = point[len(root_point.rstrip("/")) :]

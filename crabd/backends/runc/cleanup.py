@@ -21,7 +21,7 @@ import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crabd.backends.runc import bundle, idmap, masks, named_netns, rootfs
+from crabd.backends.runc import bundle, idmap, masks, named_netns, rootfs, tmpfs_copies
 from crabd.backends.runc.cli import Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniSettings
 from crabd.errors import ContainerRuntimeError
@@ -134,7 +134,7 @@ def _remove_runc_leftovers(layout: Layout, runc: Runc, container_id: str) -> Non
 
 
 def remove_userns_rootfs(layout: Layout, container_id: str) -> None:
-    """Unmount ``layout.userns_rootfs(id)``, the /etc view and masks.py's source beside it; rmdir the dirs."""
+    """Unmount ``layout.userns_rootfs(id)``, the /etc view and a restore's sources beside it; rmdir the dirs."""
     target = layout.userns_rootfs(container_id)
     etc = layout.userns_etc(container_id)
     try:
@@ -145,6 +145,8 @@ def remove_userns_rootfs(layout: Layout, container_id: str) -> None:
             raise
     idmap.detach(etc)
     masks.drop_source(target.parent / masks.SOURCE)  # a restore's, left by a crash mid-restore
+    for source in tmpfs_copies.sources_in(target.parent):  # the same
+        tmpfs_copies.drop_source(source)
     for d in (target, etc, target.parent):
         with contextlib.suppress(FileNotFoundError):
             d.rmdir()

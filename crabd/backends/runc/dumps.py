@@ -32,6 +32,10 @@ sandbox writes), so ``runc restore`` takes the images as if runc had made them:
   would otherwise save each one with a ``tar | gzip`` while the sandbox is
   frozen (about 5 ms each here) and extract it again at every restore; a
   restore maps the key to an empty read-only tmpfs of crab's (masks.py);
+* ``--external mnt[POINT]:crab-tmpfs:POINT:...`` (tmpfs_key.py) for each tmpfs
+  that holds only what runc put there (runc's cgroup tmpfs, an unused
+  /dev/shm, /dev), which CRIU would otherwise tar while the sandbox is frozen; a
+  restore mounts a fresh tmpfs with that content (tmpfs_copies.py);
 * ``--external net[INODE]:extRootNetNS`` when the netns was given by path
   (runc's key; the same for pid), ``--empty-ns net`` where the backend asks
   for ``--empty-ns network``;
@@ -58,10 +62,11 @@ from typing import Any, Literal
 
 from crabd.backends.criu.runc import DUMP_OPTIONS, RuncDumper
 from crabd.backends.procdump import MASKED_DIR_KEY
-from crabd.backends.runc import statefile
+from crabd.backends.runc import statefile, tmpfs_copies
 from crabd.backends.runc.bundle import CRIU_CONFIG_ANNOTATION
 from crabd.backends.runc.cli import EMPTY_NETNS
 from crabd.backends.runc.statefile import Unreadable, parse_record
+from crabd.backends.tmpfs_key import TmpfsCopy
 from crabd.errors import CriuError
 
 log = logging.getLogger(__name__)
@@ -136,11 +141,13 @@ def criu_options(runc_options: tuple[str, ...]) -> tuple[str, ...]:
     raise NotPlanned(f"runc options {runc_options!r} have no CRIU spelling here")
 
 
-def plan(state: Any, *, root_of_init: Path | None = None) -> DumpPlan:
+def plan(state: Any, *, root_of_init: Path | None = None, mountinfo: str | None = None) -> DumpPlan:
     """The :class:`DumpPlan` of a decoded state.json; NotPlanned when runc should do it.
 
     ``root_of_init``: where the container's root is seen from here
-    (``/proc/<pid>/root``), to tell masked files from masked directories.
+    (``/proc/<pid>/root``), to tell masked files from masked directories and
+    to look into the tmpfs mounts (tmpfs_copies.py); ``mountinfo``: its
+    init's (read from /proc when None).  The container is frozen.
     """
     try:
         rec = parse_record(state)
@@ -149,6 +156,8 @@ def plan(state: Any, *, root_of_init: Path | None = None) -> DumpPlan:
         namespaces = {str(n["type"]): str(n.get("path") or "") for n in cfg.get("namespaces") or ()}
         devices = [str(d["path"]) for d in cfg.get("devices") or ()]
         masks = [str(p) for p in cfg.get("mask_paths") or ()]
+        tmpfs = {str(m["destination"]) for m in cfg.get("mounts") or () if m.get("device") in ("tmpfs", "cgroup")}
+        owner = tmpfs_copies.root_owner(cfg)
         descriptors = tuple(str(d) for d in state.get("external_descriptors") or ())
     except (KeyError, TypeError, ValueError, AttributeError, Unreadable) as exc:
         raise NotPlanned(f"state.json not understood: {exc!r}") from exc
@@ -164,6 +173,9 @@ def plan(state: Any, *, root_of_init: Path | None = None) -> DumpPlan:
     externals += [f"mnt[{path}]:/dev/null" for path in masks if kinds[path] == "file"]
     externals += [f"mnt[{path}]:{MASKED_DIR_KEY}" for path in masks if kinds[path] == "dir"]
     externals += [f"mnt[{path}]:{path}" for path in devices]
+    info = tmpfs_copies.read_mountinfo(rec.pid) if mountinfo is None else mountinfo
+    copies = tmpfs_copies.survey(root, info, tmpfs - set(masks), owner)
+    externals += [f"mnt[{point}]:{copy.key}" for point, copy in copies.items()]
     for kind, (name, key) in _EXTERNAL_NS.items():
         if namespaces.get(kind):
             externals.append(f"{name}[{_ns_inode(namespaces[kind])}]:{key}")
@@ -290,6 +302,9 @@ class DirectDumper(RuncDumper):
             return super()._argv(container_id, images_dir, work_dir, extra)
         self._check_init(container_id, p)
         _write_descriptors(images_dir, p.descriptors)
+        copied = [ext.split("]", 1)[0].removeprefix("mnt[") for ext in p.externals if f"]:{TmpfsCopy.PREFIX}:" in ext]
+        if copied:
+            log.info("tmpfs kept out of CRIU's tar", extra={"container": container_id, "points": ",".join(copied)})
         return argv
 
     def _state(self, container_id: str) -> Any:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crabd.backends.network import SANDBOX_SYSCTLS
-from crabd.backends.runc import bundle, cleanup, idmap, masks, named_netns, rootfs, slots, userns_image
+from crabd.backends.runc import bundle, cleanup, idmap, masks, named_netns, rootfs, slots, tmpfs_copies, userns_image
 from crabd.backends.runc.cli import CheckpointOptions, Runc, RuncState
 from crabd.backends.runc.cni import CniNetwork, CniResult
 from crabd.errors import ContainerRuntimeError, CriuImageInvalid
@@ -123,6 +123,17 @@ def _share_with_range(images_dir: Path, ids: idmap.IdRange) -> None:
         st = f.lstat()
         if stat.S_ISREG(st.st_mode) and not st.st_mode & stat.S_IROTH:
             os.chmod(f, (st.st_mode & 0o777) | stat.S_IROTH)
+
+
+def _criu_conf(masked: Path | None, copies: list[tmpfs_copies.Wanted]) -> bytes | None:
+    """A restore's CRIU configuration (masks.py): the masked directories' source and the tmpfs copies'."""
+    if masked is None:
+        return None
+    return masks.criu_conf(masked, extra=tmpfs_copies.conf_lines(masked.parent, copies))
+
+
+def _mounts(b: bundle.Bundle) -> list[dict[str, object]]:
+    return [m for m in b.config().get("mounts") or () if isinstance(m, dict)]
 
 
 def _mount_points(b: bundle.Bundle) -> list[tuple[str, bool]]:
@@ -229,11 +240,12 @@ class Launcher:
                 result = self.network.add(spec.id, ns) if spec.networked else None
             clock.lap("cni")
             masked = self._masked_source(spec.id) if restore is not None else None
+            copies = tmpfs_copies.wanted(restore.images_dir) if restore is not None else []
             b = bundle.write(
                 dataclasses.replace(spec, netns=ns),
                 self.layout.bundles,
                 etc_dir=storage.etc,
-                criu_conf=masks.criu_conf(masked) if masked is not None else None,
+                criu_conf=_criu_conf(masked, copies),
             )
             clock.lap("bundle")
             rootfs.mount(rootfs.Overlay(storage.lowers, storage.upper, storage.work, b.rootfs))
@@ -243,7 +255,7 @@ class Launcher:
                 state = self.runc.state(spec.id)
             else:
                 assert masked is not None
-                with masks.source(masked, owner=0):
+                with masks.source(masked, owner=0), tmpfs_copies.sources(masked.parent, copies, _mounts(b), 0):
                     state = self.runc.restore(spec.id, b, restore.images_dir, restore.work_dir, restore.options)
             if state is None:
                 raise ContainerRuntimeError(f"{spec.id} vanished after start", container=spec.id)
@@ -266,6 +278,7 @@ class Launcher:
             target = self._userns_mount_point(spec.id, ids)
             etc_view = self.layout.userns_etc(spec.id) if storage.etc is not None else None
             masked = self._masked_source(spec.id) if restore is not None else None
+            copies = tmpfs_copies.wanted(restore.images_dir) if restore is not None else []
             b = bundle.write(
                 dataclasses.replace(spec, netns=ns, rootfs=target),
                 self.layout.bundles,
@@ -273,7 +286,7 @@ class Launcher:
                 etc_seen_at=etc_view,
                 # A restore's netns is CRIU's, lo down, until after `runc restore`: lo up before the sockets.
                 prestart=(str(spec.init_binary), LO_UP_ARG) if restore is not None else (),
-                criu_conf=masks.criu_conf(masked) if masked is not None else None,
+                criu_conf=_criu_conf(masked, copies),
             )
             bundle.write_atomic(b.path / LOWERS_FILE, json.dumps({"lowers": [str(p) for p in storage.lowers]}).encode())
             clock.lap("bundle")
@@ -308,7 +321,10 @@ class Launcher:
                 _share_with_range(restore.images_dir, ids)
                 idmap.make_mount_points(target, _mount_points(b), ids)
                 opts = dataclasses.replace(restore.options or CheckpointOptions(), empty_ns_network=True)
-                with masks.source(masked, owner=ids.base):
+                with (
+                    masks.source(masked, owner=ids.base),
+                    tmpfs_copies.sources(masked.parent, copies, _mounts(b), ids.base),
+                ):
                     state = self.runc.restore(spec.id, b, restore.images_dir, restore.work_dir, opts)
                 _drop_etc_view(etc_view)
                 clock.lap("runc")

@@ -89,8 +89,8 @@ def drop_source(target: Path) -> None:
         target.rmdir()
 
 
-def criu_conf(source: Path, host_conf: Path = RUNC_CRIU_CONFIG) -> bytes:
-    """The bundle's CRIU configuration: the host's runc.conf (if a readable regular file), then the mapping.
+def criu_conf(source: Path, host_conf: Path = RUNC_CRIU_CONFIG, *, extra: bytes = b"") -> bytes:
+    """The bundle's CRIU configuration: the host's runc.conf (if a readable regular file), the mapping, ``extra``.
 
     The host's file is read without following a link and bounded; one that
     cannot be read so is an error, not silently dropped, since runc would
@@ -106,4 +106,4 @@ def criu_conf(source: Path, host_conf: Path = RUNC_CRIU_CONFIG) -> bytes:
                 hint="It holds CRIU's options for runc; `make setup` writes it (docs/processes.md).",
             )
         host = data if data.endswith(b"\n") or not data else data + b"\n"
-    return host + f"external mnt[{MASKED_DIR_KEY}]:{source}\n".encode()
+    return host + f"external mnt[{MASKED_DIR_KEY}]:{source}\n".encode() + extra

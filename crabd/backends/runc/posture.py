@@ -16,6 +16,9 @@ hold is exactly what a freshly started one gets:
   node of the same path instead of creating it;
 * masked directories: ``linux.maskedPaths``, where a restore may put crab's
   empty read-only tmpfs (masks.py);
+* tmpfs points: where the spec mounts a tmpfs, or a cgroup tree (runc's
+  tmpfs on cgroup v1), a restore may put a fresh tmpfs of the sandbox's root
+  (tmpfs_copies.py);
 * read-only points: ``linux.readonlyPaths`` and every ``ro`` mount but
   runc's cgroup mount (a writable tmpfs holding read-only controller mounts,
   which the check requires read-only by type);
@@ -86,6 +89,7 @@ def posture_of(config: dict[str, Any]) -> Posture:
         binds=frozenset(binds),
         mask_binds=frozenset({"/dev/null"}) if linux.get("maskedPaths") else frozenset(),
         mask_dirs=frozenset(linux.get("maskedPaths") or ()),
+        tmpfs_points=frozenset(m["destination"] for m in mounts if m.get("type") in ("tmpfs", "cgroup")),
         readonly=frozenset(readonly),
         uid_map=_maps(linux.get("uidMappings")),
         gid_map=_maps(linux.get("gidMappings")),
