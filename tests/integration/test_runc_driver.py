@@ -30,14 +30,14 @@ import pytest
 
 from crabd.backends.btrfs import Pool, SubvolRef
 from crabd.backends.limits import DEFAULT_PIDS_LIMIT, SANDBOX_CAPABILITIES
-from crabd.backends.runc import bundle, cleanup, cni, launch, named_netns, rootfs
+from crabd.backends.runc import bundle, cleanup, cni, launch, masks, named_netns, rootfs, tmpfs_copies
 from crabd.backends.runc.cli import Runc, RuncStatus
 from crabd.config import NetworkConfig
 from crabd.errors import ContainerRuntimeError, CriuError, InitUnavailable
 from crabd.host import images
 from crabd.runtime import initbin
 from crabd.runtime.initproto import Exit, InitConnection, SpawnSpec, Stderr, Stdout
-from crabd.util import netns
+from crabd.util import libc, netns
 from tests.integration.runc_layer import assert_no_rules_left, free_subnet, private_base, private_layout
 
 pytestmark = pytest.mark.criu
@@ -595,3 +595,15 @@ def test_remove_unmounted_never_deletes_through_a_mount_left_below(tmp_path: Pat
     finally:
         for m in ("criu-root", "yard"):
             subprocess.run(["umount", "-l", str(work / m)], check=False, capture_output=True)
+
+
+def test_teardown_detaches_the_sources_a_restore_killed_midway_left(layout: cleanup.Layout, runc: Runc) -> None:
+    """kill -9 of crabd during a restore leaves masks.py's and tmpfs_copies.py's sources mounted beside the rootfs."""
+    own = layout.mounts / "crt-killed-restore"
+    own.mkdir(parents=True, mode=0o700)
+    for name in (masks.SOURCE, f"{tmpfs_copies.SOURCE_PREFIX}0", f"{tmpfs_copies.SOURCE_PREFIX}1"):
+        (own / name).mkdir()
+        libc.mount("tmpfs", own / name, "tmpfs", 0, "size=1m")
+    assert cleanup.teardown(layout, runc, "crt-killed-restore") == []
+    assert not own.exists()
+    assert str(own) not in Path("/proc/self/mountinfo").read_text()

@@ -144,9 +144,9 @@ def remove_userns_rootfs(layout: Layout, container_id: str) -> None:
         if rootfs.is_mounted(target):
             raise
     idmap.detach(etc)
-    masks.drop_source(target.parent / masks.SOURCE)  # a restore's, left by a crash mid-restore
-    for source in tmpfs_copies.sources_in(target.parent):  # the same
-        tmpfs_copies.drop_source(source)
+    # A restore's sources, left by a crash mid-restore.
+    for source in [target.parent / masks.SOURCE, *tmpfs_copies.sources_in(target.parent)]:
+        idmap.detach_dir(source)
     for d in (target, etc, target.parent):
         with contextlib.suppress(FileNotFoundError):
             d.rmdir()

@@ -54,7 +54,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +67,7 @@ from crabd.backends.runc.cli import EMPTY_NETNS
 from crabd.backends.runc.statefile import Unreadable, parse_record
 from crabd.backends.tmpfs_key import TmpfsCopy
 from crabd.errors import CriuError
+from crabd.util import mountinfo as mountinfo_lines
 
 log = logging.getLogger(__name__)
 
@@ -228,18 +228,11 @@ def yard_links(mountinfo: str, own_cgroups: str) -> dict[str, str] | None:
     controllers as listed (``cpu,cpuacct``).  Only a mount of a hierarchy's
     root will do: CRIU walks the cgroup's full path below it.
     """
-    mounts: list[tuple[str, set[str]]] = []
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        try:
-            sep = fields.index("-")
-            root, point, fstype, opts = fields[3], fields[4], fields[sep + 1], fields[sep + 3]
-        except (ValueError, IndexError):
-            continue
-        if root != "/" or fstype not in ("cgroup", "cgroup2"):
-            continue
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
-        mounts.append((point, {""} if fstype == "cgroup2" else set(opts.split(","))))
+    mounts = [
+        (m.point, {""} if m.fstype == "cgroup2" else set(m.super_options.split(",")))
+        for m in mountinfo_lines.parse(mountinfo)
+        if m.root == "/" and m.fstype in ("cgroup", "cgroup2")
+    ]
     links: dict[str, str] = {}
     for line in own_cgroups.splitlines():
         parts = line.split(":", 2)

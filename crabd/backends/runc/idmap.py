@@ -206,6 +206,16 @@ def detach(target: Path) -> None:
             raise
 
 
+def detach_dir(target: Path) -> None:
+    """:func:`detach` ``target`` and remove its (then empty) directory; idempotent.
+
+    A restore's sources (masks.py, tmpfs_copies.py): the container's binds hold what was mounted there.
+    """
+    detach(target)
+    with contextlib.suppress(FileNotFoundError):
+        target.rmdir()
+
+
 # --- an overlay over idmapped layers ----------------------------------------------------------
 
 PR_SET_SECUREBITS = 28

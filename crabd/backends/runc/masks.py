@@ -25,7 +25,7 @@ maps that key to a fresh tmpfs made here:
   ``/etc/criu/runc.conf`` that runc would have read, then one line
   ``external mnt[crab-masked-dir]:<source>``.
 
-After ``runc restore`` the host side is detached (:func:`drop_source`): the
+After ``runc restore`` the host side is detached (:func:`~.idmap.detach_dir`): the
 container's binds hold the superblock.  Images whose masks are tarred (a dump
 through ``runc checkpoint``, or by crab before this) restore as before; the
 mapping then goes unused.  The posture check (criu/posture.py) accepts the key
@@ -54,12 +54,12 @@ _HOST_CONF_LIMIT = 64 << 10
 
 @contextlib.contextmanager
 def source(target: Path, *, owner: int) -> Iterator[Path]:
-    """:func:`mount_source` for the ``with`` body (``runc restore``), then :func:`drop_source`."""
+    """:func:`mount_source` for the ``with`` body (``runc restore``), then :func:`~.idmap.detach_dir`."""
     mount_source(target, owner)
     try:
         yield target
     finally:
-        drop_source(target)
+        idmap.detach_dir(target)
 
 
 def mount_source(target: Path, owner: int) -> Path:
@@ -75,18 +75,11 @@ def mount_source(target: Path, owner: int) -> Path:
         # Private: nothing mounted later under it (there is nothing) or over it propagates anywhere.
         libc.mount("none", target, "", libc.MS_PRIVATE)
     except OSError as exc:
-        drop_source(target)
+        idmap.detach_dir(target)
         raise ContainerRuntimeError(
             f"cannot mount the masked directories' tmpfs at {target}: {exc}", container=""
         ) from exc
     return target
-
-
-def drop_source(target: Path) -> None:
-    """Detach the source (restored containers keep their binds of it) and remove its directory; idempotent."""
-    idmap.detach(target)
-    with contextlib.suppress(FileNotFoundError):
-        target.rmdir()
 
 
 def criu_conf(source: Path, host_conf: Path = RUNC_CRIU_CONFIG, *, extra: bytes = b"") -> bytes:

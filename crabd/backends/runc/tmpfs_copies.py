@@ -52,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import stat
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -65,6 +64,7 @@ from crabd.backends.runc import idmap
 from crabd.backends.tmpfs_key import MAX_ENTRIES, CopyEntry, TmpfsCopy
 from crabd.errors import ContainerRuntimeError
 from crabd.util import libc
+from crabd.util import mountinfo as mountinfo_lines
 
 log = logging.getLogger(__name__)
 
@@ -89,43 +89,6 @@ _MOUNTINFO_LIMIT = 1 << 20
 #: a directory with another one there is not the mount's root.  On a kernel that numbers otherwise no tmpfs
 #: qualifies, and CRIU tars them all, as before.
 _TMPFS_ROOT_INO = 1
-
-
-@dataclass(frozen=True)
-class _Mount:
-    mount_id: int
-    parent: int
-    dev: int
-    root: str
-    point: str
-    fstype: str
-
-
-def _unescape(text: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
-
-
-def parse_mountinfo(text: str) -> list[_Mount]:
-    """The mounts of a ``/proc/<pid>/mountinfo`` (lines it cannot read are skipped: they name no candidate)."""
-    out = []
-    for line in text.splitlines():
-        fields = line.split(" ")
-        try:
-            sep = fields.index("-", 6)
-            major, minor = fields[2].split(":")
-            out.append(
-                _Mount(
-                    int(fields[0]),
-                    int(fields[1]),
-                    os.makedev(int(major), int(minor)),
-                    _unescape(fields[3]),
-                    _unescape(fields[4]),
-                    fields[sep + 1],
-                )
-            )
-        except (ValueError, IndexError):
-            continue
-    return out
 
 
 def read_mountinfo(pid: int) -> str:
@@ -157,7 +120,7 @@ def survey(root: Path, mountinfo: str, points: Iterable[str], owner: tuple[int, 
     ``mountinfo``: its init's; ``owner``: the host uid and gid of the
     sandbox's root.  Call it only while the container is frozen.
     """
-    mounts = parse_mountinfo(mountinfo)
+    mounts = mountinfo_lines.parse(mountinfo)
     found: dict[str, TmpfsCopy] = {}
     for point in sorted(set(points)):
         at = [m for m in mounts if m.point == point]
@@ -338,7 +301,7 @@ def mount_source(target: Path, w: Wanted, source: tuple[str, str], owner: int) -
         os.chmod(target, w.copy.mode)
         os.utime(target, ns=(w.copy.mtime_ns, w.copy.mtime_ns))
     except OSError as exc:
-        drop_source(target)
+        idmap.detach_dir(target)
         raise ContainerRuntimeError(
             f"cannot make the tmpfs copy of {w.point} at {target}: {exc}", container=""
         ) from exc
@@ -357,13 +320,6 @@ def _make(dir_fd: int, e: CopyEntry, owner: int) -> None:
     os.chown(e.name, owner, owner, dir_fd=dir_fd, follow_symlinks=False)
     if e.kind == "link":
         os.utime(e.name, ns=(e.mtime_ns, e.mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
-
-
-def drop_source(target: Path) -> None:
-    """Detach a source (the restored container's bind holds the tmpfs) and remove its directory; idempotent."""
-    idmap.detach(target)
-    with contextlib.suppress(FileNotFoundError):
-        target.rmdir()
 
 
 def sources_in(own_dir: Path) -> list[Path]:
@@ -386,7 +342,7 @@ def sources(own_dir: Path, want: list[Wanted], spec_mounts: list[dict[str, objec
         yield
     finally:
         for target in made:
-            drop_source(target)
+            idmap.detach_dir(target)
 
 
 def conf_lines(own_dir: Path, want: list[Wanted]) -> bytes:
